@@ -1,0 +1,145 @@
+"""The typed model: plain data built from validated manifests and the node config.
+
+Pipeline position: load → validate → **model** → compile → ...
+Every value here is already checked and normalised (IPs in canonical form, protocols
+upper-case as Kubernetes spells them, Kubernetes' defaults filled in), so the compiler
+never re-validates and never sees raw YAML.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a document (or a field inside it) came from; lines and columns are 1-based."""
+
+    file: str
+    line: int = 0
+    col: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}:{self.col}"
+
+
+# --- Service ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ServicePort:
+    name: str  # "" when the Service has a single unnamed port
+    protocol: str  # "TCP" | "UDP" | "SCTP"
+    port: int
+    target_port: int | str  # a number, or the name of an endpoint port
+    node_port: int = 0  # 0: none
+
+
+@dataclass(frozen=True)
+class LoadBalancerIngress:
+    ip: str
+    ip_mode: str | None = None  # None or "VIP": proxied; "Proxy": skipped by the compiler
+
+
+@dataclass(frozen=True)
+class Service:
+    namespace: str
+    name: str
+    type: str  # "ClusterIP" | "NodePort" | "LoadBalancer" | "ExternalName"
+    cluster_ips: tuple[str, ...] = ()  # canonical IPs, in clusterIPs order; () = headless/none
+    ip_families: tuple[str, ...] = ()  # "IPv4" | "IPv6", parallel to cluster_ips when given
+    ports: tuple[ServicePort, ...] = ()
+    external_ips: tuple[str, ...] = ()
+    load_balancer_source_ranges: tuple[str, ...] = ()  # canonical CIDRs (network form)
+    load_balancer_ingress: tuple[LoadBalancerIngress, ...] = ()
+    external_traffic_policy: str = "Cluster"  # "Cluster" | "Local"
+    internal_traffic_policy: str = "Cluster"  # "Cluster" | "Local"
+    session_affinity: str = "None"  # "None" | "ClientIP"
+    affinity_timeout_seconds: int = 10800
+    health_check_node_port: int = 0
+    source: Source = field(default=Source("<none>"), compare=False)
+
+    @property
+    def key(self) -> str:
+        """`namespace/name`, the identity used in plans, logs and ownership."""
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def headless(self) -> bool:
+        return not self.cluster_ips
+
+
+# --- EndpointSlice -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    addresses: tuple[str, ...]  # canonical IPs; kube-proxy uses the first
+    ready: bool = True  # Kubernetes' nil default: ready
+    serving: bool = True  # nil: serving
+    terminating: bool = False  # nil: not terminating
+    node_name: str | None = None
+    zone: str | None = None
+    hint_zones: tuple[str, ...] | None = None  # hints.forZones[].name; None: no hints
+
+
+@dataclass(frozen=True)
+class EndpointPort:
+    name: str  # "" for the unnamed port
+    protocol: str  # "TCP" | "UDP" | "SCTP"
+    port: int
+
+
+@dataclass(frozen=True)
+class EndpointSlice:
+    namespace: str
+    name: str
+    service_name: str  # label kubernetes.io/service-name
+    address_type: str  # "IPv4" | "IPv6" | "FQDN" (FQDN slices are ignored by the compiler)
+    endpoints: tuple[Endpoint, ...] = ()
+    ports: tuple[EndpointPort, ...] = ()
+    source: Source = field(default=Source("<none>"), compare=False)
+
+    @property
+    def service_key(self) -> str:
+        return f"{self.namespace}/{self.service_name}"
+
+
+@dataclass(frozen=True)
+class ServiceCIDR:
+    name: str
+    cidrs: tuple[str, ...]  # canonical CIDRs
+    source: Source = field(default=Source("<none>"), compare=False)
+
+
+# --- Node config -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    node_name: str
+    node_ips: tuple[str, ...] = ()  # canonical; at most one primary per family is used
+    cluster_cidrs: tuple[str, ...] = ()  # local-traffic detector; () = no detector
+    service_cidrs: tuple[str, ...] = ()  # unallocated-ClusterIP drop; () = no drop rule
+    node_port_addresses: tuple[str, ...] = ("primary",)  # "primary" and/or CIDRs
+    masquerade_all: bool = False
+    masquerade_bit: int = 14
+    table_name: str = "nftrec"
+    zone: str = ""
+    min_sync_period: float = 1.0  # seconds
+    sync_period: float = 30.0
+    full_sync_period: float = 3600.0
+    source: Source = field(default=Source("<defaults>"), compare=False)
+
+
+# --- The whole input ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """Everything read from one revision of the manifest directory."""
+
+    services: tuple[Service, ...] = ()
+    endpoint_slices: tuple[EndpointSlice, ...] = ()
+    service_cidrs: tuple[ServiceCIDR, ...] = ()
+    revision: str = ""  # git commit of the synced worktree, else a content digest

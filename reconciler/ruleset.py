@@ -1,0 +1,207 @@
+"""The desired-ruleset object model and its nft text form.
+
+Pipeline position: compile → **ruleset** → render / diff → transaction → apply.
+
+A `Ruleset` is plain data: one `Table` per IP family, each holding chains (rules in
+order) and named sets/maps (elements as a dict, i.e. unordered). Every nft command text
+that nftrec ever sends is produced by the `*_cmd` functions at the bottom of this module,
+in knftables' text format (kube-proxy's unit tests read the same), and every string that
+reaches those texts passes `check_name` / `check_comment` first: this is the last line of
+defence against nft-syntax injection, behind schema validation.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+FAMILIES = ("ip", "ip6")  # IPv4 table, IPv6 table
+
+
+class NftSyntaxError(ValueError):
+    """A string that would change the meaning of an nft command if written out."""
+
+
+# nft's identifier grammar is wider; this is the subset nftrec generates (kube-proxy's
+# chain names carry '/' and '.'). Max length: knftables.NameLengthMax.
+_NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9/_.\-]{0,255}")
+# Comments are written inside double quotes; nothing that could close or escape them.
+_COMMENT_RE = re.compile(r"[A-Za-z0-9 _.:/\-@()*,+=!<>\[\]]{0,128}")
+# Set keys and map values: IPs, CIDRs, protocols, ports, verdicts, chain names.
+_ATOM_RE = re.compile(r"[A-Za-z0-9_.:/\-\[\] ]{1,300}")
+
+
+def check_name(name: str) -> str:
+    if not _NAME_RE.fullmatch(name):
+        raise NftSyntaxError(f"not a safe nft object name: {name!r}")
+    return name
+
+
+def check_comment(comment: str) -> str:
+    if not _COMMENT_RE.fullmatch(comment):
+        raise NftSyntaxError(f"not a safe nft comment: {comment!r}")
+    return comment
+
+
+def check_atom(atom: str) -> str:
+    if not _ATOM_RE.fullmatch(atom) or "  " in atom:
+        raise NftSyntaxError(f"not a safe nft set key or value: {atom!r}")
+    return atom
+
+
+# --- the model -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BaseHook:
+    """What makes a chain a base chain: `type filter hook input priority 0`."""
+
+    type: str  # filter | nat
+    hook: str  # prerouting | input | forward | output | postrouting
+    priority: int  # numeric, as knftables writes it (dstnat-10 = -110)
+
+
+@dataclass(frozen=True)
+class Rule:
+    body: str  # e.g. "ip daddr @cluster-ips reject"
+    comment: str | None = None
+
+    @property
+    def text(self) -> str:
+        if self.comment is None:
+            return self.body
+        return f'{self.body} comment "{check_comment(self.comment)}"'
+
+
+@dataclass(frozen=True)
+class Chain:
+    name: str
+    rules: tuple[Rule, ...] = ()
+    base: BaseHook | None = None
+    comment: str | None = None
+
+
+@dataclass(frozen=True)
+class Element:
+    key: tuple[str, ...]  # ("172.30.0.41", "tcp", "80")
+    value: str | None = None  # maps only: "goto service-…", "drop", "10.0.0.1 . 80"
+    comment: str | None = None
+
+    @property
+    def key_text(self) -> str:
+        return " . ".join(check_atom(k) for k in self.key)
+
+
+@dataclass
+class NamedSet:
+    """A named set (value_type None) or map; `elements` is keyed by `Element.key`."""
+
+    name: str
+    type: str  # "ipv4_addr . inet_proto . inet_service"
+    value_type: str | None = None  # "verdict" for vmaps; None for plain sets
+    flags: tuple[str, ...] = ()  # ("dynamic", "timeout") for affinity sets
+    timeout: int | None = None  # seconds
+    comment: str | None = None
+    elements: dict[tuple[str, ...], Element] = field(default_factory=dict)
+
+    @property
+    def is_map(self) -> bool:
+        return self.value_type is not None
+
+    def add(self, element: Element) -> None:
+        self.elements[element.key] = element
+
+
+@dataclass
+class Table:
+    family: str  # "ip" | "ip6"
+    name: str
+    comment: str | None = None
+    chains: dict[str, Chain] = field(default_factory=dict)  # insertion order = creation order
+    sets: dict[str, NamedSet] = field(default_factory=dict)  # sets and maps
+
+
+@dataclass
+class Ruleset:
+    tables: dict[str, Table] = field(default_factory=dict)  # by family
+    # Which Service ("namespace/name") each object belongs to, for plans grouped by
+    # Service. Keys are `object_id(...)` strings; objects of no Service are absent.
+    owners: dict[str, str] = field(default_factory=dict)
+
+
+def chain_id(family: str, chain: str) -> str:
+    return f"{family} chain {chain}"
+
+
+def set_id(family: str, set_name: str) -> str:
+    return f"{family} set {set_name}"
+
+
+def element_id(family: str, set_name: str, key: tuple[str, ...]) -> str:
+    return f"{family} element {set_name} {' . '.join(key)}"
+
+
+# --- nft command texts ------------------------------------------------------------------
+
+
+def _obj(family: str, table: str) -> str:
+    if family not in FAMILIES:
+        raise NftSyntaxError(f"unsupported family {family!r}")
+    return f"{family} {check_name(table)}"
+
+
+def table_cmd(verb: str, table: Table) -> str:
+    """`add table ip nftrec { comment "…" ; }`, or `delete table ip nftrec`."""
+    text = f"{verb} table {_obj(table.family, table.name)}"
+    if verb == "add" and table.comment:
+        text += f' {{ comment "{check_comment(table.comment)}" ; }}'
+    return text
+
+
+def chain_cmd(verb: str, family: str, table: str, chain: Chain) -> str:
+    """`add chain …` with its properties; `flush chain …` / `delete chain …` by name."""
+    text = f"{verb} chain {_obj(family, table)} {check_name(chain.name)}"
+    if verb != "add":
+        return text
+    if chain.base is not None:
+        b = chain.base
+        text += f" {{ type {b.type} hook {b.hook} priority {int(b.priority)} ; }}"
+    elif chain.comment:
+        text += f' {{ comment "{check_comment(chain.comment)}" ; }}'
+    return text
+
+
+def rule_cmd(family: str, table: str, chain: str, rule: Rule) -> str:
+    return f"add rule {_obj(family, table)} {check_name(chain)} {rule.text}"
+
+
+def set_cmd(verb: str, family: str, table: str, s: NamedSet) -> str:
+    kind = "map" if s.is_map else "set"
+    text = f"{verb} {kind} {_obj(family, table)} {check_name(s.name)}"
+    if verb != "add":
+        return text
+    parts = [f"type {s.type}" + (f" : {s.value_type}" if s.is_map else "")]
+    if s.flags:
+        parts.append("flags " + ",".join(s.flags))
+    if s.timeout is not None:
+        parts.append(f"timeout {int(s.timeout)}s")
+    if s.comment:
+        parts.append(f'comment "{check_comment(s.comment)}"')
+    return text + " { " + " ; ".join(parts) + " ; }"
+
+
+def element_cmd(verb: str, family: str, table: str, s: NamedSet, e: Element) -> str:
+    """`add element ip nftrec service-ips { 172.30.0.41 . tcp . 80 : goto service-… }`.
+
+    The comment goes after the key, before ` : value` (kube-proxy's order). A delete
+    names the key only.
+    """
+    text = f"{verb} element {_obj(family, table)} {check_name(s.name)} {{ {e.key_text}"
+    if verb == "add":
+        if e.comment:
+            text += f' comment "{check_comment(e.comment)}"'
+        if s.is_map:
+            if e.value is None:
+                raise NftSyntaxError(f"map {s.name} element {e.key_text} has no value")
+            text += f" : {check_atom(e.value)}"
+    return text + " }"
