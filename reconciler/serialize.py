@@ -1,0 +1,221 @@
+"""The JSON form of a `Ruleset`, for the state store's history and for saved plans.
+
+Pipeline position: compile → ruleset → **serialize** (state history, `plan --out`).
+
+Format (formatVersion 1; keys are camelCase, like every nftrec file)::
+
+    {
+      "formatVersion": 1,
+      "tables": [                                   # sorted by family
+        {"family": "ip", "name": "nftrec", "comment": null,
+         "chains": [                                # creation order (Table.chains order)
+           {"name": "services", "comment": null,
+            "base": {"type": "nat", "hook": "prerouting", "priority": -100} | null,
+            "rules": [{"body": "ip daddr . meta l4proto . th dport vmap @service-ips",
+                       "comment": null}]}],         # rule order is meaningful
+         "sets": [                                  # creation order (Table.sets order)
+           {"name": "service-ips", "type": "ipv4_addr . inet_proto . inet_service",
+            "valueType": "verdict" | null, "flags": [], "timeout": null, "comment": null,
+            "elements": [                           # sorted by key: sets are unordered
+              {"key": ["172.30.0.41", "tcp", "80"], "value": "goto service-…",
+               "comment": null}]}]}],
+      "owners": {"ip chain service-…": "default/web"}
+    }
+
+Every field of the model is present (null when unset), so a round trip is lossless:
+`ruleset_from_json(ruleset_to_json(rs)) == rs`, chain and set creation order included.
+
+`digest(rs)` is the sha256 (hex) of the *canonical* JSON: the form above with chains and
+sets additionally sorted by name, serialised with sorted keys, compact separators and
+ASCII escapes. Sorting chains and sets makes the digest agree with `Ruleset.__eq__`
+(which compares dicts, ignoring their order): equal rulesets always have equal digests,
+so a digest identifies *what* the kernel should hold, not how the compiler built it.
+
+The reader checks the structure and types, not nft syntax: every string still passes
+`check_name`/`check_comment`/`check_atom` when it is turned into nft text.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from .ruleset import BaseHook, Chain, Element, NamedSet, Rule, Ruleset, Table
+
+FORMAT_VERSION = 1
+
+
+class SerializeError(ValueError):
+    """A JSON document that is not a serialised Ruleset of a version we read."""
+
+
+# --- writing ---------------------------------------------------------------------------
+
+
+def _chain_to_json(c: Chain) -> dict:
+    base = None
+    if c.base is not None:
+        base = {"type": c.base.type, "hook": c.base.hook, "priority": c.base.priority}
+    return {
+        "name": c.name,
+        "comment": c.comment,
+        "base": base,
+        "rules": [{"body": r.body, "comment": r.comment} for r in c.rules],
+    }
+
+
+def _set_to_json(s: NamedSet) -> dict:
+    elements = sorted(s.elements.values(), key=lambda e: e.key)
+    return {
+        "name": s.name,
+        "type": s.type,
+        "valueType": s.value_type,
+        "flags": list(s.flags),
+        "timeout": s.timeout,
+        "comment": s.comment,
+        "elements": [{"key": list(e.key), "value": e.value, "comment": e.comment} for e in elements],
+    }
+
+
+def ruleset_to_json(rs: Ruleset) -> dict:
+    """The documented JSON form (a dict of plain JSON types); see the module docstring."""
+    tables = []
+    for family in sorted(rs.tables):
+        t = rs.tables[family]
+        if t.family != family:
+            # The model keys tables by family; a mismatch would not survive a round trip.
+            raise SerializeError(f"table {t.name!r} is filed under family {family!r} but says {t.family!r}")
+        tables.append({
+            "family": t.family,
+            "name": t.name,
+            "comment": t.comment,
+            "chains": [_chain_to_json(c) for c in t.chains.values()],
+            "sets": [_set_to_json(s) for s in t.sets.values()],
+        })
+    return {"formatVersion": FORMAT_VERSION, "tables": tables, "owners": dict(rs.owners)}
+
+
+def canonical_json(obj: Any) -> bytes:
+    """The byte form digests are taken of: sorted keys, no whitespace, ASCII only."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode("ascii")
+
+
+def digest(rs: Ruleset) -> str:
+    """sha256 hex of the canonical JSON of `rs` (chains and sets sorted by name)."""
+    doc = ruleset_to_json(rs)
+    for t in doc["tables"]:
+        t["chains"].sort(key=lambda c: c["name"])
+        t["sets"].sort(key=lambda s: s["name"])
+    return hashlib.sha256(canonical_json(doc)).hexdigest()
+
+
+# --- reading ---------------------------------------------------------------------------
+# Small typed getters, so a damaged document fails with the JSON path of the bad field.
+
+
+def _field(d: Any, key: str, types: type | tuple[type, ...], where: str, nullable: bool = False) -> Any:
+    if not isinstance(d, dict):
+        raise SerializeError(f"{where}: expected an object, found {type(d).__name__}")
+    if key not in d:
+        raise SerializeError(f"{where}: missing field {key!r}")
+    v = d[key]
+    if v is None and nullable:
+        return None
+    # bool is an int subclass in Python; a JSON true is never a priority or a timeout.
+    if not isinstance(v, types) or (isinstance(v, bool) and bool not in _as_tuple(types)):
+        want = "/".join(t.__name__ for t in _as_tuple(types)) + (" or null" if nullable else "")
+        raise SerializeError(f"{where}.{key}: expected {want}, found {type(v).__name__}")
+    return v
+
+
+def _as_tuple(types: type | tuple[type, ...]) -> tuple[type, ...]:
+    return types if isinstance(types, tuple) else (types,)
+
+
+def _str_list(d: dict, key: str, where: str) -> tuple[str, ...]:
+    items = _field(d, key, list, where)
+    for i, x in enumerate(items):
+        if not isinstance(x, str):
+            raise SerializeError(f"{where}.{key}[{i}]: expected str, found {type(x).__name__}")
+    return tuple(items)
+
+
+def _chain_from_json(d: Any, where: str) -> Chain:
+    base_d = _field(d, "base", dict, where, nullable=True)
+    base = None
+    if base_d is not None:
+        w = f"{where}.base"
+        base = BaseHook(
+            type=_field(base_d, "type", str, w),
+            hook=_field(base_d, "hook", str, w),
+            priority=_field(base_d, "priority", int, w),
+        )
+    rules = []
+    for i, r in enumerate(_field(d, "rules", list, where)):
+        w = f"{where}.rules[{i}]"
+        rules.append(Rule(body=_field(r, "body", str, w), comment=_field(r, "comment", str, w, nullable=True)))
+    return Chain(
+        name=_field(d, "name", str, where),
+        rules=tuple(rules),
+        base=base,
+        comment=_field(d, "comment", str, where, nullable=True),
+    )
+
+
+def _set_from_json(d: Any, where: str) -> NamedSet:
+    s = NamedSet(
+        name=_field(d, "name", str, where),
+        type=_field(d, "type", str, where),
+        value_type=_field(d, "valueType", str, where, nullable=True),
+        flags=_str_list(d, "flags", where),
+        timeout=_field(d, "timeout", int, where, nullable=True),
+        comment=_field(d, "comment", str, where, nullable=True),
+    )
+    for i, e in enumerate(_field(d, "elements", list, where)):
+        w = f"{where}.elements[{i}]"
+        el = Element(
+            key=_str_list(e, "key", w),
+            value=_field(e, "value", str, w, nullable=True),
+            comment=_field(e, "comment", str, w, nullable=True),
+        )
+        if el.key in s.elements:
+            raise SerializeError(f"{w}: duplicate key {list(el.key)} in set {s.name!r}")
+        s.add(el)
+    return s
+
+
+def ruleset_from_json(d: Any) -> Ruleset:
+    """Rebuild a Ruleset; `SerializeError` names the first bad field by its JSON path."""
+    version = _field(d, "formatVersion", int, "ruleset")
+    if version != FORMAT_VERSION:
+        raise SerializeError(
+            f"ruleset: formatVersion {version} is not one this nftrec reads (it reads {FORMAT_VERSION})"
+        )
+    rs = Ruleset()
+    for i, t in enumerate(_field(d, "tables", list, "ruleset")):
+        where = f"ruleset.tables[{i}]"
+        table = Table(
+            family=_field(t, "family", str, where),
+            name=_field(t, "name", str, where),
+            comment=_field(t, "comment", str, where, nullable=True),
+        )
+        if table.family in rs.tables:
+            raise SerializeError(f"{where}: a second table for family {table.family!r}")
+        for j, c in enumerate(_field(t, "chains", list, where)):
+            chain = _chain_from_json(c, f"{where}.chains[{j}]")
+            if chain.name in table.chains:
+                raise SerializeError(f"{where}.chains[{j}]: duplicate chain {chain.name!r}")
+            table.chains[chain.name] = chain
+        for j, s in enumerate(_field(t, "sets", list, where)):
+            named = _set_from_json(s, f"{where}.sets[{j}]")
+            if named.name in table.sets:
+                raise SerializeError(f"{where}.sets[{j}]: duplicate set {named.name!r}")
+            table.sets[named.name] = named
+        rs.tables[table.family] = table
+    owners = _field(d, "owners", dict, "ruleset")
+    for k, v in owners.items():
+        if not isinstance(v, str):
+            raise SerializeError(f"ruleset.owners[{k!r}]: expected str, found {type(v).__name__}")
+    rs.owners = dict(owners)
+    return rs

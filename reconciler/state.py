@@ -1,0 +1,496 @@
+"""The state store: what nftrec last applied, per network namespace and table.
+
+Pipeline position: ... → apply → **state** (read by status, plan --out, apply --rollback).
+
+The on-disk layout and every field are documented in `state/README.md` (the spec puts
+the format there). In short::
+
+    <root>/host/lock                                  # the namespace lock (lock.py)
+    <root>/host/tables/<table>/status.json
+    <root>/host/tables/<table>/history/000007-3f2a9c01b2de.json
+    <root>/netns/<name>/...                           # same, for `--netns NAME`
+
+Rules this module keeps:
+- Every write is atomic (temp file in the same directory, fsync, rename, fsync the
+  directory): a crash at any moment leaves either the old file or the new one.
+- Nothing read is trusted: a file that is not valid JSON of the expected schema and
+  version raises `StateCorrupt` (path + sentence); `reset()` moves it aside so the
+  caller can rebuild from the kernel.
+- Writers are expected to hold the namespace `Lock`; readers (`nftrec status`) need not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+from .ruleset import Ruleset
+from .serialize import SerializeError, digest, ruleset_from_json, ruleset_to_json
+
+FORMAT_VERSION = 1
+HISTORY_KEEP = 5
+HOST = "host"
+SYSTEM_STATE_DIR = Path("/var/lib/nftrec")
+
+_REPO = Path(__file__).resolve().parent.parent
+# `ip netns` names become file names under /run/netns: no '/', not '.' or '..'.
+_NETNS_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,254}")
+# Table names reach this module already checked by ruleset.check_name, which allows '/';
+# as a directory name we need one path component.
+_TABLE_RE = re.compile(r"[A-Za-z][A-Za-z0-9_.\-]{0,255}")
+_HISTORY_RE = re.compile(r"(\d+)-([0-9a-f]{12})\.json")
+_TEMP_RE = re.compile(r"\..+\.tmp-[A-Za-z0-9_]+")
+
+
+class StateCorrupt(Exception):
+    """A state file nftrec cannot trust. `path` is the file; `reason` says what is wrong."""
+
+    def __init__(self, path: Path, reason: str):
+        self.path = Path(path)
+        self.reason = reason
+        super().__init__(
+            f"state file {self.path} cannot be trusted: {reason}. nftrec will not use it; "
+            f"move it aside (nftrec does this itself and rebuilds the state from the kernel "
+            f"on the next apply) or delete it."
+        )
+
+
+# --- paths, time, version ----------------------------------------------------------------
+
+
+def default_state_dir(env: dict[str, str] | None = None, repo: Path | None = None) -> Path:
+    """`$NFTREC_STATE_DIR`; else `<repo>/state` when running from a checkout; else /var/lib/nftrec.
+
+    "A checkout" = the package sits next to pyproject.toml and state/README.md, which a
+    wheel install never has. `env` and `repo` are for tests.
+    """
+    env = os.environ if env is None else env
+    if env.get("NFTREC_STATE_DIR"):
+        return Path(env["NFTREC_STATE_DIR"])
+    repo = _REPO if repo is None else repo
+    if (repo / "pyproject.toml").is_file() and (repo / "state" / "README.md").is_file():
+        return repo / "state"
+    return SYSTEM_STATE_DIR
+
+
+def namespace_dir(root: Path, netns: str | None) -> Path:
+    """`<root>/host` for the host (netns None or "host"), `<root>/netns/<name>` otherwise.
+
+    Named namespaces live one level down so that `ip netns add host` cannot collide
+    with the host's own state.
+    """
+    if netns is None or netns == HOST:
+        return Path(root) / HOST
+    if not _NETNS_RE.fullmatch(netns):
+        raise ValueError(
+            f"network namespace name {netns!r} cannot name a state directory: use letters, "
+            f"digits, '_', '.', '-' (as `ip netns add` does), not starting with '.'"
+        )
+    return Path(root) / "netns" / netns
+
+
+def utc_now() -> str:
+    """RFC 3339, UTC, whole seconds: 2026-05-09T07:35:25Z."""
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def nftrec_version() -> str:
+    """The version `nftrec --version` prints (reconciler.__version__)."""
+    try:
+        from . import __version__
+    except ImportError:  # never fail a state write over a version string
+        return "unknown"
+    return str(__version__)
+
+
+# --- atomic files ----------------------------------------------------------------------
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make a rename in `directory` durable (POSIX: the entry lives in the directory)."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
+    """Replace `path` with `data` so that readers and crashes see the old or the new file.
+
+    The temp file is in the same directory (rename is atomic only within a filesystem)
+    and is fsynced before the rename, so the new name never points at unwritten blocks.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp-", suffix="")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), mode)
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    fsync_dir(path.parent)
+
+
+def _dump(doc: dict) -> bytes:
+    # Indented: these files are for operators to read, too.
+    return (json.dumps(doc, indent=2, sort_keys=False) + "\n").encode("utf-8")
+
+
+def _read_json(path: Path) -> Any:
+    """The parsed file, `FileNotFoundError` when absent, `StateCorrupt` when unreadable."""
+    try:
+        raw = Path(path).read_bytes()
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        raise StateCorrupt(path, f"cannot be read ({e.strerror or e})") from e
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise StateCorrupt(path, f"is not valid JSON ({e})") from e
+
+
+# --- status.json ------------------------------------------------------------------------
+
+# (JSON key, Python attribute, accepted types, nullable)
+_STATUS_FIELDS: tuple[tuple[str, str, tuple[type, ...], bool], ...] = (
+    ("netns", "netns", (str,), False),
+    ("table", "table", (str,), False),
+    ("lastAppliedRevision", "last_applied_revision", (str,), True),
+    ("lastAppliedAt", "last_applied_at", (str,), True),
+    ("lastAppliedPlanId", "last_applied_plan_id", (str,), True),
+    ("lastAttemptedRevision", "last_attempted_revision", (str,), True),
+    ("lastAttemptedAt", "last_attempted_at", (str,), True),
+    ("lastError", "last_error", (str,), True),
+    ("desiredDigest", "desired_digest", (str,), True),
+    ("liveFingerprint", "live_fingerprint", (str,), True),
+    ("kernelGeneration", "kernel_generation", (int,), True),
+    ("nftrecVersion", "nftrec_version", (str,), True),
+)
+
+
+@dataclass
+class Status:
+    """status.json as data. A fresh store (nothing recorded yet) has every field None."""
+
+    netns: str
+    table: str
+    last_applied_revision: str | None = None
+    last_applied_at: str | None = None
+    last_applied_plan_id: str | None = None  # id of the saved plan of the last apply, if any
+    last_attempted_revision: str | None = None
+    last_attempted_at: str | None = None
+    last_error: str | None = None  # None: the last attempt succeeded (or none was made)
+    desired_digest: str | None = None  # serialize.digest of the last applied ruleset
+    live_fingerprint: str | None = None  # fingerprint of the live tables right after that apply
+    kernel_generation: int | None = None  # nftables ruleset generation after that apply
+    nftrec_version: str | None = None
+    format_version: int = FORMAT_VERSION
+
+    @property
+    def ever_applied(self) -> bool:
+        return self.last_applied_at is not None
+
+    def to_json(self) -> dict:
+        doc: dict[str, Any] = {"formatVersion": self.format_version}
+        for key, attr, _, _ in _STATUS_FIELDS:
+            doc[key] = getattr(self, attr)
+        return doc
+
+    @classmethod
+    def from_json(cls, doc: Any, path: Path) -> "Status":
+        if not isinstance(doc, dict):
+            raise StateCorrupt(path, f"holds a JSON {type(doc).__name__}, not an object")
+        version = doc.get("formatVersion")
+        if type(version) is not int:
+            raise StateCorrupt(path, "has no integer formatVersion field")
+        if version != FORMAT_VERSION:
+            newer = " (written by a newer nftrec?)" if version > FORMAT_VERSION else ""
+            raise StateCorrupt(path, f"has formatVersion {version}{newer}; this nftrec reads {FORMAT_VERSION}")
+        values: dict[str, Any] = {}
+        for key, attr, types, nullable in _STATUS_FIELDS:
+            if key not in doc:
+                raise StateCorrupt(path, f"lacks the field {key!r}")
+            v = doc[key]
+            ok = (v is None and nullable) or (isinstance(v, types) and not isinstance(v, bool))
+            if not ok:
+                raise StateCorrupt(path, f"field {key!r} has the wrong type ({type(v).__name__})")
+            values[attr] = v
+        return cls(**values)  # unknown extra keys are ignored: same version, additive fields
+
+
+# --- history ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HistoryEntry:
+    """One applied ruleset in `history/`; the ruleset itself is read by `load_ruleset`."""
+
+    sequence: int  # increases by one per recorded apply; never reused while entries remain
+    revision: str | None
+    applied_at: str
+    digest: str
+    plan_id: str | None
+    path: Path
+
+
+def _history_entry(path: Path, doc: Any) -> HistoryEntry:
+    m = _HISTORY_RE.fullmatch(path.name)
+    if not isinstance(doc, dict) or not m:
+        raise StateCorrupt(path, "is not a history entry (wrong name or not a JSON object)")
+    if doc.get("formatVersion") != FORMAT_VERSION:
+        raise StateCorrupt(path, f"has formatVersion {doc.get('formatVersion')!r}; this nftrec reads {FORMAT_VERSION}")
+    try:
+        entry = HistoryEntry(
+            sequence=int(m.group(1)),
+            revision=doc["revision"],
+            applied_at=doc["appliedAt"],
+            digest=doc["digest"],
+            plan_id=doc["planId"],
+            path=path,
+        )
+    except KeyError as e:
+        raise StateCorrupt(path, f"lacks the field {e.args[0]!r}") from None
+    for name in ("revision", "plan_id"):
+        if getattr(entry, name) is not None and not isinstance(getattr(entry, name), str):
+            raise StateCorrupt(path, f"field {name!r} is not a string")
+    if not isinstance(entry.applied_at, str) or not isinstance(entry.digest, str):
+        raise StateCorrupt(path, "fields 'appliedAt' and 'digest' must be strings")
+    if doc.get("sequence") != entry.sequence or not entry.digest.startswith(m.group(2)):
+        raise StateCorrupt(path, "its name does not match its sequence and digest fields")
+    if not isinstance(doc.get("ruleset"), dict):
+        raise StateCorrupt(path, "lacks the 'ruleset' object")
+    return entry
+
+
+# --- the store --------------------------------------------------------------------------
+
+
+class StateStore:
+    """State of one (network namespace, table name) under a state directory `root`.
+
+    `table` is the configured tableName; it covers both families' tables (ip and ip6).
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        netns: str | None = HOST,
+        table: str = "nftrec",
+        keep: int = HISTORY_KEEP,
+        clock: Callable[[], str] = utc_now,
+    ):
+        if not _TABLE_RE.fullmatch(table):
+            raise ValueError(f"table name {table!r} cannot name a state directory (one path component, starting with a letter)")
+        if keep < 2:
+            raise ValueError("keep at least 2 history entries, or apply --rollback has nothing to go back to")
+        self.root = Path(root)
+        self.netns = HOST if netns is None else netns
+        self.table = table
+        self.keep = keep
+        self._clock = clock
+        self.namespace_dir = namespace_dir(self.root, self.netns)
+        self.dir = self.namespace_dir / "tables" / table
+        self.status_path = self.dir / "status.json"
+        self.history_dir = self.dir / "history"
+
+    @property
+    def lock_path(self) -> Path:
+        """The namespace lock file (see lock.Lock); shared by all tables of the namespace."""
+        return self.namespace_dir / "lock"
+
+    # -- status --
+
+    def status(self) -> Status:
+        """The recorded status; a fresh Status when nothing was recorded; StateCorrupt if damaged."""
+        try:
+            doc = _read_json(self.status_path)
+        except FileNotFoundError:
+            return Status(netns=self.netns, table=self.table)
+        st = Status.from_json(doc, self.status_path)
+        if (st.netns, st.table) != (self.netns, self.table):
+            # A copied or moved directory: its contents describe another namespace/table.
+            raise StateCorrupt(
+                self.status_path,
+                f"describes netns {st.netns!r} table {st.table!r}, not netns {self.netns!r} table {self.table!r}",
+            )
+        return st
+
+    def _write_status(self, st: Status) -> None:
+        atomic_write(self.status_path, _dump(st.to_json()))
+
+    def record_attempt(self, revision: str | None, error: str | None) -> Status:
+        """Record that `revision` was tried; `error` None means it went through (or was a no-op)."""
+        st = self.status()
+        st.last_attempted_revision = revision
+        st.last_attempted_at = self._clock()
+        st.last_error = error
+        self._write_status(st)
+        return st
+
+    def record_applied(
+        self,
+        revision: str | None,
+        ruleset: Ruleset,
+        fingerprint: str | None,
+        generation: int | None,
+        plan_id: str | None = None,
+    ) -> Status:
+        """Record a successful apply: status, and a history entry unless the ruleset is unchanged.
+
+        The history file is written before status.json, so status never names a
+        ruleset that is not on disk; a crash in between leaves one extra history entry.
+        """
+        st = self.status()
+        now = self._clock()
+        d = digest(ruleset)
+        # Sequence numbers come from file names only, so a damaged entry (which history()
+        # reports) never blocks recording an apply that already reached the kernel.
+        files = self._history_files()
+        # Re-applying the same ruleset (drift repair, a revision that changed no rule)
+        # adds no history entry: history is for going back to something different.
+        if not files or self._entry_digest(files[-1][1]) != d:
+            seq = files[-1][0] + 1 if files else 1
+            doc = {
+                "formatVersion": FORMAT_VERSION,
+                "sequence": seq,
+                "revision": revision,
+                "appliedAt": now,
+                "digest": d,
+                "planId": plan_id,
+                "ruleset": ruleset_to_json(ruleset),
+            }
+            atomic_write(self.history_dir / f"{seq:06d}-{d[:12]}.json", _dump(doc))
+        st.last_applied_revision = st.last_attempted_revision = revision
+        st.last_applied_at = st.last_attempted_at = now
+        st.last_applied_plan_id = plan_id
+        st.last_error = None
+        st.desired_digest = d
+        st.live_fingerprint = fingerprint
+        st.kernel_generation = generation
+        st.nftrec_version = nftrec_version()
+        self._write_status(st)
+        self._prune()
+        self._sweep_temp_files()
+        return st
+
+    # -- history --
+
+    def _history_files(self) -> list[tuple[int, Path]]:
+        try:
+            names = os.listdir(self.history_dir)
+        except FileNotFoundError:
+            return []
+        found = []
+        for name in names:
+            m = _HISTORY_RE.fullmatch(name)
+            if m:  # temp files and files moved aside by reset() do not match
+                found.append((int(m.group(1)), self.history_dir / name))
+        return sorted(found)
+
+    def _entry_digest(self, path: Path) -> str | None:
+        """The digest recorded in a history file, None when it cannot be read."""
+        try:
+            return _history_entry(path, _read_json(path)).digest
+        except (OSError, StateCorrupt):
+            return None
+
+    def history(self) -> list[HistoryEntry]:
+        """Applied rulesets, oldest first. A damaged entry raises StateCorrupt (reset(path) moves it)."""
+        entries = []
+        for _, path in self._history_files():
+            try:
+                doc = _read_json(path)
+            except FileNotFoundError:  # pruned by another reader's writer meanwhile
+                continue
+            entries.append(_history_entry(path, doc))
+        return entries
+
+    def previous(self) -> HistoryEntry | None:
+        """The rollback target: the newest entry whose ruleset differs from the current one.
+
+        "Current" is the status' desiredDigest (what was applied last), or the newest
+        entry when status.json is gone. Rolling back records a new apply, so a second
+        rollback returns to where the first one started (like `cd -`).
+        """
+        entries = self.history()
+        if not entries:
+            return None
+        try:
+            current = self.status().desired_digest
+        except StateCorrupt:
+            current = None
+        if current is None:
+            current = entries[-1].digest
+        for entry in reversed(entries):
+            if entry.digest != current:
+                return entry
+        return None
+
+    def load_ruleset(self, entry: HistoryEntry) -> Ruleset:
+        """The ruleset of `entry`, checked against its recorded digest."""
+        doc = _read_json(entry.path)
+        _history_entry(entry.path, doc)
+        try:
+            rs = ruleset_from_json(doc["ruleset"])
+        except SerializeError as e:
+            raise StateCorrupt(entry.path, f"holds a damaged ruleset ({e})") from e
+        if digest(rs) != entry.digest:
+            raise StateCorrupt(entry.path, "its ruleset does not match its recorded digest (edited or damaged)")
+        return rs
+
+    def _prune(self) -> None:
+        files = self._history_files()
+        for _, path in files[: max(0, len(files) - self.keep)]:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        if len(files) > self.keep:
+            fsync_dir(self.history_dir)
+
+    def _sweep_temp_files(self) -> None:
+        """Remove temp files an interrupted write left behind (writers hold the lock)."""
+        for d in (self.dir, self.history_dir):
+            with contextlib.suppress(FileNotFoundError):
+                for name in os.listdir(d):
+                    if _TEMP_RE.fullmatch(name):
+                        with contextlib.suppress(OSError):
+                            (d / name).unlink()
+
+    # -- recovery --
+
+    def reset(self, path: Path | None = None) -> Path | None:
+        """Move a corrupt file (default: status.json) aside as `<name>.corrupt-<time>`.
+
+        Returns the new path, or None when the file is already gone. Only files inside
+        this store's directory are moved. The next `status()` is fresh, so the caller
+        rebuilds from the kernel.
+        """
+        path = self.status_path if path is None else Path(path)
+        if path.resolve().parent not in (self.dir.resolve(), self.history_dir.resolve()):
+            raise ValueError(f"{path} is not a file of the state store at {self.dir}")
+        stamp = self._clock().replace("-", "").replace(":", "")
+        target = path.with_name(f"{path.name}.corrupt-{stamp}")
+        n = 1
+        while target.exists():  # two resets within one second
+            n += 1
+            target = path.with_name(f"{path.name}.corrupt-{stamp}-{n}")
+        try:
+            os.replace(path, target)
+        except FileNotFoundError:
+            return None
+        fsync_dir(path.parent)
+        return target
