@@ -205,3 +205,15 @@ def element_cmd(verb: str, family: str, table: str, s: NamedSet, e: Element) -> 
                 raise NftSyntaxError(f"map {s.name} element {e.key_text} has no value")
             text += f" : {check_atom(e.value)}"
     return text + " }"
+
+
+# Rule bodies are built by the compiler from checked atoms and names; this is the final
+# guard that nothing able to end a statement or start a string/comment/variable
+# (`;`, newline, `"`, `'`, `#`, `$`, `\`) can be in one. Added for render (nftrec).
+_RULE_BODY_RE = re.compile(r"[A-Za-z0-9 _.:/\-@!=,{}\[\]]+")
+
+
+def check_rule_body(body: str) -> str:
+    if not _RULE_BODY_RE.fullmatch(body) or "  " in body:
+        raise NftSyntaxError(f"not a safe nft rule body: {body!r}")
+    return body

@@ -1,0 +1,817 @@
+"""Compile the model (Inventory + NodeConfig) into the desired Ruleset.
+
+Pipeline position: model → **compile** → ruleset → render / diff.
+
+The output is kube-proxy's current nftables layout (reference §2-§7 plus §12 items 1-5
+and 7): one table per family, the static skeleton (base chains, jump chains, the shared
+sets/maps), and per Service port its policy/external/firewall chains, affinity endpoint
+chains, and elements in the shared sets/maps.
+
+Pure and deterministic: no I/O, Services and slices are processed in sorted order, so the
+same input in any order gives the identical Ruleset. The whole ruleset is
+`static part + union of per-Service fragments` (`compile_static`, `compile_service`,
+`assemble`), so the watch loop can recompile only the Services that changed.
+
+Safety: every string that comes from input is parsed (IPs, CIDRs) or checked
+(`check_name`, `check_comment`, `check_atom`) before it is placed into a rule body or
+element; anything else raises `NftSyntaxError` (or `CompileError`, a subclass), never a
+half-checked rule.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from reconciler import naming
+from reconciler.model import Endpoint, EndpointSlice, Inventory, NodeConfig, Service, ServicePort
+from reconciler.ruleset import (
+    FAMILIES,
+    BaseHook,
+    Chain,
+    Element,
+    NamedSet,
+    NftSyntaxError,
+    Rule,
+    Ruleset,
+    Table,
+    chain_id,
+    check_atom,
+    check_comment,
+    check_name,
+    element_id,
+    set_id,
+)
+
+TABLE_COMMENT = "rules for nftrec"
+
+# static object names (reference §2, §3, §12)
+CLUSTER_IPS = "cluster-ips"
+NODEPORT_IPS = "nodeport-ips"
+HAIRPIN = "hairpin-connections"
+NO_EP_SERVICES = "no-endpoint-services"
+NO_EP_NODEPORTS = "no-endpoint-nodeports"
+FIREWALL_IPS = "firewall-ips"
+SERVICE_IPS = "service-ips"
+SERVICE_NODEPORTS = "service-nodeports"
+
+NODEPORT_EP_CHECK = "nodeport-endpoints-check"
+SERVICE_EP_CHECK = "service-endpoints-check"
+FIREWALL_CHECK = "firewall-check"
+SERVICES = "services"
+MASQUERADING = "masquerading"
+CLUSTER_IPS_CHECK = "cluster-ips-check"
+REJECT_CHAIN = "reject-chain"
+
+FAMILY_OF_VERSION = {4: "ip", 6: "ip6"}
+ADDRESS_TYPE_FAMILY = {"IPv4": "ip", "IPv6": "ip6"}
+PROTOCOLS = {"TCP": "tcp", "UDP": "udp", "SCTP": "sctp"}
+
+
+class CompileError(NftSyntaxError):
+    """Input the compiler refuses to turn into rules (it would be unsafe or ambiguous)."""
+
+
+# --- small parsing helpers: every input string passes one of these --------------------
+
+
+def _ip(text: str, what: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    # '%' would smuggle an IPv6 scope id (arbitrary text) through ipaddress.
+    if not isinstance(text, str) or "%" in text:
+        raise CompileError(f"{what}: not an IP address: {text!r}")
+    try:
+        return ipaddress.ip_address(text.strip())
+    except ValueError:
+        raise CompileError(f"{what}: not an IP address: {text!r}") from None
+
+
+def _net(text: str, what: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+    if not isinstance(text, str) or "%" in text:
+        raise CompileError(f"{what}: not a CIDR: {text!r}")
+    try:
+        # strict=False: net.IPNet.String() masks host bits (kube-proxy's rendering).
+        return ipaddress.ip_network(text.strip(), strict=False)
+    except ValueError:
+        raise CompileError(f"{what}: not a CIDR: {text!r}") from None
+
+
+def _fam(addr) -> str:
+    return FAMILY_OF_VERSION[addr.version]
+
+
+def _port(value: int, what: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 65535:
+        raise CompileError(f"{what}: not a port number: {value!r}")
+    return value
+
+
+def _proto(value: str, what: str) -> str:
+    try:
+        return PROTOCOLS[value]
+    except (KeyError, TypeError):
+        raise CompileError(f"{what}: unsupported protocol {value!r}") from None
+
+
+def _name_part(value: str, what: str) -> str:
+    # '/' separates the parts of kube-proxy's chain names; allowing it in a part would
+    # let two Services produce the same chain name. The rest is checked by check_name
+    # on the whole chain name and check_comment on the element comment.
+    if not isinstance(value, str) or "/" in value:
+        raise CompileError(f"{what}: not a valid name: {value!r}")
+    return value
+
+
+def _set_literal(items: Sequence[str], sep: str) -> str:
+    return "{ " + sep.join(check_atom(i) for i in items) + " }"
+
+
+# --- per-family parameters derived from the node config ------------------------------
+
+
+@dataclass(frozen=True)
+class FamilyContext:
+    """Everything about one family's proxier that does not depend on a Service."""
+
+    family: str  # "ip" | "ip6"
+    node_name: str
+    zone: str
+    node_ip: str | None  # the primary node IP of this family (firewall allow-from-node)
+    cluster_cidrs: tuple[str, ...]  # local-traffic detector; () = not implemented
+    masquerade_all: bool
+    mark: str  # "0x00004000"
+    nodeport_match_all: bool
+    nodeport_ips: tuple[str, ...]  # elements of nodeport-ips (when not match-all)
+
+    @property
+    def addr_type(self) -> str:
+        return "ipv4_addr" if self.family == "ip" else "ipv6_addr"
+
+    @property
+    def not_localhost(self) -> str:
+        return "ip daddr != 127.0.0.0/8" if self.family == "ip" else "ip6 daddr != ::1"
+
+    @property
+    def masquerade_rule(self) -> str:
+        return f"mark set mark or {self.mark}"
+
+    def saddr_in(self, cidrs: Sequence[str], negate: bool) -> str:
+        """Detector text: `ip saddr 10.0.0.0/8`; several CIDRs as an anonymous set."""
+        op = "!= " if negate else ""
+        if len(cidrs) == 1:
+            return f"{self.family} saddr {op}{check_atom(cidrs[0])}"
+        return f"{self.family} saddr {op}{_set_literal(cidrs, ', ')}"
+
+    @property
+    def if_local(self) -> str:
+        return self.saddr_in(self.cluster_cidrs, negate=False)
+
+    @property
+    def if_not_local(self) -> str:
+        return self.saddr_in(self.cluster_cidrs, negate=True)
+
+
+def _collapse(nets: Iterable) -> tuple[str, ...]:
+    """Sorted, overlap-free CIDR strings (same packets matched, nft never sees overlap)."""
+    return tuple(str(n) for n in ipaddress.collapse_addresses(sorted(set(nets))))
+
+
+def family_context(config: NodeConfig, family: str) -> FamilyContext:
+    if family not in FAMILIES:
+        raise CompileError(f"unsupported family {family!r}")
+    if not 0 <= config.masquerade_bit <= 31:
+        raise CompileError(f"masqueradeBit must be 0..31, got {config.masquerade_bit!r}")
+    node_ips = [_ip(ip, "nodeIPs") for ip in config.node_ips]
+    fam_ips = [ip for ip in node_ips if _fam(ip) == family]
+    primary = next((ip for ip in fam_ips if not ip.is_loopback), None)
+
+    cluster = [_net(c, "clusterCIDRs") for c in config.cluster_cidrs]
+    cluster = _collapse(n for n in cluster if _fam(n) == family)
+
+    # nodePortAddresses (reference §6): "primary" → this family's primary node IP as a
+    # host CIDR; other CIDRs filtered by family; a zero-prefix CIDR means "match all".
+    # No CIDR of this family left: kube-proxy would match all, but that case only exists
+    # for kube-proxy on a dual-stack node; nftrec always has both tables, so a family
+    # with only "primary" and no node IP gets an empty nodeport-ips set instead (no
+    # NodePorts on that family, like a single-stack kube-proxy). See docs.
+    cidrs = []
+    saw_primary = False
+    # kube-proxy's nftables mode defaults an empty list to ["primary"].
+    for entry in config.node_port_addresses or ("primary",):
+        if entry == "primary":
+            saw_primary = True
+            if primary is not None:
+                cidrs.append(ipaddress.ip_network(primary))
+            continue
+        net = _net(entry, "nodePortAddresses")
+        if _fam(net) == family:
+            cidrs.append(net)
+    match_all = any(n.prefixlen == 0 for n in cidrs) or (not cidrs and not saw_primary)
+    nodeport_ips: tuple[str, ...] = ()
+    if not match_all:
+        found = {ip for ip in fam_ips if not ip.is_loopback and any(ip in n for n in cidrs)}
+        nodeport_ips = tuple(str(ip) for ip in sorted(found))
+
+    return FamilyContext(
+        family=family,
+        node_name=config.node_name,
+        zone=config.zone or "",
+        node_ip=str(primary) if primary is not None else None,
+        cluster_cidrs=cluster,
+        masquerade_all=bool(config.masquerade_all),
+        mark="0x%08x" % (1 << config.masquerade_bit),
+        nodeport_match_all=match_all,
+        nodeport_ips=nodeport_ips,
+    )
+
+
+# --- the static part ---------------------------------------------------------------------
+
+BASE_CHAINS = (  # reference §2.1, in creation order
+    ("filter-prerouting-pre-dnat", BaseHook("filter", "prerouting", -110)),
+    ("filter-output-pre-dnat", BaseHook("filter", "output", -110)),
+    ("filter-input", BaseHook("filter", "input", 0)),
+    ("filter-forward", BaseHook("filter", "forward", 0)),
+    ("filter-output", BaseHook("filter", "output", 0)),
+    ("nat-prerouting", BaseHook("nat", "prerouting", -100)),
+    ("nat-output", BaseHook("nat", "output", -100)),
+    ("nat-postrouting", BaseHook("nat", "postrouting", 100)),
+)
+
+JUMPS = (  # reference §2.2: (from, extra, to), in order
+    ("filter-input", "ct state new", NODEPORT_EP_CHECK),
+    ("filter-input", "ct state new", SERVICE_EP_CHECK),
+    ("filter-forward", "ct state new", SERVICE_EP_CHECK),
+    ("filter-output", "ct state new", SERVICE_EP_CHECK),
+    ("filter-prerouting-pre-dnat", "ct state new", FIREWALL_CHECK),
+    ("filter-output-pre-dnat", "ct state new", FIREWALL_CHECK),
+    ("nat-output", "", SERVICES),
+    ("nat-prerouting", "", SERVICES),
+    ("nat-postrouting", "", MASQUERADING),
+    ("filter-forward", "ct state new", CLUSTER_IPS_CHECK),
+    ("filter-output", "ct state new", CLUSTER_IPS_CHECK),
+)
+
+
+def _static_sets(ctx: FamilyContext) -> list[NamedSet]:
+    a = ctx.addr_type
+    sets = [
+        NamedSet(CLUSTER_IPS, a, comment="Active ClusterIPs"),
+    ]
+    if not ctx.nodeport_match_all:
+        nodeport = NamedSet(NODEPORT_IPS, a, comment="IPs that accept NodePort traffic")
+        for ip in ctx.nodeport_ips:
+            nodeport.add(Element((ip,)))
+        sets.append(nodeport)
+    sets += [
+        NamedSet(HAIRPIN, f"{a} . {a} . inet_proto . inet_service",
+                 comment="service hairpin connections"),
+        NamedSet(NO_EP_SERVICES, f"{a} . inet_proto . inet_service", "verdict",
+                 comment="vmap to drop or reject packets to services with no endpoints"),
+        NamedSet(NO_EP_NODEPORTS, "inet_proto . inet_service", "verdict",
+                 comment="vmap to drop or reject packets to service nodeports with no endpoints"),
+        NamedSet(FIREWALL_IPS, f"{a} . inet_proto . inet_service", "verdict",
+                 comment="destinations that are subject to LoadBalancerSourceRanges"),
+        NamedSet(SERVICE_IPS, f"{a} . inet_proto . inet_service", "verdict",
+                 comment="ClusterIP, ExternalIP and LoadBalancer IP traffic"),
+        NamedSet(SERVICE_NODEPORTS, "inet_proto . inet_service", "verdict",
+                 comment="NodePort traffic"),
+    ]
+    return sets
+
+
+def _static_chains(ctx: FamilyContext, service_cidrs: Sequence[str]) -> list[Chain]:
+    ipx = ctx.family
+    rules: dict[str, list[Rule]] = {name: [] for name, _ in BASE_CHAINS}
+    for src, extra, dst in JUMPS:
+        rules[src].append(Rule(f"{extra} jump {dst}".strip()))
+
+    if ctx.nodeport_match_all:
+        np_check = f"{ctx.not_localhost} meta l4proto . th dport vmap @{NO_EP_NODEPORTS}"
+        np_dispatch = (f"fib daddr type local {ctx.not_localhost} "
+                       f"meta l4proto . th dport vmap @{SERVICE_NODEPORTS}")
+    else:
+        np_check = f"{ipx} daddr @{NODEPORT_IPS} meta l4proto . th dport vmap @{NO_EP_NODEPORTS}"
+        np_dispatch = f"{ipx} daddr @{NODEPORT_IPS} meta l4proto . th dport vmap @{SERVICE_NODEPORTS}"
+
+    services: list[Rule] = []
+    if ctx.masquerade_all:
+        services.append(Rule(f"{ipx} daddr @{CLUSTER_IPS} {ctx.masquerade_rule}",
+                             "masquerade all clusterIP traffic"))
+    elif ctx.cluster_cidrs:
+        services.append(Rule(f"{ipx} daddr @{CLUSTER_IPS} {ctx.if_not_local} {ctx.masquerade_rule}",
+                             "masquerade clusterIP traffic from outside cluster"))
+    services.append(Rule(f"{ipx} daddr . meta l4proto . th dport vmap @{SERVICE_IPS}"))
+    services.append(Rule(np_dispatch))
+
+    cluster_check = [Rule(f"{ipx} daddr @{CLUSTER_IPS} reject",
+                          "Reject traffic to invalid ports of ClusterIPs")]
+    if service_cidrs:
+        # kube-proxy joins with "," and no spaces: `ip daddr { 172.30.0.0/16 } drop`
+        cidr_list = ",".join(check_atom(c) for c in service_cidrs)
+        cluster_check.append(Rule(f"{ipx} daddr {{ {cidr_list} }} drop",
+                                  "Drop traffic to unallocated ClusterIPs"))
+
+    chains = [Chain(name, tuple(rules[name]), base=hook) for name, hook in BASE_CHAINS]
+    chains += [
+        Chain(NODEPORT_EP_CHECK, (Rule(np_check),)),
+        Chain(SERVICE_EP_CHECK, (Rule(f"{ipx} daddr . meta l4proto . th dport vmap @{NO_EP_SERVICES}"),)),
+        Chain(FIREWALL_CHECK, (Rule(f"{ipx} daddr . meta l4proto . th dport vmap @{FIREWALL_IPS}"),)),
+        Chain(SERVICES, tuple(services)),
+        Chain(MASQUERADING, (
+            Rule(f"mark and {ctx.mark} != 0 mark set mark xor {ctx.mark} masquerade fully-random"),
+            Rule(f"ct status dnat {ipx} saddr . {ipx} daddr . meta l4proto . th dport "
+                 f"@{HAIRPIN} masquerade fully-random"),
+        )),
+        Chain(CLUSTER_IPS_CHECK, tuple(cluster_check)),
+        Chain(REJECT_CHAIN, (Rule("reject"),),
+              comment="helper for @no-endpoint-services / @no-endpoint-nodeports"),
+    ]
+    return chains
+
+
+def service_cidrs_for(config: NodeConfig, inventory: Inventory, family: str) -> tuple[str, ...]:
+    """config.serviceCIDRs plus every ServiceCIDR object's CIDRs, this family only."""
+    nets = [_net(c, "serviceCIDRs") for c in config.service_cidrs]
+    for sc in inventory.service_cidrs:
+        nets += [_net(c, f"ServiceCIDR {sc.name}") for c in sc.cidrs]
+    return _collapse(n for n in nets if _fam(n) == family)
+
+
+def compile_static(config: NodeConfig, inventory: Inventory | None = None) -> Ruleset:
+    """The Service-independent skeleton: both tables with base chains, jump chains and
+    the shared sets/maps (only nodeport-ips has elements here). Owns nothing."""
+    inventory = inventory or Inventory()
+    table_name = check_name(config.table_name)
+    rs = Ruleset()
+    for family in FAMILIES:
+        ctx = family_context(config, family)
+        t = Table(family, table_name, comment=TABLE_COMMENT)
+        for s in _static_sets(ctx):
+            t.sets[s.name] = s
+        for c in _static_chains(ctx, service_cidrs_for(config, inventory, family)):
+            t.chains[c.name] = c
+        rs.tables[family] = t
+    return rs
+
+
+# --- endpoints -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EndpointInfo:
+    """One endpoint of one Service port (kube-proxy's endpointInfo)."""
+
+    ip: str  # canonical
+    port: int
+    ready: bool = True
+    serving: bool = True
+    terminating: bool = False
+    is_local: bool = False
+    zone_hints: frozenset[str] = frozenset()
+
+    @property
+    def string(self) -> str:
+        """Endpoint.String(): `10.0.0.1:80` / `[fd00::1]:80` — identity and sort key."""
+        return naming.join_host_port(self.ip, self.port)
+
+
+def endpoints_for_port(
+    slices: Iterable[EndpointSlice], family: str, port: ServicePort, node_name: str
+) -> list[EndpointInfo]:
+    """The endpoints of one Service port in one family, as kube-proxy's endpoint cache
+    builds them: slices of this address type; the slice port with the Service port's
+    name and protocol gives the port; first address; duplicate ip:port → the
+    non-terminating one wins; sorted by the `ip:port` string."""
+    chosen: dict[str, EndpointInfo] = {}
+    # Sorted so a tie (two equal-status duplicates) resolves the same way every time.
+    for sl in sorted(slices, key=lambda s: (s.namespace, s.name, repr(s))):
+        if ADDRESS_TYPE_FAMILY.get(sl.address_type) != family:
+            continue
+        sport = next((p for p in sl.ports
+                      if p.name == port.name and p.protocol == port.protocol), None)
+        if sport is None:
+            continue
+        eport = _port(sport.port, f"EndpointSlice {sl.namespace}/{sl.name} port {sport.name!r}")
+        for ep in sl.endpoints:
+            if not ep.addresses:
+                continue
+            ip = _ip(ep.addresses[0], f"EndpointSlice {sl.namespace}/{sl.name} address")
+            if _fam(ip) != family:
+                continue  # wrong family inside the slice: never put into this table
+            info = _endpoint_info(ep, str(ip), eport, node_name)
+            prev = chosen.get(info.string)
+            if prev is None or (prev.terminating and not info.terminating):
+                chosen[info.string] = info
+    return sorted(chosen.values(), key=lambda e: e.string)
+
+
+def _endpoint_info(ep: Endpoint, ip: str, port: int, node_name: str) -> EndpointInfo:
+    return EndpointInfo(
+        ip=ip,
+        port=port,
+        ready=bool(ep.ready),
+        serving=bool(ep.serving),
+        terminating=bool(ep.terminating),
+        is_local=ep.node_name is not None and ep.node_name == node_name,
+        zone_hints=frozenset(ep.hint_zones or ()),
+    )
+
+
+@dataclass(frozen=True)
+class Categorized:
+    cluster: tuple[EndpointInfo, ...] | None  # None: the port never uses Cluster policy
+    local: tuple[EndpointInfo, ...] | None  # None: the port never uses Local policy
+    all_reachable: tuple[EndpointInfo, ...]
+    has_any: bool  # usable endpoints anywhere (even if none reachable from here)
+
+
+def topology_mode(endpoints: Sequence[EndpointInfo], zone: str) -> str:
+    """`PreferSameZone` if every ready endpoint has zone hints and one is hinted for
+    our zone; else "" (node hints are not supported: the gate is off)."""
+    ready = [e for e in endpoints if e.ready]
+    if not ready:
+        return ""
+    if all(e.zone_hints for e in ready) and any(zone in e.zone_hints for e in ready):
+        return "PreferSameZone"
+    return ""
+
+
+def categorize_endpoints(
+    endpoints: Sequence[EndpointInfo], *, uses_cluster: bool, uses_local: bool, zone: str
+) -> Categorized:
+    """kube-proxy's CategorizeEndpoints (reference §4.7): usable = ready, falling back
+    to serving+terminating independently for Cluster and Local policy."""
+    if not endpoints:
+        return Categorized(None, None, (), False)
+    has_any = False
+    cluster: list[EndpointInfo] | None = None
+    local: list[EndpointInfo] | None = None
+    mode = ""
+    serving_terminating = False
+
+    if uses_cluster:
+        mode = topology_mode(endpoints, zone)
+        cluster = [e for e in endpoints
+                   if e.ready and (mode == "" or zone in e.zone_hints)]
+        if not cluster:  # no ready endpoint anywhere: use terminating-but-serving ones
+            cluster = [e for e in endpoints if e.serving and e.terminating]
+        has_any = bool(cluster)
+
+    if not uses_local:
+        return Categorized(tuple(cluster or ()), None, tuple(cluster or ()), has_any)
+
+    local_ready = local_st = False
+    for e in endpoints:
+        if e.ready:
+            has_any = True
+            local_ready |= e.is_local
+        elif e.serving and e.terminating:
+            has_any = True
+            local_st |= e.is_local
+    if local_ready:
+        local = [e for e in endpoints if e.is_local and e.ready]
+    elif local_st:
+        serving_terminating = True
+        local = [e for e in endpoints if e.is_local and e.serving and e.terminating]
+    else:
+        local = []
+
+    if not uses_cluster:
+        return Categorized(None, tuple(local), tuple(local), has_any)
+    assert cluster is not None
+    if mode == "" and not serving_terminating:
+        return Categorized(tuple(cluster), tuple(local), tuple(cluster), has_any)
+    union = {e.string: e for e in cluster}
+    union.update({e.string: e for e in local})
+    return Categorized(tuple(cluster), tuple(local),
+                       tuple(sorted(union.values(), key=lambda e: e.string)), has_any)
+
+
+# --- one Service -------------------------------------------------------------------------
+
+
+@dataclass
+class FamilyFragment:
+    """One Service's objects in one family's table."""
+
+    chains: dict[str, Chain] = field(default_factory=dict)
+    sets: dict[str, NamedSet] = field(default_factory=dict)  # affinity sets
+    # (static set/map name, element key) → element
+    elements: dict[tuple[str, tuple[str, ...]], Element] = field(default_factory=dict)
+
+    def add_chain(self, chain: Chain) -> None:
+        check_name(chain.name)
+        self.chains.setdefault(chain.name, chain)
+
+    def add_element(self, set_name: str, element: Element) -> None:
+        self.elements.setdefault((set_name, element.key), element)
+
+
+@dataclass
+class ServiceFragment:
+    service_key: str  # "namespace/name"
+    families: dict[str, FamilyFragment] = field(default_factory=dict)
+
+
+def cluster_ip_for(service: Service, family: str) -> str | None:
+    """GetClusterIPByFamily (reference §1): with ipFamilies, the clusterIPs entry at the
+    index of this family; without, the (first) clusterIP if its family matches."""
+    if service.type == "ExternalName" or service.headless:
+        return None
+    if service.ip_families:
+        want = "IPv4" if family == "ip" else "IPv6"
+        for i, fam in enumerate(service.ip_families):
+            if fam == want and i < len(service.cluster_ips):
+                candidate = service.cluster_ips[i]
+                break
+        else:
+            return None
+    else:
+        candidate = service.cluster_ips[0]
+    if candidate in ("", "None"):
+        return None
+    ip = _ip(candidate, f"Service {service.key} clusterIP")
+    return str(ip) if _fam(ip) == family else None
+
+
+def _ips_of_family(values: Iterable[str], family: str, what: str) -> list[str]:
+    out: list[str] = []
+    for v in values:
+        ip = _ip(v, what)
+        if _fam(ip) == family and str(ip) not in out:
+            out.append(str(ip))
+    return out
+
+
+def compile_service(
+    service: Service, slices: Iterable[EndpointSlice], config: NodeConfig,
+    contexts: dict[str, FamilyContext] | None = None,
+) -> ServiceFragment:
+    """All objects of one Service in both families. `slices` may hold any slices; only
+    those of this Service are used. `contexts` lets callers reuse family_context()."""
+    key = f"{_name_part(service.namespace, 'namespace')}/{_name_part(service.name, 'Service name')}"
+    mine = [s for s in slices if s.namespace == service.namespace and s.service_name == service.name]
+    frag = ServiceFragment(key)
+    for family in FAMILIES:
+        ctx = (contexts or {}).get(family) or family_context(config, family)
+        ff = FamilyFragment()
+        cip = cluster_ip_for(service, family)
+        if cip is not None:
+            # Ports sorted: the output must not depend on the manifest's port order.
+            for port in sorted(service.ports, key=lambda p: (p.name, p.protocol, p.port)):
+                _compile_port(service, port, cip, mine, ctx, ff)
+        frag.families[family] = ff
+    return frag
+
+
+def _compile_port(service: Service, port: ServicePort, cluster_ip: str,
+                  slices: Sequence[EndpointSlice], ctx: FamilyContext, ff: FamilyFragment) -> None:
+    fam = ctx.family
+    what = f"Service {service.key} port {port.name!r}"
+    proto = _proto(port.protocol, what)
+    svc_port = str(_port(port.port, what))
+    node_port = _port(port.node_port, what + " nodePort") if port.node_port else 0
+    pname = _name_part(port.name, what + " name")
+    comment = check_comment(naming.truncate_comment(
+        naming.service_port_name(service.namespace, service.name, pname)))
+
+    base = naming.service_port_chain_base(service.namespace, service.name, pname, proto)
+    cluster_chain = check_name(naming.service_chain(base))
+    local_chain = check_name(naming.local_chain(base))
+    ext_chain = check_name(naming.external_chain(base))
+    fw_chain = check_name(naming.firewall_chain(base))
+
+    external_ips = _ips_of_family(service.external_ips, fam, f"Service {service.key} externalIPs")
+    lb_vips = _ips_of_family(
+        (i.ip for i in service.load_balancer_ingress if i.ip and i.ip_mode in (None, "VIP")),
+        fam, f"Service {service.key} loadBalancer ingress")
+    ranges = _dedupe(
+        n for n in (_net(r, f"Service {service.key} loadBalancerSourceRanges")
+                    for r in service.load_balancer_source_ranges) if _fam(n) == fam)
+
+    # apiservice.ExternalPolicyLocal: eTP only means something for NodePort/LoadBalancer.
+    etp_local = (service.type in ("NodePort", "LoadBalancer")
+                 and service.external_traffic_policy == "Local")
+    itp_local = service.internal_traffic_policy == "Local"
+    externally_accessible = bool(node_port or lb_vips or external_ips)
+    uses_cluster = not itp_local or externally_accessible
+    uses_local = itp_local or (etp_local and externally_accessible)
+    affinity = service.session_affinity == "ClientIP"
+
+    endpoints = endpoints_for_port(slices, fam, port, ctx.node_name)
+    cat = categorize_endpoints(endpoints, uses_cluster=uses_cluster, uses_local=uses_local,
+                               zone=ctx.zone)
+    cluster_eps = cat.cluster or ()
+    local_eps = cat.local or ()
+    has_eps = cat.has_any
+
+    def ep_base(ep: EndpointInfo) -> str:
+        return naming.endpoint_chain_base(service.namespace, service.name, pname, proto, ep.string)
+
+    # hairpin-connections: every local endpoint reachable from here (§12 item 2)
+    for ep in cat.all_reachable:
+        if ep.is_local:
+            ff.add_element(HAIRPIN, Element((ep.ip, ep.ip, proto, str(ep.port))))
+
+    uses_cluster_chain = bool(cluster_eps) and uses_cluster
+    uses_local_chain = bool(local_eps) and uses_local
+
+    internal_chain, has_internal = cluster_chain, has_eps
+    if itp_local:
+        internal_chain, has_internal = local_chain, bool(local_eps)
+        has_internal = has_internal and has_eps
+    external_policy_chain, has_external = cluster_chain, has_eps
+    if etp_local:
+        external_policy_chain, has_external = local_chain, bool(local_eps) and has_eps
+    uses_ext_chain = has_eps and externally_accessible
+
+    if not has_eps:
+        internal_verdict = external_verdict = f"goto {REJECT_CHAIN}"
+    else:
+        internal_verdict = external_verdict = "drop"
+
+    # --- elements (reference §3.1) ---
+    ff.add_element(CLUSTER_IPS, Element((cluster_ip,)))
+    ckey = (cluster_ip, proto, svc_port)
+    if has_internal:
+        ff.add_element(SERVICE_IPS, Element(ckey, f"goto {internal_chain}"))
+    else:
+        ff.add_element(NO_EP_SERVICES, Element(ckey, internal_verdict, comment))
+    for ip in external_ips:
+        k = (ip, proto, svc_port)
+        if has_eps:
+            ff.add_element(SERVICE_IPS, Element(k, f"goto {ext_chain}"))
+        if not has_external:
+            ff.add_element(NO_EP_SERVICES, Element(k, external_verdict, comment))
+    uses_fw = bool(lb_vips) and bool(ranges)
+    for ip in lb_vips:
+        k = (ip, proto, svc_port)
+        if has_eps:
+            ff.add_element(SERVICE_IPS, Element(k, f"goto {ext_chain}"))
+        if uses_fw:
+            ff.add_element(FIREWALL_IPS, Element(k, f"goto {fw_chain}"))
+        if not has_external:
+            ff.add_element(NO_EP_SERVICES, Element(k, external_verdict, comment))
+    if node_port:
+        k = (proto, str(node_port))
+        if has_eps:
+            ff.add_element(SERVICE_NODEPORTS, Element(k, f"goto {ext_chain}"))
+        if not has_external:
+            ff.add_element(NO_EP_NODEPORTS, Element(k, external_verdict, comment))
+
+    # --- chains (reference §4, §12) ---
+    affinity_chains: list[Chain] = []
+    if affinity:
+        timeout = int(service.affinity_timeout_seconds)
+        if not 1 <= timeout <= 86400:
+            raise CompileError(f"Service {service.key}: sessionAffinity timeout {timeout} "
+                               "is outside 1..86400 seconds")
+        for ep in cat.all_reachable:
+            b = ep_base(ep)
+            aset = check_name(naming.affinity_set(b))
+            ff.sets.setdefault(aset, NamedSet(aset, ctx.addr_type, flags=("dynamic", "timeout"),
+                                              timeout=timeout))
+            affinity_chains.append(Chain(check_name(naming.endpoint_chain(b)), (
+                Rule(f"update @{aset} {{ {fam} saddr }}"),
+                Rule(f"meta l4proto {proto} dnat to {check_atom(ep.string)}"),
+            )))
+
+    def policy_rules(eps: Sequence[EndpointInfo]) -> tuple[Rule, ...]:
+        if affinity:
+            return _affinity_jumps(fam, eps, ep_base)
+        return (_dnat_rule(fam, proto, eps),)
+
+    if uses_cluster_chain:
+        ff.add_chain(Chain(cluster_chain, policy_rules(cluster_eps)))
+    if uses_local_chain:
+        ff.add_chain(Chain(local_chain, policy_rules(local_eps)))
+    if uses_ext_chain:
+        rules: list[Rule] = []
+        if not etp_local:
+            rules.append(Rule(ctx.masquerade_rule, "masquerade"))
+        else:
+            if ctx.cluster_cidrs:
+                rules.append(Rule(f"{ctx.if_local} goto {cluster_chain}", "short-circuit pod traffic"))
+            rules.append(Rule(f"fib saddr type local {ctx.masquerade_rule}", "masquerade local traffic"))
+            rules.append(Rule(f"fib saddr type local goto {cluster_chain}", "short-circuit local traffic"))
+        if has_external:
+            rules.append(Rule(f"goto {external_policy_chain}"))
+        ff.add_chain(Chain(ext_chain, tuple(rules)))
+    if uses_fw:
+        sources = list(ranges)
+        if ctx.node_ip is not None and any(
+                ipaddress.ip_address(ctx.node_ip) in ipaddress.ip_network(r) for r in ranges):
+            # VIP-style LBs loop node-originated traffic back with the VIP as source.
+            sources += [ip for ip in lb_vips if ip not in sources]
+        ff.add_chain(Chain(fw_chain, (Rule(f"{fam} saddr != {_set_literal(sources, ' , ')} drop"),)))
+    for c in affinity_chains:
+        ff.add_chain(c)
+
+
+def _dedupe(nets: Iterable) -> tuple[str, ...]:
+    """Source ranges in the Service's order (kube-proxy's text), duplicates dropped."""
+    out: list[str] = []
+    for n in nets:
+        if str(n) not in out:
+            out.append(str(n))
+    return tuple(out)
+
+
+def _dnat_rule(fam: str, proto: str, eps: Sequence[EndpointInfo]) -> Rule:
+    """1 endpoint → plain `dnat to`; N → one numgen map (§12 item 5, after #140723)."""
+    if len(eps) == 1:
+        return Rule(f"meta l4proto {proto} dnat to {check_atom(eps[0].string)}")
+    elems = " , ".join(f"{i} : {check_atom(e.ip)} . {e.port}" for i, e in enumerate(eps))
+    return Rule(f"meta l4proto {proto} dnat {fam} addr . port to "
+                f"numgen random mod {len(eps)} map {{ {elems} }}")
+
+
+def _affinity_jumps(fam: str, eps: Sequence[EndpointInfo], ep_base) -> tuple[Rule, ...]:
+    rules = []
+    vmap = []
+    for i, ep in enumerate(eps):
+        b = ep_base(ep)
+        aset, echain = naming.affinity_set(b), naming.endpoint_chain(b)
+        rules.append(Rule(f"{fam} saddr @{check_name(aset)} goto {check_name(echain)}"))
+        vmap.append(f"{i} : goto {echain}")
+    rules.append(Rule(f"numgen random mod {len(eps)} vmap {{ {' , '.join(vmap)} }}"))
+    return tuple(rules)
+
+
+# --- assembling -------------------------------------------------------------------------
+
+
+def add_fragment(ruleset: Ruleset, fragment: ServiceFragment) -> None:
+    """Merge one Service's objects into `ruleset` and record their owner.
+
+    Shared elements: the same hairpin-connections / cluster-ips element can come from
+    several Services; it is kept once and owned by the first Service merged (fragments
+    are merged in sorted key order). A map key claimed by two Services with different
+    values (e.g. the same externalIP:port on two Services; validation reports it) keeps
+    the first value, deterministically."""
+    owner = fragment.service_key
+    for family, ff in fragment.families.items():
+        table = ruleset.tables[family]
+        for name, s in ff.sets.items():
+            if name in table.sets:
+                raise CompileError(f"set {name} produced by two Services ({owner})")
+            table.sets[name] = s
+            ruleset.owners[set_id(family, name)] = owner
+        for name, c in ff.chains.items():
+            if name in table.chains:
+                raise CompileError(f"chain {name} produced by two Services ({owner})")
+            table.chains[name] = c
+            ruleset.owners[chain_id(family, name)] = owner
+        for (set_name, key), e in ff.elements.items():
+            target = table.sets[set_name]
+            if key in target.elements:
+                continue
+            target.add(e)
+            ruleset.owners[element_id(family, set_name, key)] = owner
+
+
+def slices_by_service(slices: Iterable[EndpointSlice]) -> dict[str, list[EndpointSlice]]:
+    out: dict[str, list[EndpointSlice]] = {}
+    for s in slices:
+        out.setdefault(s.service_key, []).append(s)
+    return out
+
+
+def assemble(static: Ruleset, fragments: Iterable[ServiceFragment]) -> Ruleset:
+    """static part + union of fragments (merged in Service-key order). `static` is
+    modified in place and returned."""
+    for frag in sorted(fragments, key=lambda f: f.service_key):
+        add_fragment(static, frag)
+    _check_references(static)
+    return static
+
+
+def compile_ruleset(inventory: Inventory, config: NodeConfig) -> Ruleset:
+    """The whole desired ruleset: both tables, always (see docs for why)."""
+    contexts = {f: family_context(config, f) for f in FAMILIES}
+    by_svc = slices_by_service(inventory.endpoint_slices)
+    fragments = [compile_service(svc, by_svc.get(svc.key, ()), config, contexts)
+                 for svc in sorted(inventory.services, key=lambda s: (s.namespace, s.name))]
+    return assemble(compile_static(config, inventory), fragments)
+
+
+def _check_references(ruleset: Ruleset) -> None:
+    """Every jump/goto target and every @set in a rule must exist: catches compiler bugs
+    before nft does (a dangling goto would fail the whole transaction)."""
+    for table in ruleset.tables.values():
+        for chain in table.chains.values():
+            for rule in chain.rules:
+                words = rule.body.replace("{", " ").replace("}", " ").split()
+                for i, w in enumerate(words[:-1]):
+                    if w in ("goto", "jump") and words[i + 1] not in table.chains:
+                        raise CompileError(f"{table.family} chain {chain.name}: "
+                                           f"{w} to missing chain {words[i + 1]}")
+                for w in words:
+                    if w.startswith("@") and w[1:] not in table.sets:
+                        raise CompileError(f"{table.family} chain {chain.name}: "
+                                           f"missing set {w}")
+        for s in table.sets.values():
+            for e in s.elements.values():
+                if e.value and e.value.startswith("goto ") and e.value[5:] not in table.chains:
+                    raise CompileError(f"{table.family} {s.name}: goto missing chain {e.value[5:]}")

@@ -1,0 +1,79 @@
+"""Render a Ruleset as one `nft -f` script that builds nftrec's tables from scratch.
+
+Pipeline position: compile → ruleset → **render** (`nftrec render`, cold apply, goldens).
+
+Per table: `add table` + `delete table` + `add table` (the first add makes the delete
+succeed whether or not the table exists; `nft -f` runs the file as one transaction, so the
+table is replaced atomically and no other table is touched), then sets/maps, chains,
+rules and elements. Declarations precede their uses: rules reference sets (`@cluster-ips`)
+and chains (`goto service-…`), map elements reference chains.
+
+Every text comes from ruleset.py's `*_cmd` functions (which check names, comments, keys
+and values); rule bodies additionally pass `check_rule_body`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+
+from reconciler.ruleset import (
+    FAMILIES,
+    Element,
+    Rule,
+    Ruleset,
+    Table,
+    chain_cmd,
+    check_rule_body,
+    element_cmd,
+    rule_cmd,
+    set_cmd,
+    table_cmd,
+)
+
+
+def _atom_sort_key(atom: str) -> tuple:
+    """IPs numerically, numbers numerically, words alphabetically — stable and readable."""
+    try:
+        ip = ipaddress.ip_address(atom)
+        return (0, ip.version, int(ip), "")
+    except ValueError:
+        pass
+    if atom.isdigit():
+        return (1, 0, int(atom), "")
+    return (2, 0, 0, atom)
+
+
+def element_sort_key(e: Element) -> tuple:
+    return tuple(_atom_sort_key(k) for k in e.key)
+
+
+def render_table(table: Table) -> list[str]:
+    fam, name = table.family, table.name
+    lines = [table_cmd("add", table), table_cmd("delete", table), table_cmd("add", table)]
+    for s in table.sets.values():
+        lines.append(set_cmd("add", fam, name, s))
+    for c in table.chains.values():
+        lines.append(chain_cmd("add", fam, name, c))
+    for c in table.chains.values():
+        for r in c.rules:
+            check_rule_body(r.body)
+            lines.append(rule_cmd(fam, name, c.name, r))
+    for s in table.sets.values():
+        for e in sorted(s.elements.values(), key=element_sort_key):
+            lines.append(element_cmd("add", fam, name, s, e))
+    return lines
+
+
+def render_script(ruleset: Ruleset) -> str:
+    """The whole desired ruleset as an `nft -f` script (ip table first, then ip6)."""
+    lines: list[str] = []
+    for family in FAMILIES:
+        table = ruleset.tables.get(family)
+        if table is None:
+            continue
+        if lines:
+            lines.append("")
+        lines.extend(render_table(table))
+    return "\n".join(lines) + "\n" if lines else ""
+
+
