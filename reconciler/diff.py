@@ -1,0 +1,340 @@
+"""Compare desired and live rulesets; build the minimal transaction between them.
+
+Pipeline position: compile + live → **diff** → transaction → apply.
+
+`diff` is semantic: rules per chain in order (both sides in `live.canonical_rule` normal
+form), set/map elements as sets keyed by element key, definitions field by field.
+Elements of dynamic sets (affinity, filled by the kernel) are never compared.
+
+`transaction_for` orders the operations so that the kernel accepts them in ONE
+transaction: create before reference, drop references before delete. Verified on kernel
+6.18 (tests/test_diff.py): deleting a chain in the same transaction that deletes the map
+element / flushes the rule referencing it is accepted, so unlike kube-proxy (which waits
+≥1 s for kernels < 6.2) we need no second, follow-up transaction.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Iterator
+
+from .live import canonical
+from .nft import Transaction
+from .ruleset import Chain, Element, NamedSet, Ruleset, Table, chain_id, element_id, set_id
+
+# --- the result ----------------------------------------------------------------------------
+
+
+@dataclass
+class Change:
+    action: str  # "add" | "change" | "remove"
+    family: str
+    kind: str  # "table" | "chain" | "set" | "element"
+    name: str  # table, chain or set name (the set's, for an element)
+    key: tuple[str, ...] | None = None  # elements only
+    owner: str | None = None  # "namespace/name" of the Service, None for shared objects
+    reason: str = ""  # one line, for `plan`
+    old: object = field(default=None, repr=False, compare=False)  # the live object
+    new: object = field(default=None, repr=False, compare=False)  # the desired object
+
+    @property
+    def id(self) -> str:
+        if self.kind == "chain":
+            return chain_id(self.family, self.name)
+        if self.kind == "set":
+            return set_id(self.family, self.name)
+        if self.kind == "element":
+            return element_id(self.family, self.name, self.key or ())
+        return f"{self.family} table {self.name}"
+
+
+@dataclass
+class FamilyChanges:
+    family: str
+    table: Change | None = None  # add / remove / change (= re-create: comments are immutable)
+    chains_added: list[Change] = field(default_factory=list)
+    chains_removed: list[Change] = field(default_factory=list)
+    chains_changed: list[Change] = field(default_factory=list)  # flushed and rewritten, or re-created
+    sets_added: list[Change] = field(default_factory=list)
+    sets_removed: list[Change] = field(default_factory=list)
+    sets_changed: list[Change] = field(default_factory=list)  # definition changed: re-created
+    elements_added: list[Change] = field(default_factory=list)
+    elements_removed: list[Change] = field(default_factory=list)
+    elements_changed: list[Change] = field(default_factory=list)  # value/comment: delete + add
+
+    def __iter__(self) -> Iterator[Change]:
+        if self.table:
+            yield self.table
+        for lst in (
+            self.chains_added, self.chains_removed, self.chains_changed,
+            self.sets_added, self.sets_removed, self.sets_changed,
+            self.elements_added, self.elements_removed, self.elements_changed,
+        ):  # fmt: skip
+            yield from lst
+
+
+@dataclass
+class Changes:
+    families: dict[str, FamilyChanges] = field(default_factory=dict)
+
+    def __iter__(self) -> Iterator[Change]:
+        for fc in self.families.values():
+            yield from fc
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    @property
+    def empty(self) -> bool:
+        return not any(True for _ in self)
+
+    def by_owner(self) -> dict[str | None, list[Change]]:
+        """Changes grouped by Service (None: shared objects), for `plan`."""
+        out: dict[str | None, list[Change]] = {}
+        for c in self:
+            out.setdefault(c.owner, []).append(c)
+        return out
+
+    def owners(self) -> set[str]:
+        return {c.owner for c in self if c.owner}
+
+
+# --- ownership of live-only objects --------------------------------------------------------
+
+# <prefix>-<HASH8>-<ns>/<svc>/<proto>/<port>[__<ip>/<port>]   (kube-proxy's naming)
+_SVC_NAME = re.compile(r"^(?:service|local|external|firewall|endpoint|affinity)-[A-Z2-7]{8}-([^/]+)/([^/]+)/")
+_EP_IP = re.compile(r"__([0-9A-Fa-f.]+)/\d+$")
+_DNAT_IP = re.compile(r"dnat to \[?([0-9A-Fa-f.:]+?)\]?:\d+$|\d : ([0-9A-Fa-f.:]+) \. \d+")
+
+
+def owner_of_name(name: str) -> str | None:
+    m = _SVC_NAME.match(name)
+    return f"{m.group(1)}/{m.group(2)}" if m else None
+
+
+class _Owners:
+    """Who owns an object: desired.owners first, else derived from names and values."""
+
+    def __init__(self, desired: Ruleset, live: Ruleset):
+        self.known = desired.owners
+        self.by_ip: dict[str, str] = {}  # service/endpoint IP → owner, for plain set keys
+        for rs in (desired, live):
+            for fam, t in rs.tables.items():
+                for name, c in t.chains.items():
+                    o = owner_of_name(name)
+                    if not o:
+                        continue
+                    m = _EP_IP.search(name)
+                    if m:
+                        self.by_ip.setdefault(m.group(1).replace(".", ":") if fam == "ip6" else m.group(1), o)
+                    for r in c.rules:  # DNAT targets: owners of hairpin elements
+                        for m in _DNAT_IP.finditer(r.body):
+                            self.by_ip.setdefault(m.group(1) or m.group(2), o)
+                for s in t.sets.values():
+                    for e in s.elements.values():
+                        o = self._from_value(e)
+                        if o:
+                            self.by_ip.setdefault(e.key[0], o)
+
+    @staticmethod
+    def _from_value(e: Element) -> str | None:
+        if e.value and e.value.split()[0] in ("goto", "jump"):
+            o = owner_of_name(e.value.split()[1])
+            if o:
+                return o
+        if e.comment and "/" in e.comment:  # no-endpoint elements: "ns/svc:port"
+            return e.comment.split(":", 1)[0]
+        return None
+
+    def chain(self, fam: str, name: str) -> str | None:
+        return self.known.get(chain_id(fam, name)) or owner_of_name(name)
+
+    def set(self, fam: str, name: str) -> str | None:
+        return self.known.get(set_id(fam, name)) or owner_of_name(name)
+
+    def element(self, fam: str, set_name: str, e: Element) -> str | None:
+        return self.known.get(element_id(fam, set_name, e.key)) or self._from_value(e) or self.by_ip.get(e.key[0])
+
+
+# --- diff ----------------------------------------------------------------------------------
+
+
+def _set_def(s: NamedSet) -> tuple:
+    return (s.type, s.value_type, tuple(sorted(s.flags)), s.timeout, s.comment)
+
+
+def _refs_set(chain: Chain, set_name: str) -> bool:
+    pat = re.compile(r"@" + re.escape(set_name) + r"(?=[\s,}]|$)")
+    return any(pat.search(r.body) for r in chain.rules)
+
+
+def _elem_text(e: Element) -> str:
+    return " . ".join(e.key) + (f" : {e.value}" if e.value is not None else "")
+
+
+def diff(desired: Ruleset, live: Ruleset) -> Changes:
+    """What differs between `desired` (as compiled) and `live` (from read_live)."""
+    want = canonical(desired)
+    who = _Owners(desired, live)
+    out = Changes()
+    for fam in sorted(set(want.tables) | set(live.tables)):
+        fc = FamilyChanges(fam)
+        d, l = want.tables.get(fam), live.tables.get(fam)
+        if d is None:
+            fc.table = Change("remove", fam, "table", l.name, reason="no longer desired", old=l)
+        elif l is None or l.comment != d.comment:
+            # A table comment cannot be changed in place (nft keeps the old one silently).
+            why = "new table" if l is None else "table comment changed: re-created"
+            fc.table = Change("add" if l is None else "change", fam, "table", d.name, reason=why, old=l, new=d)
+            _all_of(fc, d, who)
+        else:
+            _diff_table(fc, d, l, who)
+        if any(True for _ in fc):
+            out.families[fam] = fc
+    return out
+
+
+def _all_of(fc: FamilyChanges, d: Table, who: _Owners) -> None:
+    """Everything in `d` as additions (a new or re-created table)."""
+    fam = fc.family
+    for c in d.chains.values():
+        fc.chains_added.append(Change("add", fam, "chain", c.name, owner=who.chain(fam, c.name), reason="new chain", new=c))
+    for s in d.sets.values():
+        fc.sets_added.append(Change("add", fam, "set", s.name, owner=who.set(fam, s.name), reason="new set", new=s))
+        _elements_added(fc, s, s.elements.values(), who)
+
+
+def _elements_added(fc: FamilyChanges, s: NamedSet, elems, who: _Owners, reason: str = "new element") -> None:
+    if "dynamic" in s.flags:
+        return
+    for e in elems:
+        fc.elements_added.append(
+            Change("add", fc.family, "element", s.name, e.key, who.element(fc.family, s.name, e),
+                   f"{reason}: {_elem_text(e)}", new=e)  # fmt: skip
+        )
+
+
+def _diff_table(fc: FamilyChanges, d: Table, l: Table, who: _Owners) -> None:
+    fam = fc.family
+    # Sets first: a re-created set forces a rewrite of every chain that references it.
+    recreated: list[str] = []
+    for name, s in d.sets.items():
+        ls = l.sets.get(name)
+        if ls is None:
+            fc.sets_added.append(Change("add", fam, "set", name, owner=who.set(fam, name), reason="new set", new=s))
+            _elements_added(fc, s, s.elements.values(), who)
+        elif _set_def(s) != _set_def(ls):
+            fields = [n for n, a, b in zip(("type", "value type", "flags", "timeout", "comment"), _set_def(s), _set_def(ls)) if a != b]
+            fc.sets_changed.append(
+                Change("change", fam, "set", name, owner=who.set(fam, name),
+                       reason=f"{', '.join(fields)} changed: re-created", old=ls, new=s)  # fmt: skip
+            )
+            recreated.append(name)
+            _elements_added(fc, s, s.elements.values(), who)
+        elif "dynamic" not in s.flags:
+            for key, e in s.elements.items():
+                le = ls.elements.get(key)
+                if le is None:
+                    _elements_added(fc, s, [e], who)
+                elif (le.value, le.comment) != (e.value, e.comment):
+                    why = f"value {le.value} → {e.value}" if le.value != e.value else f"comment {le.comment!r} → {e.comment!r}"
+                    fc.elements_changed.append(
+                        Change("change", fam, "element", name, key, who.element(fam, name, e), why, old=le, new=e)
+                    )
+            for key, le in ls.elements.items():
+                if key not in s.elements:
+                    fc.elements_removed.append(
+                        Change("remove", fam, "element", name, key, who.element(fam, name, le),
+                               f"gone: {_elem_text(le)}", old=le)  # fmt: skip
+                    )
+    for name, ls in l.sets.items():
+        if name not in d.sets:
+            fc.sets_removed.append(Change("remove", fam, "set", name, owner=who.set(fam, name), reason="no longer used", old=ls))
+
+    for name, c in d.chains.items():
+        lc = l.chains.get(name)
+        if lc is None:
+            fc.chains_added.append(Change("add", fam, "chain", name, owner=who.chain(fam, name), reason="new chain", new=c))
+            continue
+        why = None
+        if lc.base != c.base:
+            why = "hook/priority changed: re-created"
+        elif lc.comment != c.comment:
+            why = "comment changed: re-created"
+        elif lc.rules != c.rules:
+            why = f"rules differ ({len(lc.rules)} → {len(c.rules)} rules)"
+        else:
+            hit = [s for s in recreated if _refs_set(lc, s)]
+            if hit:
+                why = f"references re-created set {hit[0]}"
+        if why:
+            fc.chains_changed.append(Change("change", fam, "chain", name, owner=who.chain(fam, name), reason=why, old=lc, new=c))
+    for name, lc in l.chains.items():
+        if name not in d.chains:
+            fc.chains_removed.append(
+                Change("remove", fam, "chain", name, owner=who.chain(fam, name), reason="no longer referenced", old=lc)
+            )
+    # A regular chain whose comment changed must be deleted and re-added, which needs every
+    # reference to it gone first; that only happens across nftrec versions: re-create all.
+    if any(c.reason.startswith("comment") and c.new.base is None for c in fc.chains_changed):
+        fc.__init__(fam)
+        fc.table = Change("change", fam, "table", d.name, reason="a chain comment changed: re-created", old=l, new=d)
+        _all_of(fc, d, who)
+
+
+# --- transaction ---------------------------------------------------------------------------
+
+
+def transaction_for(changes: Changes, desired: Ruleset) -> Transaction:
+    """The minimal transaction turning live into desired, in an order the kernel accepts."""
+    tx = Transaction()
+    for fam, fc in changes.families.items():
+        if fc.table and fc.table.action == "remove":
+            tx.delete_table(fam, fc.table.name)
+            continue
+        d = desired.tables[fam]
+        T = d.name
+        if fc.table and fc.table.action == "change":
+            tx.delete_table(fam, T)
+        if fc.table:
+            tx.add_table(d)
+        # 1. Create new chains (empty) and new sets: everything may reference them.
+        for c in fc.chains_added:
+            tx.add(fam, T, _shell(c.new))
+        for c in fc.sets_added:
+            tx.add(fam, T, c.new)
+        # 2. Drop references: flush changed chains and chains about to go.
+        recreate_chain = [c for c in fc.chains_changed if c.reason.startswith(("hook", "comment"))]
+        for c in fc.chains_changed:
+            if c not in recreate_chain:
+                tx.flush(fam, T, Chain(c.name))
+        for c in fc.chains_removed:
+            tx.flush(fam, T, Chain(c.name))
+        # 3. Re-create base chains and sets whose definition cannot change in place.
+        for c in recreate_chain:
+            tx.delete(fam, T, Chain(c.name))
+            tx.add(fam, T, _shell(c.new))
+        for c in fc.sets_changed:
+            tx.delete(fam, T, c.old)
+            tx.add(fam, T, c.new)
+        # 4. Elements: deletes before adds (a changed value is delete + add).
+        for c in fc.elements_removed + fc.elements_changed:
+            tx.delete(fam, T, c.old, set=d.sets[c.name])
+        for c in fc.elements_changed + fc.elements_added:
+            tx.add(fam, T, c.new, set=d.sets[c.name])
+        # 5. Rules of new and rewritten chains (everything they reference exists now).
+        for c in fc.chains_added + fc.chains_changed:
+            for r in d.chains[c.name].rules:
+                tx.add_rule(fam, T, c.name, r)
+        # 6. Delete what nothing references any more.
+        for c in fc.chains_removed:
+            tx.delete(fam, T, Chain(c.name))
+        for c in fc.sets_removed:
+            tx.delete(fam, T, c.old)
+    return tx
+
+
+def _shell(c: Chain) -> Chain:
+    return Chain(c.name, (), c.base, c.comment)
+

@@ -1,0 +1,341 @@
+"""Read the live side: nftrec's own tables, as a canonical `Ruleset`.
+
+Pipeline position: compile → ruleset ─┐
+                   kernel → **live** ─┴→ diff → transaction → apply
+
+nft rewrites rules on read-back (`mark set mark or 0x4000` lists as
+`meta mark set meta mark | 0x00004000`, anonymous sets are sorted and merged, ...).
+Rather than guess nft's printer exactly, `canonical_rule` is a *normal form*: applied to
+our rule text and to nft's listing of it, both give the same string (it is idempotent
+on its own output, and mostly equal to how nft 1.0.6 prints). `canonical(ruleset)`
+applies it to a desired Ruleset; `read_live` applies it while parsing the listing.
+
+The listing is nft's text form, not JSON: nft 1.0.6's JSON drops table and chain
+comments and the `dynamic` set flag. One text listing carries everything.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import re
+from dataclasses import replace
+from functools import lru_cache
+
+from .nft import Interface
+from .ruleset import FAMILIES, BaseHook, Chain, Element, NamedSet, Rule, Ruleset, Table
+
+# --- rule text normal form -----------------------------------------------------------------
+
+_TOKEN = re.compile(r'"[^"]*"|[{},]|[^\s{},]+')
+_HEX = re.compile(r"0x[0-9a-fA-F]+")
+_IPISH = re.compile(r"[0-9a-fA-F.:/\-]*[0-9][0-9a-fA-F.:/\-]*")
+_OPS = {"or": "|", "and": "&", "xor": "^"}
+_L4 = {"tcp", "udp", "sctp", "udplite", "dccp"}
+_COMMENT_TAIL = re.compile(r'\s+comment\s+"([^"]*)"$')
+
+
+def split_comment(text: str) -> tuple[str, str | None]:
+    """`body comment "c"` → (body, c); nft prints a rule's comment last."""
+    m = _COMMENT_TAIL.search(text)
+    if m is None:
+        return text.strip(), None
+    return text[: m.start()].strip(), m.group(1)
+
+
+def _ip(tok: str):
+    """An address/prefix/range token as a list of networks, or None."""
+    if not _IPISH.fullmatch(tok) or ("." not in tok and ":" not in tok) or tok == ".":
+        return None
+    try:
+        if "-" in tok and "/" not in tok:
+            lo, hi = (ipaddress.ip_address(x) for x in tok.split("-", 1))
+            return list(ipaddress.summarize_address_range(lo, hi))
+        return [ipaddress.ip_network(tok, strict=False)]
+    except ValueError:
+        return None
+
+
+def _net_text(n) -> str:
+    # nft prints a full-length prefix as a plain address.
+    return str(n.network_address) if n.prefixlen == n.max_prefixlen else str(n)
+
+
+def _sort_key(text: str):
+    head = text.split(" ", 1)[0]
+    return (0, int(head), text) if head.isdigit() else (1, 0, text)
+
+
+def _group(items: list, verbatim: bool) -> list:
+    """Normalise one `{ … }` group; returns the token list to put in its place."""
+    elems: list[list] = [[]]
+    for t in items:
+        if t == ",":
+            elems.append([])
+        else:
+            elems[-1].append(t)
+    elems = [e for e in elems if e]
+    texts = [" ".join(_flat(e)) for e in elems]
+    if verbatim:  # `update @set { ip saddr }`: a key expression, not a set
+        return ["{", " , ".join(texts), "}"] if texts else ["{", "}"]
+    is_map = any(":" in e for e in elems)
+    if not is_map:
+        nets = [_ip(t) for t in texts]
+        if texts and all(n is not None for n in nets):
+            # nft merges overlapping/adjacent intervals of an anonymous set.
+            flat = [x for n in nets for x in n]
+            merged = []
+            for v in (4, 6):
+                merged += list(ipaddress.collapse_addresses(x for x in flat if x.version == v))
+            texts = [_net_text(n) for n in sorted(merged, key=lambda n: (n.version, n))]  # numeric, as nft
+        else:
+            texts = sorted(set(texts), key=_sort_key)
+        if len(texts) == 1:
+            return [texts[0]]  # a one-element anonymous set lists as the bare value
+    else:
+        texts = sorted(texts, key=_sort_key)
+    return ["{ " + ", ".join(texts) + " }"]
+
+
+def _flat(tokens: list) -> list:
+    out = []
+    for t in tokens:
+        out.extend(t if isinstance(t, list) else [t])
+    return out
+
+
+def _nest(tokens: list[str]) -> list:
+    """Turn `{ … }` runs into normalised group tokens (innermost first)."""
+    out: list = []
+    stack: list[list] = []
+    for t in tokens:
+        if t == "{":
+            stack.append(out)
+            out = []
+        elif t == "}" and stack:
+            items, out = out, stack.pop()
+            verbatim = bool(out) and isinstance(out[-1], str) and out[-1].startswith("@")
+            out.extend(_group(items, verbatim))
+        else:
+            out.append(t)
+    while stack:  # unbalanced: leave as is
+        items, out = out, stack.pop()
+        out.extend(["{"] + items)
+    return out
+
+
+@lru_cache(maxsize=65536)
+def canonical_rule(text: str) -> str:
+    """The normal form of a rule body (no comment), equal for our text and nft's listing."""
+    toks = _TOKEN.findall(text)
+    out: list[str] = []
+    i = 0
+    while i < len(toks):
+        t = toks[i]
+        prev = out[-1] if out else ""
+        if t == "mark" and prev not in ("meta", "ct"):
+            out += ["meta", "mark"]
+        elif t in _OPS:
+            out.append(_OPS[t])
+        elif _HEX.fullmatch(t):
+            out.append("0x%08x" % int(t, 16))
+        elif t.isdigit() and prev in ("!=", "==") and len(out) >= 2 and _HEX.fullmatch(out[-2]):
+            out.append("0x%08x" % int(t))  # `mark and 0x4000 != 0`
+        elif t == "dnat" or t == "snat":
+            out.append(t)
+            # `dnat ip addr . port to …` lists as `dnat ip to …`
+            if toks[i + 1 : i + 2] in (["ip"], ["ip6"]) and toks[i + 2 : i + 6] == ["addr", ".", "port", "to"]:
+                out += [toks[i + 1], "to"]
+                i += 5
+        elif (
+            t == "meta"
+            and toks[i + 1 : i + 2] == ["l4proto"]
+            and i + 3 < len(toks)
+            and toks[i + 2] in _L4
+            and toks[i + 3] == toks[i + 2]
+        ):
+            i += 3  # `meta l4proto tcp tcp dport 80`: nft drops the implied dependency
+            continue
+        else:
+            nets = _ip(t) if t not in ("{", "}", ",") else None
+            out.append(_net_text(nets[0]) if nets and len(nets) == 1 else t)
+        i += 1
+    return " ".join(_nest(out))
+
+
+def canonical_rule_obj(rule: Rule) -> Rule:
+    return Rule(canonical_rule(rule.body), rule.comment)
+
+
+def canonical(rs: Ruleset) -> Ruleset:
+    """A copy of a (desired) Ruleset with rule bodies in normal form."""
+    tables = {}
+    for fam, t in rs.tables.items():
+        chains = {
+            n: replace(c, rules=tuple(canonical_rule_obj(r) for r in c.rules)) for n, c in t.chains.items()
+        }
+        tables[fam] = Table(t.family, t.name, t.comment, chains, dict(t.sets))
+    return Ruleset(tables, dict(rs.owners))
+
+
+# --- parsing nft's text listing ------------------------------------------------------------
+
+_DURATION = re.compile(r"(\d+)(d|h|ms|m|s)")
+_UNITS = {"d": 86400, "h": 3600, "m": 60, "s": 1, "ms": 0.001}
+
+
+def parse_duration(text: str) -> int:
+    """`10800s` (numeric time output) or `3h`, `1d2h3m4s` → seconds."""
+    parts = _DURATION.findall(text)
+    if not parts or "".join(a + b for a, b in parts) != text:
+        raise ValueError(f"not an nft duration: {text!r}")
+    return int(sum(int(n) * _UNITS[u] for n, u in parts))
+
+
+def _split_top(text: str, sep: str = ",") -> list[str]:
+    """Split on `sep` outside double quotes."""
+    out, cur, quoted = [], [], False
+    for ch in text:
+        if ch == '"':
+            quoted = not quoted
+        if ch == sep and not quoted:
+            out.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    out.append("".join(cur))
+    return [p.strip() for p in out if p.strip()]
+
+
+def _parse_element(text: str, is_map: bool) -> Element:
+    value = None
+    if is_map:
+        parts = re.split(r' : (?=(?:[^"]*"[^"]*")*[^"]*$)', text, maxsplit=1)
+        text, value = parts[0], (parts[1].strip() if len(parts) > 1 else None)
+    comment = None
+    m = re.search(r'\s+comment\s+"([^"]*)"', text)
+    if m:
+        comment, text = m.group(1), text[: m.start()] + text[m.end() :]
+    # Runtime-only attributes of dynamic elements (never in our desired side).
+    text = re.sub(r"\s+(timeout|expires)\s+\S+", "", text)
+    key = tuple(p.strip() for p in text.split(" . "))
+    return Element(key, value, comment)
+
+
+def parse_table(text: str, family: str) -> Table:
+    """Parse `list table <family> <name>` output (numeric prio/time) into a Table."""
+    lines = text.splitlines()
+    if not lines or not lines[0].startswith("table "):
+        raise ValueError("not an nft table listing")
+    name = lines[0].split()[2]
+    table = Table(family, name)
+    i, n = 1, len(lines)
+    while i < n:
+        line = lines[i].strip()
+        i += 1
+        if not line or line == "}":
+            continue
+        if line.startswith("comment "):
+            table.comment = split_comment(" " + line)[1]
+            continue
+        kind, _, rest = line.partition(" ")
+        obj_name = rest.rsplit(" {", 1)[0].strip()
+        body: list[str] = []
+        while i < n and lines[i].strip() != "}":
+            body.append(lines[i].strip())
+            i += 1
+        i += 1
+        if kind == "chain":
+            table.chains[obj_name] = _parse_chain(obj_name, body)
+        elif kind in ("set", "map"):
+            table.sets[obj_name] = _parse_set(obj_name, kind, body)
+        else:
+            raise ValueError(f"unexpected object in table listing: {line!r}")
+    return table
+
+
+def _parse_chain(name: str, body: list[str]) -> Chain:
+    base = comment = None
+    rules = []
+    for line in body:
+        if not line:
+            continue
+        if line.startswith("type ") and " hook " in line and "priority" in line:
+            m = re.match(r"type (\S+) hook (\S+)(?: device \S+)? priority (-?\d+);", line)
+            if m is None:
+                raise ValueError(f"cannot read base chain {name}: {line!r} (numeric priority expected)")
+            base = BaseHook(m.group(1), m.group(2), int(m.group(3)))
+        elif line.startswith('comment "') and not rules:
+            comment = split_comment(" " + line)[1]
+        else:
+            b, c = split_comment(line)
+            rules.append(Rule(canonical_rule(b), c))
+    return Chain(name, tuple(rules), base, comment)
+
+
+def _parse_set(name: str, kind: str, body: list[str]) -> NamedSet:
+    s = NamedSet(name, "")
+    elems_text = None
+    j = 0
+    while j < len(body):
+        line = body[j]
+        j += 1
+        if line.startswith("type "):
+            t = line[5:]
+            if kind == "map":
+                s.type, _, s.value_type = (x.strip() for x in t.partition(" : "))
+            else:
+                s.type = t
+        elif line.startswith("flags "):
+            s.flags = tuple(line[6:].replace(" ", "").split(","))
+        elif line.startswith("timeout "):
+            s.timeout = parse_duration(line[8:].strip())
+        elif line.startswith('comment "'):
+            s.comment = split_comment(" " + line)[1]
+        elif line.startswith("elements = {"):
+            chunk = [line[len("elements = {") :]]
+            while not chunk[-1].rstrip().endswith("}") and j < len(body):
+                chunk.append(body[j])
+                j += 1
+            elems_text = " ".join(chunk).rstrip()[:-1]
+        # size, policy, gc-interval, auto-merge: kernel/nft defaults we never set
+    if elems_text and "dynamic" not in s.flags:  # dynamic sets: filled by the kernel
+        for e in _split_top(elems_text):
+            el = _parse_element(e, kind == "map")
+            s.elements[el.key] = el
+    return s
+
+
+def read_live(nft: Interface, table_name: str) -> Ruleset:
+    """nftrec's tables (both families) as a canonical Ruleset; absent tables are absent."""
+    rs = Ruleset()
+    for family in FAMILIES:
+        text = nft.list_table(family, table_name)
+        if text is not None:
+            rs.tables[family] = parse_table(text, family)
+    return rs
+
+
+# --- fingerprint ---------------------------------------------------------------------------
+
+
+def fingerprint(live: Ruleset) -> str:
+    """sha256 over the canonical live form: order-independent for elements and sets,
+    order-dependent for rules; dynamic sets' runtime elements are not part of it."""
+    h = hashlib.sha256()
+    for fam in sorted(live.tables):
+        t = live.tables[fam]
+        h.update(f"table {fam} {t.name} {t.comment!r}\n".encode())
+        for name in sorted(t.chains):
+            c = t.chains[name]
+            h.update(f"chain {name} {c.base!r} {c.comment!r}\n".encode())
+            for r in c.rules:
+                h.update(f"  {r.body}\x00{r.comment!r}\n".encode())
+        for name in sorted(t.sets):
+            s = t.sets[name]
+            h.update(f"set {name} {s.type}|{s.value_type}|{sorted(s.flags)}|{s.timeout}|{s.comment!r}\n".encode())
+            if "dynamic" in s.flags:
+                continue
+            for line in sorted(f"{' . '.join(e.key)}|{e.value}|{e.comment}" for e in s.elements.values()):
+                h.update(line.encode() + b"\n")
+    return h.hexdigest()
