@@ -1,0 +1,208 @@
+"""The node config (SPEC §2.2): one small YAML file per node, outside the manifest repo.
+
+`load_node_config(path)` reads, validates (schemas/nodeconfig.json: unknown keys are
+errors except `x-` ones) and fills in defaults: nodeName = hostname, nodeIPs = the
+primary address per family found with pyroute2 (none found: that family is left out).
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+from pathlib import Path
+from typing import Callable
+
+from ruamel.yaml import YAML
+from ruamel.yaml.error import YAMLError
+
+from . import model
+from .load import MAX_FILE_BYTES, Document, SourceFile, _check_tree, _decode, _Refused, _yaml_error
+from .problems import ERROR, Problem, show
+from .schemas import parse_cidr, parse_ip, validator
+
+DEFAULT_PATH = "/etc/nftrec/config.yaml"
+_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+_DURATION_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ns|us|µs|ms|s|m|h)")
+
+
+def parse_duration(value: str | int | float) -> float:
+    """Go-style durations ("1s", "500ms", "1m30s", "1h") or a number of seconds."""
+    if isinstance(value, bool):
+        raise ValueError(f"not a duration: {value!r}")
+    if isinstance(value, (int, float)):
+        return float(value)
+    text = value.strip()
+    if not text or _DURATION_RE.sub("", text) != "":
+        raise ValueError(f"not a duration: {value!r}")
+    return sum(float(n) * _UNITS[u] for n, u in _DURATION_RE.findall(text))
+
+
+def discover_node_ips() -> tuple[str, ...]:
+    """The primary address per family: the source address of the default route (its
+    `src`, else the kernel's choice towards its gateway, else the first global address of
+    its device), else the first global address. No address: the family is left out."""
+    from pyroute2 import IPRoute  # imported late: validate/render never need it
+
+    out = []
+    with IPRoute() as ipr:
+        for af in (socket.AF_INET, socket.AF_INET6):
+            found = None
+            for r in ipr.get_default_routes(family=af):
+                found = r.get_attr("RTA_PREFSRC")
+                gw, oif = r.get_attr("RTA_GATEWAY"), r.get_attr("RTA_OIF")
+                if not found and gw:
+                    try:  # a route lookup only: RTM_GETROUTE sends no packet
+                        found = next((x.get_attr("RTA_PREFSRC") for x in ipr.route("get", dst=gw, family=af)), None)
+                    except Exception:
+                        found = None
+                if not found and oif:
+                    found = _first_global(ipr, af, index=oif)
+                if found:
+                    break
+            found = found or _first_global(ipr, af)
+            if found and parse_ip(found) is not None:
+                out.append(str(parse_ip(found)))
+    return tuple(out)
+
+
+def _first_global(ipr, af: int, **match) -> str | None:
+    for a in ipr.get_addr(family=af, **match):
+        if a["scope"] == 0:  # RT_SCOPE_UNIVERSE: not link-local, not loopback
+            return a.get_attr("IFA_ADDRESS")
+    return None
+
+
+def _problem(file: str, line: int, col: int, fld: str, message: str) -> Problem:
+    return Problem(file, line, col, "NodeConfig", "", fld, message, ERROR)
+
+
+def load_node_config(
+    path: str | None,
+    *,
+    discover: bool = True,
+    hostname: Callable[[], str] = socket.gethostname,
+    discover_ips: Callable[[], tuple[str, ...]] = discover_node_ips,
+) -> tuple[model.NodeConfig, list[Problem]]:
+    """(config, problems). path=None: DEFAULT_PATH if it exists, else all defaults.
+    discover=False leaves nodeIPs empty when not configured (validate, render tests)."""
+    problems: list[Problem] = []
+    data: dict = {}
+    shown = path or DEFAULT_PATH
+    if path is not None or Path(DEFAULT_PATH).is_file():
+        data, src = _read(shown, problems)
+    else:
+        src = None
+    if problems:
+        return _defaults(hostname, (), shown), problems
+    doc = Document(data, model.Source(shown, 1, 1), shown, 0, (), src)
+    from .validate import Obj, _Report, _schema_problem  # one mapping of schema errors
+
+    rep = _Report()
+    o = Obj(doc, "NodeConfig", "", "")
+    for err in validator("NodeConfig").iter_errors(data):
+        _schema_problem(rep, o, err)
+    problems = [Problem(p.file, p.line, p.col, "NodeConfig", "", p.field, p.message, p.severity) for p in rep.problems]
+    periods = {}
+    for key, default in (("minSyncPeriod", 1.0), ("syncPeriod", 30.0), ("fullSyncPeriod", 3600.0)):
+        periods[key] = default
+        if key in data and not any(p.field == key for p in problems):
+            periods[key] = parse_duration(data[key])
+            if key != "minSyncPeriod" and periods[key] <= 0:
+                line, _ = _locate(doc, key)
+                problems.append(_problem(shown, line, 1, key, f"must be longer than 0s; use e.g. {'30s' if key == 'syncPeriod' else '1h'}"))
+    if any(p.is_error for p in problems):
+        return _defaults(hostname, (), shown), problems
+    node_ips = tuple(str(parse_ip(ip)) for ip in data.get("nodeIPs") or [])
+    if len(node_ips) == 2 and (":" in node_ips[0]) == (":" in node_ips[1]):
+        line, col = _locate(doc, "nodeIPs")
+        problems.append(_problem(shown, line, col, "nodeIPs", "lists two addresses of one family; give at most one IPv4 and one IPv6 address"))
+    if "nodeIPs" not in data and discover:
+        try:
+            node_ips = discover_ips()
+        except Exception as e:  # discovery is best effort; say so, do not fail
+            problems.append(Problem(shown, 0, 0, "NodeConfig", "", "nodeIPs",
+                                    f"could not discover this node's addresses ({show(str(e))}); set nodeIPs", "warning"))
+    cfg = model.NodeConfig(
+        node_name=data.get("nodeName") or _hostname(hostname),
+        node_ips=node_ips,
+        cluster_cidrs=tuple(str(parse_cidr(c)) for c in data.get("clusterCIDRs") or []),
+        service_cidrs=tuple(str(parse_cidr(c)) for c in data.get("serviceCIDRs") or []),
+        node_port_addresses=tuple(a if a == "primary" else str(parse_cidr(a)) for a in data["nodePortAddresses"])
+        if "nodePortAddresses" in data else ("primary",),
+        masquerade_all=data.get("masqueradeAll", False),
+        masquerade_bit=data.get("masqueradeBit", 14),
+        table_name=data.get("tableName", "nftrec"),
+        zone=data.get("zone", ""),
+        min_sync_period=periods["minSyncPeriod"],
+        sync_period=periods["syncPeriod"],
+        full_sync_period=periods["fullSyncPeriod"],
+        source=model.Source(shown, 1, 1) if data else model.Source("<defaults>"),
+    )
+    return cfg, problems
+
+
+def _locate(doc: Document, key: str) -> tuple[int, int]:
+    from .load import locate
+
+    return locate(doc, (key,))
+
+
+def _hostname(hostname: Callable[[], str]) -> str:
+    return hostname().split(".")[0].lower() if hostname() else "localhost"
+
+
+def _defaults(hostname, node_ips, shown) -> model.NodeConfig:
+    return model.NodeConfig(node_name=_hostname(hostname), node_ips=node_ips)
+
+
+def _read(path: str, problems: list[Problem]) -> tuple[dict, SourceFile | None]:
+    """The config as plain data, and the file kept for locate()."""
+    try:
+        raw = Path(path).read_bytes()
+        if len(raw) > MAX_FILE_BYTES:
+            raise _Refused(f"this file is over the {MAX_FILE_BYTES}-byte limit; a node config is a few lines")
+        text = _decode(raw)
+        yaml = YAML(typ="rt")  # tiny file: the round-trip loader keeps positions
+        docs = [d for d in yaml.load_all(text) if d is not None]
+        for d in docs:
+            _check_tree(d, 1, 1)  # alias bombs, depth, non-string keys
+    except OSError as e:
+        problems.append(_problem(path, 0, 0, "", f"cannot read the node config ({e.strerror}); check --config"))
+        return {}, None
+    except _Refused as r:
+        problems.append(_problem(path, r.line, r.col, "", r.message))
+        return {}, None
+    except YAMLError as e:
+        r = _yaml_error(e)
+        problems.append(_problem(path, r.line, r.col, "", r.message))
+        return {}, None
+    except RecursionError:
+        problems.append(_problem(path, 0, 0, "", "nesting is too deep; a node config is a flat mapping"))
+        return {}, None
+    if len(docs) > 1:
+        problems.append(_problem(path, 0, 0, "", "holds several YAML documents; a node config is one mapping"))
+        return {}, None
+    src = SourceFile(path, path, text)
+    if not docs:
+        return {}, src
+    if not isinstance(docs[0], dict):
+        problems.append(_problem(path, 1, 1, "", "must be a mapping (nodeName: ..., nodeIPs: [...]), not a list or a single value"))
+        return {}, None
+    return _plain(docs[0]), src
+
+
+def _plain(node):
+    """ruamel's CommentedMap/Seq and scalar subclasses -> plain Python data."""
+    if isinstance(node, dict):
+        return {str(k) if isinstance(k, str) else k: _plain(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_plain(v) for v in node]
+    if isinstance(node, bool):
+        return bool(node)
+    if isinstance(node, int):
+        return int(node)
+    if isinstance(node, float):
+        return float(node)
+    if isinstance(node, str):
+        return str(node)
+    return node

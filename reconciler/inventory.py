@@ -1,0 +1,180 @@
+"""Validated documents -> the typed model (reconciler.model), with Kubernetes' defaults.
+
+Pipeline position: load -> validate -> **model** -> compile -> ...
+
+Only documents that passed validation reach this stage, so nothing here re-checks input;
+it fills in defaults the way the API server would and normalises IPs and CIDRs to the
+canonical text form (`ipaddress`), so equal values compare equal downstream.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import model
+from .load import Document, LoadResult, load_manifests
+from .problems import Problem
+from .schemas import parse_cidr, parse_ip
+from .validate import SERVICE_NAME_LABEL, Checked, check, family
+
+
+@dataclass
+class InventoryResult:
+    inventory: model.Inventory
+    problems: list[Problem] = field(default_factory=list)  # errors, warnings and notices
+    documents: int = 0  # objects read (List items counted one by one)
+    files: int = 0  # manifest files read
+    digest: str = ""  # sha256 of the files read
+
+    @property
+    def ok(self) -> bool:
+        return not any(p.is_error for p in self.problems)
+
+    @property
+    def errors(self) -> list[Problem]:
+        return [p for p in self.problems if p.is_error]
+
+
+def _ip(text: str) -> str:
+    return str(parse_ip(text))
+
+
+def _cidr(text: str) -> str:
+    return str(parse_cidr(text))  # network form: 10.1.2.3/8 -> 10.0.0.0/8
+
+
+def _meta(doc: Document) -> tuple[str, str]:
+    meta = doc.data.get("metadata") or {}
+    return meta.get("namespace") or "default", meta["name"]
+
+
+def service_from(doc: Document) -> model.Service:
+    ns, name = _meta(doc)
+    spec = doc.data.get("spec") or {}
+    stype = spec.get("type") or "ClusterIP"
+    cips = spec.get("clusterIPs") or ([spec["clusterIP"]] if spec.get("clusterIP") else [])
+    if stype == "ExternalName" or "None" in cips:
+        cips = []  # headless / ExternalName: no virtual IP
+    cluster_ips = tuple(_ip(ip) for ip in cips)
+    families = tuple(spec.get("ipFamilies") or (family(ip) for ip in cluster_ips))
+    ports = tuple(
+        model.ServicePort(
+            name=p.get("name") or "",
+            protocol=p.get("protocol") or "TCP",
+            port=p["port"],
+            target_port=p.get("targetPort") or p["port"],  # unset -> the port itself
+            node_port=p.get("nodePort") or 0,
+        )
+        for p in spec.get("ports") or []
+    )
+    ingress = tuple(
+        model.LoadBalancerIngress(ip=_ip(i["ip"]), ip_mode=i.get("ipMode"))
+        for i in ((doc.data.get("status") or {}).get("loadBalancer") or {}).get("ingress") or []
+        if i.get("ip")  # hostname-only entries have nothing to program
+    )
+    timeout = ((spec.get("sessionAffinityConfig") or {}).get("clientIP") or {}).get("timeoutSeconds") or 10800
+    return model.Service(
+        namespace=ns,
+        name=name,
+        type=stype,
+        cluster_ips=cluster_ips,
+        ip_families=families if stype != "ExternalName" else (),
+        ports=ports,
+        external_ips=tuple(_ip(ip) for ip in spec.get("externalIPs") or []),
+        load_balancer_source_ranges=tuple(_cidr(c) for c in spec.get("loadBalancerSourceRanges") or []),
+        load_balancer_ingress=ingress,
+        external_traffic_policy=spec.get("externalTrafficPolicy") or "Cluster",
+        internal_traffic_policy=spec.get("internalTrafficPolicy") or "Cluster",
+        session_affinity=spec.get("sessionAffinity") or "None",
+        affinity_timeout_seconds=timeout,
+        health_check_node_port=spec.get("healthCheckNodePort") or 0,
+        source=doc.source,
+    )
+
+
+def _endpoint_port(p: dict) -> model.EndpointPort:
+    return model.EndpointPort(name=p.get("name") or "", protocol=p.get("protocol") or "TCP", port=p["port"])
+
+
+def slice_from(doc: Document) -> model.EndpointSlice:
+    ns, name = _meta(doc)
+    data = doc.data
+    at = data["addressType"]
+    endpoints = []
+    for ep in data.get("endpoints") or []:
+        cond = ep.get("conditions") or {}
+        ready = cond.get("ready")
+        serving = cond.get("serving")
+        hints = ep.get("hints")
+        zones = None
+        if isinstance(hints, dict) and hints.get("forZones") is not None:
+            zones = tuple(z["name"] for z in hints["forZones"])
+        endpoints.append(model.Endpoint(
+            addresses=tuple(_ip(a) if at != "FQDN" else a for a in ep["addresses"]),
+            # Kubernetes' nil defaults, as kube-proxy's endpointslicecache reads them
+            ready=ready is None or ready,
+            serving=serving is None or serving,
+            terminating=bool(cond.get("terminating")),
+            node_name=ep.get("nodeName"),
+            zone=ep.get("zone"),
+            hint_zones=zones,
+        ))
+    return model.EndpointSlice(
+        namespace=ns, name=name, service_name=data["metadata"]["labels"][SERVICE_NAME_LABEL], address_type=at,
+        endpoints=tuple(endpoints), ports=tuple(_endpoint_port(p) for p in data.get("ports") or []), source=doc.source,
+    )
+
+
+def slices_from_endpoints(doc: Document) -> list[model.EndpointSlice]:
+    """Legacy v1 Endpoints -> one slice per subset and family, as Kubernetes' mirroring
+    controller does: notReadyAddresses become ready=False (serving stays nil -> True)."""
+    ns, name = _meta(doc)
+    out = []
+    for s, subset in enumerate(doc.data.get("subsets") or []):
+        ports = tuple(_endpoint_port(p) for p in subset.get("ports") or [])
+        addrs = [(a, True) for a in subset.get("addresses") or []] + [(a, False) for a in subset.get("notReadyAddresses") or []]
+        for fam in ("IPv4", "IPv6"):
+            eps = tuple(
+                model.Endpoint(addresses=(_ip(a["ip"]),), ready=ready, node_name=a.get("nodeName"))
+                for a, ready in addrs if family(_ip(a["ip"])) == fam
+            )
+            if eps:
+                out.append(model.EndpointSlice(
+                    namespace=ns, name=f"{name}-subset{s}-{fam.lower()}", service_name=name, address_type=fam,
+                    endpoints=eps, ports=ports, source=doc.source,
+                ))
+    return out
+
+
+def service_cidr_from(doc: Document) -> model.ServiceCIDR:
+    return model.ServiceCIDR(name=doc.data["metadata"]["name"], cidrs=tuple(_cidr(c) for c in doc.data["spec"]["cidrs"]),
+                             source=doc.source)
+
+
+def build_inventory(checked: Checked, revision: str) -> model.Inventory:
+    """The model from the valid objects of a validation run."""
+    services, slices, cidrs = [], [], []
+    for o in checked.objects:
+        if o.kind == "Service":
+            services.append(service_from(o.doc))
+        elif o.kind == "EndpointSlice":
+            slices.append(slice_from(o.doc))
+        elif o.kind == "Endpoints":
+            slices.extend(slices_from_endpoints(o.doc))
+        elif o.kind == "ServiceCIDR":
+            cidrs.append(service_cidr_from(o.doc))
+    return model.Inventory(services=tuple(services), endpoint_slices=tuple(slices), service_cidrs=tuple(cidrs),
+                           revision=revision)
+
+
+def inventory_from_load(loaded: LoadResult, *, strict: bool = False) -> InventoryResult:
+    checked = check(loaded, strict=strict)
+    inv = build_inventory(checked, loaded.revision)
+    return InventoryResult(inv, checked.problems, checked.documents, loaded.files, loaded.digest)
+
+
+def read_inventory(root: str | Path, *, strict: bool = False) -> InventoryResult:
+    """load -> validate -> model for one manifest directory. Never raises for bad input:
+    check `.ok` and `.problems`; `.inventory` holds only the objects that were valid."""
+    return inventory_from_load(load_manifests(root), strict=strict)

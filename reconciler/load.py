@@ -1,0 +1,519 @@
+"""Manifest intake (SPEC §2.1): a directory tree -> plain documents with their positions.
+
+Pipeline position: **load** -> validate -> model -> compile -> ...
+
+Speed: files are parsed with libyaml (ruamel.yaml's C parser) into plain dicts and lists;
+nothing keeps per-field positions, because only error messages need them. `locate()`
+re-parses the one file concerned with ruamel's round-trip loader, which does.
+
+Hostile input (SPEC §8) is refused with a Problem, never a traceback:
+- files over MAX_FILE_BYTES, NUL bytes, non-UTF-8 bytes;
+- nesting deeper than MAX_DEPTH (checked before libyaml's recursive composer runs,
+  which would otherwise overflow the C stack);
+- alias bombs: aliases are allowed (people use anchors to share labels), but they may
+  add at most MAX_ALIAS_EXPANSION nodes to a file; the expanded size is computed
+  without expanding, so a billion-laughs file is refused in microseconds;
+- symlinks that leave the (resolved) manifest tree, dangling links and link loops.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ruamel.yaml import YAML
+from ruamel.yaml.error import MarkedYAMLError, YAMLError
+
+try:  # libyaml-based; falls back to the pure-Python loader (slower, same results)
+    from ruamel.yaml.cyaml import CSafeLoader as _Loader
+    from ruamel.yaml.main import CParser as _CParser
+
+    if _CParser is None:  # pragma: no cover
+        raise ImportError
+    FAST = True
+except ImportError:  # pragma: no cover
+    from ruamel.yaml.loader import SafeLoader as _Loader
+
+    FAST = False
+
+from .model import Source
+from .problems import ERROR, Problem, show
+
+MAX_FILE_BYTES = 8 * 1024 * 1024  # one manifest file; real ones are kilobytes
+MAX_DEPTH = 64  # nesting of mappings/sequences; a Service is 6 deep, a Deployment ~12
+MAX_ALIAS_EXPANSION = 10_000  # nodes that aliases may add to one file
+# libyaml's composer recurses in C; below this bound (a proven upper bound of the
+# nesting depth, see _depth_bound) it cannot overflow the stack. Above it the depth is
+# measured exactly on the event stream first, which is iterative.
+_SAFE_C_DEPTH = 2_000
+SUFFIXES = (".yaml", ".yml", ".json")
+
+warnings.filterwarnings("ignore", module=r"ruamel\.yaml.*")  # YAML 1.1 float chatter
+
+
+@dataclass
+class SourceFile:
+    """One file read: its display path, real path and bytes (kept for locate())."""
+
+    display: str
+    real: str
+    text: str
+    _rt_docs: list | None = field(default=None, repr=False)
+
+
+@dataclass
+class Document:
+    """One Kubernetes object as plain data, with where it came from."""
+
+    data: dict
+    source: Source  # file (display path), line, col of the object
+    file: str  # display path
+    index: int  # YAML document index in the file (0-based)
+    path: tuple = ()  # path of the object inside that YAML document: ("items", 3) in a List
+    src: SourceFile | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def kind(self) -> str:
+        k = self.data.get("kind")
+        return k if isinstance(k, str) else ""
+
+
+@dataclass
+class LoadResult:
+    documents: list[Document]
+    problems: list[Problem]
+    revision: str  # git commit of the worktree, else "sha256:<digest>"
+    digest: str  # sha256 of every file read (sorted relative path + bytes)
+    files: int  # manifest files read
+    root: str  # the resolved directory actually read
+
+
+class _Refused(Exception):
+    def __init__(self, message: str, line: int = 0, col: int = 0):
+        super().__init__(message)
+        self.message, self.line, self.col = message, line, col
+
+
+# --- directory walk --------------------------------------------------------------------
+
+
+def _walk(root: Path, display_root: str, problems: list[Problem]) -> list[tuple[str, Path]]:
+    """Manifest files under root as (display path, real path), sorted by display path.
+
+    Symlinks are followed (git-sync publishes revisions as links) but must stay inside
+    root; hidden entries are skipped.
+    """
+    out: list[tuple[str, Path]] = []
+    seen_dirs = {root}
+    seen_files: set[Path] = set()
+    stack: list[tuple[Path, str]] = [(root, display_root)]
+    while stack:
+        real_dir, shown_dir = stack.pop()
+        try:
+            entries = sorted(os.scandir(real_dir), key=lambda e: e.name)
+        except OSError as e:
+            problems.append(_file_problem(shown_dir, f"cannot read this directory ({e.strerror}); check its permissions"))
+            continue
+        for entry in entries:
+            if entry.name.startswith("."):
+                continue
+            shown = os.path.join(shown_dir, entry.name)
+            real = Path(entry.path)
+            if entry.is_symlink():
+                try:
+                    target = real.resolve(strict=True)
+                except (OSError, RuntimeError):
+                    problems.append(_file_problem(shown, "this symlink is dangling or loops; fix or remove it"))
+                    continue
+                if not target.is_relative_to(root):
+                    problems.append(_file_problem(
+                        shown, f"this symlink points outside the manifest tree (to {show(str(target))}); "
+                        "nftrec refuses it: copy the file into the tree or remove the link"))
+                    continue
+                real = target
+            if real.is_dir():
+                resolved = real.resolve()
+                if resolved in seen_dirs:
+                    continue  # a second link to a directory already read
+                seen_dirs.add(resolved)
+                stack.append((resolved, shown))
+            elif real.is_file() and entry.name.endswith(SUFFIXES):
+                resolved = real.resolve()
+                if resolved in seen_files:
+                    continue  # the same file through a second link: read it once
+                seen_files.add(resolved)
+                out.append((shown, real))
+    out.sort(key=lambda t: t[0])
+    return out
+
+
+def _file_problem(file: str, message: str, line: int = 0, col: int = 0) -> Problem:
+    return Problem(file, line, col, "", "", "", message, ERROR)
+
+
+# --- hostile-input guards ----------------------------------------------------------------
+
+
+def _decode(raw: bytes) -> str:
+    if b"\x00" in raw:
+        raise _Refused("this file contains NUL bytes, so it is binary, not YAML or JSON; remove it from the manifest directory")
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise _Refused(f"this file is not valid UTF-8 (byte {e.start}); save it as UTF-8 or remove it", line, 1) from None
+    bad = re.search(r"[\x01-\x08\x0b\x0c\x0e-\x1f\x7f]", text)
+    if bad:
+        line = text.count("\n", 0, bad.start()) + 1
+        raise _Refused(f"this file contains the control character {show(bad.group())}; it looks binary, remove it or fix the text", line, 1)
+    return text
+
+
+def _depth_bound(text: str) -> int:
+    """An upper bound of the nesting depth: flow collections open with '[' or '{'; a
+    nested block collection starts at a greater column than its parent at least every
+    second level, so block depth <= 2 * (longest line + 1)."""
+    longest = max((len(line) for line in text.split("\n")), default=0)
+    return text.count("[") + text.count("{") + 2 * (longest + 1)
+
+
+def _check_depth_events(text: str) -> None:
+    """Exact nesting depth from the event stream (iterative, so safe at any depth)."""
+    loader = _Loader(text)
+    depth = 0
+    try:
+        while loader.check_event():
+            ev = loader.get_event()
+            name = type(ev).__name__
+            if name in ("MappingStartEvent", "SequenceStartEvent"):
+                depth += 1
+                if depth > MAX_DEPTH:
+                    m = ev.start_mark
+                    raise _Refused(f"nesting is deeper than {MAX_DEPTH} levels; no Kubernetes object needs that, flatten or remove this file", m.line + 1, m.column + 1)
+            elif name in ("MappingEndEvent", "SequenceEndEvent"):
+                depth -= 1
+    finally:
+        _dispose(loader)
+
+
+def _dispose(loader) -> None:
+    try:
+        loader.dispose()
+    except Exception:  # pragma: no cover - cleanup only
+        pass
+
+
+def _check_tree(data, line: int, col: int) -> None:
+    """Depth, key types and alias expansion of one constructed document.
+
+    Aliases make shared (not copied) objects, so the expanded size is computed bottom-up
+    with a memo per shared object: linear in the unique nodes, however big the expansion.
+    """
+    unique = 0
+    size: dict[int, int] = {}  # id(container) -> expanded node count
+    on_path: set[int] = set()
+    stack: list[tuple[object, int, bool]] = [(data, 1, False)]
+    while stack:
+        node, depth, done = stack.pop()
+        if not isinstance(node, (dict, list)):
+            continue
+        key = id(node)
+        if done:
+            on_path.discard(key)
+            children = node.values() if isinstance(node, dict) else node
+            size[key] = 1 + sum(size.get(id(c), 1) for c in children)
+            continue
+        if key in on_path:
+            raise _Refused("a YAML alias refers to its own ancestor (a recursive structure); remove the alias", line, col)
+        if key in size:
+            continue  # shared via an alias: counted once, its expanded size is memoised
+        if depth > MAX_DEPTH:
+            raise _Refused(f"nesting is deeper than {MAX_DEPTH} levels; no Kubernetes object needs that", line, col)
+        unique += 1
+        on_path.add(key)
+        stack.append((node, depth, True))
+        if isinstance(node, dict):
+            for k, v in node.items():
+                if not isinstance(k, str):
+                    raise _Refused(f"the mapping key {show(k)} is not a string; Kubernetes field names are strings (quote it)", line, col)
+                stack.append((v, depth + 1, False))
+        else:
+            for v in node:
+                stack.append((v, depth + 1, False))
+    expanded = size.get(id(data), 1)
+    if expanded - unique > MAX_ALIAS_EXPANSION:
+        raise _Refused(
+            f"YAML aliases expand this document to {expanded} nodes (limit: {MAX_ALIAS_EXPANSION} added by aliases); "
+            "this looks like an alias bomb: write the data out or use fewer aliases", line, col)
+
+
+# --- parsing ---------------------------------------------------------------------------
+
+
+def _parse_yaml(text: str) -> list[tuple[object, int, int, list]]:
+    """[(data, line, col, item_positions)] per YAML document; item_positions holds
+    (line, col) of `items[i]` for `kind: List` documents."""
+    if _depth_bound(text) > _SAFE_C_DEPTH:
+        _check_depth_events(text)
+    loader = _Loader(text)
+    out = []
+    try:
+        while loader.check_node():
+            node = loader.get_node()
+            if node is None:
+                continue
+            line, col = node.start_mark.line + 1, node.start_mark.column + 1
+            data = loader.construct_document(node)
+            items = []
+            if isinstance(data, dict) and data.get("kind") == "List" and type(node).__name__ == "MappingNode":
+                for k, v in node.value:
+                    if k.value == "items" and type(v).__name__ == "SequenceNode":
+                        items = [(n.start_mark.line + 1, n.start_mark.column + 1) for n in v.value]
+            _check_tree(data, line, col)
+            out.append((data, line, col, items))
+    finally:
+        _dispose(loader)
+    return out
+
+
+def _json_pairs(pairs):
+    obj = {}
+    for k, v in pairs:
+        if k in obj:
+            raise _Refused(f"the key {show(k)} appears twice in one object; keep one")
+        obj[k] = v
+    return obj
+
+
+def _parse_json(text: str) -> list[tuple[object, int, int, list]]:
+    try:
+        data = json.loads(text, object_pairs_hook=_json_pairs)
+    except json.JSONDecodeError as e:
+        raise _Refused(f"this is not valid JSON: {e.msg}; fix the syntax", e.lineno, e.colno) from None
+    except RecursionError:
+        raise _Refused(f"nesting is deeper than {MAX_DEPTH} levels; no Kubernetes object needs that") from None
+    _check_tree(data, 1, 1)
+    return [(data, 1, 1, [])]
+
+
+def _yaml_error(e: YAMLError) -> _Refused:
+    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+    line, col = (mark.line + 1, mark.column + 1) if mark is not None else (0, 0)
+    what = (getattr(e, "problem", None) or str(e)).strip()
+    context = getattr(e, "context", None)
+    if type(e).__name__ == "DuplicateKeyError":
+        key = re.search(r'found duplicate key "(.*?)" with value', str(e), re.S)
+        name = show(key.group(1)) if key else "a key"
+        return _Refused(f"the key {name} appears twice in one mapping; YAML keeps only one of them silently elsewhere, so nftrec refuses it: remove one", line, col)
+    if type(e).__name__ == "ConstructorError":
+        return _Refused(f"{what.splitlines()[0]}; manifests may only hold plain YAML data (no custom tags)", line, col)
+    text = f"YAML syntax error: {what}" + (f" ({context})" if context else "")
+    return _Refused(" ".join(text.split()) + "; fix the syntax", line, col)
+
+
+def _read_file(display: str, real: Path, problems: list[Problem], docs: list[Document], hasher) -> int:
+    try:
+        size = real.stat().st_size
+        if size > MAX_FILE_BYTES:
+            raise _Refused(f"this file is {size} bytes, over the {MAX_FILE_BYTES}-byte limit for one manifest file; split it")
+        raw = real.read_bytes()
+        if len(raw) > MAX_FILE_BYTES:  # grew while being read
+            raise _Refused(f"this file is over the {MAX_FILE_BYTES}-byte limit for one manifest file; split it")
+    except OSError as e:
+        problems.append(_file_problem(display, f"cannot read this file ({e.strerror}); check its permissions"))
+        return 0
+    except _Refused as r:
+        problems.append(_file_problem(display, r.message))
+        return 0
+    hasher.update(display.encode("utf-8", "surrogateescape") + b"\0" + raw + b"\0")
+    try:
+        text = _decode(raw)
+        if real.name.endswith(".json"):
+            parsed = _parse_json(text)
+        else:
+            try:
+                parsed = _parse_yaml(text)
+            except YAMLError as e:
+                raise _yaml_error(e) from None
+            except RecursionError:
+                raise _Refused(f"nesting is deeper than {MAX_DEPTH} levels; no Kubernetes object needs that") from None
+    except _Refused as r:
+        problems.append(_file_problem(display, r.message, r.line, r.col))
+        return 0
+    src = SourceFile(display, str(real), text)
+    n = 0
+    for index, (data, line, col, items) in enumerate(parsed):
+        if data is None:
+            continue  # an empty document (`---` at the end, comments only)
+        if not isinstance(data, dict):
+            what = "a list" if isinstance(data, list) else f"a single value ({show(data)})"
+            problems.append(_file_problem(display, f"this YAML document is {what}, not a Kubernetes object (a mapping with apiVersion and kind); "
+                                          "for several objects use `---` between documents or `kind: List` with `items`", line, col))
+            continue
+        if data.get("kind") == "List" and "items" in data:
+            entries = data.get("items")
+            if not isinstance(entries, list):
+                problems.append(_file_problem(display, "`items` of this List must be a list of objects", line, col))
+                continue
+            for i, item in enumerate(entries or []):
+                iline, icol = items[i] if i < len(items) else (line, col)
+                if not isinstance(item, dict):
+                    problems.append(_file_problem(display, f"items[{i}] of this List is not an object; each item needs apiVersion and kind", iline, icol))
+                    continue
+                docs.append(Document(item, Source(display, iline, icol), display, index, ("items", i), src))
+                n += 1
+            continue
+        docs.append(Document(data, Source(display, line, col), display, index, (), src))
+        n += 1
+    return n
+
+
+# --- revision --------------------------------------------------------------------------
+
+_SHA_RE = re.compile(r"[0-9a-f]{40}([0-9a-f]{24})?")
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace").strip()
+    except OSError:
+        return None
+
+
+def _git_commit(gitdir: Path) -> str | None:
+    """HEAD's commit read from the git directory's files (no subprocess)."""
+    head = _read(gitdir / "HEAD")
+    if head is None:
+        return None
+    common = gitdir
+    commondir = _read(gitdir / "commondir")  # linked worktrees share refs with the main repo
+    if commondir:
+        common = (gitdir / commondir).resolve()
+    for _ in range(5):  # follow symbolic refs a few levels
+        if _SHA_RE.fullmatch(head):
+            return head
+        if not head.startswith("ref:"):
+            return None
+        ref = head[4:].strip()
+        value = _read(gitdir / ref) or _read(common / ref)
+        if value is None:
+            packed = _read(common / "packed-refs") or ""
+            value = next((ln.split()[0] for ln in packed.splitlines() if ln.endswith(" " + ref)), None)
+        if value is None:
+            return None
+        head = value
+    return None
+
+
+def _gitdir_of(dot_git: Path) -> Path | None:
+    if dot_git.is_dir():
+        return dot_git
+    text = _read(dot_git)  # a linked worktree (git-sync's): "gitdir: /repo/.git/worktrees/x"
+    if text and text.startswith("gitdir:"):
+        return (dot_git.parent / text[7:].strip()).resolve()
+    return None
+
+
+def find_revision(root: Path) -> str | None:
+    """The git commit the resolved root is a checkout of, or None.
+
+    Order: a `.git` at the root itself (git-sync worktree); a root named after a commit
+    (`rev-<sha>` or `<sha>`, git-sync's worktree names); a `.git` in an ancestor."""
+    if (root / ".git").exists():
+        gd = _gitdir_of(root / ".git")
+        commit = _git_commit(gd) if gd else None
+        if commit:
+            return commit
+    m = re.fullmatch(r"(?:rev-)?([0-9a-f]{40}(?:[0-9a-f]{24})?)", root.name)
+    if m:
+        return m.group(1)
+    for parent in root.parents:
+        if (parent / ".git").exists():
+            gd = _gitdir_of(parent / ".git")
+            return _git_commit(gd) if gd else None
+    return None
+
+
+# --- public API --------------------------------------------------------------------------
+
+
+def load_manifests(root: str | Path) -> LoadResult:
+    """Read every manifest under root. Never raises for bad input: see `problems`."""
+    display_root = str(root)
+    problems: list[Problem] = []
+    hasher = hashlib.sha256()
+    try:
+        resolved = Path(root).resolve(strict=True)  # one git-sync revision, read whole
+    except (OSError, RuntimeError):
+        problems.append(_file_problem(display_root, "this manifest directory does not exist (or is a dangling link); check the path"))
+        return LoadResult([], problems, "", hasher.hexdigest(), 0, display_root)
+    docs: list[Document] = []
+    files = 0
+    if resolved.is_file():  # a single file is accepted too
+        paths = [(display_root, resolved)]
+    elif resolved.is_dir():
+        paths = _walk(resolved, display_root, problems)
+    else:
+        problems.append(_file_problem(display_root, "this is neither a directory nor a file; point nftrec at the manifest directory"))
+        paths = []
+    for display, real in paths:
+        _read_file(display, real, problems, docs, hasher)
+        files += 1
+    digest = hasher.hexdigest()
+    base = resolved if resolved.is_dir() else resolved.parent
+    revision = find_revision(base) or f"sha256:{digest}"
+    return LoadResult(docs, problems, revision, digest, files, str(resolved))
+
+
+def _rt_docs(src: SourceFile) -> list:
+    if src._rt_docs is None:
+        try:
+            yaml = YAML(typ="rt")
+            yaml.allow_duplicate_keys = True  # only positions are wanted here
+            src._rt_docs = list(yaml.load_all(src.text))
+        except Exception:  # positions are best effort; the document's own line remains
+            src._rt_docs = []
+    return src._rt_docs
+
+
+def locate(doc: Document, path: tuple | list, *, key: bool = False) -> tuple[int, int]:
+    """1-based (line, col) of a field path inside a document (the deepest part of the
+    path that exists). key=True gives the key's position rather than the value's."""
+    best = (doc.source.line, doc.source.col)
+    if doc.src is None:
+        return best
+    docs = _rt_docs(doc.src)
+    if doc.index >= len(docs):
+        return best
+    node = docs[doc.index]
+    full = list(doc.path) + list(path)
+    n_own = len(doc.path)
+    for i, part in enumerate(full):
+        lc = getattr(node, "lc", None)
+        if lc is None:
+            break
+        last = i == len(full) - 1
+        try:
+            if isinstance(node, dict) and part in node:
+                child = node[part]
+                kl, kc = lc.key(part)
+                if isinstance(child, (dict, list)) or key and last:
+                    pos = (kl, kc)
+                else:
+                    pos = lc.value(part)
+            elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+                child = node[part]
+                pos = lc.item(part)
+            else:
+                break
+        except (KeyError, IndexError, TypeError, AttributeError):
+            break
+        if i >= n_own - 1 or not path:
+            best = (pos[0] + 1, pos[1] + 1)
+        node = child
+    return best

@@ -1,0 +1,95 @@
+"""Problems: every finding of load, validate and config, in one shape.
+
+A Problem says what is wrong, where (file:line:col, object, field) and what to do. Errors
+block apply; warnings and notices are printed and do not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+ERROR = "error"
+WARNING = "warning"
+NOTICE = "notice"
+
+_MAX_SHOWN = 80
+
+
+def show(value: object) -> str:
+    """A user-supplied value rendered safely on one line (quotes, newlines escaped)."""
+    text = repr(value)
+    if len(text) > _MAX_SHOWN:
+        text = text[: _MAX_SHOWN - 3] + "..."
+    return text
+
+
+def safe_name(value: object) -> str:
+    """An object name or namespace for a message: as is when harmless, else escaped."""
+    if isinstance(value, str) and value and len(value) <= 253:
+        if all(c.isalnum() and c.isascii() or c in "-._" for c in value):
+            return value
+    return show(value)
+
+
+@dataclass(frozen=True)
+class Problem:
+    file: str
+    line: int
+    col: int
+    kind: str  # "Service", ... ; "" when unknown
+    obj: str  # "namespace/name" or "" (already made safe by the producer)
+    field: str  # dotted path like spec.ports[0].port; "" when not about one field
+    message: str  # a plain sentence: what is wrong and what to do
+    severity: str = ERROR  # "error" | "warning" | "notice"
+
+    @property
+    def is_error(self) -> bool:
+        return self.severity == ERROR
+
+    def location(self) -> str:
+        if not self.file:
+            return ""
+        if self.line <= 0:
+            return self.file
+        return f"{self.file}:{self.line}:{self.col or 1}"
+
+    def format_text(self) -> str:
+        """`file:line:col: Kind ns/name: field.path: sentence` (gcc style for non-errors:
+        `file:line:col: warning: Kind ns/name: ...`). Empty parts are left out."""
+        parts = []
+        loc = self.location()
+        if loc:
+            parts.append(loc)
+        if self.severity != ERROR:
+            parts.append(self.severity)
+        who = " ".join(p for p in (self.kind, self.obj) if p)
+        if who:
+            parts.append(who)
+        if self.field:
+            parts.append(self.field)
+        parts.append(self.message)
+        return ": ".join(parts)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    def __str__(self) -> str:
+        return self.format_text()
+
+
+def field_path(path: tuple | list) -> str:
+    """("spec", "ports", 0, "port") -> "spec.ports[0].port"; keys that are not plain
+    identifiers (label keys like kubernetes.io/service-name) -> ['...']."""
+    out = ""
+    for part in path:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif isinstance(part, str) and part.replace("-", "").replace("_", "").isalnum() and part.isascii():
+            out += ("." if out else "") + part
+        else:
+            out += f"[{show(part)}]"
+    return out
+
+
+def count(problems: list[Problem], severity: str) -> int:
+    return sum(1 for p in problems if p.severity == severity)

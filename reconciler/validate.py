@@ -1,0 +1,469 @@
+"""Validation (SPEC §2.3): JSON Schema per document, then Kubernetes' own per-object
+rules, then checks across documents. Every finding is a Problem with file:line:col, the
+object, the field path and a plain sentence; all are collected, not only the first.
+
+Pipeline position: load -> **validate** -> model -> compile -> ...
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import sys
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+from .load import Document, LoadResult, load_manifests, locate
+from .problems import ERROR, NOTICE, WARNING, Problem, count, field_path, safe_name, show
+from .schemas import parse_cidr, parse_ip, validator
+
+ACCEPTED = ("Service", "EndpointSlice", "Endpoints", "ServiceCIDR")
+SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+_FORMAT_WORDS = {
+    "ip": "a valid IP address (IPv4 like 10.96.0.10 without leading zeros, or IPv6 like fd00::10)",
+    "ipv4": "a valid IPv4 address (like 10.96.0.10, without leading zeros)",
+    "ipv6": "a valid IPv6 address (like fd00::10)",
+    "cidr": "a valid CIDR (like 10.0.0.0/8 or fd00::/64, without leading zeros)",
+}
+_TYPE_WORDS = {"integer": "a whole number", "string": "a string", "object": "a mapping", "array": "a list",
+               "boolean": "true or false", "number": "a number", "null": "null"}
+
+
+def family(ip: str) -> str:
+    return "IPv4" if ":" not in ip else "IPv6"
+
+
+def _what(value: object) -> str:
+    if isinstance(value, bool):
+        return "true or false"
+    for t, word in (
+        (str, "a string"), (int, "a whole number"), (float, "a number"), (dict, "a mapping"),
+        (list, "a list"), (type(None), "null")
+    ):
+        if isinstance(value, t):
+            return word
+    return f"a YAML {type(value).__name__}"
+
+
+@dataclass
+class Obj:
+    """One document with its identity, as the checks see it."""
+
+    doc: Document
+    kind: str
+    namespace: str
+    name: str
+    valid: bool = True
+
+    @property
+    def label(self) -> str:  # safe for one-line messages
+        if self.kind == "ServiceCIDR":
+            return safe_name(self.name)
+        return f"{safe_name(self.namespace)}/{safe_name(self.name)}"
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass
+class Checked:
+    """What validation produced: problems, and the documents fit for the model."""
+
+    problems: list[Problem]
+    objects: list[Obj] = field(default_factory=list)  # accepted kinds, schema-valid
+    documents: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not any(p.is_error for p in self.problems)
+
+
+class _Report:
+    def __init__(self) -> None:
+        self.problems: list[Problem] = []
+
+    def add(self, o: Obj, path: tuple, message: str, severity: str = ERROR, *, key: bool = False) -> None:
+        line, col = locate(o.doc, path, key=key)
+        self.problems.append(Problem(o.doc.file, line, col, o.kind, o.label, field_path(path), message, severity))
+
+
+# --- schema errors -> plain sentences ------------------------------------------------------
+
+
+def _schema_problem(rep: _Report, o: Obj, err) -> None:
+    path = tuple(err.absolute_path)
+    v, inst, kind = err.validator, err.instance, err.validator_value
+    desc = err.schema.get("description") if isinstance(err.schema, dict) else None
+    if v == "required":
+        for name in kind:
+            if isinstance(inst, dict) and name not in inst:
+                if name == SERVICE_NAME_LABEL or (name == "labels" and o.kind == "EndpointSlice"):
+                    msg = (f"the label {SERVICE_NAME_LABEL} is missing (metadata.labels); it names the Service this slice belongs to, "
+                           "add it (without it kube-proxy ignores the slice)")
+                else:
+                    msg = f"{name} is required but missing; add it"
+                _add_missing(rep, o, path, name, msg)
+        return
+    if v == "additionalProperties":
+        allowed = set(err.schema.get("properties", {}))
+        for name in inst:
+            if name not in allowed and not str(name).startswith("x-"):
+                rep.add(o, path + (name,), f"unknown key {show(name)}; remove it or fix its spelling "
+                        "(keys starting with x- are ignored)", key=True)
+        return
+    if v == "type":
+        types = kind if isinstance(kind, list) else [kind]
+        want = " or ".join(_TYPE_WORDS.get(t, t) for t in types if t != "null")
+        hint = "; write it without quotes" if isinstance(inst, str) and "integer" in types and inst.strip().isdigit() else ""
+        msg = f"must be {want}, not {_what(inst)} ({show(inst)}){hint}"
+    elif v in ("enum", "const"):
+        options = kind if v == "enum" else [kind]
+        msg = f"{show(inst)} is not allowed; use {desc or ' or '.join(show(x) for x in options)}"
+    elif v == "format":
+        msg = f"{show(inst)} is not {_FORMAT_WORDS.get(kind, kind)}"
+        if kind in ("ip", "cidr") and isinstance(inst, str) and _has_leading_zero(inst):
+            msg += "; remove the leading zeros"
+    elif v == "pattern":
+        msg = f"{show(inst)} is not {desc or 'in the expected form'}"
+    elif v in ("minimum", "maximum"):
+        msg = f"{show(inst)} is out of range; it must be {desc or ('at least ' if v == 'minimum' else 'at most ') + str(kind)}"
+    elif v in ("maxLength", "minLength"):
+        msg = f"{show(inst)} has {len(inst)} characters; it must be " + \
+              (f"at most {kind}" if v == "maxLength" else f"at least {kind}") + (f" ({desc})" if desc else "")
+    elif v in ("maxItems", "minItems"):
+        msg = f"has {len(inst)} entries; it must have " + (f"at most {kind}" if v == "maxItems" else f"at least {kind}")
+    elif v == "uniqueItems":
+        msg = "lists the same value twice; list each once"
+    elif v in ("anyOf", "oneOf"):
+        msg = f"{show(inst)} is not {desc or 'valid here'}"
+        if isinstance(inst, str) and _has_leading_zero(inst):
+            msg += "; remove the leading zeros"
+    else:
+        msg = " ".join(str(err.message).split())[:200]
+    rep.add(o, path, msg)
+
+
+def _add_missing(rep: _Report, o: Obj, path: tuple, name: str, msg: str) -> None:
+    line, col = locate(o.doc, path)
+    rep.problems.append(Problem(o.doc.file, line, col, o.kind, o.label, field_path(path + (name,)), msg, ERROR))
+
+
+def _has_leading_zero(text: str) -> bool:
+    addr = text.split("/")[0]
+    return "." in addr and any(len(p) > 1 and p.startswith("0") for p in addr.split(":")[-1].split("."))
+
+
+# --- identity ----------------------------------------------------------------------------
+
+
+def _identify(doc: Document, rep: _Report, unknown: dict[str, list[Document]]) -> Obj | None:
+    data = doc.data
+    kind = data.get("kind")
+    meta = data.get("metadata") if isinstance(data.get("metadata"), dict) else {}
+    name = meta.get("name", "")
+    ns = meta.get("namespace", "default")
+    name = name if isinstance(name, str) else str(name)
+    ns = ns if isinstance(ns, str) else str(ns)
+    shown = f"{safe_name(ns)}/{safe_name(name)}" if name else ""
+    if not isinstance(kind, str) or not kind:
+        what = "is missing" if kind is None else f"must be a string, not {show(kind)}"
+        rep.problems.append(Problem(doc.file, doc.source.line, doc.source.col, "", shown, "kind",
+                                    f"kind {what}; every object needs apiVersion and kind (e.g. apiVersion: v1, kind: Service)"))
+        if "apiVersion" not in data:
+            rep.problems.append(Problem(doc.file, doc.source.line, doc.source.col, "", shown, "apiVersion",
+                                        "apiVersion is missing; add it (v1 for Service and Endpoints)"))
+        return None
+    if kind not in ACCEPTED:
+        if "apiVersion" not in data:
+            rep.problems.append(Problem(doc.file, doc.source.line, doc.source.col, safe_name(kind), shown, "apiVersion",
+                                        "apiVersion is missing; every Kubernetes object needs one"))
+        unknown.setdefault(kind, []).append(doc)
+        return None
+    return Obj(doc, kind, "" if kind == "ServiceCIDR" else ns, name)
+
+
+# --- per-object rules (Kubernetes' validation the schema cannot express) -----------------
+
+
+def _service_ips(spec: dict) -> list[str]:
+    """clusterIPs (winning) or clusterIP; canonical; [] for headless/unset."""
+    ips = spec.get("clusterIPs") or ([spec["clusterIP"]] if spec.get("clusterIP") not in (None, "") else [])
+    return [str(parse_ip(ip)) for ip in ips if ip != "None" and parse_ip(ip) is not None]
+
+
+def _check_service(rep: _Report, o: Obj) -> None:
+    spec = o.doc.data.get("spec") or {}
+    stype = spec.get("type", "ClusterIP")
+    if stype == "ExternalName":
+        if not spec.get("externalName"):
+            rep.add(o, ("spec", "externalName"), "an ExternalName Service needs spec.externalName; add the DNS name it aliases")
+        return
+    cip, cips = spec.get("clusterIP"), spec.get("clusterIPs")
+    headless = cip == "None" or (cips or [None])[0] == "None"
+    if cips:
+        if "None" in cips and len(cips) > 1:
+            rep.add(o, ("spec", "clusterIPs"), '"None" must be the only entry of clusterIPs (a headless Service has no IPs)')
+        if cip not in (None, "") and cip != cips[0] and str(parse_ip(cip)) != str(parse_ip(cips[0])):
+            rep.add(o, ("spec", "clusterIP"), f"clusterIP {show(cip)} differs from clusterIPs[0] {show(cips[0])}; "
+                    "clusterIP must equal the first entry of clusterIPs")
+    if headless and stype in ("NodePort", "LoadBalancer"):
+        rep.add(o, ("spec", "clusterIP"), f'a {stype} Service cannot be headless (clusterIP: None); use type ClusterIP or give it a clusterIP')
+    ips = [] if headless else (cips or ([cip] if cip not in (None, "") else []))
+    fams = spec.get("ipFamilies") or []
+    ip_field = "clusterIPs" if cips else "clusterIP"
+    for i, ip in enumerate(ips):
+        path = ("spec", ip_field, i) if cips else ("spec", "clusterIP")
+        fam = family(ip)
+        if i < len(fams) and fams[i] != fam:
+            rep.add(o, path, f"{show(ip)} is an {fam} address but spec.ipFamilies[{i}] is {fams[i]}; "
+                    "make them agree (ipFamilies lists the families in clusterIPs order)")
+        if i == 1 and family(ips[0]) == fam:
+            rep.add(o, path, f"both clusterIPs are {fam}; a dual-stack Service has one IPv4 and one IPv6 address")
+    if len(ips) == 2 and len(fams) == 1:
+        rep.add(o, ("spec", "ipFamilies"), "lists one family but clusterIPs has two addresses; list both families")
+    if spec.get("ipFamilyPolicy") == "SingleStack" and max(len(ips), len(fams)) > 1:
+        rep.add(o, ("spec", "ipFamilyPolicy"), "is SingleStack but the Service has two families; use PreferDualStack or RequireDualStack")
+    if not headless and not ips:
+        rep.add(o, ("spec", "clusterIP"), "no clusterIP is set and nftrec allocates none, so this Service gets no ClusterIP rules; "
+                'set spec.clusterIP (from your service CIDR), or clusterIP: None for a headless Service', WARNING)
+    ports = spec.get("ports") or []
+    if not ports and not headless:
+        rep.add(o, ("spec", "ports"), "a Service needs at least one port; add spec.ports")
+    names: dict[str, int] = {}
+    pp: dict[tuple, int] = {}
+    for i, p in enumerate(ports):
+        name, proto = p.get("name", ""), p.get("protocol", "TCP")
+        if len(ports) > 1 and not name:
+            rep.add(o, ("spec", "ports", i), "a Service with several ports must name every port; add a name")
+        if name and name in names:
+            rep.add(o, ("spec", "ports", i, "name"), f"port name {show(name)} is already used by spec.ports[{names[name]}]; names must be unique")
+        names.setdefault(name, i)
+        if (p["port"], proto) in pp:
+            rep.add(o, ("spec", "ports", i, "port"), f"port {p['port']}/{proto} is already listed in spec.ports[{pp[(p['port'], proto)]}]; list it once")
+        pp.setdefault((p["port"], proto), i)
+        if "nodePort" in p and stype == "ClusterIP":
+            rep.add(o, ("spec", "ports", i, "nodePort"), "nodePort is only used by NodePort and LoadBalancer Services; remove it or change spec.type")
+        if "nodePort" not in p and stype == "NodePort":
+            rep.add(o, ("spec", "ports", i), "no nodePort is set and nftrec allocates none, so this port gets no NodePort rules; "
+                    "add nodePort (e.g. in 30000-32767)", WARNING)
+    external = stype in ("NodePort", "LoadBalancer") or bool(spec.get("externalIPs"))
+    if spec.get("externalTrafficPolicy") == "Local" and not external:
+        rep.add(o, ("spec", "externalTrafficPolicy"), "Local only applies to Services reachable from outside "
+                "(NodePort, LoadBalancer or with externalIPs); remove it or change spec.type")
+    if "healthCheckNodePort" in spec and not (stype == "LoadBalancer" and spec.get("externalTrafficPolicy") == "Local"):
+        rep.add(o, ("spec", "healthCheckNodePort"), "is only used by LoadBalancer Services with externalTrafficPolicy Local; remove it")
+    aff = spec.get("sessionAffinityConfig", {}).get("clientIP", {}).get("timeoutSeconds")
+    if aff is not None and spec.get("sessionAffinity", "None") != "ClientIP":
+        rep.add(o, ("spec", "sessionAffinityConfig"), "is only used with sessionAffinity: ClientIP; set that or remove this")
+
+
+def _check_slice(rep: _Report, o: Obj) -> None:
+    data = o.doc.data
+    at = data.get("addressType")
+    if at in ("IPv4", "IPv6"):
+        for i, ep in enumerate(data.get("endpoints") or []):
+            for j, a in enumerate(ep.get("addresses", [])):
+                ip = parse_ip(a)
+                path = ("endpoints", i, "addresses", j)
+                if ip is None:
+                    hint = "; remove the leading zeros" if _has_leading_zero(a) else ""
+                    rep.add(o, path, f"{show(a)} is not {_FORMAT_WORDS[at.lower()]}{hint}")
+                elif family(str(ip)) != at:
+                    rep.add(o, path, f"{show(a)} is an {family(str(ip))} address but the slice's addressType is {at}; "
+                            "put it in a slice of that address type")
+    _unique_port_names(rep, o, data.get("ports") or [], ("ports",))
+
+
+def _unique_port_names(rep: _Report, o: Obj, ports: list, base: tuple) -> None:
+    seen: dict[str, int] = {}
+    for i, p in enumerate(ports):
+        name = p.get("name", "")
+        if name in seen:
+            rep.add(o, base + (i, "name"), f"port name {show(name)} is already used by {field_path(base)}[{seen[name]}]; names must be unique")
+        seen.setdefault(name, i)
+
+
+def _check_endpoints(rep: _Report, o: Obj) -> None:
+    for s, subset in enumerate(o.doc.data.get("subsets") or []):
+        _unique_port_names(rep, o, subset.get("ports") or [], ("subsets", s, "ports"))
+
+
+def _check_service_cidr(rep: _Report, o: Obj) -> None:
+    cidrs = o.doc.data["spec"]["cidrs"]
+    if len(cidrs) == 2 and parse_cidr(cidrs[0]).version == parse_cidr(cidrs[1]).version:
+        rep.add(o, ("spec", "cidrs", 1), "both CIDRs are of one family; a dual-stack ServiceCIDR has one IPv4 and one IPv6 CIDR")
+
+
+_PER_KIND = {"Service": _check_service, "EndpointSlice": _check_slice, "Endpoints": _check_endpoints,
+             "ServiceCIDR": _check_service_cidr}
+
+
+# --- checks across documents --------------------------------------------------------------
+
+
+def _cross(rep: _Report, objs: list[Obj]) -> None:
+    services = {o.key: o for o in objs if o.kind == "Service"}
+    # Service IPs: ClusterIPs, externalIPs and LoadBalancer IPs share one map keyed by
+    # ip . protocol . port, so two Services may not claim the same triple.
+    claimed: dict[tuple, tuple[Obj, str]] = {}
+    node_ports: dict[tuple, tuple[Obj, str]] = {}
+    for o in services.values():
+        spec = o.doc.data.get("spec") or {}
+        if spec.get("type") == "ExternalName":
+            continue
+        ips: list[tuple[str, tuple]] = []
+        if spec.get("clusterIPs") and spec["clusterIPs"][0] != "None":
+            ips += [(ip, ("spec", "clusterIPs", i)) for i, ip in enumerate(spec["clusterIPs"])]
+        elif spec.get("clusterIP") not in (None, "", "None") and not spec.get("clusterIPs"):
+            ips.append((spec["clusterIP"], ("spec", "clusterIP")))
+        ips += [(ip, ("spec", "externalIPs", i)) for i, ip in enumerate(spec.get("externalIPs") or [])]
+        for i, ing in enumerate(((o.doc.data.get("status") or {}).get("loadBalancer") or {}).get("ingress") or []):
+            if ing.get("ip") and ing.get("ipMode") != "Proxy":
+                ips.append((ing["ip"], ("status", "loadBalancer", "ingress", i, "ip")))
+        for ip, path in ips:
+            canon = str(parse_ip(ip))
+            for p in spec.get("ports") or []:
+                k = (canon, p.get("protocol", "TCP"), p["port"])
+                first = claimed.get(k)
+                if first and first[0] is not o:
+                    other = first[0]
+                    rep.add(o, path, f"{canon} port {k[2]}/{k[1]} is already claimed by Service {other.label} "
+                            f"({other.doc.file}:{locate(other.doc, ())[0]}, {first[1]}); give one of them another IP or port")
+                else:
+                    claimed.setdefault(k, (o, field_path(path)))
+        for i, p in enumerate(spec.get("ports") or []):
+            if "nodePort" in p and spec.get("type") in ("NodePort", "LoadBalancer"):
+                k = (p["nodePort"], p.get("protocol", "TCP"))
+                first = node_ports.get(k)
+                if first:
+                    where = "this Service" if first[0] is o else f"Service {first[0].label}"
+                    rep.add(o, ("spec", "ports", i, "nodePort"), f"nodePort {k[0]}/{k[1]} is already used by {where} "
+                            f"({first[1]}); every NodePort must be unique per protocol")
+                else:
+                    node_ports[k] = (o, field_path(("spec", "ports", i, "nodePort")))
+    # slices -> Services, and every Service port's endpoints findable by port name
+    slice_ports: dict[str, set[tuple[str, str]]] = defaultdict(set)
+    for o in objs:
+        if o.kind == "EndpointSlice":
+            svc = o.doc.data["metadata"]["labels"][SERVICE_NAME_LABEL]
+            key, path = f"{o.namespace}/{svc}", ("metadata", "labels", SERVICE_NAME_LABEL)
+            if o.doc.data.get("addressType") == "FQDN":
+                continue
+            ports = o.doc.data.get("ports") or []
+        elif o.kind == "Endpoints":
+            key, path = o.key, ("metadata", "name")
+            ports = [p for s in o.doc.data.get("subsets") or [] for p in s.get("ports") or []]
+        else:
+            continue
+        if key not in services:
+            rep.add(o, path, f"there is no Service {safe_name(o.namespace)}/{safe_name(key.split('/', 1)[1])} in the manifests, "
+                    "so these endpoints are unused; add the Service or fix the name", WARNING)
+        for p in ports:
+            slice_ports[key].add((p.get("name", ""), p.get("protocol", "TCP")))
+    for key, o in services.items():
+        if key not in slice_ports:
+            continue  # no endpoints at all: kube-proxy rejects traffic; nothing to resolve
+        for i, p in enumerate((o.doc.data.get("spec") or {}).get("ports") or []):
+            name, proto = p.get("name", ""), p.get("protocol", "TCP")
+            if (name, proto) in slice_ports[key]:
+                continue
+            tp = p.get("targetPort")
+            shown = show(name) if name else "'' (unnamed)"
+            if isinstance(tp, str):
+                rep.add(o, ("spec", "ports", i, "targetPort"),
+                        f"targetPort {show(tp)} is a name, and no EndpointSlice of this Service has a port named {shown} "
+                        f"with protocol {proto} to resolve it; add that port (the Service port's name, with the container's port number) to its slices")
+            else:
+                rep.add(o, ("spec", "ports", i), f"no EndpointSlice of this Service has a port named {shown} with protocol {proto}, "
+                        "so this port has no endpoints; name the slice port like the Service port", WARNING)
+
+
+# --- driver -----------------------------------------------------------------------------
+
+
+def check(loaded: LoadResult, *, strict: bool = False) -> Checked:
+    """Validate every loaded document; the valid objects come back for the model."""
+    rep = _Report()
+    rep.problems.extend(loaded.problems)
+    unknown: dict[str, list[Document]] = {}
+    objs: list[Obj] = []
+    seen: dict[tuple, Obj] = {}
+    for doc in loaded.documents:
+        o = _identify(doc, rep, unknown)
+        if o is None:
+            continue
+        before = len(rep.problems)
+        for err in validator(o.kind).iter_errors(doc.data):
+            _schema_problem(rep, o, err)
+        if len(rep.problems) == before:
+            _PER_KIND[o.kind](rep, o)
+        if any(p.is_error for p in rep.problems[before:]):
+            o.valid = False
+        ident = (o.kind, o.namespace, o.name)
+        if ident in seen and o.name:
+            first = seen[ident]
+            rep.add(o, ("metadata", "name"), f"{o.kind} {o.label} is defined twice; the first is at "
+                    f"{first.doc.file}:{first.doc.source.line}; keep one")
+            o.valid = False
+            continue
+        seen.setdefault(ident, o)
+        if o.valid:
+            objs.append(o)
+    for kind, docs in unknown.items():
+        d = docs[0]
+        n = len(docs)
+        msg = (f"{n} object{'s' if n != 1 else ''} of kind {safe_name(kind)} "
+               f"{'were' if n != 1 else 'was'} skipped; nftrec reads only {', '.join(ACCEPTED)}")
+        if strict:
+            rep.problems.append(Problem(d.file, d.source.line, d.source.col, safe_name(kind), "", "", msg + " (--strict makes this an error; remove them or drop --strict)"))
+        else:
+            rep.problems.append(Problem(d.file, d.source.line, d.source.col, safe_name(kind), "", "", msg + " (--strict makes this an error)", NOTICE))
+    _cross(rep, objs)
+    problems = sorted(rep.problems, key=lambda p: (p.file, p.line, p.col))
+    return Checked(problems, objs, len(loaded.documents))
+
+
+# --- the `validate` command -----------------------------------------------------------------
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def run_validate(root, *, config_path=None, strict: bool = False, output: str = "text", stream: TextIO | None = None) -> int:
+    """`nftrec validate`: print every problem; 0 valid, 1 invalid. Needs no root or kernel.
+
+    JSON output (`output="json"`) is one document:
+    {"valid": bool, "objects": N, "errors": N, "warnings": N, "notices": N,
+     "revision": str, "problems": [{file, line, col, kind, obj, field, message, severity}]}
+    """
+    from .config import DEFAULT_PATH, load_node_config  # config imports validate's helpers
+
+    stream = stream or sys.stdout
+    from .inventory import read_inventory
+
+    res = read_inventory(root, strict=strict)
+    problems = list(res.problems)
+    if config_path is not None or Path(DEFAULT_PATH).is_file():
+        _, cfg_problems = load_node_config(config_path, discover=False)
+        problems.extend(cfg_problems)
+    errors, warnings_, notices = count(problems, ERROR), count(problems, WARNING), count(problems, NOTICE)
+    if output == "json":
+        json.dump({"valid": errors == 0, "objects": res.documents, "errors": errors, "warnings": warnings_,
+                   "notices": notices, "revision": res.inventory.revision,
+                   "problems": [p.to_json() for p in problems]}, stream, indent=2)
+        stream.write("\n")
+    else:
+        for p in problems:
+            stream.write(p.format_text() + "\n")
+        if res.documents == 0 and errors == 0:
+            summary = f"{root}: 0 objects (empty directory)" if res.files == 0 else f"{root}: 0 objects"
+        else:
+            summary = f"{root}: {_plural(res.documents, 'object')}, {_plural(errors, 'error')}, {_plural(warnings_, 'warning')}"
+            if notices:
+                summary += f", {_plural(notices, 'notice')}"
+        stream.write(summary + "\n")
+    return 0 if errors == 0 else 1

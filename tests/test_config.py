@@ -1,0 +1,136 @@
+"""Node config: defaults, durations, validation, and address discovery (mocked, and once
+for real inside a throwaway network namespace)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from reconciler import config as cfgmod
+from reconciler.config import load_node_config, parse_duration
+
+from conftest import in_ns
+
+
+def write(tmp_path: Path, text: str) -> str:
+    p = tmp_path / "config.yaml"
+    p.write_text(text)
+    return str(p)
+
+
+def fake(*, host="Edge-7.example.com", ips=("192.0.2.7", "2001:db8::7")):
+    return {"hostname": lambda: host, "discover_ips": lambda: tuple(ips)}
+
+
+@pytest.mark.parametrize("text,seconds", [("1s", 1.0), ("500ms", 0.5), ("1h", 3600.0), ("1m30s", 90.0),
+                                          ("1.5s", 1.5), ("2h45m", 9900.0), (3, 3.0), ("100us", 1e-4)])
+def test_durations(text, seconds):
+    assert parse_duration(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("bad", ["", "1", "1d", "s", "1 s", "-1s", True])
+def test_bad_durations(bad):
+    with pytest.raises(ValueError):
+        parse_duration(bad)
+
+
+def test_defaults_without_file(tmp_path, monkeypatch):
+    monkeypatch.setattr(cfgmod, "DEFAULT_PATH", str(tmp_path / "absent.yaml"))
+    cfg, problems = load_node_config(None, **fake())
+    assert not problems
+    assert cfg.node_name == "edge-7"  # hostname, lower-case, first label
+    assert cfg.node_ips == ("192.0.2.7", "2001:db8::7")
+    assert cfg.node_port_addresses == ("primary",) and cfg.table_name == "nftrec"
+    assert (cfg.min_sync_period, cfg.sync_period, cfg.full_sync_period) == (1.0, 30.0, 3600.0)
+
+
+def test_default_path_used_when_present(tmp_path, monkeypatch):
+    p = write(tmp_path, "nodeName: from-default\n")
+    monkeypatch.setattr(cfgmod, "DEFAULT_PATH", p)
+    cfg, problems = load_node_config(None, **fake())
+    assert not problems and cfg.node_name == "from-default"
+
+
+def test_full_config(tmp_path):
+    p = write(tmp_path, """\
+apiVersion: nftrec/v1alpha1
+kind: NodeConfig
+nodeName: edge-1
+nodeIPs: [192.168.50.2, "2001:0db8:50::2"]
+clusterCIDRs: [10.244.1.0/16]
+serviceCIDRs: [10.96.0.0/16]
+nodePortAddresses: [primary, 192.168.50.0/24]
+masqueradeAll: true
+masqueradeBit: 15
+tableName: edge
+zone: zone-a
+minSyncPeriod: 500ms
+syncPeriod: 1m30s
+fullSyncPeriod: 2h
+x-anything: {ignored: true}
+""")
+    cfg, problems = load_node_config(p, **fake())
+    assert not problems
+    assert cfg.node_ips == ("192.168.50.2", "2001:db8:50::2")  # canonical, not discovered
+    assert cfg.cluster_cidrs == ("10.244.0.0/16",)  # network form
+    assert cfg.node_port_addresses == ("primary", "192.168.50.0/24")
+    assert (cfg.masquerade_all, cfg.masquerade_bit, cfg.table_name, cfg.zone) == (True, 15, "edge", "zone-a")
+    assert (cfg.min_sync_period, cfg.sync_period, cfg.full_sync_period) == (0.5, 90.0, 7200.0)
+
+
+def test_discovery_can_find_nothing(tmp_path):
+    p = write(tmp_path, "nodeName: n\n")
+    cfg, problems = load_node_config(p, **fake(ips=()))
+    assert not problems and cfg.node_ips == ()
+    cfg, problems = load_node_config(p, discover=False, **fake())
+    assert cfg.node_ips == ()
+
+
+@pytest.mark.parametrize("text,where,what", [
+    ("nodeName: n\nbogus: 1\n", ":2:1: NodeConfig: bogus:", "unknown key 'bogus'"),
+    ("nodeIPs: [010.0.0.1]\n", ":1:11: NodeConfig: nodeIPs[0]:", "leading zeros"),
+    ("serviceCIDRs: [10.96.0.0/40]\n", ":1:16: NodeConfig: serviceCIDRs[0]:", "is not a valid CIDR"),
+    ("nodePortAddresses: [primery]\n", ":1:21: NodeConfig: nodePortAddresses[0]:", "is not \"primary\" or a CIDR"),
+    ("masqueradeBit: 32\n", ":1:16: NodeConfig: masqueradeBit:", "out of range"),
+    ("syncPeriod: 1d\n", ":1:13: NodeConfig: syncPeriod:", "is not a duration"),
+    ("syncPeriod: 0s\n", ":1:1: NodeConfig: syncPeriod:", "longer than 0s"),
+    ("tableName: 'a b'\n", ":1:12: NodeConfig: tableName:", "is not a letter then"),
+    ("nodeIPs: [192.0.2.1, 192.0.2.2]\n", ":1:1: NodeConfig: nodeIPs:", "two addresses of one family"),
+    ("nodeName: a\nnodeName: b\n", ":2:1: NodeConfig:", "appears twice"),
+    ("- a\n", ":1:1: NodeConfig:", "must be a mapping"),
+    ("a: [\n", ":2:1: NodeConfig:", "YAML syntax error"),
+    ("kind: Service\n", ":1:7: NodeConfig: kind:", "use NodeConfig"),
+])
+def test_invalid_configs(tmp_path, text, where, what):
+    p = write(tmp_path, text)
+    _, problems = load_node_config(p, **fake())
+    texts = [x.format_text() for x in problems]
+    assert any(t.startswith(p + where) and what in t for t in texts), texts
+
+
+def test_missing_file_is_an_error(tmp_path):
+    _, problems = load_node_config(str(tmp_path / "nope.yaml"), **fake())
+    assert problems and "cannot read the node config" in problems[0].message
+
+
+DISCOVER = "import json; from reconciler.config import discover_node_ips; print(json.dumps(discover_node_ips()))"
+
+
+@pytest.mark.kernel
+def test_discovery_in_a_real_netns(netns):
+    """pyroute2 against a real kernel, inside a throwaway namespace (never the host)."""
+    run = lambda: json.loads(in_ns(netns, sys.executable, "-c", DISCOVER, check=True).stdout)  # noqa: E731
+    assert run() == []  # loopback only: nothing, and no error
+    in_ns(netns, "ip", "link", "add", "dummy0", "type", "veth", "peer", "name", "peer0")  # both ends inside
+    in_ns(netns, "ip", "link", "set", "dummy0", "up")
+    in_ns(netns, "ip", "link", "set", "peer0", "up")
+    in_ns(netns, "ip", "addr", "add", "192.0.2.10/24", "dev", "dummy0")
+    in_ns(netns, "ip", "addr", "add", "198.51.100.10/24", "dev", "dummy0")
+    in_ns(netns, "ip", "-6", "addr", "add", "2001:db8::10/64", "dev", "dummy0", "nodad")
+    in_ns(netns, "ip", "route", "add", "default", "via", "198.51.100.1", "src", "198.51.100.10")
+    ips = run()
+    assert ips[0] == "198.51.100.10"  # the default route's source wins over the first address
+    assert ips[1] == "2001:db8::10"  # no IPv6 default route: the first global address
