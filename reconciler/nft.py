@@ -299,6 +299,11 @@ class Libnftables:
         self._seq = 0
 
     # Runs on the worker thread only.
+    def in_namespace(self, fn: Callable[[], T]) -> T:
+        """Run `fn` on the worker thread, i.e. inside this object's network namespace
+        (e.g. pyroute2 address discovery for the node config)."""
+        return self._worker.call(fn)
+
     def _new_ctx(self):
         ctx = self._lib.nft_ctx_new(0)
         if not ctx:
@@ -366,6 +371,16 @@ class Libnftables:
             return json.loads(self._worker.call(lambda: self._cmd(cmd, _OUT_JSON)))
         except NotFound:
             return None
+
+    def version(self) -> str | None:
+        """libnftables' own version, from the JSON listing's metainfo (for `doctor`)."""
+        import json
+
+        doc = json.loads(self._worker.call(lambda: self._cmd("list tables", _OUT_JSON)))
+        for item in doc.get("nftables", []):
+            if "metainfo" in item:
+                return item["metainfo"].get("version")
+        return None
 
     def list_tables(self) -> list[tuple[str, str]]:
         # NFT_MSG_GETTABLE dump over raw netlink: `nft list tables` fills nft's whole

@@ -1,0 +1,272 @@
+"""plan, apply and status: the back half of the pipeline against the live kernel.
+
+desired (pipeline.load_desired, a saved plan, or a history entry for --rollback)
+  → read live (live.read_live, or the fast path below) → plan.make_plan
+  → one atomic transaction (nft.Interface.run) → re-read and verify → state store.
+
+Fast path: after every apply the state records the kernel's ruleset generation (bumped
+by ANY commit in the namespace). When it is unchanged, the kernel still holds exactly
+what we last applied, so `plan` can diff against that instead of listing the table
+(listing costs seconds at 10,000 Services). `--refresh` always lists.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from reconciler import planfile
+from reconciler.diff import diff
+from reconciler.live import canonical, fingerprint, read_live
+from reconciler.lock import Lock, LockHeld
+from reconciler.nft import Libnftables, NftError
+from reconciler.plan import Plan, format_text, make_plan, to_json
+from reconciler.ruleset import Ruleset
+from reconciler.serialize import digest
+from reconciler.state import StateCorrupt, StateStore
+
+EXIT_OK, EXIT_ERROR, EXIT_CHANGES = 0, 1, 2
+
+
+class CommandError(Exception):
+    """A failure with a message for the user (what, where, what to do); exit 1."""
+
+
+@dataclass
+class Target:
+    """Where a command acts: a network namespace (None: the host), a table, a state dir."""
+
+    netns: str | None
+    table: str
+    state_root: Path
+
+    @property
+    def where(self) -> str:
+        return f"netns {self.netns}" if self.netns else "the host namespace"
+
+    def store(self) -> StateStore:
+        return StateStore(self.state_root, netns=self.netns, table=self.table)
+
+    def lock(self) -> Lock:
+        return Lock(self.store().lock_path)
+
+    def nft(self) -> Libnftables:
+        try:
+            return Libnftables(self.netns)
+        except NftError as e:
+            raise CommandError(str(e)) from None
+
+
+def kernel_token(nft: Libnftables) -> int | None:
+    """The generation id, bound to this boot and this namespace instance: a namespace
+    re-created under the same name, or a reboot, starts counting again and must never
+    match a recorded generation by accident."""
+    gen = nft.generation()
+    if gen is None:
+        return None
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot = ""
+    ino = nft.in_namespace(lambda: os.stat("/proc/thread-self/ns/net").st_ino)
+    epoch = int.from_bytes(hashlib.sha256(f"{boot}:{ino}".encode()).digest()[:6], "big")
+    return (epoch << 32) | (gen & 0xFFFFFFFF)
+
+
+def _status(store: StateStore, err: TextIO):
+    """The recorded status; a corrupt file is reported, moved aside and rebuilt later."""
+    try:
+        return store.status()
+    except StateCorrupt as e:
+        moved = store.reset(e.path)
+        print(f"nftrec: warning: {e}; moved it to {moved} and continuing from the kernel's "
+              f"state (a successful apply records a fresh one)", file=err)
+        return store.status()
+
+
+def read_live_state(nft: Libnftables, target: Target, *, refresh: bool, err: TextIO) -> tuple[Ruleset, bool]:
+    """(live ruleset in canonical form, whether it came from the fast path)."""
+    store = target.store()
+    if not refresh:
+        st = _status(store, err)
+        token = kernel_token(nft)
+        if st.kernel_generation is not None and token == st.kernel_generation:
+            entries = store.history()
+            if entries and entries[-1].digest == st.desired_digest:
+                try:
+                    return canonical(store.load_ruleset(entries[-1])), True
+                except StateCorrupt:
+                    pass  # fall back to the kernel
+    return read_live(nft, target.table), False
+
+
+# --- plan ----------------------------------------------------------------------------------
+
+
+def run_plan(desired, target: Target, *, verbose: bool, output: str, detailed: bool,
+             out: Path | None, refresh: bool, out_stream: TextIO = sys.stdout,
+             err: TextIO = sys.stderr) -> int:
+    nft = target.nft()
+    try:
+        live, _fast = read_live_state(nft, target, refresh=refresh or out is not None, err=err)
+        services = {s.key: s for s in desired.inventory.services}
+        plan = make_plan(desired.ruleset, live, services)
+        context = {"netns": target.netns, "table": target.table, "revision": desired.revision}
+        if out is not None:
+            saved = planfile.SavedPlan.create(
+                netns=target.netns or "host", table=target.table, revision=desired.revision,
+                desired=desired.ruleset, live_fingerprint=fingerprint(live),
+                kernel_generation=kernel_token(nft), transaction=list(plan.transaction.ops),
+                summary=to_json(plan, **context)["summary"],
+            )
+            try:
+                planfile.save(saved, out)
+            except planfile.PlanFileError as e:
+                raise CommandError(str(e)) from None
+        if output == "json":
+            json.dump(to_json(plan, **context), out_stream, indent=2)
+            out_stream.write("\n")
+        else:
+            out_stream.write(format_text(plan, verbose=verbose, color=out_stream.isatty()))
+            if out is not None:
+                out_stream.write(f"Saved the plan to {out}; apply it with `nftrec apply --plan {out}`.\n")
+    finally:
+        nft.close()
+    return EXIT_CHANGES if (detailed and not plan.empty) else EXIT_OK
+
+
+# --- apply ---------------------------------------------------------------------------------
+
+
+def _verify(nft: Libnftables, target: Target, desired: Ruleset) -> Ruleset:
+    live = read_live(nft, target.table)
+    left = diff(desired, live)
+    if not left.empty:
+        sample = "; ".join(f"{c.action} {c.family} {c.kind} {c.name}" for c in list(left)[:5])
+        raise CommandError(
+            f"the kernel does not match the desired ruleset after the transaction "
+            f"({len(left)} differences, e.g. {sample}); another program may be editing "
+            f"table {target.table} in {target.where}. Run `nftrec plan -v` to see them.")
+    return live
+
+
+def run_apply(target: Target, *, desired=None, plan_path: Path | None = None,
+              rollback: bool = False, out_stream: TextIO = sys.stdout,
+              err: TextIO = sys.stderr) -> int:
+    """Apply `desired` (a pipeline.Desired), a saved plan, or the previous history entry."""
+    try:
+        lock = target.lock().acquire()
+    except LockHeld as e:
+        raise CommandError(str(e)) from None
+    nft = None
+    store = target.store()
+    revision = None
+    try:
+        nft = target.nft()
+        status = _status(store, err)
+        live = read_live(nft, target.table)
+        plan_id = None
+        if plan_path is not None:
+            try:
+                saved = planfile.load(plan_path)
+            except planfile.PlanFileError as e:
+                raise CommandError(str(e)) from None
+            if (saved.netns, saved.table) != (target.netns or "host", target.table):
+                raise CommandError(
+                    f"{plan_path} was made for netns {saved.netns} table {saved.table}, not "
+                    f"{target.netns or 'host'} table {target.table}; run `nftrec plan --out` there")
+            if planfile.already_applied(saved, status):
+                raise CommandError(f"{plan_path} (plan {saved.plan_id[:12]}) was already applied; "
+                                   f"make a new one with `nftrec plan --out {plan_path}`")
+            if planfile.is_stale(saved, fingerprint(live)):
+                raise CommandError(f"{plan_path} is stale: the kernel's {target.table} tables changed "
+                                   f"since the plan was made; make a new one with `nftrec plan --out {plan_path}`")
+            ruleset, revision, plan_id = saved.desired_ruleset(), saved.revision, saved.plan_id
+            plan = make_plan(ruleset, live)
+            if list(plan.transaction.ops) != saved.transaction:
+                raise CommandError(f"{plan_path}: its transaction no longer follows from its desired "
+                                   f"ruleset and the kernel; make a new plan")
+        elif rollback:
+            entry = store.previous()
+            if entry is None:
+                raise CommandError(f"nothing to roll back to: the state in {store.dir} has no earlier "
+                                   f"applied ruleset")
+            ruleset, revision = store.load_ruleset(entry), entry.revision
+            plan = make_plan(ruleset, live)
+            print(f"Rolling back to revision {revision or '?'} applied at {entry.applied_at}.", file=out_stream)
+        else:
+            ruleset, revision = desired.ruleset, desired.revision
+            plan = make_plan(ruleset, live, {s.key: s for s in desired.inventory.services})
+
+        out_stream.write(format_text(plan, color=out_stream.isatty()))
+        if not plan.empty:
+            try:
+                nft.run(plan.transaction)
+            except NftError as e:
+                store.record_attempt(revision, e.text)
+                raise CommandError(f"the kernel rejected the transaction; nothing was changed "
+                                   f"(the previous ruleset is whole). nft said:\n{e.text.strip()}") from None
+        after = _verify(nft, target, ruleset)
+        store.record_applied(revision, ruleset, fingerprint(after), kernel_token(nft), plan_id)
+        print(f"Apply complete: {len(plan.transaction)} operations in one transaction; "
+              f"revision {revision or '-'} ({digest(ruleset)[:12]}) is live in {target.where}.",
+              file=out_stream)
+        return EXIT_OK
+    finally:
+        if nft is not None:
+            nft.close()
+        lock.release()
+
+
+# --- status --------------------------------------------------------------------------------
+
+
+def run_status(target: Target, *, output: str, out_stream: TextIO = sys.stdout,
+               err: TextIO = sys.stderr) -> int:
+    store = target.store()
+    status = _status(store, err)
+    entries = store.history()
+    if not status.ever_applied or not entries:
+        raise CommandError(f"nothing was applied to table {target.table} in {target.where} "
+                           f"(state: {store.dir}); run `nftrec apply`")
+    nft = target.nft()
+    try:
+        applied = store.load_ruleset(entries[-1])
+        live = read_live(nft, target.table)
+    finally:
+        nft.close()
+    drift = diff(applied, live)
+    doc = {
+        "netns": target.netns, "table": target.table,
+        "lastAppliedRevision": status.last_applied_revision,
+        "lastAttemptedRevision": status.last_attempted_revision,
+        "lastAppliedAt": status.last_applied_at, "lastError": status.last_error,
+        "desiredDigest": status.desired_digest, "drift": not drift.empty,
+        "driftedServices": sorted(drift.owners()),
+        "driftedObjects": len(drift),
+    }
+    if output == "json":
+        json.dump(doc, out_stream, indent=2)
+        out_stream.write("\n")
+    else:
+        w = out_stream.write
+        w(f"table:     {target.table} in {target.where}\n")
+        w(f"applied:   revision {status.last_applied_revision or '-'} at {status.last_applied_at}"
+          f" (digest {(status.desired_digest or '')[:12]})\n")
+        if status.last_attempted_revision != status.last_applied_revision or status.last_error:
+            w(f"attempted: revision {status.last_attempted_revision or '-'} at "
+              f"{status.last_attempted_at}: {status.last_error or 'ok'}\n")
+        if drift.empty:
+            w("drift:     no, the kernel matches the last applied ruleset\n")
+        else:
+            owners = sorted(drift.owners())
+            shown = ", ".join(owners[:5]) + (" ..." if len(owners) > 5 else "")
+            w(f"drift:     yes, {len(drift)} objects differ"
+              + (f" (Services: {shown})" if owners else " (shared objects)")
+              + "; `nftrec plan` shows them, `nftrec apply` repairs them\n")
+    return EXIT_OK if drift.empty else EXIT_CHANGES

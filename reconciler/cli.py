@@ -1,0 +1,256 @@
+"""The `nftrec` command line: thin wrappers that parse options and call the pipeline.
+
+Exit codes (SPEC §4): 0 ok, 1 error, 2 "changes" / "drift" where a command says so,
+64 usage error — so a typo never reads as "changes present".
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from reconciler import __version__
+
+EXIT_OK, EXIT_ERROR, EXIT_CHANGES, EXIT_USAGE = 0, 1, 2, 64
+
+# Click (vendored by typer) exits 2 on usage errors, which would collide with
+# `plan --detailed-exitcode`'s "changes present"; make usage errors exit 64 (EX_USAGE).
+_UsageError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+_UsageError.exit_code = EXIT_USAGE
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="kube-proxy's nftables mode without Kubernetes: Service and EndpointSlice YAML "
+    "in a directory -> one atomic nftables transaction.",
+)
+
+
+class Globals:
+    state_dir: Optional[Path] = None
+    log_format: str = "text"
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"nftrec {__version__}")
+        raise typer.Exit(EXIT_OK)
+
+
+@app.callback()
+def _global(
+    state_dir: Optional[Path] = typer.Option(
+        None, "--state-dir", help="State store directory (default: $NFTREC_STATE_DIR, "
+        "./state in a checkout, else /var/lib/nftrec)."),
+    log_format: str = typer.Option("text", "--log-format", help="text or json"),
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                 help="Print the version and exit."),
+) -> None:
+    if log_format not in ("text", "json"):
+        raise typer.BadParameter("must be text or json", param_hint="--log-format")
+    Globals.state_dir = state_dir
+    Globals.log_format = log_format
+
+
+DIR_ARG = typer.Argument(Path("."), help="Manifest directory (read recursively).")
+CONFIG_OPT = typer.Option(None, "--config", help="Node config (default /etc/nftrec/config.yaml "
+                          "when it exists, else defaults).")
+STRICT_OPT = typer.Option(False, "--strict", help="Unknown kinds are errors, not notices.")
+
+
+def _output_opt() -> typer.Option:
+    return typer.Option("text", "-o", "--output", help="text or json")
+
+
+def _check_output(output: str) -> None:
+    if output not in ("text", "json"):
+        raise typer.BadParameter("must be text or json", param_hint="-o/--output")
+
+
+@app.command()
+def validate(
+    directory: Path = DIR_ARG,
+    config: Optional[Path] = CONFIG_OPT,
+    strict: bool = STRICT_OPT,
+    output: str = _output_opt(),
+) -> None:
+    """Check manifests and the node config: schema and cross-document checks. No root,
+    no nft, no kernel needed."""
+    _check_output(output)
+    from reconciler.validate import run_validate
+
+    raise typer.Exit(run_validate(directory, config_path=config, strict=strict, output=output))
+
+
+@app.command()
+def render(
+    directory: Path = DIR_ARG,
+    config: Optional[Path] = CONFIG_OPT,
+    strict: bool = STRICT_OPT,
+) -> None:
+    """Print the whole desired ruleset as an `nft -f` script from scratch."""
+    from reconciler.pipeline import load_desired
+
+    desired = load_desired(directory, config, strict=strict)
+    if desired is None:
+        raise typer.Exit(EXIT_ERROR)
+    from reconciler.render import render_script
+
+    sys.stdout.write(render_script(desired.ruleset))
+
+
+NETNS_OPT = typer.Option(None, "--netns", help="Act inside this named network namespace "
+                         "(as `ip netns add` makes); the host namespace is never touched.")
+
+
+def _target(config: Optional[Path], netns: Optional[str]):
+    """Where a kernel command acts: namespace, table (from the node config), state dir."""
+    from reconciler.apply import Target
+    from reconciler.config import load_node_config
+    from reconciler.state import default_state_dir
+
+    cfg, problems = load_node_config(str(config) if config else None, discover=False)
+    errors = [p for p in problems if p.is_error]
+    for p in errors:
+        typer.echo(p.format_text(), err=True)
+    if errors:
+        raise typer.Exit(EXIT_ERROR)
+    return Target(netns, cfg.table_name, Globals.state_dir or default_state_dir())
+
+
+def _desired(directory: Path, config: Optional[Path], netns: Optional[str], strict: bool):
+    from reconciler.pipeline import load_desired
+
+    desired = load_desired(directory, config, strict=strict, netns=netns)
+    if desired is None:
+        raise typer.Exit(EXIT_ERROR)
+    return desired
+
+
+def _guard(fn, *args, **kwargs) -> int:
+    """Run a command; a CommandError becomes one clear line on stderr and exit 1."""
+    from reconciler.apply import CommandError
+    from reconciler.nft import NftError
+    from reconciler.state import StateCorrupt
+
+    try:
+        return fn(*args, **kwargs)
+    except (CommandError, StateCorrupt) as e:
+        typer.echo(f"nftrec: error: {e}", err=True)
+    except NftError as e:
+        typer.echo(f"nftrec: error: nft: {e.text.strip() if hasattr(e, 'text') else e}", err=True)
+    return EXIT_ERROR
+
+
+@app.command()
+def plan(
+    directory: Path = DIR_ARG,
+    config: Optional[Path] = CONFIG_OPT,
+    netns: Optional[str] = NETNS_OPT,
+    strict: bool = STRICT_OPT,
+    verbose: bool = typer.Option(False, "-v", "--verbose", help="Print the exact nft transaction."),
+    output: str = _output_opt(),
+    detailed_exitcode: bool = typer.Option(False, "--detailed-exitcode",
+                                           help="Exit 0 when nothing changes, 2 when something does."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Save the plan for `apply --plan FILE`."),
+    refresh: bool = typer.Option(False, "--refresh", help="Always list the kernel's tables "
+                                 "(skip the unchanged-generation fast path)."),
+) -> None:
+    """Show what apply would change in the kernel, grouped by Service."""
+    _check_output(output)
+    from reconciler.apply import run_plan
+
+    target = _target(config, netns)
+    desired = _desired(directory, config, netns, strict)
+    raise typer.Exit(_guard(run_plan, desired, target, verbose=verbose, output=output,
+                            detailed=detailed_exitcode, out=out, refresh=refresh))
+
+
+@app.command()
+def apply(
+    directory: Optional[Path] = typer.Argument(None, help="Manifest directory (default: .)."),
+    config: Optional[Path] = CONFIG_OPT,
+    netns: Optional[str] = NETNS_OPT,
+    strict: bool = STRICT_OPT,
+    plan_file: Optional[Path] = typer.Option(None, "--plan", help="Apply a plan saved by `plan --out`; "
+                                             "refused when stale or already applied."),
+    rollback: bool = typer.Option(False, "--rollback", help="Re-apply the previous applied ruleset."),
+) -> None:
+    """Commit the desired ruleset as one atomic transaction, verify it, record state."""
+    from reconciler.apply import run_apply
+
+    if sum(x is not None and x is not False for x in (directory, plan_file, rollback or None)) > 1:
+        raise typer.BadParameter("give one of DIRECTORY, --plan FILE or --rollback")
+    target = _target(config, netns)
+    desired = None
+    if plan_file is None and not rollback:
+        desired = _desired(directory or Path("."), config, netns, strict)
+    raise typer.Exit(_guard(run_apply, target, desired=desired, plan_path=plan_file, rollback=rollback))
+
+
+@app.command()
+def status(
+    config: Optional[Path] = CONFIG_OPT,
+    netns: Optional[str] = NETNS_OPT,
+    output: str = _output_opt(),
+) -> None:
+    """Last applied revision and time, and whether the kernel drifted (exit 2)."""
+    _check_output(output)
+    from reconciler.apply import run_status
+
+    raise typer.Exit(_guard(run_status, _target(config, netns), output=output))
+
+
+@app.command()
+def cleanup(
+    config: Optional[Path] = CONFIG_OPT,
+    netns: Optional[str] = NETNS_OPT,
+    kube_proxy: bool = typer.Option(False, "--kube-proxy", help="Also delete kube-proxy's own "
+                                    "`kube-proxy` tables (after migrating away from it)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Only say what would be deleted."),
+) -> None:
+    """Delete nftrec's tables in both families (kube-proxy's CleanupLeftovers)."""
+    from reconciler.cleanup import cleanup as do_cleanup
+
+    target = _target(config, netns)
+
+    def run() -> int:
+        from reconciler.apply import CommandError
+        from reconciler.lock import LockHeld
+
+        try:
+            lock = target.lock().acquire()
+        except LockHeld as e:
+            raise CommandError(str(e)) from None
+        nft = target.nft()
+        try:
+            return EXIT_OK if do_cleanup(nft, target.table, kube_proxy=kube_proxy, dry_run=dry_run) else EXIT_ERROR
+        finally:
+            nft.close()
+            lock.release()
+
+    raise typer.Exit(_guard(run))
+
+
+@app.command()
+def doctor(
+    config: Optional[Path] = CONFIG_OPT,
+    netns: Optional[str] = NETNS_OPT,
+) -> None:
+    """Check that nftrec can work here: kernel, nft, privileges, conflicting tables."""
+    from reconciler.doctor import run_doctor
+
+    target = _target(config, netns)
+    raise typer.Exit(run_doctor(netns, target.table))
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

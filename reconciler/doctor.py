@@ -1,0 +1,104 @@
+"""`nftrec doctor`: can nftrec work here? One line per check, exit 1 if any fails.
+
+The checks mirror kube-proxy's supported.go (nft >= 1.0.1; kernel >= 5.13 unless
+NFTREC_SKIP_KERNEL_VERSION_CHECK is set, because older kernels imply an nft binary
+that would choke on our rules) plus what nftrec itself needs.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from dataclasses import dataclass
+from typing import Callable, TextIO
+
+from reconciler.cleanup import KUBE_PROXY_TABLE
+from reconciler.nft import Libnftables, NftError, Transaction
+from reconciler.ruleset import Table
+
+MIN_NFT = (1, 0, 1)
+MIN_KERNEL = (5, 13)
+SKIP_KERNEL_ENV = "NFTREC_SKIP_KERNEL_VERSION_CHECK"
+_CAP_NET_ADMIN = 12
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    warning: bool = False  # reported, but does not fail doctor
+
+    def line(self) -> str:
+        mark = "ok  " if self.ok else ("warn" if self.warning else "FAIL")
+        return f"{mark} {self.name}: {self.detail}"
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", text)[:3])
+
+
+def check_kernel(release: str, env: dict) -> Check:
+    if env.get(SKIP_KERNEL_ENV):
+        return Check("kernel", True, f"{release} (version check skipped: {SKIP_KERNEL_ENV} is set)")
+    v = _version_tuple(release)
+    if v[:2] >= MIN_KERNEL:
+        return Check("kernel", True, f"{release} >= 5.13")
+    return Check("kernel", False, f"{release} is older than 5.13, which nftrec (like kube-proxy) "
+                 f"requires; upgrade the kernel, or set {SKIP_KERNEL_ENV}=1 at your own risk")
+
+
+def check_privileges(status_text: str) -> Check:
+    m = re.search(r"^CapEff:\s*([0-9a-fA-F]+)", status_text, re.M)
+    caps = int(m.group(1), 16) if m else 0
+    if caps & (1 << _CAP_NET_ADMIN):
+        return Check("privileges", True, "CAP_NET_ADMIN is effective")
+    return Check("privileges", False, "CAP_NET_ADMIN is missing: run as root or grant the capability "
+                 "(systemd: AmbientCapabilities=CAP_NET_ADMIN)")
+
+
+def check_nft_version(version: str | None) -> Check:
+    if version is None:
+        return Check("nft version", False, "could not read libnftables' version")
+    if _version_tuple(version) >= MIN_NFT:
+        return Check("nft version", True, f"{version} >= 1.0.1")
+    return Check("nft version", False, f"{version} is older than 1.0.1; install nftables >= 1.0.1")
+
+
+def run_doctor(netns: str | None, table: str, out: TextIO = sys.stdout,
+               env: dict | None = None, read: Callable[[str], str] | None = None) -> int:
+    env = os.environ if env is None else env
+    read = read or (lambda p: open(p).read())
+    checks = [check_kernel(os.uname().release, env), check_privileges(read("/proc/self/status"))]
+    try:
+        nft = Libnftables(netns)
+    except NftError as e:
+        checks.append(Check("libnftables", False, str(e)))
+        nft = None
+    if nft is not None:
+        try:
+            checks.append(Check("libnftables", True, f"loaded{' in netns ' + netns if netns else ''}"))
+            checks.append(check_nft_version(nft.version()))
+            try:  # what knftables probes: can we create our table, with a comment?
+                nft.check(Transaction().add_table(Table("ip", table, comment="nftrec doctor probe")))
+                checks.append(Check("nft transaction", True, f"a table {table} can be created (dry run)"))
+            except NftError as e:
+                checks.append(Check("nft transaction", False, f"dry run failed: {e.text.strip()}"))
+            tables = nft.list_tables()
+            kp = sorted(f for f, n in tables if n == KUBE_PROXY_TABLE)
+            if kp:
+                checks.append(Check("conflicting tables", False, f"kube-proxy's tables exist ({', '.join(kp)}): two "
+                                    "proxies would program the same Services; stop kube-proxy and run "
+                                    "`nftrec cleanup --kube-proxy`", warning=True))
+            else:
+                checks.append(Check("conflicting tables", True, "no kube-proxy tables"))
+        except NftError as e:
+            checks.append(Check("nftables", False, str(e)))
+        finally:
+            nft.close()
+    for c in checks:
+        out.write(c.line() + "\n")
+    failed = [c for c in checks if not c.ok and not c.warning]
+    out.write("nftrec can run here.\n" if not failed else f"{len(failed)} check(s) failed.\n")
+    return 0 if not failed else 1
