@@ -33,6 +33,14 @@ from reconciler.state import StateCorrupt, StateStore
 EXIT_OK, EXIT_ERROR, EXIT_CHANGES = 0, 1, 2
 
 
+def short_revision(revision: str | None) -> str:
+    """A git commit or `sha256:` content digest, shortened for one-line messages."""
+    if not revision:
+        return "-"
+    prefix, _, value = revision.rpartition(":")
+    return f"{prefix + ':' if prefix else ''}{value[:12]}"
+
+
 class CommandError(Exception):
     """A failure with a message for the user (what, where, what to do); exit 1."""
 
@@ -198,7 +206,7 @@ def run_apply(target: Target, *, desired=None, plan_path: Path | None = None,
                                    f"applied ruleset")
             ruleset, revision = store.load_ruleset(entry), entry.revision
             plan = make_plan(ruleset, live)
-            print(f"Rolling back to revision {revision or '?'} applied at {entry.applied_at}.", file=out_stream)
+            print(f"Rolling back to revision {short_revision(revision)} applied at {entry.applied_at}.", file=out_stream)
         else:
             ruleset, revision = desired.ruleset, desired.revision
             plan = make_plan(ruleset, live, {s.key: s for s in desired.inventory.services})
@@ -214,7 +222,7 @@ def run_apply(target: Target, *, desired=None, plan_path: Path | None = None,
         after = _verify(nft, target, ruleset)
         store.record_applied(revision, ruleset, fingerprint(after), kernel_token(nft), plan_id)
         print(f"Apply complete: {len(plan.transaction)} operations in one transaction; "
-              f"revision {revision or '-'} ({digest(ruleset)[:12]}) is live in {target.where}.",
+              f"revision {short_revision(revision)} (digest {digest(ruleset)[:12]}) is live in {target.where}.",
               file=out_stream)
         return EXIT_OK
     finally:
@@ -256,10 +264,10 @@ def run_status(target: Target, *, output: str, out_stream: TextIO = sys.stdout,
     else:
         w = out_stream.write
         w(f"table:     {target.table} in {target.where}\n")
-        w(f"applied:   revision {status.last_applied_revision or '-'} at {status.last_applied_at}"
+        w(f"applied:   revision {short_revision(status.last_applied_revision)} at {status.last_applied_at}"
           f" (digest {(status.desired_digest or '')[:12]})\n")
         if status.last_attempted_revision != status.last_applied_revision or status.last_error:
-            w(f"attempted: revision {status.last_attempted_revision or '-'} at "
+            w(f"attempted: revision {short_revision(status.last_attempted_revision)} at "
               f"{status.last_attempted_at}: {status.last_error or 'ok'}\n")
         if drift.empty:
             w("drift:     no, the kernel matches the last applied ruleset\n")
