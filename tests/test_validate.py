@@ -257,7 +257,8 @@ def test_config_problems_reported(tmp_path):
 
 # --- examples ---------------------------------------------------------------------------
 
-EXAMPLE_DIRS = sorted(p for p in EXAMPLES.iterdir() if p.is_dir()) if EXAMPLES.is_dir() else []
+# Manifest examples; examples/systemd holds unit files, not manifests.
+EXAMPLE_DIRS = sorted(p for p in EXAMPLES.iterdir() if p.is_dir() and p.name != "systemd") if EXAMPLES.is_dir() else []
 
 
 @pytest.mark.parametrize("directory", [p.name for p in EXAMPLE_DIRS if p.name != "git-sync"] + ["git-sync/current"])
