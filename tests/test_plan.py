@@ -1,0 +1,78 @@
+"""plan.py: the diff grouped by Service, its one-line reasons and its JSON form.
+
+Pure: desired and live are both compiled rulesets (live in canonical form, as
+live.read_live returns it), so no kernel is needed here; the CLI/kernel tests cover the
+same paths against a real namespace.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from reconciler.compile import compile_ruleset
+from reconciler.live import canonical
+from reconciler.plan import format_text, make_plan, to_json
+from reconciler.ruleset import Ruleset
+from tests._nft_samples import CONFIG, ep, epp, rich_inventory, sl, sp, svc
+
+
+def _live(inv) -> Ruleset:
+    return canonical(compile_ruleset(inv, CONFIG))
+
+
+def test_nothing_to_do():
+    inv = rich_inventory()
+    plan = make_plan(compile_ruleset(inv, CONFIG), _live(inv))
+    assert plan.empty and plan.services == [] and plan.shared == []
+    assert "No changes" in format_text(plan)
+    assert to_json(plan)["changed"] is False
+
+
+def test_cold_start_lists_every_service_as_new_and_the_tables_as_shared():
+    inv = rich_inventory()
+    plan = make_plan(compile_ruleset(inv, CONFIG), Ruleset(), {s.key: s for s in inv.services})
+    assert {s.action for s in plan.services} == {"+"}
+    assert {s.service for s in plan.services} == {s.key for s in inv.services}
+    text = format_text(plan)
+    assert "+ ns1/one ClusterIP 172.30.0.41:80/TCP -> 1 endpoint" in text
+    assert "+ ns4/empty NodePort 172.30.0.45:81/TCP -> no endpoints (reject)" in text
+    assert "+ table ip (shared objects" in text and "+ table ip6 (shared objects" in text
+    assert f"{len(plan.transaction)} nft operations" in text
+
+
+def test_endpoint_edit_names_only_that_service_with_the_endpoint_delta():
+    inv = rich_inventory()
+    slices = [s for s in inv.endpoint_slices if s.service_key != "ns1/multi"]
+    multi = next(s for s in inv.endpoint_slices if s.service_key == "ns1/multi")
+    edited = replace(multi, endpoints=multi.endpoints[:1] + (ep("10.180.0.9"),) + multi.endpoints[2:])
+    new_inv = replace(inv, endpoint_slices=tuple(slices + [edited]))
+    plan = make_plan(compile_ruleset(new_inv, CONFIG), _live(inv))
+    assert [s.service for s in plan.services] == ["ns1/multi"] and plan.shared == []
+    (sc,) = plan.services
+    assert sc.action == "~"
+    assert "+10.180.0.9:5353" in sc.summary and "-10.180.0.2:5353" in sc.summary
+    assert all("ns1/multi" in op or "10.180.0" in op for op in plan.transaction.ops)
+
+
+def test_removed_service_is_minus_and_json_lists_its_objects():
+    inv = rich_inventory()
+    gone = replace(inv, services=tuple(s for s in inv.services if s.key != "ns2/np"),
+                   endpoint_slices=tuple(s for s in inv.endpoint_slices if s.service_key != "ns2/np"))
+    plan = make_plan(compile_ruleset(gone, CONFIG), _live(inv))
+    assert [(s.action, s.service) for s in plan.services] == [("-", "ns2/np")]
+    doc = to_json(plan, netns="x", table="nftrec", revision="r1")
+    assert doc["summary"] == {"add": 0, "change": 0, "remove": 1, "operations": len(plan.transaction)}
+    assert doc["services"][0]["objects"] and all(o["action"] == "remove" for o in doc["services"][0]["objects"])
+    assert doc["transaction"] == list(plan.transaction.ops) and doc["revision"] == "r1"
+    assert "- ns2/np" in format_text(plan)
+
+
+def test_new_service_among_existing_ones_is_plus_not_tilde():
+    inv = rich_inventory()
+    added = replace(inv, services=inv.services + (svc("ns9", "new", cips=("172.30.0.99",), ports=[sp(80)]),),
+                    endpoint_slices=inv.endpoint_slices + (sl("ns9", "new", [ep("10.180.9.1")], [epp(80)]),))
+    plan = make_plan(compile_ruleset(added, CONFIG), _live(inv), {s.key: s for s in added.services})
+    assert [(s.action, s.service) for s in plan.services] == [("+", "ns9/new")]
+    assert "-v" not in format_text(plan)
+    verbose = format_text(plan, verbose=True)
+    assert "Transaction:" in verbose and "add element ip nftrec cluster-ips { 172.30.0.99 }" in verbose
