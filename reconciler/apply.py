@@ -25,10 +25,10 @@ from reconciler.diff import diff
 from reconciler.live import canonical, fingerprint, read_live
 from reconciler.lock import Lock, LockHeld
 from reconciler.nft import Libnftables, NftError
-from reconciler.plan import Plan, format_text, make_plan, to_json
+from reconciler.plan import format_text, make_plan, to_json
 from reconciler.ruleset import Ruleset
 from reconciler.serialize import digest
-from reconciler.state import StateCorrupt, StateStore
+from reconciler.state import HOST, StateCorrupt, StateStore
 
 EXIT_OK, EXIT_ERROR, EXIT_CHANGES = 0, 1, 2
 
@@ -86,15 +86,30 @@ def kernel_token(nft: Libnftables) -> int | None:
     return (epoch << 32) | (gen & 0xFFFFFFFF)
 
 
+def _set_aside(store: StateStore, e: StateCorrupt, err: TextIO) -> None:
+    moved = store.reset(e.path)
+    print(f"nftrec: warning: {e}; moved it to {moved} and continuing from the kernel's "
+          f"state (a successful apply records a fresh one)", file=err)
+
+
 def _status(store: StateStore, err: TextIO):
     """The recorded status; a corrupt file is reported, moved aside and rebuilt later."""
     try:
         return store.status()
     except StateCorrupt as e:
-        moved = store.reset(e.path)
-        print(f"nftrec: warning: {e}; moved it to {moved} and continuing from the kernel's "
-              f"state (a successful apply records a fresh one)", file=err)
+        _set_aside(store, e, err)
         return store.status()
+
+
+def _history(store: StateStore, err: TextIO):
+    """The applied-ruleset history, with every damaged entry reported and moved aside
+    (bounded: each round removes one file)."""
+    for _ in range(store.keep + 16):
+        try:
+            return store.history()
+        except StateCorrupt as e:
+            _set_aside(store, e, err)
+    return store.history()
 
 
 def read_live_state(nft: Libnftables, target: Target, *, refresh: bool, err: TextIO) -> tuple[Ruleset, bool]:
@@ -104,7 +119,7 @@ def read_live_state(nft: Libnftables, target: Target, *, refresh: bool, err: Tex
         st = _status(store, err)
         token = kernel_token(nft)
         if st.kernel_generation is not None and token == st.kernel_generation:
-            entries = store.history()
+            entries = _history(store, err)
             if entries and entries[-1].digest == st.desired_digest:
                 try:
                     return canonical(store.load_ruleset(entries[-1])), True
@@ -127,7 +142,7 @@ def run_plan(desired, target: Target, *, verbose: bool, output: str, detailed: b
         context = {"netns": target.netns, "table": target.table, "revision": desired.revision}
         if out is not None:
             saved = planfile.SavedPlan.create(
-                netns=target.netns or "host", table=target.table, revision=desired.revision,
+                netns=target.netns or HOST, table=target.table, revision=desired.revision,
                 desired=desired.ruleset, live_fingerprint=fingerprint(live),
                 kernel_generation=kernel_token(nft), transaction=list(plan.transaction.ops),
                 summary=to_json(plan, **context)["summary"],
@@ -177,6 +192,7 @@ def run_apply(target: Target, *, desired=None, plan_path: Path | None = None,
     try:
         nft = target.nft()
         status = _status(store, err)
+        _history(store, err)  # a damaged entry would block status and rollback later
         live = read_live(nft, target.table)
         plan_id = None
         if plan_path is not None:
@@ -184,10 +200,10 @@ def run_apply(target: Target, *, desired=None, plan_path: Path | None = None,
                 saved = planfile.load(plan_path)
             except planfile.PlanFileError as e:
                 raise CommandError(str(e)) from None
-            if (saved.netns, saved.table) != (target.netns or "host", target.table):
+            if (saved.netns, saved.table) != (target.netns or HOST, target.table):
                 raise CommandError(
                     f"{plan_path} was made for netns {saved.netns} table {saved.table}, not "
-                    f"{target.netns or 'host'} table {target.table}; run `nftrec plan --out` there")
+                    f"{target.netns or 'the host'} table {target.table}; run `nftrec plan --out` there")
             if planfile.already_applied(saved, status):
                 raise CommandError(f"{plan_path} (plan {saved.plan_id[:12]}) was already applied; "
                                    f"make a new one with `nftrec plan --out {plan_path}`")
@@ -238,7 +254,7 @@ def run_status(target: Target, *, output: str, out_stream: TextIO = sys.stdout,
                err: TextIO = sys.stderr) -> int:
     store = target.store()
     status = _status(store, err)
-    entries = store.history()
+    entries = _history(store, err)
     if not status.ever_applied or not entries:
         raise CommandError(f"nothing was applied to table {target.table} in {target.where} "
                            f"(state: {store.dir}); run `nftrec apply`")

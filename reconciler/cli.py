@@ -107,11 +107,26 @@ NETNS_OPT = typer.Option(None, "--netns", help="Act inside this named network na
                          "(as `ip netns add` makes); the host namespace is never touched.")
 
 
+def _check_netns(netns: Optional[str]) -> None:
+    """A name as `ip netns add` makes it (under /run/netns), usable as a state directory."""
+    from reconciler.state import namespace_dir
+
+    if netns is None:
+        return
+    try:
+        namespace_dir(Path("/"), netns)
+    except ValueError as e:
+        raise typer.BadParameter(f"{e}; give the name as `ip netns list` shows it",
+                                 param_hint="--netns") from None
+
+
 def _target(config: Optional[Path], netns: Optional[str]):
     """Where a kernel command acts: namespace, table (from the node config), state dir."""
     from reconciler.apply import Target
     from reconciler.config import load_node_config
     from reconciler.state import default_state_dir
+
+    _check_netns(netns)
 
     cfg, problems = load_node_config(str(config) if config else None, discover=False)
     errors = [p for p in problems if p.is_error]

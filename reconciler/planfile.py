@@ -6,7 +6,7 @@ A plan file is JSON (formatVersion 1, mode 0600, written atomically)::
 
     {"kind": "nftrec-plan", "formatVersion": 1,
      "planId": "<uuid4 hex>", "createdAt": "2026-05-09T07:35:25Z", "nftrecVersion": "0.1.0",
-     "netns": "host", "table": "nftrec", "revision": "<git commit>" | null,
+     "netns": "@host", "table": "nftrec", "revision": "<git commit>" | null,
      "desiredDigest": "<serialize.digest of desired>",
      "liveFingerprint": "<fingerprint of the live tables the plan was made against>",
      "kernelGeneration": 42 | null,

@@ -36,7 +36,10 @@ from .serialize import SerializeError, digest, ruleset_from_json, ruleset_to_jso
 
 FORMAT_VERSION = 1
 HISTORY_KEEP = 5
-HOST = "host"
+# How the host namespace is named in status.json and saved plans. '@' cannot appear in
+# an `ip netns` name, so a namespace created as `ip netns add host` never passes for it.
+HOST = "@host"
+HOST_DIR = "host"
 SYSTEM_STATE_DIR = Path("/var/lib/nftrec")
 
 _REPO = Path(__file__).resolve().parent.parent
@@ -81,13 +84,13 @@ def default_state_dir(env: dict[str, str] | None = None, repo: Path | None = Non
 
 
 def namespace_dir(root: Path, netns: str | None) -> Path:
-    """`<root>/host` for the host (netns None or "host"), `<root>/netns/<name>` otherwise.
+    """`<root>/host` for the host (netns None or HOST), `<root>/netns/<name>` otherwise.
 
     Named namespaces live one level down so that `ip netns add host` cannot collide
     with the host's own state.
     """
     if netns is None or netns == HOST:
-        return Path(root) / HOST
+        return Path(root) / HOST_DIR
     if not _NETNS_RE.fullmatch(netns):
         raise ValueError(
             f"network namespace name {netns!r} cannot name a state directory: use letters, "

@@ -7,6 +7,7 @@ deleted afterwards, even when the test fails.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -40,9 +41,9 @@ def _kernel_ready() -> str | None:
     return None
 
 
-@pytest.fixture
-def netns():
-    """A fresh, empty network namespace (loopback up); deleted afterwards."""
+@contextlib.contextmanager
+def throwaway_netns():
+    """A fresh, empty network namespace (loopback up); deleted afterwards, always."""
     why = _kernel_ready()
     if why:
         pytest.fail(why)  # never a silent skip: CI must run these
@@ -53,3 +54,9 @@ def netns():
         yield name
     finally:
         sh("ip", "netns", "del", name, check=False)
+
+
+@pytest.fixture
+def netns():
+    with throwaway_netns() as name:
+        yield name

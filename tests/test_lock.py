@@ -154,7 +154,7 @@ def test_timeout_waits_for_release(tmp_path):
 
 
 def test_for_namespace_matches_state_store(tmp_path):
-    assert Lock.for_namespace(tmp_path, "host").path == StateStore(tmp_path).lock_path
+    assert Lock.for_namespace(tmp_path, None).path == StateStore(tmp_path).lock_path
     assert Lock.for_namespace(tmp_path, "blue").path == StateStore(tmp_path, "blue").lock_path == tmp_path / "netns" / "blue" / "lock"
 
 

@@ -17,6 +17,7 @@ from reconciler.ruleset import Chain, Element, NamedSet, Rule, Ruleset, Table
 from reconciler.serialize import digest
 from reconciler.state import (
     FORMAT_VERSION,
+    HOST,
     StateCorrupt,
     StateStore,
     atomic_write,
@@ -48,7 +49,7 @@ class Clock:
 
 @pytest.fixture
 def store(tmp_path):
-    return StateStore(tmp_path, "host", "nftrec", clock=Clock())
+    return StateStore(tmp_path, None, "nftrec", clock=Clock())
 
 
 # --- paths -------------------------------------------------------------------------------
@@ -70,7 +71,9 @@ def test_layout(store, tmp_path):
     assert store.lock_path == tmp_path / "host" / "lock"
     [h] = (tmp_path / "host" / "tables" / "nftrec" / "history").iterdir()
     assert h.name == f"000001-{digest(ruleset(1))[:12]}.json"
-    assert namespace_dir(tmp_path, "host") == namespace_dir(tmp_path, None) == tmp_path / "host"
+    assert namespace_dir(tmp_path, HOST) == namespace_dir(tmp_path, None) == tmp_path / "host"
+    # a namespace made with `ip netns add host` is not the host
+    assert namespace_dir(tmp_path, "host") == tmp_path / "netns" / "host"
     assert namespace_dir(tmp_path, "blue") == tmp_path / "netns" / "blue"
 
 
@@ -82,7 +85,7 @@ def test_netns_names_that_are_not_one_path_component_are_refused(tmp_path, bad):
 
 def test_table_with_slash_refused(tmp_path):
     with pytest.raises(ValueError, match="table name"):
-        StateStore(tmp_path, "host", "a/b")
+        StateStore(tmp_path, None, "a/b")
 
 
 # --- status -------------------------------------------------------------------------------
@@ -90,7 +93,7 @@ def test_table_with_slash_refused(tmp_path):
 
 def test_fresh_status(store):
     st = store.status()
-    assert st.netns == "host" and st.table == "nftrec"
+    assert st.netns == HOST and st.table == "nftrec"
     assert not st.ever_applied and st.last_applied_revision is None and st.last_error is None
     assert store.history() == [] and store.previous() is None
 
@@ -283,12 +286,12 @@ def test_wrong_field_type_and_missing_field(store):
 
 
 def test_status_of_another_namespace_is_refused(tmp_path):
-    a = StateStore(tmp_path, "host")
+    a = StateStore(tmp_path, None)
     a.record_applied("rev1", ruleset(1), "fp", 1)
     b = StateStore(tmp_path, "blue")
     b.dir.mkdir(parents=True)
     b.status_path.write_bytes(a.status_path.read_bytes())  # copied by hand
-    with pytest.raises(StateCorrupt, match="describes netns 'host'"):
+    with pytest.raises(StateCorrupt, match="describes netns '@host'"):
         b.status()
 
 
