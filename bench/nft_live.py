@@ -1,10 +1,10 @@
 """Benchmark (not a test): load N Services x 5 endpoints into an EXISTING namespace, then
 time list_table / parse / diff / fingerprint / generation() and a one-Service change.
 
-    ip netns add bench && PYTHONPATH=. python tests/bench_nft_live.py 10000 bench; ip netns del bench
+    ip netns add bench && PYTHONPATH=. python bench/nft_live.py 10000 bench; ip netns del bench
 """
 import time, sys, ipaddress
-sys.path.insert(0, __import__('os').path.dirname(__file__))
+sys.path.insert(0, __import__('os').path.join(__import__('os').path.dirname(__file__), '..', 'tests'))
 from _nft_samples import *
 from reconciler.model import Inventory, NodeConfig
 from reconciler.compile import compile_ruleset

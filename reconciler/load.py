@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ruamel.yaml import YAML
-from ruamel.yaml.error import MarkedYAMLError, YAMLError
+from ruamel.yaml.error import YAMLError
 
 try:  # libyaml-based; falls back to the pure-Python loader (slower, same results)
     from ruamel.yaml.cyaml import CSafeLoader as _Loader

@@ -19,7 +19,6 @@ import ipaddress
 from reconciler.ruleset import (
     FAMILIES,
     Element,
-    Rule,
     Ruleset,
     Table,
     chain_cmd,

@@ -7,7 +7,6 @@ Pipeline position: load -> **validate** -> model -> compile -> ...
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import sys
 from collections import defaultdict
@@ -15,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from .load import Document, LoadResult, load_manifests, locate
+from .load import Document, LoadResult, locate
 from .problems import ERROR, NOTICE, WARNING, Problem, count, field_path, safe_name, show
 from .schemas import parse_cidr, parse_ip, validator
 
