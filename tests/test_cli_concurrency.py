@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import in_ns
+from nsutil import in_ns
 from test_cli_kernel import CONFIG, NFTREC, nftrec, ok, ruleset
 
 pytestmark = pytest.mark.kernel

@@ -22,7 +22,7 @@ from typing import Callable
 import pytest
 from ruamel.yaml import YAML
 
-from conftest import EXAMPLES, in_ns, throwaway_netns
+from nsutil import EXAMPLES, in_ns, throwaway_netns
 
 pytestmark = pytest.mark.kernel
 

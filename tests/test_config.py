@@ -12,7 +12,7 @@ import pytest
 from reconciler import config as cfgmod
 from reconciler.config import load_node_config, parse_duration
 
-from conftest import in_ns
+from nsutil import in_ns
 
 
 def write(tmp_path: Path, text: str) -> str:

@@ -7,7 +7,7 @@ import io
 import pytest
 
 from reconciler.doctor import SKIP_KERNEL_ENV, check_kernel, check_nft_version, check_privileges, run_doctor
-from tests.conftest import in_ns
+from nsutil import in_ns
 
 
 def test_kernel_version_gate_and_skip():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from _nft_samples import CONFIG, rich_inventory
-from conftest import in_ns
+from nsutil import in_ns
 from reconciler.compile import compile_ruleset
 from reconciler.diff import diff
 from reconciler.live import canonical_rule, fingerprint, parse_duration, parse_table, read_live

@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from conftest import in_ns, sh
+from nsutil import in_ns, sh
 from reconciler import nft as nftmod
 from reconciler.nft import Fake, Libnftables, NftError, NotFound, Transaction
 from reconciler.ruleset import BaseHook, Chain, Element, NamedSet, Rule, Table

@@ -13,7 +13,7 @@ from reconciler.compile import compile_ruleset
 from reconciler.live import canonical
 from reconciler.plan import format_text, make_plan, to_json
 from reconciler.ruleset import Ruleset
-from tests._nft_samples import CONFIG, ep, epp, rich_inventory, sl, sp, svc
+from _nft_samples import CONFIG, ep, epp, rich_inventory, sl, sp, svc
 
 
 def _live(inv) -> Ruleset:
