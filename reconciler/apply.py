@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from reconciler import planfile
+from reconciler import logs, planfile
 from reconciler.diff import diff
 from reconciler.live import canonical, fingerprint, read_live
 from reconciler.lock import Lock, LockHeld
@@ -31,6 +31,11 @@ from reconciler.serialize import digest
 from reconciler.state import HOST, StateCorrupt, StateStore
 
 EXIT_OK, EXIT_ERROR, EXIT_CHANGES = 0, 1, 2
+
+
+def _color(stream: TextIO) -> bool:
+    """Colour only on a terminal, and never when NO_COLOR is set (no-color.org)."""
+    return stream.isatty() and not os.environ.get("NO_COLOR")
 
 
 def short_revision(revision: str | None) -> str:
@@ -86,40 +91,40 @@ def kernel_token(nft: Libnftables) -> int | None:
     return (epoch << 32) | (gen & 0xFFFFFFFF)
 
 
-def _set_aside(store: StateStore, e: StateCorrupt, err: TextIO) -> None:
+def _set_aside(store: StateStore, e: StateCorrupt) -> None:
     moved = store.reset(e.path)
-    print(f"nftrec: warning: {e}; moved it to {moved} and continuing from the kernel's "
-          f"state (a successful apply records a fresh one)", file=err)
+    logs.log.warning(f"{e}; moved it to {moved} and continuing from the kernel's state "
+                     f"(a successful apply records a fresh one)", extra={"fields": {"path": str(e.path)}})
 
 
-def _status(store: StateStore, err: TextIO):
+def _status(store: StateStore):
     """The recorded status; a corrupt file is reported, moved aside and rebuilt later."""
     try:
         return store.status()
     except StateCorrupt as e:
-        _set_aside(store, e, err)
+        _set_aside(store, e)
         return store.status()
 
 
-def _history(store: StateStore, err: TextIO):
+def _history(store: StateStore):
     """The applied-ruleset history, with every damaged entry reported and moved aside
     (bounded: each round removes one file)."""
     for _ in range(store.keep + 16):
         try:
             return store.history()
         except StateCorrupt as e:
-            _set_aside(store, e, err)
+            _set_aside(store, e)
     return store.history()
 
 
-def read_live_state(nft: Libnftables, target: Target, *, refresh: bool, err: TextIO) -> tuple[Ruleset, bool]:
+def read_live_state(nft: Libnftables, target: Target, *, refresh: bool) -> tuple[Ruleset, bool]:
     """(live ruleset in canonical form, whether it came from the fast path)."""
     store = target.store()
     if not refresh:
-        st = _status(store, err)
+        st = _status(store)
         token = kernel_token(nft)
         if st.kernel_generation is not None and token == st.kernel_generation:
-            entries = _history(store, err)
+            entries = _history(store)
             if entries and entries[-1].digest == st.desired_digest:
                 try:
                     return canonical(store.load_ruleset(entries[-1])), True
@@ -132,11 +137,10 @@ def read_live_state(nft: Libnftables, target: Target, *, refresh: bool, err: Tex
 
 
 def run_plan(desired, target: Target, *, verbose: bool, output: str, detailed: bool,
-             out: Path | None, refresh: bool, out_stream: TextIO = sys.stdout,
-             err: TextIO = sys.stderr) -> int:
+             out: Path | None, refresh: bool, out_stream: TextIO = sys.stdout) -> int:
     nft = target.nft()
     try:
-        live, _fast = read_live_state(nft, target, refresh=refresh or out is not None, err=err)
+        live, _fast = read_live_state(nft, target, refresh=refresh or out is not None)
         services = {s.key: s for s in desired.inventory.services}
         plan = make_plan(desired.ruleset, live, services)
         context = {"netns": target.netns, "table": target.table, "revision": desired.revision}
@@ -155,7 +159,7 @@ def run_plan(desired, target: Target, *, verbose: bool, output: str, detailed: b
             json.dump(to_json(plan, **context), out_stream, indent=2)
             out_stream.write("\n")
         else:
-            out_stream.write(format_text(plan, verbose=verbose, color=out_stream.isatty()))
+            out_stream.write(format_text(plan, verbose=verbose, color=_color(out_stream)))
             if out is not None:
                 out_stream.write(f"Saved the plan to {out}; apply it with `nftrec apply --plan {out}`.\n")
     finally:
@@ -179,8 +183,7 @@ def _verify(nft: Libnftables, target: Target, desired: Ruleset) -> Ruleset:
 
 
 def run_apply(target: Target, *, desired=None, plan_path: Path | None = None,
-              rollback: bool = False, out_stream: TextIO = sys.stdout,
-              err: TextIO = sys.stderr) -> int:
+              rollback: bool = False, out_stream: TextIO = sys.stdout) -> int:
     """Apply `desired` (a pipeline.Desired), a saved plan, or the previous history entry."""
     try:
         lock = target.lock().acquire()
@@ -191,8 +194,8 @@ def run_apply(target: Target, *, desired=None, plan_path: Path | None = None,
     revision = None
     try:
         nft = target.nft()
-        status = _status(store, err)
-        _history(store, err)  # a damaged entry would block status and rollback later
+        status = _status(store)
+        _history(store)  # a damaged entry would block status and rollback later
         live = read_live(nft, target.table)
         plan_id = None
         if plan_path is not None:
@@ -227,7 +230,7 @@ def run_apply(target: Target, *, desired=None, plan_path: Path | None = None,
             ruleset, revision = desired.ruleset, desired.revision
             plan = make_plan(ruleset, live, {s.key: s for s in desired.inventory.services})
 
-        out_stream.write(format_text(plan, color=out_stream.isatty()))
+        out_stream.write(format_text(plan, color=_color(out_stream)))
         if not plan.empty:
             try:
                 nft.run(plan.transaction)
@@ -250,11 +253,10 @@ def run_apply(target: Target, *, desired=None, plan_path: Path | None = None,
 # --- status --------------------------------------------------------------------------------
 
 
-def run_status(target: Target, *, output: str, out_stream: TextIO = sys.stdout,
-               err: TextIO = sys.stderr) -> int:
+def run_status(target: Target, *, output: str, out_stream: TextIO = sys.stdout) -> int:
     store = target.store()
-    status = _status(store, err)
-    entries = _history(store, err)
+    status = _status(store)
+    entries = _history(store)
     if not status.ever_applied or not entries:
         raise CommandError(f"nothing was applied to table {target.table} in {target.where} "
                            f"(state: {store.dir}); run `nftrec apply`")

@@ -54,6 +54,9 @@ def _global(
         raise typer.BadParameter("must be text or json", param_hint="--log-format")
     Globals.state_dir = state_dir
     Globals.log_format = log_format
+    from reconciler import logs
+
+    logs.setup(log_format)
 
 
 DIR_ARG = typer.Argument(Path("."), help="Manifest directory (read recursively).")
@@ -93,11 +96,7 @@ def render(
     strict: bool = STRICT_OPT,
 ) -> None:
     """Print the whole desired ruleset as an `nft -f` script from scratch."""
-    from reconciler.pipeline import load_desired
-
-    desired = load_desired(directory, config, strict=strict)
-    if desired is None:
-        raise typer.Exit(EXIT_ERROR)
+    desired = _desired(directory, config, None, strict)
     from reconciler.render import render_script
 
     sys.stdout.write(render_script(desired.ruleset))
@@ -128,26 +127,47 @@ def _target(config: Optional[Path], netns: Optional[str]):
 
     _check_netns(netns)
 
+    from reconciler import logs
+
     cfg, problems = load_node_config(str(config) if config else None, discover=False)
     errors = [p for p in problems if p.is_error]
     for p in errors:
-        typer.echo(p.format_text(), err=True)
+        logs.problem(p)
     if errors:
         raise typer.Exit(EXIT_ERROR)
     return Target(netns, cfg.table_name, Globals.state_dir or default_state_dir())
 
 
-def _desired(directory: Path, config: Optional[Path], netns: Optional[str], strict: bool):
-    from reconciler.pipeline import load_desired
+def _desired(directory: Path, config: Optional[Path], netns: Optional[str], strict: bool,
+             target=None):
+    """The validated, compiled input; invalid input exits 1 (and, for apply, is recorded
+    as a failed attempt: status then shows lastAttemptedRevision != lastAppliedRevision)."""
+    from reconciler import logs
+    from reconciler.pipeline import InvalidInput, load_desired
 
-    desired = load_desired(directory, config, strict=strict, netns=netns)
-    if desired is None:
+    try:
+        return load_desired(directory, config, strict=strict, netns=netns)
+    except InvalidInput as e:
+        logs.log.error(str(e))
+        if target is not None:
+            _guard(_record_invalid, target, e)
         raise typer.Exit(EXIT_ERROR)
-    return desired
+
+
+def _record_invalid(target, e) -> int:
+    from reconciler.lock import LockHeld
+
+    try:
+        with target.lock():  # status.json is read-modify-written: only under the lock
+            target.store().record_attempt(e.revision, str(e))
+    except LockHeld:
+        pass  # the running apply records its own outcome
+    return EXIT_OK
 
 
 def _guard(fn, *args, **kwargs) -> int:
     """Run a command; a CommandError becomes one clear line on stderr and exit 1."""
+    from reconciler import logs
     from reconciler.apply import CommandError
     from reconciler.nft import NftError
     from reconciler.state import StateCorrupt
@@ -155,9 +175,11 @@ def _guard(fn, *args, **kwargs) -> int:
     try:
         return fn(*args, **kwargs)
     except (CommandError, StateCorrupt) as e:
-        typer.echo(f"nftrec: error: {e}", err=True)
+        logs.log.error(str(e))
     except NftError as e:
-        typer.echo(f"nftrec: error: nft: {e.text.strip() if hasattr(e, 'text') else e}", err=True)
+        logs.log.error(f"nft: {e.text.strip()}")
+    except OSError as e:  # state directory not writable, plan file unreadable, ...
+        logs.log.error(f"{e.strerror or e}: {e.filename or ''}; check the path and its permissions")
     return EXIT_ERROR
 
 
@@ -203,7 +225,7 @@ def apply(
     target = _target(config, netns)
     desired = None
     if plan_file is None and not rollback:
-        desired = _desired(directory or Path("."), config, netns, strict)
+        desired = _desired(directory or Path("."), config, netns, strict, target=target)
     raise typer.Exit(_guard(run_apply, target, desired=desired, plan_path=plan_file, rollback=rollback))
 
 

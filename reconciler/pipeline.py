@@ -4,13 +4,12 @@ manifests + node config → validated model → desired ruleset.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
 
+from reconciler import logs
 from reconciler.model import Inventory, NodeConfig
-from reconciler.ruleset import Ruleset
+from reconciler.ruleset import NftSyntaxError, Ruleset
 
 
 @dataclass(frozen=True)
@@ -43,10 +42,19 @@ def node_ip_discovery(netns: str | None):
     return in_netns
 
 
+class InvalidInput(Exception):
+    """The manifests or the node config have errors (each already logged)."""
+
+    def __init__(self, revision: str, errors: int, directory: Path):
+        self.revision, self.errors = revision, errors
+        super().__init__(f"{errors} error(s) in the input of revision {revision or '-'}; nothing was "
+                         f"changed. Run `nftrec validate {directory}` for the full report.")
+
+
 def load_desired(directory: Path, config_path: Path | None, *, strict: bool = False,
-                 netns: str | None = None, err: TextIO = sys.stderr) -> Desired | None:
-    """Read, validate and compile. Prints every problem to `err`; returns None when
-    the input is invalid (invalid input is never applied)."""
+                 netns: str | None = None) -> Desired:
+    """Read, validate and compile, logging every problem. Raises InvalidInput when the
+    input has errors: invalid input is never applied."""
     from reconciler.compile import compile_ruleset
     from reconciler.config import load_node_config
     from reconciler.inventory import read_inventory
@@ -56,10 +64,13 @@ def load_desired(directory: Path, config_path: Path | None, *, strict: bool = Fa
     result = read_inventory(directory, strict=strict)
     problems = list(config_problems) + list(result.problems)
     for p in problems:
-        print(p.format_text(), file=err)
-    if any(p.severity == "error" for p in problems):
-        n = sum(p.severity == "error" for p in problems)
-        print(f"nftrec: {n} error(s) in the input; nothing was changed. "
-              f"Run `nftrec validate {directory}` for the full report.", file=err)
-        return None
-    return Desired(result.inventory, config, compile_ruleset(result.inventory, config))
+        logs.problem(p)
+    errors = sum(p.severity == "error" for p in problems)
+    if errors:
+        raise InvalidInput(result.inventory.revision, errors, directory)
+    try:
+        ruleset = compile_ruleset(result.inventory, config)
+    except NftSyntaxError as e:  # defence in depth: validation should have refused it
+        logs.log.error(f"{directory}: refusing input that would reach nft unsafely: {e}")
+        raise InvalidInput(result.inventory.revision, 1, directory) from None
+    return Desired(result.inventory, config, ruleset)

@@ -702,9 +702,7 @@ def test_tampered_saved_plan_is_refused(applied, tmp_path):
 def _desired(d: Path, ns: str):
     from reconciler.pipeline import load_desired
 
-    desired = load_desired(d, CONFIG, netns=ns, err=io.StringIO())
-    assert desired is not None
-    return desired
+    return load_desired(d, CONFIG, netns=ns)
 
 
 def _with_ruleset(desired, rs):
@@ -733,7 +731,7 @@ def test_kernel_rejection_leaves_previous_ruleset_whole(applied, breakage):
         t.chains[name] = Chain(c.name, (Rule("jump no-such-chain"),) + c.rules, c.base, c.comment)
     target = Target(ns, "nftrec", state)
     with pytest.raises(CommandError) as exc:
-        run_apply(target, desired=_with_ruleset(desired, rs), out_stream=io.StringIO(), err=io.StringIO())
+        run_apply(target, desired=_with_ruleset(desired, rs), out_stream=io.StringIO())
     msg = str(exc.value)
     assert "rejected" in msg and "previous ruleset is whole" in msg
     assert "No such file or directory" in msg and "Could not process rule" in msg, msg
@@ -743,7 +741,7 @@ def test_kernel_rejection_leaves_previous_ruleset_whole(applied, breakage):
     assert doc["drift"] is False and doc["lastAppliedRevision"] == status_before["lastAppliedRevision"]
     assert doc["lastError"] and "No such file or directory" in doc["lastError"]
     # The lock was released: a valid apply goes through.
-    assert run_apply(target, desired=desired, out_stream=io.StringIO(), err=io.StringIO()) == 0
+    assert run_apply(target, desired=desired, out_stream=io.StringIO()) == 0
     assert_clean(d, state, ns)
     doc = json.loads(ok(nftrec("status", "-o", "json", state=state, ns=ns)).stdout)
     assert doc["lastError"] is None
@@ -821,9 +819,26 @@ def test_invalid_input_is_never_applied(applied):
     ns, state, d = applied
     before = ruleset(ns)
     edit_object(d, "Service", "default", "web", lambda o: o["spec"]["ports"][0].__setitem__("port", 70000))
-    ok(nftrec("apply", str(d), state=state, ns=ns), 1)
+    applied_rev = json.loads(ok(nftrec("status", "-o", "json", state=state, ns=ns)).stdout)["lastAppliedRevision"]
+    p = ok(nftrec("apply", str(d), state=state, ns=ns), 1)
+    assert "spec.ports[0].port" in p.stderr and "nothing was changed" in p.stderr
     ok(nftrec("plan", str(d), "--detailed-exitcode", state=state, ns=ns), 1)
     assert ruleset(ns) == before
+    # Flux-style status: the failed revision is the last attempted, the good one stays applied
+    st = json.loads(ok(nftrec("status", "-o", "json", state=state, ns=ns)).stdout)
+    assert st["lastAppliedRevision"] == applied_rev
+    assert st["lastAttemptedRevision"] != applied_rev and "error(s) in the input" in st["lastError"]
+    assert "attempted:" in ok(nftrec("status", state=state, ns=ns)).stdout
+
+
+def test_log_format_json_puts_one_object_per_line_on_stderr(applied):
+    ns, state, d = applied
+    edit_object(d, "Service", "default", "web", lambda o: o["spec"]["ports"][0].__setitem__("port", 70000))
+    p = ok(nftrec("--log-format", "json", "apply", str(d), state=state, ns=ns), 1)
+    lines = [json.loads(line) for line in p.stderr.splitlines()]
+    problem = next(x for x in lines if x.get("field") == "spec.ports[0].port")
+    assert problem["level"] == "error" and problem["file"].endswith("services.yaml") and problem["line"] > 0
+    assert lines[-1]["level"] == "error" and "nothing was changed" in lines[-1]["msg"]
 
 
 def test_doctor(netns):
