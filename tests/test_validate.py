@@ -257,8 +257,9 @@ def test_config_problems_reported(tmp_path):
 
 # --- examples ---------------------------------------------------------------------------
 
-# Manifest examples; examples/systemd holds unit files, not manifests.
-EXAMPLE_DIRS = sorted(p for p in EXAMPLES.iterdir() if p.is_dir() and p.name != "systemd") if EXAMPLES.is_dir() else []
+# Manifest examples; examples/systemd and examples/container hold deployment files.
+NOT_MANIFESTS = {"systemd", "container"}
+EXAMPLE_DIRS = sorted(p for p in EXAMPLES.iterdir() if p.is_dir() and p.name not in NOT_MANIFESTS) if EXAMPLES.is_dir() else []
 
 
 @pytest.mark.parametrize("directory", [p.name for p in EXAMPLE_DIRS if p.name != "git-sync"] + ["git-sync/current"])
