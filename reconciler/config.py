@@ -87,7 +87,7 @@ def load_node_config(
     discover=False leaves nodeIPs empty when not configured (validate, render tests)."""
     problems: list[Problem] = []
     data: dict = {}
-    shown = path or DEFAULT_PATH
+    shown = str(path) if path is not None else DEFAULT_PATH
     if path is not None or Path(DEFAULT_PATH).is_file():
         data, src = _read(shown, problems)
     else:
@@ -110,6 +110,7 @@ def load_node_config(
             if key != "minSyncPeriod" and periods[key] <= 0:
                 line, _ = _locate(doc, key)
                 problems.append(_problem(shown, line, 1, key, f"must be longer than 0s; use e.g. {'30s' if key == 'syncPeriod' else '1h'}"))
+    problems.sort(key=lambda p: (p.line, p.col))
     if any(p.is_error for p in problems):
         return _defaults(hostname, (), shown), problems
     node_ips = tuple(str(parse_ip(ip)) for ip in data.get("nodeIPs") or [])

@@ -42,7 +42,7 @@ except ImportError:  # pragma: no cover
     FAST = False
 
 from .model import Source
-from .problems import ERROR, Problem, show
+from .problems import ERROR, WARNING, Problem, show
 
 MAX_FILE_BYTES = 8 * 1024 * 1024  # one manifest file; real ones are kilobytes
 MAX_DEPTH = 64  # nesting of mappings/sequences; a Service is 6 deep, a Deployment ~12
@@ -54,6 +54,29 @@ _SAFE_C_DEPTH = 2_000
 SUFFIXES = (".yaml", ".yml", ".json")
 
 warnings.filterwarnings("ignore", module=r"ruamel\.yaml.*")  # YAML 1.1 float chatter
+
+
+def _kube_resolvers() -> dict:
+    """ruamel's implicit resolvers, adjusted to read plain scalars as kubectl does or to
+    refuse to guess where YAML 1.1 (kubectl) and YAML 1.2 disagree:
+    - timestamps (`2024-01-02`, `creationTimestamp: 2024-01-02T03:04:05Z`) stay strings,
+      as kubectl keeps them: no date objects in the data;
+    - `=` is a plain string (ruamel would resolve it to YAML 1.1's unconstructable !!value);
+    - integers written with a leading zero (`010`: octal 8 to kubectl, decimal 10 to YAML
+      1.2) stay strings, so a number field refuses them with a clear message."""
+    table = {k: [(tag, rx) for tag, rx in v if tag not in ("tag:yaml.org,2002:timestamp", "tag:yaml.org,2002:value")]
+             for k, v in _Loader.yaml_implicit_resolvers.items()}
+    leading_zero = re.compile(r"^[-+]?0[0-9_]+$")
+    for first in "-+0":
+        table[first] = [("tag:yaml.org,2002:str", leading_zero)] + table.get(first, [])
+    return table
+
+
+class _KubeLoader(_Loader):  # type: ignore[misc, valid-type]
+    yaml_implicit_resolvers = _kube_resolvers()
+
+
+_Loader = _KubeLoader  # noqa: F811 - every parse below uses the adjusted resolvers
 
 
 @dataclass
@@ -142,6 +165,9 @@ def _walk(root: Path, display_root: str, problems: list[Problem]) -> list[tuple[
                     continue  # a second link to a directory already read
                 seen_dirs.add(resolved)
                 stack.append((resolved, shown))
+            elif entry.name.endswith(SUFFIXES) and not real.is_file():
+                problems.append(Problem(shown, 0, 0, "", "", "", "this is not a regular file (a FIFO, socket or device), "
+                                        "so it was skipped; remove it from the manifest directory", WARNING))
             elif real.is_file() and entry.name.endswith(SUFFIXES):
                 resolved = real.resolve()
                 if resolved in seen_files:
@@ -170,7 +196,8 @@ def _decode(raw: bytes) -> str:
     bad = re.search(r"[\x01-\x08\x0b\x0c\x0e-\x1f\x7f]", text)
     if bad:
         line = text.count("\n", 0, bad.start()) + 1
-        raise _Refused(f"this file contains the control character {show(bad.group())}; it looks binary, remove it or fix the text", line, 1)
+        col = bad.start() - text.rfind("\n", 0, bad.start())
+        raise _Refused(f"this file contains the control character {show(bad.group())}; it looks binary, remove it or fix the text", line, col)
     return text
 
 
@@ -209,7 +236,8 @@ def _dispose(loader) -> None:
 
 
 def _check_tree(data, line: int, col: int) -> None:
-    """Depth, key types and alias expansion of one constructed document.
+    """Depth, key types and alias expansion of one constructed document; removes
+    mapping entries whose value is null (Kubernetes reads `field: null` as unset).
 
     Aliases make shared (not copied) objects, so the expanded size is computed bottom-up
     with a memo per shared object: linear in the unique nodes, however big the expansion.
@@ -238,10 +266,16 @@ def _check_tree(data, line: int, col: int) -> None:
         on_path.add(key)
         stack.append((node, depth, True))
         if isinstance(node, dict):
+            unset = []
             for k, v in node.items():
                 if not isinstance(k, str):
                     raise _Refused(f"the mapping key {show(k)} is not a string; Kubernetes field names are strings (quote it)", line, col)
-                stack.append((v, depth + 1, False))
+                if v is None:
+                    unset.append(k)
+                else:
+                    stack.append((v, depth + 1, False))
+            for k in unset:  # `field: null` means unset in Kubernetes (Go's nil): drop it
+                del node[k]
         else:
             for v in node:
                 stack.append((v, depth + 1, False))
@@ -291,8 +325,19 @@ def _json_pairs(pairs):
 
 
 def _parse_json(text: str) -> list[tuple[object, int, int, list]]:
+    if not text.strip():
+        return []  # an empty file holds no object, as an empty YAML file
     try:
         data = json.loads(text, object_pairs_hook=_json_pairs)
+    except _Refused as r:  # a duplicate key: JSON is YAML, whose parser knows the position
+        try:
+            _parse_yaml(text)
+        except YAMLError as e:
+            if type(e).__name__ == "DuplicateKeyError":
+                raise _yaml_error(e, text) from None
+        except (_Refused, RecursionError):
+            pass
+        raise r from None
     except json.JSONDecodeError as e:
         raise _Refused(f"this is not valid JSON: {e.msg}; fix the syntax", e.lineno, e.colno) from None
     except RecursionError:
@@ -301,9 +346,14 @@ def _parse_json(text: str) -> list[tuple[object, int, int, list]]:
     return [(data, 1, 1, [])]
 
 
-def _yaml_error(e: YAMLError) -> _Refused:
+def _yaml_error(e: YAMLError, text: str | None = None) -> _Refused:
     mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
     line, col = (mark.line + 1, mark.column + 1) if mark is not None else (0, 0)
+    if text is not None and mark is not None and type(e).__name__ == "ScannerError":
+        lines = text.split("\n")
+        at = lines[mark.line][mark.column:mark.column + 1] if mark.line < len(lines) else ""
+        if at == "\t":
+            return _Refused("YAML does not allow tabs for indentation; indent with spaces", line, col)
     what = (getattr(e, "problem", None) or str(e)).strip()
     context = getattr(e, "context", None)
     if type(e).__name__ == "DuplicateKeyError":
@@ -339,7 +389,7 @@ def _read_file(display: str, real: Path, problems: list[Problem], docs: list[Doc
             try:
                 parsed = _parse_yaml(text)
             except YAMLError as e:
-                raise _yaml_error(e) from None
+                raise _yaml_error(e, text) from None
             except RecursionError:
                 raise _Refused(f"nesting is deeper than {MAX_DEPTH} levels; no Kubernetes object needs that") from None
     except _Refused as r:
@@ -352,7 +402,7 @@ def _read_file(display: str, real: Path, problems: list[Problem], docs: list[Doc
             continue  # an empty document (`---` at the end, comments only)
         if not isinstance(data, dict):
             what = "a list" if isinstance(data, list) else f"a single value ({show(data)})"
-            problems.append(_file_problem(display, f"this YAML document is {what}, not a Kubernetes object (a mapping with apiVersion and kind); "
+            problems.append(_file_problem(display, f"this document is {what}, not a Kubernetes object (a mapping with apiVersion and kind); "
                                           "for several objects use `---` between documents or `kind: List` with `items`", line, col))
             continue
         if data.get("kind") == "List" and "items" in data:

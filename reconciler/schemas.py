@@ -13,7 +13,7 @@ import sys
 from functools import lru_cache
 from pathlib import Path
 
-from jsonschema import Draft202012Validator, FormatChecker
+from jsonschema import Draft202012Validator, FormatChecker, validators
 
 # kind -> schema file
 KINDS = {
@@ -42,13 +42,54 @@ def schema_dir() -> Path:
 
 def parse_ip(value: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     """An IP in any family, or None. Rejects what kube's strict parser rejects: leading
-    zeros (010.0.0.1: octal or decimal?), zones (fe80::1%eth0), whitespace."""
+    zeros (010.0.0.1: octal or decimal?), zones (fe80::1%eth0), whitespace, and IPv4-mapped
+    IPv6 (::ffff:10.0.0.1: Kubernetes counts it as IPv4, nft as IPv6)."""
     if not isinstance(value, str) or not value or value.strip() != value or "%" in value:
         return None
     try:
-        return ipaddress.ip_address(value)  # Python >= 3.9.5 refuses IPv4 leading zeros
+        ip = ipaddress.ip_address(value)  # Python >= 3.9.5 refuses IPv4 leading zeros
     except ValueError:
         return None
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return None
+    return ip
+
+
+def special_ip(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str | None:
+    """Why Kubernetes refuses ip as an endpoint or external IP (ValidateNonSpecialIP), or None."""
+    if ip.is_unspecified:
+        return f"may not be unspecified ({ip})"
+    if ip.is_loopback:
+        return "may not be in the loopback range (127.0.0.0/8, ::1/128)"
+    if ip.is_link_local:
+        return "may not be in the link-local range (169.254.0.0/16, fe80::/10)"
+    p = ip.packed
+    if (ip.version == 4 and p[:3] == bytes((224, 0, 0))) or (ip.version == 6 and p[0] == 0xFF and p[1] & 0x0F == 0x02):
+        return "may not be in the link-local multicast range (224.0.0.0/24, ff02::/10)"
+    return None
+
+
+def ip_hint(value: object) -> str:
+    """Why a string is not an acceptable IP, as advice to append to a message ("" if none)."""
+    if not isinstance(value, str):
+        return ""
+    if value.strip() != value:
+        return "; remove the spaces around it"
+    if "%" in value:
+        return "; IPv6 zone ids (like %eth0) are not allowed: remove the zone"
+    if "/" in value:
+        return "; this is a CIDR, but a single address is wanted here: drop the /prefix"
+    addr = value.split("/")[0]
+    if "." in addr and any(len(p) > 1 and p.startswith("0") for p in addr.split(":")[-1].split(".")):
+        return "; remove the leading zeros"
+    try:
+        ip = ipaddress.ip_address(addr)
+    except ValueError:
+        return ""
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return (f"; IPv4-mapped IPv6 addresses are not allowed (Kubernetes counts them as IPv4, nft as IPv6): "
+                f"write {ip.ipv4_mapped}")
+    return ""
 
 
 def parse_cidr(value: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network | None:
@@ -62,6 +103,30 @@ def parse_cidr(value: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network | No
         return ipaddress.ip_network(value, strict=False)
     except ValueError:
         return None
+
+
+def cidr_hint(value: object) -> str:
+    """Why a string is not an acceptable CIDR, as advice to append to a message ("" if none)."""
+    if not isinstance(value, str):
+        return ""
+    if "/" not in value:
+        return "; a CIDR needs a prefix length, like /32 for one IPv4 address or /128 for one IPv6 address" if parse_ip(value) else ip_hint(value)
+    addr, _, bits = value.partition("/")
+    hint = ip_hint(addr)
+    if hint:
+        return hint
+    ip = parse_ip(addr)
+    if bits.isdigit() and len(bits) > 1 and bits[0] == "0":
+        return "; remove the leading zero of the prefix length"
+    if ip is not None and bits.isdigit() and int(bits) > ip.max_prefixlen:
+        return f"; the prefix length of an IPv{ip.version} CIDR is at most {ip.max_prefixlen}"
+    return ""
+
+
+def canonical_cidr(value: str) -> str | None:
+    """The canonical text of a CIDR (network address, RFC 5952), or None if not a CIDR."""
+    net = parse_cidr(value)
+    return None if net is None else str(net)
 
 
 FORMATS = FormatChecker(formats=())
@@ -82,6 +147,33 @@ def _is_ipv6(value) -> bool:
     return not isinstance(value, str) or isinstance(parse_ip(value), ipaddress.IPv6Address)
 
 
+def _nonspecial(value, version: int | None) -> bool:
+    if not isinstance(value, str):
+        return True
+    ip = parse_ip(value)
+    return ip is not None and (version is None or ip.version == version) and special_ip(ip) is None
+
+
+@FORMATS.checks("ip-nonspecial")
+def _is_ip_nonspecial(value) -> bool:
+    return _nonspecial(value, None)
+
+
+@FORMATS.checks("ipv4-nonspecial")
+def _is_ipv4_nonspecial(value) -> bool:
+    return _nonspecial(value, 4)
+
+
+@FORMATS.checks("ipv6-nonspecial")
+def _is_ipv6_nonspecial(value) -> bool:
+    return _nonspecial(value, 6)
+
+
+@FORMATS.checks("cidr-canonical")
+def _is_cidr_canonical(value) -> bool:
+    return not isinstance(value, str) or canonical_cidr(value) == value
+
+
 @FORMATS.checks("cidr")
 def _is_cidr(value) -> bool:
     return not isinstance(value, str) or parse_cidr(value) is not None
@@ -93,7 +185,17 @@ def load_schema(kind: str) -> dict:
         return json.load(f)
 
 
+def _is_integer(checker, instance) -> bool:
+    # JSON Schema counts 80.0 as an integer; Kubernetes' int32 fields do not, and a float
+    # must never reach the ruleset as a port
+    return isinstance(instance, int) and not isinstance(instance, bool)
+
+
+_Validator = validators.extend(
+    Draft202012Validator, type_checker=Draft202012Validator.TYPE_CHECKER.redefine("integer", _is_integer))
+
+
 @lru_cache(maxsize=None)
 def validator(kind: str) -> Draft202012Validator:
     """The one compiled validator for a kind (KeyError for kinds without a schema)."""
-    return Draft202012Validator(load_schema(kind), format_checker=FORMATS)
+    return _Validator(load_schema(kind), format_checker=FORMATS)

@@ -8,7 +8,9 @@ Pipeline position: load -> **validate** -> model -> compile -> ...
 from __future__ import annotations
 
 import json
+import re
 import sys
+import unicodedata
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +18,7 @@ from typing import TextIO
 
 from .load import Document, LoadResult, locate
 from .problems import ERROR, NOTICE, WARNING, Problem, count, field_path, safe_name, show
-from .schemas import parse_cidr, parse_ip, validator
+from .schemas import canonical_cidr, cidr_hint, ip_hint, parse_cidr, parse_ip, special_ip, validator
 
 ACCEPTED = ("Service", "EndpointSlice", "Endpoints", "ServiceCIDR")
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
@@ -26,6 +28,8 @@ _FORMAT_WORDS = {
     "ipv6": "a valid IPv6 address (like fd00::10)",
     "cidr": "a valid CIDR (like 10.0.0.0/8 or fd00::/64, without leading zeros)",
 }
+_NONSPECIAL = {"ip-nonspecial": ("ip", None), "ipv4-nonspecial": ("ipv4", 4), "ipv6-nonspecial": ("ipv6", 6)}
+_YAML11_BOOLS = {"y": True, "yes": True, "on": True, "n": False, "no": False, "off": False}
 _TYPE_WORDS = {"integer": "a whole number", "string": "a string", "object": "a mapping", "array": "a list",
                "boolean": "true or false", "number": "a number", "null": "null"}
 
@@ -97,8 +101,9 @@ def _schema_problem(rep: _Report, o: Obj, err) -> None:
     v, inst, kind = err.validator, err.instance, err.validator_value
     desc = err.schema.get("description") if isinstance(err.schema, dict) else None
     if v == "required":
+        # jsonschema reports each missing property as its own error, all with the whole list
         for name in kind:
-            if isinstance(inst, dict) and name not in inst:
+            if isinstance(inst, dict) and name not in inst and err.message == f"{name!r} is a required property":
                 if name == SERVICE_NAME_LABEL or (name == "labels" and o.kind == "EndpointSlice"):
                     msg = (f"the label {SERVICE_NAME_LABEL} is missing (metadata.labels); it names the Service this slice belongs to, "
                            "add it (without it kube-proxy ignores the slice)")
@@ -116,17 +121,30 @@ def _schema_problem(rep: _Report, o: Obj, err) -> None:
     if v == "type":
         types = kind if isinstance(kind, list) else [kind]
         want = " or ".join(_TYPE_WORDS.get(t, t) for t in types if t != "null")
-        hint = "; write it without quotes" if isinstance(inst, str) and "integer" in types and inst.strip().isdigit() else ""
-        msg = f"must be {want}, not {_what(inst)} ({show(inst)}){hint}"
+        msg = f"must be {want}, not {_what(inst)} ({show(inst)}){_type_hint(inst, types)}"
     elif v in ("enum", "const"):
         options = kind if v == "enum" else [kind]
         msg = f"{show(inst)} is not allowed; use {desc or ' or '.join(show(x) for x in options)}"
+    elif v == "format" and kind in _NONSPECIAL:
+        msg = _ip_message(inst, *_NONSPECIAL[kind])
+    elif v == "format" and kind == "cidr-canonical":
+        canon = canonical_cidr(inst)
+        if canon is None:
+            msg = f"{show(inst)} is not {_FORMAT_WORDS['cidr']}{cidr_hint(inst)}"
+        else:
+            msg = f"{show(inst)} is not in canonical form (the network address, as Kubernetes requires for ServiceCIDRs); write {canon}"
     elif v == "format":
         msg = f"{show(inst)} is not {_FORMAT_WORDS.get(kind, kind)}"
-        if kind in ("ip", "cidr") and isinstance(inst, str) and _has_leading_zero(inst):
-            msg += "; remove the leading zeros"
+        if kind in ("ip", "ipv4", "ipv6"):
+            msg += ip_hint(inst)
+        elif kind == "cidr":
+            msg += cidr_hint(inst)
     elif v == "pattern":
         msg = f"{show(inst)} is not {desc or 'in the expected form'}"
+        types = err.schema.get("type") if isinstance(err.schema, dict) else None
+        if isinstance(inst, str) and inst.isdigit() and isinstance(types, list) and "integer" in types:
+            msg += "; a port number is written without quotes"
+        msg += _non_ascii_hint(inst)
     elif v in ("minimum", "maximum"):
         msg = f"{show(inst)} is out of range; it must be {desc or ('at least ' if v == 'minimum' else 'at most ') + str(kind)}"
     elif v in ("maxLength", "minLength"):
@@ -137,22 +155,54 @@ def _schema_problem(rep: _Report, o: Obj, err) -> None:
     elif v == "uniqueItems":
         msg = "lists the same value twice; list each once"
     elif v in ("anyOf", "oneOf"):
-        msg = f"{show(inst)} is not {desc or 'valid here'}"
-        if isinstance(inst, str) and _has_leading_zero(inst):
-            msg += "; remove the leading zeros"
+        msg = f"{show(inst)} is not {desc or 'valid here'}" + (cidr_hint(inst) if isinstance(inst, str) and "/" in inst else ip_hint(inst))
     else:
         msg = " ".join(str(err.message).split())[:200]
     rep.add(o, path, msg)
 
 
+def _type_hint(inst: object, types: list) -> str:
+    if isinstance(inst, bool) and "string" in types:
+        return "; YAML reads plain true, false (and, to kubectl, yes, no, on, off) as booleans, so quote it"
+    if not isinstance(inst, str):
+        return ""
+    if "integer" in types and re.fullmatch(r"[-+]?0[0-9_]+", inst.strip()):
+        return ("; a number written with a leading zero is ambiguous (kubectl reads 010 as octal 8, YAML 1.2 as "
+                "decimal 10), so nftrec refuses it: write it without the leading zero")
+    if "integer" in types and inst.strip().isdigit():
+        return "; write it without quotes"
+    if "boolean" in types and inst.lower() in _YAML11_BOOLS:
+        word = "true" if _YAML11_BOOLS[inst.lower()] else "false"
+        return (f"; write {word} (YAML 1.1, which kubectl reads, takes {inst} for {word}; "
+                "nftrec reads YAML 1.2 and refuses to guess)")
+    return ""
+
+
+def _non_ascii_hint(inst: object) -> str:
+    if not isinstance(inst, str):
+        return ""
+    odd = next((c for c in inst if not c.isascii()), None)
+    if odd is None:
+        return ""
+    return (f"; it contains the non-ASCII character {odd!r} (U+{ord(odd):04X} {unicodedata.name(odd, 'UNNAMED')}), "
+            "which may only look like an ASCII one: retype it")
+
+
+def _ip_message(inst: object, fmt: str, version: int | None) -> str:
+    """The message for an endpoint or external IP that failed its format (see schemas.py)."""
+    ip = parse_ip(inst) if isinstance(inst, str) else None
+    if ip is None:
+        return f"{show(inst)} is not {_FORMAT_WORDS[fmt]}{ip_hint(inst)}"
+    if version is not None and ip.version != version:
+        have, want = f"IPv{ip.version}", f"IPv{version}"
+        return f"{show(inst)} is an {have} address but the slice's addressType is {want}; put it in a slice of that address type"
+    why = special_ip(ip) or "is not allowed here"
+    return f"{show(inst)} {why}; Kubernetes refuses such addresses for endpoints and external IPs: use a routable address"
+
+
 def _add_missing(rep: _Report, o: Obj, path: tuple, name: str, msg: str) -> None:
     line, col = locate(o.doc, path)
     rep.problems.append(Problem(o.doc.file, line, col, o.kind, o.label, field_path(path + (name,)), msg, ERROR))
-
-
-def _has_leading_zero(text: str) -> bool:
-    addr = text.split("/")[0]
-    return "." in addr and any(len(p) > 1 and p.startswith("0") for p in addr.split(":")[-1].split("."))
 
 
 # --- identity ----------------------------------------------------------------------------
@@ -163,7 +213,7 @@ def _identify(doc: Document, rep: _Report, unknown: dict[str, list[Document]]) -
     kind = data.get("kind")
     meta = data.get("metadata") if isinstance(data.get("metadata"), dict) else {}
     name = meta.get("name", "")
-    ns = meta.get("namespace", "default")
+    ns = meta.get("namespace") or "default"  # unset, null or "": the default namespace, as kubectl does
     name = name if isinstance(name, str) else str(name)
     ns = ns if isinstance(ns, str) else str(ns)
     shown = f"{safe_name(ns)}/{safe_name(name)}" if name else ""
@@ -225,6 +275,10 @@ def _check_service(rep: _Report, o: Obj) -> None:
         rep.add(o, ("spec", "ipFamilies"), "lists one family but clusterIPs has two addresses; list both families")
     if spec.get("ipFamilyPolicy") == "SingleStack" and max(len(ips), len(fams)) > 1:
         rep.add(o, ("spec", "ipFamilyPolicy"), "is SingleStack but the Service has two families; use PreferDualStack or RequireDualStack")
+    if spec.get("ipFamilyPolicy") == "RequireDualStack" and not headless and len(ips) == 1:
+        rep.add(o, ("spec", "ipFamilyPolicy"), f"is RequireDualStack but the Service has only the {family(ips[0])} clusterIP "
+                f"{show(ips[0])} and nftrec allocates none, so only {family(ips[0])} is programmed; add the other family's "
+                "address to spec.clusterIPs, or use PreferDualStack or SingleStack", WARNING)
     if not headless and not ips:
         rep.add(o, ("spec", "clusterIP"), "no clusterIP is set and nftrec allocates none, so this Service gets no ClusterIP rules; "
                 'set spec.clusterIP (from your service CIDR), or clusterIP: None for a headless Service', WARNING)
@@ -243,16 +297,16 @@ def _check_service(rep: _Report, o: Obj) -> None:
         if (p["port"], proto) in pp:
             rep.add(o, ("spec", "ports", i, "port"), f"port {p['port']}/{proto} is already listed in spec.ports[{pp[(p['port'], proto)]}]; list it once")
         pp.setdefault((p["port"], proto), i)
-        if "nodePort" in p and stype == "ClusterIP":
+        if p.get("nodePort") and stype == "ClusterIP":
             rep.add(o, ("spec", "ports", i, "nodePort"), "nodePort is only used by NodePort and LoadBalancer Services; remove it or change spec.type")
-        if "nodePort" not in p and stype == "NodePort":
+        if not p.get("nodePort") and stype == "NodePort":
             rep.add(o, ("spec", "ports", i), "no nodePort is set and nftrec allocates none, so this port gets no NodePort rules; "
                     "add nodePort (e.g. in 30000-32767)", WARNING)
     external = stype in ("NodePort", "LoadBalancer") or bool(spec.get("externalIPs"))
     if spec.get("externalTrafficPolicy") == "Local" and not external:
         rep.add(o, ("spec", "externalTrafficPolicy"), "Local only applies to Services reachable from outside "
                 "(NodePort, LoadBalancer or with externalIPs); remove it or change spec.type")
-    if "healthCheckNodePort" in spec and not (stype == "LoadBalancer" and spec.get("externalTrafficPolicy") == "Local"):
+    if spec.get("healthCheckNodePort") and not (stype == "LoadBalancer" and spec.get("externalTrafficPolicy") == "Local"):
         rep.add(o, ("spec", "healthCheckNodePort"), "is only used by LoadBalancer Services with externalTrafficPolicy Local; remove it")
     aff = spec.get("sessionAffinityConfig", {}).get("clientIP", {}).get("timeoutSeconds")
     if aff is not None and spec.get("sessionAffinity", "None") != "ClientIP":
@@ -260,20 +314,29 @@ def _check_service(rep: _Report, o: Obj) -> None:
 
 
 def _check_slice(rep: _Report, o: Obj) -> None:
+    _unique_port_names(rep, o, o.doc.data.get("ports") or [], ("ports",))
+
+
+def _slice_addresses(rep: _Report, o: Obj) -> None:
+    """Each address against the slice's addressType (Kubernetes: IsValidIPv4Address /
+    IsValidIPv6Address + ValidateNonSpecialIP). Runs even when the schema found other
+    errors, so that every problem is reported at once; tolerates any shape."""
     data = o.doc.data
     at = data.get("addressType")
-    if at in ("IPv4", "IPv6"):
-        for i, ep in enumerate(data.get("endpoints") or []):
-            for j, a in enumerate(ep.get("addresses", [])):
-                ip = parse_ip(a)
-                path = ("endpoints", i, "addresses", j)
-                if ip is None:
-                    hint = "; remove the leading zeros" if _has_leading_zero(a) else ""
-                    rep.add(o, path, f"{show(a)} is not {_FORMAT_WORDS[at.lower()]}{hint}")
-                elif family(str(ip)) != at:
-                    rep.add(o, path, f"{show(a)} is an {family(str(ip))} address but the slice's addressType is {at}; "
-                            "put it in a slice of that address type")
-    _unique_port_names(rep, o, data.get("ports") or [], ("ports",))
+    endpoints = data.get("endpoints")
+    if at not in ("IPv4", "IPv6") or not isinstance(endpoints, list):
+        return
+    version = 4 if at == "IPv4" else 6
+    for i, ep in enumerate(endpoints):
+        addresses = ep.get("addresses") if isinstance(ep, dict) else None
+        if not isinstance(addresses, list):
+            continue
+        for j, a in enumerate(addresses):
+            if not isinstance(a, str):
+                continue  # the schema reports the type
+            ip = parse_ip(a)
+            if ip is None or ip.version != version or special_ip(ip) is not None:
+                rep.add(o, ("endpoints", i, "addresses", j), _ip_message(a, at.lower(), version))
 
 
 def _unique_port_names(rep: _Report, o: Obj, ports: list, base: tuple) -> None:
@@ -334,7 +397,7 @@ def _cross(rep: _Report, objs: list[Obj]) -> None:
                 else:
                     claimed.setdefault(k, (o, field_path(path)))
         for i, p in enumerate(spec.get("ports") or []):
-            if "nodePort" in p and spec.get("type") in ("NodePort", "LoadBalancer"):
+            if p.get("nodePort") and spec.get("type") in ("NodePort", "LoadBalancer"):
                 k = (p["nodePort"], p.get("protocol", "TCP"))
                 first = node_ports.get(k)
                 if first:
@@ -397,6 +460,8 @@ def check(loaded: LoadResult, *, strict: bool = False) -> Checked:
         before = len(rep.problems)
         for err in validator(o.kind).iter_errors(doc.data):
             _schema_problem(rep, o, err)
+        if o.kind == "EndpointSlice":
+            _slice_addresses(rep, o)
         if len(rep.problems) == before:
             _PER_KIND[o.kind](rep, o)
         if any(p.is_error for p in rep.problems[before:]):
@@ -447,7 +512,7 @@ def run_validate(root, *, config_path=None, strict: bool = False, output: str = 
     res = read_inventory(root, strict=strict)
     problems = list(res.problems)
     if config_path is not None or Path(DEFAULT_PATH).is_file():
-        _, cfg_problems = load_node_config(config_path, discover=False)
+        _, cfg_problems = load_node_config(None if config_path is None else str(config_path), discover=False)
         problems.extend(cfg_problems)
     errors, warnings_, notices = count(problems, ERROR), count(problems, WARNING), count(problems, NOTICE)
     if output == "json":

@@ -134,3 +134,23 @@ def test_discovery_in_a_real_netns(netns):
     ips = run()
     assert ips[0] == "198.51.100.10"  # the default route's source wins over the first address
     assert ips[1] == "2001:db8::10"  # no IPv6 default route: the first global address
+
+
+def test_config_path_object_and_problem_order(tmp_path):
+    # the CLI hands a Path; a missing file must be a clean problem, not a traceback
+    from pathlib import Path
+
+    _, problems = load_node_config(Path(tmp_path / "missing.yaml"), discover=False)
+    assert problems and all(isinstance(p.file, str) for p in problems)
+    assert problems[0].format_text().startswith(f"{tmp_path}/missing.yaml: ")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("tableName: 'a;b'\nmasqueradeBit: 99\nzone: 'a b'\n")
+    _, problems = load_node_config(Path(cfg), discover=False)
+    assert [p.line for p in problems] == [1, 2, 3]
+
+
+def test_null_config_values_mean_defaults(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("nodeName: edge-1\nnodeIPs: null\nclusterCIDRs: null\nmasqueradeBit: null\n")
+    c, problems = load_node_config(str(cfg), discover=True, discover_ips=lambda: ("192.0.2.1",))
+    assert not problems and c.node_ips == ("192.0.2.1",) and c.masquerade_bit == 14 and c.cluster_cidrs == ()

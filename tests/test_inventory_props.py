@@ -101,11 +101,30 @@ def test_legacy_endpoints_become_slices(tmp_path):
 
 def test_service_cidr_and_revision(tmp_path):
     dump(tmp_path, "c.yaml", [{"apiVersion": "networking.k8s.io/v1", "kind": "ServiceCIDR", "metadata": {"name": "x"},
-                               "spec": {"cidrs": ["10.96.1.2/16", "fd00:10:96::1/112"]}}])
+                               "spec": {"cidrs": ["10.96.0.0/16", "fd00:10:96::/112"]}}])
     res = read_inventory(tmp_path)
     assert res.ok
     assert res.inventory.service_cidrs == (model.ServiceCIDR("x", ("10.96.0.0/16", "fd00:10:96::/112")),)
     assert res.inventory.revision.startswith("sha256:")
+    # host bits set: Kubernetes refuses a ServiceCIDR that is not in canonical form
+    dump(tmp_path, "c.yaml", [{"apiVersion": "networking.k8s.io/v1", "kind": "ServiceCIDR", "metadata": {"name": "x"},
+                               "spec": {"cidrs": ["10.96.1.2/16"]}}])
+    res = read_inventory(tmp_path)
+    assert not res.ok and not res.inventory.service_cidrs
+
+
+def test_kubernetes_defaults_for_zero_empty_and_null(tmp_path):
+    dump(tmp_path, "a.yaml", [{"apiVersion": "v1", "kind": "Service",
+                               "metadata": {"name": "web", "namespace": "", "labels": None},
+                               "spec": {"type": "NodePort", "clusterIP": "10.96.0.10", "externalIPs": None,
+                                        "healthCheckNodePort": 0, "sessionAffinityConfig": None,
+                                        "ports": [{"name": "a", "port": 80, "targetPort": 0, "nodePort": 0},
+                                                  {"name": "b", "port": 81, "targetPort": "", "protocol": None}]}}])
+    res = read_inventory(tmp_path)
+    assert res.ok, res.problems
+    [s] = res.inventory.services
+    assert (s.namespace, s.external_ips, s.health_check_node_port, s.affinity_timeout_seconds) == ("default", (), 0, 10800)
+    assert [(p.port, p.target_port, p.node_port, p.protocol) for p in s.ports] == [(80, 80, 0, "TCP"), (81, 81, 0, "TCP")]
 
 
 def test_invalid_documents_stay_out_of_the_model(tmp_path):

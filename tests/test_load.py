@@ -153,7 +153,7 @@ def test_binary_junk(tmp_path):
     assert rc == 1
     assert "junk.yaml: this file contains NUL bytes" in out
     assert "latin1.yaml:1:1: this file is not valid UTF-8" in out
-    assert "ctl.yaml:1:1:" in out and "control character" in out
+    assert "ctl.yaml:1:5:" in out and "control character" in out
 
 
 def test_deep_nesting_flow_and_block(tmp_path):
@@ -235,3 +235,83 @@ def test_non_string_keys(tmp_path):
     write(tmp_path, "k.yaml", "apiVersion: v1\nkind: Service\n1: x\n")
     rc, out = validate(tmp_path)
     assert rc == 1 and "k.yaml:1:1:" in out and "not a string" in out
+
+
+# --- review of issue 2: odd-but-valid input and positions ---------------------------------
+
+
+def test_empty_json_file_is_zero_documents(tmp_path):
+    write(tmp_path, "empty.json", "")
+    write(tmp_path, "blank.json", "  \n\n")
+    write(tmp_path, "bom.json", b"\xef\xbb\xbf")
+    rc, out = validate(tmp_path)
+    assert rc == 0, out
+    assert "0 objects" in out
+
+
+def test_duplicate_key_in_json_has_position(tmp_path):
+    write(tmp_path, "dup.json", '{"apiVersion": "v1", "kind": "Service",\n "metadata": {"name": "x"},\n'
+                                ' "spec": {"ports": [{"port": 80,\n   "port": 81}]}}')
+    rc, out = validate(tmp_path)
+    assert rc == 1 and "dup.json:4:4: the key 'port' appears twice" in out, out
+
+
+def test_control_character_column(tmp_path):
+    write(tmp_path, "ctl.yaml", b"apiVersion: v1\nkind: Serv\x07ice\n")
+    rc, out = validate(tmp_path)
+    assert rc == 1 and "ctl.yaml:2:11: this file contains the control character" in out, out
+
+
+def test_tab_indentation_says_tab(tmp_path):
+    write(tmp_path, "t.yaml", "apiVersion: v1\nkind: Service\nmetadata:\n\tname: x\n")
+    rc, out = validate(tmp_path)
+    assert rc == 1 and "t.yaml:4:1: YAML does not allow tabs for indentation; indent with spaces" in out, out
+
+
+def test_plain_equals_sign_is_a_string(tmp_path):
+    write(tmp_path, "a.yaml", SVC.format(name="a", ip="10.96.0.1").replace("metadata:\n", "metadata:\n  annotations: {op: =}\n"))
+    rc, out = validate(tmp_path)
+    assert rc == 0, out
+    assert load_manifests(tmp_path).documents[0].data["metadata"]["annotations"] == {"op": "="}
+
+
+def test_timestamps_stay_strings(tmp_path):
+    # `kubectl get -o yaml` output carries unquoted timestamps; they are strings to kubectl
+    write(tmp_path, "a.yaml", SVC.format(name="a", ip="10.96.0.1").replace(
+        "metadata:\n", "metadata:\n  creationTimestamp: 2024-01-02T03:04:05Z\n  annotations: {day: 2024-01-02}\n"))
+    rc, out = validate(tmp_path)
+    assert rc == 0, out
+    meta = load_manifests(tmp_path).documents[0].data["metadata"]
+    assert meta["creationTimestamp"] == "2024-01-02T03:04:05Z" and meta["annotations"] == {"day": "2024-01-02"}
+
+
+def test_yaml_1_1_booleans_are_refused_with_a_hint(tmp_path):
+    # kubectl (YAML 1.1) reads plain yes/on as true, YAML 1.2 as strings: nftrec refuses to
+    # guess and says what to write, rather than reading `ready: no` one way or the other
+    slice_ = ("apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: a-1\n"
+              "  labels: {kubernetes.io/service-name: a}\naddressType: IPv4\nendpoints:\n"
+              "  - addresses: [10.244.0.1]\n    conditions: {ready: yes, serving: on, terminating: false}\n")
+    write(tmp_path, "a.yaml", slice_)
+    rc, out = validate(tmp_path)
+    assert rc == 1
+    assert "a.yaml:9:25: EndpointSlice default/a-1: endpoints[0].conditions.ready: must be true or false, not a string ('yes'); write true" in out, out
+    assert "endpoints[0].conditions.serving: must be true or false, not a string ('on'); write true" in out, out
+    write(tmp_path, "a.yaml", SVC.format(name="true", ip="10.96.0.1"))
+    rc, out = validate(tmp_path)
+    assert rc == 1 and "metadata.name: must be a string, not true or false (True)" in out and "quote it" in out, out
+
+
+def test_leading_zero_numbers_are_refused_as_ambiguous(tmp_path):
+    # YAML 1.1 (kubectl) reads 010 as octal 8, YAML 1.2 as decimal 10: refuse, do not guess
+    write(tmp_path, "a.yaml", SVC.format(name="a", ip="10.96.0.1").replace("port: 80", "port: 0080"))
+    rc, out = validate(tmp_path)
+    assert rc == 1 and "a.yaml:8:13: Service default/a: spec.ports[0].port:" in out and "leading zero" in out, out
+
+
+def test_fifo_is_skipped_without_blocking(tmp_path):
+    write(tmp_path, "a.yaml", SVC.format(name="a", ip="10.96.0.1"))
+    os.mkfifo(tmp_path / "pipe.yaml")
+    t = time.perf_counter()
+    rc, out = validate(tmp_path)
+    assert time.perf_counter() - t < 5
+    assert rc == 0 and "pipe.yaml" in out and "not a regular file" in out, out

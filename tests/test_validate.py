@@ -71,7 +71,7 @@ BAD = [
     (svc(extra_spec="  ipFamilies: [IPv5]\n"), "spec.ipFamilies[0]: 'IPv5' is not allowed; use IPv4 or IPv6", None),
     (svc(ports="  ports:\n    - {port: 80, protocol: tcp}\n"), "spec.ports[0].protocol: 'tcp' is not allowed; use TCP, UDP or SCTP", None),
     (svc(ports="  ports:\n    - {port: 80, targetPort: \"8080\"}\n"), "spec.ports[0].targetPort: '8080' is not a port number from 1 to 65535 or a port name", None),
-    (svc(ports="  ports:\n    - {port: 80, targetPort: 0}\n"), "spec.ports[0].targetPort: 0 is out of range", None),
+    (svc(ports="  ports:\n    - {port: 80, targetPort: -1}\n"), "spec.ports[0].targetPort: -1 is out of range", None),
     (eps(addr="010.244.0.1"), "f.yaml:10:17: EndpointSlice default/web-1: endpoints[0].addresses[0]: '010.244.0.1' is not a valid IPv4 address", "leading zeros"),
     (svc(name="Web"), "f.yaml:4:9: Service default/Web: metadata.name: 'Web' is not a DNS-1035 label", None),
     (svc(ns="My_NS"), "f.yaml:5:14: Service My_NS/web: metadata.namespace: 'My_NS' is not a DNS-1123 label", None),
@@ -277,3 +277,144 @@ def test_example_config_files_valid():
 
         _, problems = load_node_config(str(cfg), discover=False)
         assert not problems, (cfg, problems)
+
+
+# --- review of issue 2 --------------------------------------------------------------------
+
+
+def test_missing_required_fields_reported_once_each(tmp_path):
+    write(tmp_path, "f.yaml", "apiVersion: v1\nkind: Service\n")
+    rc, out = validate(tmp_path)
+    assert rc == 1
+    assert out.count("metadata is required") == 1 and out.count("spec is required") == 1, out
+
+
+def test_null_means_unset_as_in_kubernetes(tmp_path):
+    write(tmp_path, "a.yaml", svc(extra_spec="  selector: null\n  externalIPs: null\n  clusterIPs: null\n"
+                                  "  ipFamilies: null\n  sessionAffinityConfig: null\n", top="  labels: null\n")
+          + "---\n" + "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: web-1\n"
+          "  labels: {kubernetes.io/service-name: web}\n  annotations: null\naddressType: IPv4\n"
+          "ports: [{name: http, port: 8080, protocol: null}]\nendpoints:\n"
+          "  - addresses: [10.244.0.1]\n    conditions: {ready: null, serving: null}\n    hints: null\n    nodeName: null\n")
+    rc, out = validate(tmp_path)
+    assert rc == 0, out
+    write(tmp_path, "a.yaml", svc(ports="  ports: null\n"))
+    rc, out = validate(tmp_path)
+    assert rc == 1 and "spec.ports: a Service needs at least one port" in out and "not null" not in out, out
+
+
+def test_empty_namespace_means_default(tmp_path):
+    write(tmp_path, "a.yaml", svc(ns='""') + "---\n" + eps(ns='""'))
+    rc, out = validate(tmp_path)
+    assert rc == 0, out
+    write(tmp_path, "b.yaml", svc(ip="10.96.0.11"))
+    rc, out = validate(tmp_path)
+    assert rc == 1 and "Service default/web is defined twice" in out, out
+
+
+def test_zero_and_empty_mean_unset_for_defaulted_ports(tmp_path):
+    # Kubernetes defaults targetPort 0 or "" to port; nodePort 0 / healthCheckNodePort 0 mean "not set"
+    np = "  type: NodePort\n"
+    write(tmp_path, "a.yaml", svc(name="a", extra_spec=np, ports="  ports:\n    - {port: 80, targetPort: 0, nodePort: 0}\n")
+          + "---\n" + svc(name="b", ip="10.96.0.11", extra_spec=np + "  healthCheckNodePort: 0\n",
+                          ports="  ports:\n    - {port: 81, targetPort: \"\", nodePort: 0}\n"))
+    rc, out = validate(tmp_path)
+    assert rc == 0 and "already used" not in out and "only used by" not in out, out
+    assert out.count("no nodePort is set") == 2
+
+
+def test_float_numbers_are_not_ports(tmp_path):
+    write(tmp_path, "a.yaml", svc(extra_spec="  type: NodePort\n  sessionAffinity: ClientIP\n"
+                                  "  sessionAffinityConfig: {clientIP: {timeoutSeconds: 100.0}}\n",
+                                  ports="  ports:\n    - {name: a, port: 80.0, targetPort: 8080.0, nodePort: 30080.0}\n")
+          + "---\n" + eps(ports="ports: [{name: a, port: 8080.0}]\n"))
+    rc, out = validate(tmp_path)
+    assert rc == 1
+    for f in ("spec.ports[0].port", "spec.ports[0].targetPort", "spec.ports[0].nodePort",
+              "spec.sessionAffinityConfig.clientIP.timeoutSeconds", "ports[0].port: must be a whole number, not a number (8080.0)"):
+        assert f in out, (f, out)
+
+
+def test_digit_string_target_port_says_drop_the_quotes(tmp_path):
+    write(tmp_path, "a.yaml", svc(ports="  ports:\n    - {port: 80, targetPort: \"8080\"}\n"))
+    rc, out = validate(tmp_path)
+    assert rc == 1 and "spec.ports[0].targetPort: '8080'" in out and "without quotes" in out, out
+
+
+@pytest.mark.parametrize("value,hint", [
+    ("::ffff:10.0.0.1", "IPv4-mapped"),
+    ("fe80::1%eth0", "zone"),
+    ("' 10.0.0.1'", "spaces"),
+    ("10.0.0.1/32", "CIDR"),
+])
+def test_ip_refusals_say_why(tmp_path, value, hint):
+    write(tmp_path, "a.yaml", svc(extra_spec=f"  externalIPs: [{json.dumps(value.strip(chr(39)))}]\n"))
+    rc, out = validate(tmp_path)
+    assert rc == 1 and "spec.externalIPs[0]:" in out and hint in out, out
+
+
+def test_ipv4_mapped_cluster_ip_and_endpoint_refused(tmp_path):
+    write(tmp_path, "a.yaml", svc(ip="::ffff:10.96.0.10") + "---\n" + eps(at="IPv6", addr="::ffff:10.244.0.1"))
+    rc, out = validate(tmp_path)
+    assert rc == 1 and "spec.clusterIP:" in out and "endpoints[0].addresses[0]:" in out, out
+
+
+@pytest.mark.parametrize("addr,what", [("127.0.0.1", "loopback"), ("0.0.0.0", "unspecified"),
+                                       ("169.254.1.1", "link-local"), ("224.0.0.5", "link-local multicast")])
+def test_special_ips_refused_as_kubernetes_does(tmp_path, addr, what):
+    write(tmp_path, "a.yaml", svc(extra_spec=f"  externalIPs: [{addr}]\n") + "---\n" + eps(addr=addr)
+          + "---\napiVersion: v1\nkind: Endpoints\nmetadata: {name: other}\nsubsets:\n"
+          f"  - addresses: [{{ip: {addr}}}]\n    ports: [{{port: 80}}]\n")
+    rc, out = validate(tmp_path)
+    assert rc == 1
+    for f in ("spec.externalIPs[0]", "endpoints[0].addresses[0]", "subsets[0].addresses[0].ip"):
+        assert f"{f}: '{addr}' may not be" in out and what in out, (f, out)
+
+
+def test_slice_address_errors_come_with_the_other_errors(tmp_path):
+    write(tmp_path, "a.yaml", svc() + "---\n" + eps(name="Bad_Name", addr="10.244.0.999"))
+    rc, out = validate(tmp_path)
+    assert rc == 1 and "metadata.name: 'Bad_Name'" in out and "endpoints[0].addresses[0]: '10.244.0.999'" in out, out
+
+
+def test_service_cidr_must_be_canonical(tmp_path):
+    cidr = "apiVersion: networking.k8s.io/v1\nkind: ServiceCIDR\nmetadata: {name: c}\nspec:\n  cidrs: [%s]\n"
+    write(tmp_path, "a.yaml", cidr % "10.96.0.1/12")
+    rc, out = validate(tmp_path)
+    assert rc == 1 and "spec.cidrs[0]: '10.96.0.1/12'" in out and "10.96.0.0/12" in out, out
+    write(tmp_path, "a.yaml", cidr % '"FD00:0::/108"')
+    rc, out = validate(tmp_path)
+    assert rc == 1 and "fd00::/108" in out, out
+    write(tmp_path, "a.yaml", cidr % "10.96.0.0/12, 'fd00::/108'")
+    assert validate(tmp_path)[0] == 0
+
+
+def test_require_dual_stack_with_one_ip_warns(tmp_path):
+    write(tmp_path, "a.yaml", svc(extra_spec="  ipFamilyPolicy: RequireDualStack\n  clusterIPs: [10.96.0.10]\n"))
+    rc, out = validate(tmp_path)
+    assert rc == 0 and "warning: Service default/web: spec.ipFamilyPolicy:" in out and "RequireDualStack" in out, out
+
+
+def test_look_alike_characters_are_named(tmp_path):
+    write(tmp_path, "a.yaml", svc(name="w\u0435b"))  # Cyrillic е
+    rc, out = validate(tmp_path)
+    assert rc == 1 and "U+0435" in out, out
+
+
+@pytest.mark.parametrize("value,hint", [("10.0.0.0/33", "at most 32"), ("10.0.0.0/08", "leading zero of the prefix"),
+                                        ("10.0.0.0", "needs a prefix length"), ("010.0.0.0/8", "leading zeros")])
+def test_cidr_refusals_say_why(tmp_path, value, hint):
+    write(tmp_path, "a.yaml", svc(extra_spec=f"  type: LoadBalancer\n  loadBalancerSourceRanges: [{value}]\n"))
+    rc, out = validate(tmp_path)
+    assert rc == 1 and "spec.loadBalancerSourceRanges[0]:" in out and hint in out, out
+
+
+def test_cli_validate_with_missing_config_is_a_clean_error(tmp_path):
+    import subprocess
+    import sys
+
+    write(tmp_path, "m/a.yaml", svc())
+    r = subprocess.run([sys.executable, "-m", "reconciler.cli", "validate", str(tmp_path / "m"), "--config", str(tmp_path / "nope.yaml")],
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and "Traceback" not in r.stderr + r.stdout, r.stderr
+    assert f"{tmp_path}/nope.yaml: NodeConfig: cannot read the node config" in r.stdout
