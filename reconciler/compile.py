@@ -413,7 +413,7 @@ def _endpoint_info(ep: Endpoint, ip: str, port: int, node_name: str) -> Endpoint
         ready=bool(ep.ready),
         serving=bool(ep.serving),
         terminating=bool(ep.terminating),
-        is_local=ep.node_name is not None and ep.node_name == node_name,
+        is_local=bool(node_name) and ep.node_name == node_name,
         zone_hints=frozenset(ep.hint_zones or ()),
     )
 
@@ -590,9 +590,12 @@ def _compile_port(service: Service, port: ServicePort, cluster_ip: str,
         n for n in (_net(r, f"Service {service.key} loadBalancerSourceRanges")
                     for r in service.load_balancer_source_ranges) if _fam(n) == fam)
 
-    # apiservice.ExternalPolicyLocal: eTP only means something for NodePort/LoadBalancer.
+    # apiservice.ExternalPolicyLocal: eTP counts for a Service that is ExternallyAccessible
+    # as a whole (type NodePort or LoadBalancer, or type ClusterIP with externalIPs of
+    # any family); UsesLocalEndpoints below also needs this family to be reachable.
     etp_local = (service.type in ("NodePort", "LoadBalancer")
-                 and service.external_traffic_policy == "Local")
+                 or (service.type == "ClusterIP" and bool(service.external_ips))
+                 ) and service.external_traffic_policy == "Local"
     itp_local = service.internal_traffic_policy == "Local"
     externally_accessible = bool(node_port or lb_vips or external_ips)
     uses_cluster = not itp_local or externally_accessible

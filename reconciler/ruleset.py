@@ -49,6 +49,26 @@ def check_atom(atom: str) -> str:
     return atom
 
 
+# Set/map data types (`ipv4_addr . inet_proto . inet_service`, `verdict`), set flags and
+# base-chain types/hooks are written unquoted, so they are checked too.
+_TYPE_RE = re.compile(r"[a-z][a-z0-9_]*(?: \. [a-z][a-z0-9_]*)*")
+_FLAGS = frozenset({"constant", "dynamic", "interval", "timeout"})
+_CHAIN_TYPES = frozenset({"filter", "nat", "route"})
+_HOOKS = frozenset({"prerouting", "input", "forward", "output", "postrouting", "ingress"})
+
+
+def check_type(type_: str) -> str:
+    if not isinstance(type_, str) or not _TYPE_RE.fullmatch(type_):
+        raise NftSyntaxError(f"not a safe nft data type: {type_!r}")
+    return type_
+
+
+def _check_word(value: str, allowed: frozenset, what: str) -> str:
+    if value not in allowed:
+        raise NftSyntaxError(f"not a known nft {what}: {value!r}")
+    return value
+
+
 # --- the model -----------------------------------------------------------------------------
 
 
@@ -165,13 +185,15 @@ def chain_cmd(verb: str, family: str, table: str, chain: Chain) -> str:
         return text
     if chain.base is not None:
         b = chain.base
-        text += f" {{ type {b.type} hook {b.hook} priority {int(b.priority)} ; }}"
+        text += (f" {{ type {_check_word(b.type, _CHAIN_TYPES, 'chain type')}"
+                 f" hook {_check_word(b.hook, _HOOKS, 'hook')} priority {int(b.priority)} ; }}")
     elif chain.comment:
         text += f' {{ comment "{check_comment(chain.comment)}" ; }}'
     return text
 
 
 def rule_cmd(family: str, table: str, chain: str, rule: Rule) -> str:
+    check_rule_body(rule.body)
     return f"add rule {_obj(family, table)} {check_name(chain)} {rule.text}"
 
 
@@ -180,9 +202,9 @@ def set_cmd(verb: str, family: str, table: str, s: NamedSet) -> str:
     text = f"{verb} {kind} {_obj(family, table)} {check_name(s.name)}"
     if verb != "add":
         return text
-    parts = [f"type {s.type}" + (f" : {s.value_type}" if s.is_map else "")]
+    parts = [f"type {check_type(s.type)}" + (f" : {check_type(s.value_type)}" if s.is_map else "")]
     if s.flags:
-        parts.append("flags " + ",".join(s.flags))
+        parts.append("flags " + ",".join(_check_word(f, _FLAGS, "set flag") for f in s.flags))
     if s.timeout is not None:
         parts.append(f"timeout {int(s.timeout)}s")
     if s.comment:

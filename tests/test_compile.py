@@ -254,8 +254,24 @@ def test_deterministic_independent_of_input_order():
 
 def test_fragments_union_equals_whole():
     inv = Inventory(OVERALL_SERVICES, OVERALL_SLICES)
-    frags = [compile_service(s, OVERALL_SLICES, CFG) for s in reversed(OVERALL_SERVICES)]
-    assert render_script(assemble(compile_static(CFG, inv), frags)) == render_script(compile_ruleset(inv, CFG))
+    whole = compile_ruleset(inv, CFG)
+    for order in (list(reversed(OVERALL_SERVICES)), random.Random(3).sample(OVERALL_SERVICES, len(OVERALL_SERVICES))):
+        frags = [compile_service(s, OVERALL_SLICES, CFG) for s in order]
+        parts = assemble(compile_static(CFG, inv), frags)
+        assert render_script(parts) == render_script(whole)
+        assert parts.owners == whole.owners
+    # each fragment holds exactly the objects its owner is recorded for, plus shared
+    # elements (hairpin) that an earlier Service already owns
+    for s in OVERALL_SERVICES:
+        frag = compile_service(s, OVERALL_SLICES, CFG)
+        for fam, ff in frag.families.items():
+            for name in ff.chains:
+                assert whole.owners[chain_id(fam, name)] == s.key
+            for name in ff.sets:
+                assert whole.owners[set_id(fam, name)] == s.key
+            for (set_name, key) in ff.elements:
+                owner = whole.owners[element_id(fam, set_name, key)]
+                assert owner == s.key or (set_name == "hairpin-connections" and owner < s.key)
 
 
 # --- firewall -------------------------------------------------------------------------------
@@ -333,10 +349,73 @@ def test_etp_local_without_detector_has_no_pod_short_circuit():
         "ip daddr @nodeport-ips meta l4proto . th dport vmap @service-nodeports"]
 
 
-def test_etp_local_ignored_for_clusterip_type():
+def test_etp_local_honoured_for_clusterip_with_external_ips():
+    # apiservice.ExternalPolicyLocal: ExternallyAccessible = NodePort, LoadBalancer, *or a
+    # ClusterIP Service with externalIPs*; eTP Local applies to all three.
     s = svc("ns1", "svc1", external_ips=("192.168.99.1",), external_traffic_policy="Local")
     text = script([s], [eps("ns1", "svc1", ep("10.180.0.1", "other"))])
-    assert chain_rules(text, "ip", "external-ULMVA6XW-ns1/svc1/tcp/p80")[0] == f'mark set mark or {MARK} comment "masquerade"'
+    assert chain_rules(text, "ip", "external-ULMVA6XW-ns1/svc1/tcp/p80") == [
+        'ip saddr 10.0.0.0/8 goto service-ULMVA6XW-ns1/svc1/tcp/p80 comment "short-circuit pod traffic"',
+        f'fib saddr type local mark set mark or {MARK} comment "masquerade local traffic"',
+        'fib saddr type local goto service-ULMVA6XW-ns1/svc1/tcp/p80 comment "short-circuit local traffic"',
+    ]
+    assert_lines(text, """
+add element ip nftrec service-ips { 192.168.99.1 . tcp . 80 : goto external-ULMVA6XW-ns1/svc1/tcp/p80 }
+add element ip nftrec no-endpoint-services { 192.168.99.1 . tcp . 80 comment "ns1/svc1:p80" : drop }
+add element ip nftrec service-ips { 172.30.0.41 . tcp . 80 : goto service-ULMVA6XW-ns1/svc1/tcp/p80 }
+""")
+    assert "local-ULMVA6XW" not in text
+    # with a local endpoint: the external chain ends in the local policy chain
+    text = script([s], [eps("ns1", "svc1", ep("10.180.0.1", "other"), ep("10.180.0.2"))])
+    assert chain_rules(text, "ip", "external-ULMVA6XW-ns1/svc1/tcp/p80")[-1] == "goto local-ULMVA6XW-ns1/svc1/tcp/p80"
+    assert chain_rules(text, "ip", "local-ULMVA6XW-ns1/svc1/tcp/p80") == ["meta l4proto tcp dnat to 10.180.0.2:80"]
+    assert "no-endpoint" not in "".join(lines(text, "add element"))
+    # the externalIP of the other family only: not externally accessible in this family,
+    # so no Local policy here (UsesLocalEndpoints needs ExternallyAccessible per family)
+    s6 = svc("ns1", "svc1", external_ips=("2001:db8:99::1",), external_traffic_policy="Local")
+    text = script([s6], [eps("ns1", "svc1", ep("10.180.0.1", "other"))])
+    assert "add chain ip nftrec external-ULMVA6XW" not in text and "ip nftrec local-ULMVA6XW" not in text
+    assert "add element ip nftrec service-ips { 172.30.0.41 . tcp . 80 : goto service-ULMVA6XW-ns1/svc1/tcp/p80 }" in text
+
+
+def test_itp_local_with_nodeport_uses_both_policy_chains():
+    # iTP Local + externally accessible: UsesClusterEndpoints (external traffic) and
+    # UsesLocalEndpoints (internal traffic); ClusterIP -> local-, NodePort -> external- -> service-
+    s = svc("ns1", "svc1", "NodePort", ports=(ServicePort("p80", "TCP", 80, 80, 3001),), internal_traffic_policy="Local")
+    text = script([s], [eps("ns1", "svc1", ep("10.180.0.1"), ep("10.180.0.2", "other"))])
+    assert_lines(text, f"""
+add element ip nftrec service-ips {{ 172.30.0.41 . tcp . 80 : goto local-ULMVA6XW-ns1/svc1/tcp/p80 }}
+add element ip nftrec service-nodeports {{ tcp . 3001 : goto external-ULMVA6XW-ns1/svc1/tcp/p80 }}
+add rule ip nftrec local-ULMVA6XW-ns1/svc1/tcp/p80 meta l4proto tcp dnat to 10.180.0.1:80
+add rule ip nftrec service-ULMVA6XW-ns1/svc1/tcp/p80 meta l4proto tcp dnat ip addr . port to numgen random mod 2 map {{ 0 : 10.180.0.1 . 80 , 1 : 10.180.0.2 . 80 }}
+add rule ip nftrec external-ULMVA6XW-ns1/svc1/tcp/p80 mark set mark or {MARK} comment "masquerade"
+add rule ip nftrec external-ULMVA6XW-ns1/svc1/tcp/p80 goto service-ULMVA6XW-ns1/svc1/tcp/p80
+""")
+    # no local endpoint: ClusterIP dropped, NodePort still served by the cluster chain
+    text = script([s], [eps("ns1", "svc1", ep("10.180.0.2", "other"))])
+    assert_lines(text, """
+add element ip nftrec no-endpoint-services { 172.30.0.41 . tcp . 80 comment "ns1/svc1:p80" : drop }
+add element ip nftrec service-nodeports { tcp . 3001 : goto external-ULMVA6XW-ns1/svc1/tcp/p80 }
+add rule ip nftrec service-ULMVA6XW-ns1/svc1/tcp/p80 meta l4proto tcp dnat to 10.180.0.2:80
+""")
+    assert "local-ULMVA6XW" not in text and "no-endpoint-nodeports" not in "".join(lines(text, "add element"))
+
+
+def test_itp_and_etp_local_without_local_endpoints():
+    s = svc("ns2", "svc2", "LoadBalancer", ("172.30.0.42",), ports=(ServicePort("p80", "TCP", 80, 80, 3001),),
+            load_balancer_ingress=(LoadBalancerIngress("1.2.3.4"),), external_traffic_policy="Local",
+            internal_traffic_policy="Local")
+    text = script([s], [eps("ns2", "svc2", ep("10.180.0.2", "other"))])
+    assert_lines(text, """
+add element ip nftrec no-endpoint-services { 172.30.0.42 . tcp . 80 comment "ns2/svc2:p80" : drop }
+add element ip nftrec no-endpoint-services { 1.2.3.4 . tcp . 80 comment "ns2/svc2:p80" : drop }
+add element ip nftrec no-endpoint-nodeports { tcp . 3001 comment "ns2/svc2:p80" : drop }
+add element ip nftrec service-ips { 1.2.3.4 . tcp . 80 : goto external-42NFTM6N-ns2/svc2/tcp/p80 }
+add element ip nftrec service-nodeports { tcp . 3001 : goto external-42NFTM6N-ns2/svc2/tcp/p80 }
+add rule ip nftrec service-42NFTM6N-ns2/svc2/tcp/p80 meta l4proto tcp dnat to 10.180.0.2:80
+""")
+    assert "service-ips { 172.30.0.42" not in text and "local-42NFTM6N" not in text
+    assert not chain_rules(text, "ip", "external-42NFTM6N-ns2/svc2/tcp/p80")[-1].startswith("goto ")
 
 
 def test_itp_local():
@@ -514,6 +593,48 @@ def test_single_stack_service_only_in_its_family():
     assert "no-endpoint-services { 172.30.0.41 . tcp . 80" in text
 
 
+def test_dual_stack_ipv6_primary_family_order():
+    # ipFamilies [IPv6, IPv4] with clusterIPs in that order; externalIPs, LB IPs and
+    # source ranges of mixed families; each family gets only its own.
+    s = svc("ns1", "svc1", "LoadBalancer", ips=("fd00:10:96::41", "172.30.0.41"), ip_families=("IPv6", "IPv4"),
+            ports=(ServicePort("p80", "TCP", 80, 80, 3001),),
+            external_ips=("2001:db8:99::1", "192.168.99.1"),
+            load_balancer_ingress=(LoadBalancerIngress("2001:db8:5::1"), LoadBalancerIngress("5.6.7.8")),
+            load_balancer_source_ranges=("2001:db8::/64", "203.0.113.0/25"))
+    sl4 = eps("ns1", "svc1", ep("10.180.0.1"))
+    sl6 = eps("ns1", "svc1", ep("fd00:10:180::1"), family="IPv6", slice_name="v6")
+    text = script([s], [sl6, sl4])
+    assert_lines(text, """
+add element ip nftrec cluster-ips { 172.30.0.41 }
+add element ip nftrec service-ips { 172.30.0.41 . tcp . 80 : goto service-ULMVA6XW-ns1/svc1/tcp/p80 }
+add element ip nftrec service-ips { 192.168.99.1 . tcp . 80 : goto external-ULMVA6XW-ns1/svc1/tcp/p80 }
+add element ip nftrec service-ips { 5.6.7.8 . tcp . 80 : goto external-ULMVA6XW-ns1/svc1/tcp/p80 }
+add element ip nftrec firewall-ips { 5.6.7.8 . tcp . 80 : goto firewall-ULMVA6XW-ns1/svc1/tcp/p80 }
+add rule ip nftrec firewall-ULMVA6XW-ns1/svc1/tcp/p80 ip saddr != { 203.0.113.0/25 } drop
+add rule ip nftrec service-ULMVA6XW-ns1/svc1/tcp/p80 meta l4proto tcp dnat to 10.180.0.1:80
+add element ip6 nftrec cluster-ips { fd00:10:96::41 }
+add element ip6 nftrec service-ips { fd00:10:96::41 . tcp . 80 : goto service-ULMVA6XW-ns1/svc1/tcp/p80 }
+add element ip6 nftrec service-ips { 2001:db8:99::1 . tcp . 80 : goto external-ULMVA6XW-ns1/svc1/tcp/p80 }
+add element ip6 nftrec service-ips { 2001:db8:5::1 . tcp . 80 : goto external-ULMVA6XW-ns1/svc1/tcp/p80 }
+add element ip6 nftrec firewall-ips { 2001:db8:5::1 . tcp . 80 : goto firewall-ULMVA6XW-ns1/svc1/tcp/p80 }
+add element ip6 nftrec service-nodeports { tcp . 3001 : goto external-ULMVA6XW-ns1/svc1/tcp/p80 }
+add element ip6 nftrec hairpin-connections { fd00:10:180::1 . fd00:10:180::1 . tcp . 80 }
+add rule ip6 nftrec firewall-ULMVA6XW-ns1/svc1/tcp/p80 ip6 saddr != { 2001:db8::/64 , 2001:db8:5::1 } drop
+add rule ip6 nftrec service-ULMVA6XW-ns1/svc1/tcp/p80 meta l4proto tcp dnat to [fd00:10:180::1]:80
+""")
+    ip4, ip6 = text.split("\n\n")
+    assert not any(":" in l.split("{", 1)[1].split(" : ")[0] for l in lines(ip4, "add element"))
+    assert "10.180.0.1" not in ip6 and "172.30.0.41" not in ip6
+    # an LB with only other-family source ranges is open in this family (kube-proxy filters
+    # the ranges by family and needs >= 1 of them for the firewall)
+    s2 = svc("ns1", "svc1", "LoadBalancer", ips=("fd00:10:96::41", "172.30.0.41"), ip_families=("IPv6", "IPv4"),
+             ports=(ServicePort("p80", "TCP", 80, 80, 3001),),
+             load_balancer_ingress=(LoadBalancerIngress("2001:db8:5::1"), LoadBalancerIngress("5.6.7.8")),
+             load_balancer_source_ranges=("2001:db8::/64",))
+    text = script([s2], [sl6, sl4])
+    assert "add chain ip nftrec firewall-ULMVA6XW" not in text and "add chain ip6 nftrec firewall-ULMVA6XW" in text
+
+
 def test_ipv6_affinity_endpoint_chain():
     s = svc("ns1", "svc1", ips=("fd00:10:96::41",), ip_families=("IPv6",), session_affinity="ClientIP",
             affinity_timeout_seconds=300)
@@ -645,3 +766,46 @@ def test_refuses_unsafe(bad):
 
 def test_compile_error_is_nft_syntax_error():
     assert issubclass(CompileError, NftSyntaxError)
+
+
+def test_no_node_name_means_no_local_endpoints():
+    # endpointslicecache.isLocal: len(nodeName) > 0 && nodeName == endpoint.nodeName
+    s = svc("ns1", "svc1")
+    infos = endpoints_for_port([eps("ns1", "svc1", ep("10.180.0.1", node=""))], "ip", s.ports[0], "")
+    assert [e.is_local for e in infos] == [False]
+
+
+def test_property_fragments_union_owners_and_determinism():
+    """Over random inventories: compile_service fragments (in any order) assemble to
+    exactly compile_ruleset, every per-Service object has an owner, and input order
+    does not matter."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+    from test_kernel_accepts import configs, inventories
+
+    @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(inventories(), configs(), st.randoms(use_true_random=False))
+    def check(inv, cfg, rnd):
+        whole = compile_ruleset(inv, cfg)
+        svcs = list(inv.services)
+        rnd.shuffle(svcs)
+        frags = [compile_service(s, inv.endpoint_slices, cfg) for s in svcs]
+        parts = assemble(compile_static(cfg, inv), frags)
+        assert render_script(parts) == render_script(whole)
+        assert parts.owners == whole.owners
+        sl = list(inv.endpoint_slices)
+        rnd.shuffle(sl)
+        shuffled = compile_ruleset(Inventory(tuple(svcs), tuple(sl), inv.service_cidrs), cfg)
+        assert render_script(shuffled) == render_script(whole) and shuffled.owners == whole.owners
+        keys = {s.key for s in inv.services}
+        for fam, t in whole.tables.items():
+            for name in t.chains:
+                assert ("/" in name) == (chain_id(fam, name) in whole.owners)
+            for s in t.sets.values():
+                if s.name.startswith("affinity-"):
+                    assert whole.owners[set_id(fam, s.name)] in keys
+                elif s.name != "nodeport-ips":
+                    for k in s.elements:
+                        assert whole.owners[element_id(fam, s.name, k)] in keys
+
+    check()

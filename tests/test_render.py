@@ -82,3 +82,46 @@ def test_unsafe_rule_body_refused():
     t.chains["c"] = Chain("c", (Rule("accept; flush ruleset"),))
     with pytest.raises(NftSyntaxError):
         render_script(Ruleset({"ip": t}))
+
+
+def test_unsafe_set_type_flags_and_base_hook_refused():
+    """Set types, set flags and base-chain type/hook are written unquoted into the script,
+    so they are checked like every other string (not only trusted compiler constants)."""
+    import pytest
+    from reconciler.ruleset import BaseHook, NftSyntaxError
+
+    def render_with(sets=(), chains=()):
+        t = Table("ip", "nftrec")
+        t.sets = {s.name: s for s in sets}
+        t.chains = {c.name: c for c in chains}
+        return render_script(Ruleset({"ip": t}))
+
+    for bad in ("ipv4_addr ; } ; add table ip pwn ; add set ip nftrec x { type ipv4_addr",
+                "ipv4_addr\nadd table ip pwn", "", "ipv4_addr .", "ipv4_addr  . inet_proto"):
+        with pytest.raises(NftSyntaxError):
+            render_with(sets=[NamedSet("s", bad)])
+    with pytest.raises(NftSyntaxError):
+        render_with(sets=[NamedSet("s", "ipv4_addr", "verdict ; flush ruleset")])
+    with pytest.raises(NftSyntaxError):
+        render_with(sets=[NamedSet("s", "ipv4_addr", flags=("dynamic ; flush ruleset",))])
+    with pytest.raises(NftSyntaxError):
+        render_with(chains=[Chain("c", base=BaseHook("filter", "input ; flush ruleset", 0))])
+    with pytest.raises(NftSyntaxError):
+        render_with(chains=[Chain("c", base=BaseHook("filter ; flush ruleset", "input", 0))])
+    # what the compiler writes passes
+    ok = render_with(sets=[NamedSet("s", "ipv6_addr . ipv6_addr . inet_proto . inet_service"),
+                           NamedSet("m", "inet_proto . inet_service", "verdict"),
+                           NamedSet("a", "ipv4_addr", flags=("dynamic", "timeout"), timeout=5)],
+                     chains=[Chain("c", base=BaseHook("nat", "postrouting", 100))])
+    assert "add set ip nftrec a { type ipv4_addr ; flags dynamic,timeout ; timeout 5s ; }" in ok
+
+
+def test_rule_cmd_checks_the_body_too():
+    """Transactions (diff → nft.Transaction.add_rule) use rule_cmd directly, not render:
+    the body guard must hold there as well (e.g. a tampered plan file)."""
+    import pytest
+    from reconciler.ruleset import NftSyntaxError, rule_cmd
+    for bad in ("accept; flush ruleset", "accept\nflush ruleset", 'accept comment "x"', "accept # x"):
+        with pytest.raises(NftSyntaxError):
+            rule_cmd("ip", "nftrec", "c", Rule(bad))
+    assert rule_cmd("ip", "nftrec", "c", Rule("reject", "why")) == 'add rule ip nftrec c reject comment "why"'
