@@ -430,6 +430,20 @@ def test_external_ip(dp):
     assert errors(dp.probe("clientA", EXTERNAL_IP, 81)) == {"unreachable"}  # left the node
 
 
+def test_external_ip_etp_local_on_a_clusterip_service(dp):
+    """kube-proxy applies eTP Local to any externally reachable Service, including a
+    ClusterIP Service with externalIPs: only the local endpoint, client address kept;
+    with no local endpoint, external traffic is dropped."""
+    local, remote = EP4[0], EP4[1]
+    svc = service("extloc", ("10.96.0.101",), sport(80, 8080), external_ips=(EXTERNAL_IP,),
+                  external_traffic_policy="Local")
+    dp.load(inv(svc, eps("extloc", (local, remote), node=(NODE_NAME, REMOTE_NODE))), config())
+    res = dp.probe("clientA", EXTERNAL_IP, 80, count=20)
+    assert servers(res) == Counter({local: 20}) and peers(res) == {CLIENT_A4}
+    dp.load(inv(svc, eps("extloc", (remote,), node=REMOTE_NODE)), config())
+    assert errors(dp.probe("clientA", EXTERNAL_IP, 80)) == {"timeout"}
+
+
 def test_internal_traffic_policy_local(dp):
     """iTP Local: ClusterIP traffic goes only to endpoints on this node; with none
     there it is dropped (timeout, not reject)."""
