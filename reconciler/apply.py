@@ -78,22 +78,25 @@ class Target:
 def kernel_token(nft: Libnftables) -> int | None:
     """The generation id, bound to this boot and this namespace instance: a namespace
     re-created under the same name, or a reboot, starts counting again and must never
-    match a recorded generation by accident."""
+    match a recorded generation by accident. The instance is the namespace's cookie
+    (never reused within a boot); a namespace's inode number is not enough: the kernel
+    hands a deleted namespace's inode to the next new one. None (no fast path) when the
+    kernel has no cookie."""
+    cookie = nft.netns_cookie()
     gen = nft.generation()
-    if gen is None:
+    if gen is None or cookie is None:
         return None
     try:
         boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     except OSError:
         boot = ""
-    ino = nft.in_namespace(lambda: os.stat("/proc/thread-self/ns/net").st_ino)
-    epoch = int.from_bytes(hashlib.sha256(f"{boot}:{ino}".encode()).digest()[:6], "big")
+    epoch = int.from_bytes(hashlib.sha256(f"{boot}:{cookie}".encode()).digest()[:6], "big")
     return (epoch << 32) | (gen & 0xFFFFFFFF)
 
 
 def _set_aside(store: StateStore, e: StateCorrupt) -> None:
     moved = store.reset(e.path)
-    logs.log.warning(f"{e}; moved it to {moved} and continuing from the kernel's state "
+    logs.log.warning(f"{str(e).rstrip('.')}; moved it to {moved} and continuing from the kernel's state "
                      f"(a successful apply records a fresh one)", extra={"fields": {"path": str(e.path)}})
 
 
@@ -140,6 +143,7 @@ def run_plan(desired, target: Target, *, verbose: bool, output: str, detailed: b
              out: Path | None, refresh: bool, out_stream: TextIO = sys.stdout) -> int:
     nft = target.nft()
     try:
+        token = kernel_token(nft) if out is not None else None  # before listing (see _verify)
         live, _fast = read_live_state(nft, target, refresh=refresh or out is not None)
         services = {s.key: s for s in desired.inventory.services}
         plan = make_plan(desired.ruleset, live, services)
@@ -148,7 +152,7 @@ def run_plan(desired, target: Target, *, verbose: bool, output: str, detailed: b
             saved = planfile.SavedPlan.create(
                 netns=target.netns or HOST, table=target.table, revision=desired.revision,
                 desired=desired.ruleset, live_fingerprint=fingerprint(live),
-                kernel_generation=kernel_token(nft), transaction=list(plan.transaction.ops),
+                kernel_generation=token, transaction=list(plan.transaction.ops),
                 summary=to_json(plan, **context)["summary"],
             )
             try:
@@ -170,7 +174,12 @@ def run_plan(desired, target: Target, *, verbose: bool, output: str, detailed: b
 # --- apply ---------------------------------------------------------------------------------
 
 
-def _verify(nft: Libnftables, target: Target, desired: Ruleset) -> Ruleset:
+def _verify(nft: Libnftables, target: Target, desired: Ruleset) -> tuple[Ruleset, int | None]:
+    """Re-read the kernel; (live, the generation token the listing is at least as new as).
+
+    The token is taken BEFORE listing: a commit by someone else after it makes the
+    recorded token stale (the next plan lists), never hides that commit behind it."""
+    token = kernel_token(nft)
     live = read_live(nft, target.table)
     left = diff(desired, live)
     if not left.empty:
@@ -179,7 +188,7 @@ def _verify(nft: Libnftables, target: Target, desired: Ruleset) -> Ruleset:
             f"the kernel does not match the desired ruleset after the transaction "
             f"({len(left)} differences, e.g. {sample}); another program may be editing "
             f"table {target.table} in {target.where}. Run `nftrec plan -v` to see them.")
-    return live
+    return live, token
 
 
 def run_apply(target: Target, *, desired=None, plan_path: Path | None = None,
@@ -238,8 +247,8 @@ def run_apply(target: Target, *, desired=None, plan_path: Path | None = None,
                 store.record_attempt(revision, e.text)
                 raise CommandError(f"the kernel rejected the transaction; nothing was changed "
                                    f"(the previous ruleset is whole). nft said:\n{e.text.strip()}") from None
-        after = _verify(nft, target, ruleset)
-        store.record_applied(revision, ruleset, fingerprint(after), kernel_token(nft), plan_id)
+        after, token = _verify(nft, target, ruleset)
+        store.record_applied(revision, ruleset, fingerprint(after), token, plan_id)
         print(f"Apply complete: {len(plan.transaction)} operations in one transaction; "
               f"revision {short_revision(revision)} (digest {digest(ruleset)[:12]}) is live in {target.where}.",
               file=out_stream)

@@ -19,9 +19,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from .live import canonical
+from .live import OTHER_KINDS, canonical, chain_policy, table_flags, table_others
 from .nft import Transaction
-from .ruleset import Chain, Element, NamedSet, Ruleset, Table, chain_id, element_id, set_id
+from .ruleset import Chain, Element, NamedSet, Ruleset, Table, chain_id, check_name, element_id, set_id
 
 # --- the result ----------------------------------------------------------------------------
 
@@ -30,7 +30,7 @@ from .ruleset import Chain, Element, NamedSet, Ruleset, Table, chain_id, element
 class Change:
     action: str  # "add" | "change" | "remove"
     family: str
-    kind: str  # "table" | "chain" | "set" | "element"
+    kind: str  # "table" | "chain" | "set" | "element" | "object" (a counter, quota, ... someone added)
     name: str  # table, chain or set name (the set's, for an element)
     key: tuple[str, ...] | None = None  # elements only
     owner: str | None = None  # "namespace/name" of the Service, None for shared objects
@@ -46,6 +46,8 @@ class Change:
             return set_id(self.family, self.name)
         if self.kind == "element":
             return element_id(self.family, self.name, self.key or ())
+        if self.kind == "object":
+            return f"{self.family} object {self.name}"
         return f"{self.family} table {self.name}"
 
 
@@ -62,6 +64,7 @@ class FamilyChanges:
     elements_added: list[Change] = field(default_factory=list)
     elements_removed: list[Change] = field(default_factory=list)
     elements_changed: list[Change] = field(default_factory=list)  # value/comment: delete + add
+    others_removed: list[Change] = field(default_factory=list)  # stateful objects nftrec never makes
 
     def __iter__(self) -> Iterator[Change]:
         if self.table:
@@ -70,6 +73,7 @@ class FamilyChanges:
             self.chains_added, self.chains_removed, self.chains_changed,
             self.sets_added, self.sets_removed, self.sets_changed,
             self.elements_added, self.elements_removed, self.elements_changed,
+            self.others_removed,
         ):  # fmt: skip
             yield from lst
 
@@ -183,9 +187,15 @@ def diff(desired: Ruleset, live: Ruleset) -> Changes:
         d, l = want.tables.get(fam), live.tables.get(fam)
         if d is None:
             fc.table = Change("remove", fam, "table", l.name, reason="no longer desired", old=l)
-        elif l is None or l.comment != d.comment:
-            # A table comment cannot be changed in place (nft keeps the old one silently).
-            why = "new table" if l is None else "table comment changed: re-created"
+        elif l is None or l.comment != d.comment or table_flags(l):
+            # A table comment cannot be changed in place (nft keeps the old one silently);
+            # flags (`dormant`: none of the table's hooks is active) are cleared the same way.
+            if l is None:
+                why = "new table"
+            elif l.comment != d.comment:
+                why = f"table comment {l.comment!r} is not nftrec's: re-created"
+            else:
+                why = f"table flags {','.join(table_flags(l))} (not nftrec's): re-created"
             fc.table = Change("add" if l is None else "change", fam, "table", d.name, reason=why, old=l, new=d)
             _all_of(fc, d, who)
         else:
@@ -258,7 +268,10 @@ def _diff_table(fc: FamilyChanges, d: Table, l: Table, who: _Owners) -> None:
             fc.chains_added.append(Change("add", fam, "chain", name, owner=who.chain(fam, name), reason="new chain", new=c))
             continue
         why = None
-        if lc.base != c.base:
+        if lc.base is not None and c.base is not None and chain_policy(lc) != chain_policy(c) \
+                and (lc.base.type, lc.base.hook, lc.base.priority) == (c.base.type, c.base.hook, c.base.priority):
+            why = f"policy {chain_policy(lc)} (not nftrec's): re-created with policy accept"
+        elif lc.base != c.base:
             why = "hook/priority changed: re-created"
         elif lc.comment != c.comment:
             why = "comment changed: re-created"
@@ -275,6 +288,8 @@ def _diff_table(fc: FamilyChanges, d: Table, l: Table, who: _Owners) -> None:
             fc.chains_removed.append(
                 Change("remove", fam, "chain", name, owner=who.chain(fam, name), reason="no longer referenced", old=lc)
             )
+    for name, kind in table_others(l).items():
+        fc.others_removed.append(Change("remove", fam, "object", name, reason=f"{kind} object not made by nftrec", old=kind))
     # A regular chain whose comment changed must be deleted and re-added, which needs every
     # reference to it gone first; that only happens across nftrec versions: re-create all.
     if any(c.reason.startswith("comment") and c.new.base is None for c in fc.chains_changed):
@@ -305,7 +320,7 @@ def transaction_for(changes: Changes, desired: Ruleset) -> Transaction:
         for c in fc.sets_added:
             tx.add(fam, T, c.new)
         # 2. Drop references: flush changed chains and chains about to go.
-        recreate_chain = [c for c in fc.chains_changed if c.reason.startswith(("hook", "comment"))]
+        recreate_chain = [c for c in fc.chains_changed if c.reason.startswith(("hook", "comment", "policy"))]
         for c in fc.chains_changed:
             if c not in recreate_chain:
                 tx.flush(fam, T, Chain(c.name))
@@ -327,12 +342,17 @@ def transaction_for(changes: Changes, desired: Ruleset) -> Transaction:
         for c in fc.chains_added + fc.chains_changed:
             for r in d.chains[c.name].rules:
                 tx.add_rule(fam, T, c.name, r)
-        # 6. Delete what nothing references any more.
-        for c in fc.chains_removed:
-            tx.delete(fam, T, Chain(c.name))
+        # 6. Delete what nothing references any more: sets and maps first (a map element
+        # may `goto` a chain being removed; the rules that used a set were flushed in 2.),
+        # then stray stateful objects (their rules were flushed too), then chains.
         for c in fc.sets_removed:
             tx.delete(fam, T, c.old)
+        for c in fc.others_removed:
+            tx.raw(f"delete {OTHER_KINDS[c.old]} {fam} {check_name(T)} {check_name(c.name)}")
+        for c in fc.chains_removed:
+            tx.delete(fam, T, Chain(c.name))
     return tx
+
 
 
 def _shell(c: Chain) -> Chain:

@@ -19,10 +19,10 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import re
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
-from .nft import Interface
+from .nft import Interface, NftError
 from .ruleset import FAMILIES, BaseHook, Chain, Element, NamedSet, Rule, Ruleset, Table
 
 # --- rule text normal form -----------------------------------------------------------------
@@ -180,6 +180,49 @@ def canonical(rs: Ruleset) -> Ruleset:
 
 # --- parsing nft's text listing ------------------------------------------------------------
 
+# Stateful objects nft can hold in a table besides chains and sets. nftrec creates none of
+# them; one found in our table was added by hand and is deleted like any other stray object.
+# (listing keyword, nft command word for `delete <word> <family> <table> <name>`)
+OTHER_KINDS = {
+    "counter": "counter", "quota": "quota", "limit": "limit", "secmark": "secmark",
+    "synproxy": "synproxy", "flowtable": "flowtable",
+    "ct helper": "ct helper", "ct timeout": "ct timeout", "ct expectation": "ct expectation",
+}
+
+
+@dataclass
+class LiveTable(Table):
+    """A table as read from the kernel: also what the desired model never has.
+
+    `flags`: table flags (`dormant`: the kernel ignores every hook of the table, i.e. none
+    of our rules is in effect; `owner`/`persist`: held by another process). `others`:
+    named stateful objects (counter, quota, ...) by name → kind (an `OTHER_KINDS` key).
+    """
+
+    flags: tuple[str, ...] = ()
+    others: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class LiveBaseHook(BaseHook):
+    """A base chain's hook as read from the kernel, when its policy is not `accept`
+    (nftrec never sets a policy, so the kernel default `accept` is what we want).
+    Never equal to a desired `BaseHook`, so diff re-creates the chain."""
+
+    policy: str = "accept"
+
+
+def table_flags(t: Table) -> tuple[str, ...]:
+    return getattr(t, "flags", ())
+
+
+def table_others(t: Table) -> dict[str, str]:
+    return getattr(t, "others", {})
+
+
+def chain_policy(c: Chain) -> str:
+    return getattr(c.base, "policy", "accept") if c.base is not None else "accept"
+
 _DURATION = re.compile(r"(\d+)(d|h|ms|m|s)")
 _UNITS = {"d": 86400, "h": 3600, "m": 60, "s": 1, "ms": 0.001}
 
@@ -228,7 +271,7 @@ def parse_table(text: str, family: str) -> Table:
     if not lines or not lines[0].startswith("table "):
         raise ValueError("not an nft table listing")
     name = lines[0].split()[2]
-    table = Table(family, name)
+    table = LiveTable(family, name)
     i, n = 1, len(lines)
     while i < n:
         line = lines[i].strip()
@@ -238,7 +281,13 @@ def parse_table(text: str, family: str) -> Table:
         if line.startswith("comment "):
             table.comment = split_comment(" " + line)[1]
             continue
+        if line.startswith("flags "):
+            table.flags = tuple(f.strip() for f in line[6:].split(","))
+            continue
         kind, _, rest = line.partition(" ")
+        if kind == "ct":
+            sub, _, rest = rest.partition(" ")
+            kind = f"ct {sub}"
         obj_name = rest.rsplit(" {", 1)[0].strip()
         body: list[str] = []
         while i < n and lines[i].strip() != "}":
@@ -249,8 +298,12 @@ def parse_table(text: str, family: str) -> Table:
             table.chains[obj_name] = _parse_chain(obj_name, body)
         elif kind in ("set", "map"):
             table.sets[obj_name] = _parse_set(obj_name, kind, body)
+        elif kind in OTHER_KINDS:
+            table.others[obj_name] = kind
         else:
             raise ValueError(f"unexpected object in table listing: {line!r}")
+    if not table.flags and not table.others:  # the usual case: a plain Table, equal to desired's
+        return Table(family, name, table.comment, table.chains, table.sets)
     return table
 
 
@@ -261,10 +314,14 @@ def _parse_chain(name: str, body: list[str]) -> Chain:
         if not line:
             continue
         if line.startswith("type ") and " hook " in line and "priority" in line:
-            m = re.match(r"type (\S+) hook (\S+)(?: device \S+)? priority (-?\d+);", line)
+            m = re.match(r"type (\S+) hook (\S+)(?: device \S+)? priority (-?\d+);(?: policy (\w+);)?", line)
             if m is None:
                 raise ValueError(f"cannot read base chain {name}: {line!r} (numeric priority expected)")
-            base = BaseHook(m.group(1), m.group(2), int(m.group(3)))
+            policy = m.group(4) or "accept"
+            if policy == "accept":
+                base = BaseHook(m.group(1), m.group(2), int(m.group(3)))
+            else:
+                base = LiveBaseHook(m.group(1), m.group(2), int(m.group(3)), policy)
         elif line.startswith('comment "') and not rules:
             comment = split_comment(" " + line)[1]
         else:
@@ -312,7 +369,13 @@ def read_live(nft: Interface, table_name: str) -> Ruleset:
     for family in FAMILIES:
         text = nft.list_table(family, table_name)
         if text is not None:
-            rs.tables[family] = parse_table(text, family)
+            try:
+                rs.tables[family] = parse_table(text, family)
+            except ValueError as e:
+                raise NftError(
+                    f"cannot read table {family} {table_name}: {e}. Something other than nftrec "
+                    f"put it there; look with `nft list table {family} {table_name}`, delete it by "
+                    f"hand, or run `nftrec cleanup` and apply again") from None
     return rs
 
 
@@ -326,6 +389,8 @@ def fingerprint(live: Ruleset) -> str:
     for fam in sorted(live.tables):
         t = live.tables[fam]
         h.update(f"table {fam} {t.name} {t.comment!r}\n".encode())
+        if table_flags(t) or table_others(t):  # only when present: old fingerprints stay valid
+            h.update(f"flags {sorted(table_flags(t))} others {sorted(table_others(t).items())}\n".encode())
         for name in sorted(t.chains):
             c = t.chains[name]
             h.update(f"chain {name} {c.base!r} {c.comment!r}\n".encode())

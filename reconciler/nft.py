@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import ctypes
 import ctypes.util
+import errno
 import os
 import queue
 import re
@@ -56,10 +57,16 @@ class NotFound(NftError):
     """ENOENT: the table/chain/set/element the command names does not exist."""
 
 
+PERMISSION_HINT = ("nftrec needs CAP_NET_ADMIN in the network namespace it acts on "
+                   "(and CAP_SYS_ADMIN to enter one given by --netns): run it as root")
+
+
 def _error_for(text: str, script: str | None = None) -> NftError:
     # knftables.IsNotFound matches the same strerror text.
     if "No such file or directory" in text:
         return NotFound(text, script)
+    if "Operation not permitted" in text:
+        return NftError(f"{text.strip()}\n{PERMISSION_HINT}", script)
     return NftError(text, script)
 
 
@@ -242,7 +249,8 @@ class _Worker:
             libc = ctypes.CDLL(None, use_errno=True)
             if libc.setns(fd, _CLONE_NEWNET) != 0:
                 e = ctypes.get_errno()
-                raise NftError(f"cannot enter network namespace {netns!r}: {os.strerror(e)}")
+                hint = f"; {PERMISSION_HINT}" if e == errno.EPERM else ""
+                raise NftError(f"cannot enter network namespace {netns!r}: {os.strerror(e)}{hint}")
         finally:
             os.close(fd)
 
@@ -406,6 +414,20 @@ class Libnftables:
                     return struct.unpack(">I", gen[:4])[0]
         raise NftError("NFT_MSG_GETGEN: no generation id in the kernel's answer")
 
+    def netns_cookie(self) -> int | None:
+        """The namespace's SO_NETNS_COOKIE (Linux >= 5.14): unique for the boot and never
+        reused, unlike a namespace's inode number, which a namespace deleted and re-created
+        under the same name often gets back. None where the kernel lacks it."""
+
+        def cookie() -> int | None:
+            with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 12) as s:
+                try:
+                    return struct.unpack("=Q", s.getsockopt(socket.SOL_SOCKET, 71, 8))[0]  # SO_NETNS_COOKIE
+                except OSError:
+                    return None
+
+        return self._worker.call(cookie)
+
     def _nl_request(self, cmd: int, dump: bool = False) -> list[tuple[int, bytes, int, int]]:
         """One nf_tables netlink request on the worker thread (so inside the namespace);
         returns (type, buffer, offset, length) of each answer message."""
@@ -429,7 +451,9 @@ class Libnftables:
                     if mtype == 2:  # NLMSG_ERROR
                         (err,) = struct.unpack_from("=i", data, off + 16)
                         if err:
-                            raise NftError(f"nf_tables netlink request {cmd} failed: {os.strerror(-err)}")
+                            what = _NL_REQUESTS.get(cmd, f"nf_tables netlink request {cmd}")
+                            hint = f"; {PERMISSION_HINT}" if -err == errno.EPERM else ""
+                            raise NftError(f"{what} failed: {os.strerror(-err)}{hint}")
                     else:
                         msgs.append((mtype, data, off, length))
                         if not dump:
@@ -437,6 +461,8 @@ class Libnftables:
                 off += (length + 3) & ~3
 
 
+_NL_REQUESTS = {1: "listing the nftables tables (NFT_MSG_GETTABLE)",
+                16: "reading the nftables ruleset generation (NFT_MSG_GETGEN)"}
 _FAMILY_NAMES = {1: "inet", 2: "ip", 3: "arp", 5: "netdev", 7: "bridge", 10: "ip6"}
 
 

@@ -16,13 +16,14 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Callable
 
 import pytest
 from ruamel.yaml import YAML
 
-from nsutil import EXAMPLES, in_ns, throwaway_netns
+from nsutil import EXAMPLES, in_ns, sh, throwaway_netns
 
 pytestmark = pytest.mark.kernel
 
@@ -1033,3 +1034,93 @@ def test_state_of_a_namespace_named_host_is_not_the_hosts(tmp_path):
     named = StateStore(tmp_path, netns="host", table="nftrec")
     assert named.dir != host.dir
     assert named.lock_path != host.lock_path
+
+
+# --- plan's fast path (apply.read_live_state / kernel_token) --------------------------------
+
+
+def _fast(ns: str, state: Path) -> bool:
+    """Would `plan` take the fast path now (skip listing the table)?"""
+    from reconciler.apply import Target, read_live_state
+
+    target = Target(ns, "nftrec", state)
+    nft = target.nft()
+    try:
+        return read_live_state(nft, target, refresh=False)[1]
+    finally:
+        nft.close()
+
+
+def test_fast_path_only_while_nothing_committed_since_apply(applied):
+    netns, state, d = applied
+    assert _fast(netns, state)
+    in_ns(netns, "nft", "add", "table", "ip", "somebody-else")  # another table: generation bumps
+    assert not _fast(netns, state)
+    assert_clean(d, state, netns)
+    in_ns(netns, "nft", "delete", "element", "ip", "nftrec", "cluster-ips", "{ 10.96.0.10 }")  # hand edit
+    ok(nftrec("plan", str(d), "--detailed-exitcode", state=state, ns=netns), 2)
+    ok(nftrec("apply", str(d), state=state, ns=netns))
+    assert _fast(netns, state)
+
+
+def test_fast_path_is_not_fooled_by_a_recreated_namespace(state, tmp_path):
+    """`ip netns del X; ip netns add X` often hands the new namespace the old one's inode
+    number, and a fresh namespace counts generations from the start again: after as many
+    commits as nftrec's apply made, inode + generation matched the state and `plan` said
+    "No changes" for an empty kernel."""
+    import uuid
+
+    from nsutil import sh
+
+    d = copy_edge(tmp_path)
+    name = f"nftrec-t-{uuid.uuid4().hex[:8]}"
+    path = Path("/run/netns") / name
+    sh("ip", "netns", "add", name)
+    try:
+        ok(nftrec("apply", str(d), state=state, ns=name))
+        inode = path.stat().st_ino
+        gen = json.loads(next(state.rglob("status.json")).read_text())["kernelGeneration"] & 0xFFFFFFFF
+        for _ in range(8):  # try to get the same inode back, as happens in practice
+            sh("ip", "netns", "del", name)
+            time.sleep(0.5)
+            sh("ip", "netns", "add", name)
+            if path.stat().st_ino == inode:
+                break
+        from reconciler.nft import Libnftables
+
+        with Libnftables(name) as nft:
+            i = 0
+            while nft.generation() < gen:
+                in_ns(name, "nft", "add", "table", "ip", f"t{i}")
+                i += 1
+            assert nft.generation() == gen
+        assert not _fast(name, state)
+        p = ok(nftrec("plan", str(d), "--detailed-exitcode", state=state, ns=name), 2)
+        assert "+ table ip " in p.stdout
+    finally:
+        sh("ip", "netns", "del", name, check=False)
+
+
+def test_state_copied_from_another_namespace_is_not_trusted(applied, netns2):
+    netns, state, d = applied
+    src = next(p for p in (state / "netns").iterdir() if p.name == netns)
+    shutil.copytree(src, state / "netns" / netns2)
+    p = ok(nftrec("plan", str(d), "--detailed-exitcode", state=state, ns=netns2), 2)
+    assert "cannot be trusted" in p.stderr and "Plan: 8 to add" in p.stdout
+    assert not _fast(netns2, state)
+
+
+def test_without_cap_net_admin_errors_say_what_to_do(applied):
+    """EPERM: run inside the namespace (no --netns) with CAP_NET_ADMIN dropped."""
+    netns, state, d = applied
+    drop = ["setpriv", "--bounding-set=-net_admin,-sys_admin", "--inh-caps=-net_admin,-sys_admin"]
+    for args in (["plan", str(d), "--refresh"], ["plan", str(d)], ["apply", str(d)], ["cleanup"]):
+        p = in_ns(netns, *drop, "env", "NO_COLOR=1", NFTREC, "--state-dir", str(state), *args,
+                  "--config", str(CONFIG), check=False)
+        assert p.returncode == 1, (args, p.stdout, p.stderr)
+        assert "Traceback" not in p.stderr
+        assert "Operation not permitted" in p.stderr and "CAP_NET_ADMIN" in p.stderr and "run it as root" in p.stderr, p.stderr
+    # and through --netns: entering the namespace needs CAP_SYS_ADMIN
+    p = sh(*drop, "env", "NO_COLOR=1", NFTREC, "--state-dir", str(state), "plan", str(d), "--netns", netns,
+           "--config", str(CONFIG), check=False)
+    assert p.returncode == 1 and "cannot enter network namespace" in p.stderr and "run it as root" in p.stderr, p.stderr

@@ -24,6 +24,7 @@ from _nft_samples import (
     with_service,
 )
 from reconciler.compile import compile_ruleset
+from reconciler.model import Inventory
 from reconciler.diff import Changes, diff, owner_of_name, transaction_for
 from reconciler.live import read_live
 from reconciler.nft import Fake, Libnftables, Transaction
@@ -210,3 +211,135 @@ def test_owner_of_name():
     assert owner_of_name("affinity-GTK6MW7G-ns5/svc5/tcp/__10.180.0.3/80") == "ns5/svc5"
     assert owner_of_name("services") is None
     assert owner_of_name("reject-chain") is None
+
+
+# --- weird kernel states in and around our table (real kernel) -----------------------------
+
+# Each: an `nft -f` script run by hand after nftrec applied BASE; nftrec must plan it
+# sensibly and converge in ONE transaction, never touching the tables of others.
+WEIRD = {
+    "user chain and set": """
+add chain ip nftrec mine
+add rule ip nftrec mine counter accept
+add set ip nftrec myset { type ipv4_addr ; }
+""",
+    "user vmap with a goto to a user chain": """
+add chain ip nftrec uchain
+add map ip nftrec umap { type ipv4_addr : verdict ; }
+add element ip nftrec umap { 1.2.3.4 : goto uchain }
+""",
+    "user rule in a service chain": """
+add rule ip nftrec reject-chain counter
+""",
+    "table made dormant": """
+add table ip nftrec { flags dormant ; }
+""",
+    "base chain policy drop": """
+add chain ip nftrec filter-input { type filter hook input priority 0 ; policy drop ; }
+""",
+    "base chain priority changed": """
+delete chain ip nftrec nat-output
+add chain ip nftrec nat-output { type nat hook output priority 7 ; }
+""",
+    "stateful objects used by a user chain": """
+add counter ip nftrec cnt
+add quota ip nftrec q { over 100 mbytes ; }
+add limit ip nftrec lim { rate 10/second ; }
+add ct helper ip nftrec h { type "ftp" protocol tcp ; }
+add ct timeout ip nftrec ctt { protocol tcp ; l3proto ip ; policy = { established : 100 } ; }
+add ct expectation ip nftrec ex { protocol tcp ; dport 21 ; timeout 1m ; size 5 ; }
+add synproxy ip nftrec sp { mss 1460 ; wscale 7 ; }
+add chain ip nftrec uc
+add rule ip nftrec uc counter name cnt quota name q
+add rule ip nftrec filter-input jump uc
+""",
+    "chain renamed": """
+rename chain ip nftrec nat-prerouting natpre
+""",
+    "ip6 table gone": """
+delete table ip6 nftrec
+""",
+}
+
+NEIGHBOURS = """
+add table inet nftrec
+add chain inet nftrec c { type filter hook input priority 0 ; }
+add table netdev nftrec
+add table ip kube-proxy
+add chain ip kube-proxy services
+add table ip other { flags dormant ; }
+"""
+
+
+@pytest.mark.parametrize("state", list(WEIRD))
+def test_weird_kernel_state_converges_in_one_run(netns, state):
+    from nsutil import in_ns
+
+    desired = compiled(BASE)
+    in_ns(netns, "nft", "-f", "-", input=NEIGHBOURS)
+    with Libnftables(netns=netns) as nft:
+        sync(nft, desired)
+        others = {t: nft.list_table(*t) for t in (("ip", "kube-proxy"), ("ip", "other"))}
+        in_ns(netns, "nft", "-f", "-", input=WEIRD[state])
+        changes = diff(desired, read_live(nft, TABLE))
+        assert not changes.empty
+        for c in changes:
+            assert c.reason
+        sync(nft, desired)  # ONE transaction
+        assert_in_sync(nft, desired)
+        assert "dormant" not in nft.list_table("ip", TABLE)
+        assert "policy drop" not in nft.list_table("ip", TABLE)
+        # neighbours untouched
+        assert {t: nft.list_table(*t) for t in others} == others
+        assert {("inet", "nftrec"), ("netdev", "nftrec")} <= set(nft.list_tables())
+
+
+def test_weird_states_are_planned_with_reasons(netns):
+    from nsutil import in_ns
+
+    desired = compiled(BASE)
+    with Libnftables(netns=netns) as nft:
+        sync(nft, desired)
+        in_ns(netns, "nft", "-f", "-", input=WEIRD["base chain policy drop"] + WEIRD["stateful objects used by a user chain"])
+        changes = diff(desired, read_live(nft, TABLE))
+        why = {(c.kind, c.name): c.reason for c in changes}
+        assert why[("chain", "filter-input")] == "policy drop (not nftrec's): re-created with policy accept"
+        assert why[("object", "cnt")] == "counter object not made by nftrec"
+        assert why[("object", "h")] == "ct helper object not made by nftrec"
+        tx = transaction_for(changes, desired)
+        assert "delete ct helper ip nftrec h" in tx.ops
+        # stray objects go after the flush of the rules using them, before chain deletes
+        assert tx.ops.index("flush chain ip nftrec uc") < tx.ops.index("delete counter ip nftrec cnt") \
+            < tx.ops.index("delete chain ip nftrec uc")
+        in_ns(netns, "nft", "add table ip nftrec { flags dormant ; }")
+        changes = diff(desired, read_live(nft, TABLE))
+        assert changes.families["ip"].table.reason == "table flags dormant (not nftrec's): re-created"
+
+
+def _swap_lb_for_new_service(inv):
+    """ns3/lb removed; ns9/heir takes its ClusterIP, port and endpoints (same keys in the
+    shared maps, other chains), with affinity off."""
+    inv = with_service(inv, "ns3/lb", remove=True)
+    return add_service(inv, svc("ns9", "heir", cips=("172.30.0.44",), ports=[sp(443, name="https")]),
+                       sl("ns9", "heir", [ep("10.180.2.1"), ep("10.180.2.9")], [epp(8443, name="https")]))
+
+
+ORDERINGS = {
+    "a removed Service's ClusterIP reused by a new one": _swap_lb_for_new_service,
+    "affinity off while endpoints change": lambda inv: with_endpoints(
+        with_service(inv, "ns3/lb", session_affinity="None"), "ns3/lb", "IPv4", [ep("10.180.2.7")]),
+    "the last Service of a family removed": lambda inv: with_service(
+        with_service(inv, "ns5/v6", remove=True), "ns5/v6aff", remove=True),
+    "every Service removed": lambda inv: Inventory(services=(), endpoint_slices=()),
+}
+
+
+@pytest.mark.parametrize("case", list(ORDERINGS))
+def test_transaction_ordering_is_accepted_in_one_go(backend, case):
+    base = compiled(BASE)
+    sync(backend, base)
+    desired = compiled(ORDERINGS[case](BASE))
+    sync(backend, desired)
+    assert_in_sync(backend, desired)
+    sync(backend, base)
+    assert_in_sync(backend, base)

@@ -279,3 +279,61 @@ def test_read_live_only_our_tables(netns):
         load_with_nft(netns, shapes_ruleset())
         assert set(read_live(nft, "nftrec").tables) == {"ip", "ip6"}
         assert ("ip", "someone-else") in nft.list_tables()
+
+
+def test_parse_table_reads_what_nftrec_never_makes():
+    """Flags, a base chain policy and stateful objects: read, not refused (so plan shows
+    them and apply removes them) — and the usual table stays a plain Table."""
+    from reconciler.live import LiveTable, chain_policy, table_flags, table_others
+
+    text = """table ip nftrec {
+\tflags dormant
+\tcomment "rules for nftrec"
+\tcounter cnt {
+\t\tpackets 0 bytes 0
+\t}
+
+\tct helper h {
+\t\ttype "ftp" protocol tcp
+\t\tl3proto ip
+\t}
+
+\tct timeout t {
+\t\tprotocol tcp
+\t\tl3proto ip
+\t\tpolicy = { established : 100 }
+\t}
+
+\tchain filter-input {
+\t\ttype filter hook input priority 0; policy drop;
+\t\tct state new jump x
+\t}
+}
+"""
+    t = parse_table(text, "ip")
+    assert isinstance(t, LiveTable)
+    assert table_flags(t) == ("dormant",)
+    assert table_others(t) == {"cnt": "counter", "h": "ct helper", "t": "ct timeout"}
+    assert chain_policy(t.chains["filter-input"]) == "drop"
+    assert t.chains["filter-input"].base != BaseHook("filter", "input", 0)
+    plain = parse_table(LISTING, "ip")
+    assert type(plain) is Table
+
+
+def test_read_live_refuses_unknown_objects_with_a_clear_error():
+    from reconciler.nft import NftError
+
+    class Lister:
+        def list_table(self, family, table):
+            return "table ip nftrec {\n\tfrobnicator f {\n\t}\n}\n" if family == "ip" else None
+
+    with pytest.raises(NftError, match=r"cannot read table ip nftrec: .*frobnicator.*nftrec cleanup"):
+        read_live(Lister(), "nftrec")
+
+
+def test_fingerprint_sees_flags_and_objects():
+    from reconciler.live import LiveTable
+
+    plain = parse_table(LISTING, "ip")
+    weird = LiveTable("ip", plain.name, plain.comment, plain.chains, plain.sets, flags=("dormant",))
+    assert fingerprint(Ruleset({"ip": plain})) != fingerprint(Ruleset({"ip": weird}))
