@@ -21,7 +21,7 @@ from typing import Iterator
 
 from .live import OTHER_KINDS, canonical, chain_policy, table_flags, table_others
 from .nft import Transaction
-from .ruleset import Chain, Element, NamedSet, Ruleset, Table, chain_id, check_name, element_id, set_id
+from .ruleset import Chain, Element, NamedSet, NftSyntaxError, Ruleset, Table, chain_id, check_name, element_id, set_id
 
 # --- the result ----------------------------------------------------------------------------
 
@@ -187,15 +187,19 @@ def diff(desired: Ruleset, live: Ruleset) -> Changes:
         d, l = want.tables.get(fam), live.tables.get(fam)
         if d is None:
             fc.table = Change("remove", fam, "table", l.name, reason="no longer desired", old=l)
-        elif l is None or l.comment != d.comment or table_flags(l):
+        elif l is None or l.comment != d.comment or table_flags(l) or _unwritable_name(l):
             # A table comment cannot be changed in place (nft keeps the old one silently);
-            # flags (`dormant`: none of the table's hooks is active) are cleared the same way.
+            # flags (`dormant`: none of the table's hooks is active) are cleared the same way;
+            # an object someone added under a name our command texts refuse to write
+            # (ruleset.check_name) can only go with the whole table.
             if l is None:
                 why = "new table"
             elif l.comment != d.comment:
                 why = f"table comment {l.comment!r} is not nftrec's: re-created"
-            else:
+            elif table_flags(l):
                 why = f"table flags {','.join(table_flags(l))} (not nftrec's): re-created"
+            else:
+                why = f"object {_unwritable_name(l)!r} is not nftrec's and cannot be deleted by name: re-created"
             fc.table = Change("add" if l is None else "change", fam, "table", d.name, reason=why, old=l, new=d)
             _all_of(fc, d, who)
         else:
@@ -203,6 +207,16 @@ def diff(desired: Ruleset, live: Ruleset) -> Changes:
         if any(True for _ in fc):
             out.families[fam] = fc
     return out
+
+
+def _unwritable_name(t: Table) -> str | None:
+    """The first chain/set/object name in `t` that check_name would refuse, if any."""
+    for name in [*t.chains, *t.sets, *table_others(t)]:
+        try:
+            check_name(name)
+        except NftSyntaxError:
+            return name
+    return None
 
 
 def _all_of(fc: FamilyChanges, d: Table, who: _Owners) -> None:

@@ -128,6 +128,9 @@ def make_plan(desired: Ruleset, live: Ruleset, services: dict[str, Service] | No
             owned.setdefault(o, []).append(oid)
     new_eps = _endpoints_by_owner(desired, set(grouped))
     old_eps = _endpoints_by_owner(live, set(grouped))
+    # A re-created table rewrites every object in it; say that once per Service instead
+    # of listing each of its objects as new.
+    recreated = {fam for fam, fc in changes.families.items() if fc.table and fc.table.action == "change"}
     out: list[ServiceChange] = []
     for owner in sorted(grouped):
         group = grouped[owner]
@@ -137,6 +140,11 @@ def make_plan(desired: Ruleset, live: Ruleset, services: dict[str, Service] | No
         elif not any(oid in live_ids for oid in owned_in_desired):
             eps = len(new_eps[owner])
             out.append(ServiceChange("+", owner, _describe_new(services.get(owner), eps), group))
+        elif recreated and all(c.family in recreated for c in group):
+            fams = " and ".join(f"table {f}" for f in sorted({c.family for c in group}))
+            delta = _describe_change([], old_eps[owner], new_eps[owner])
+            summary = f"rewritten with {fams}" + (f"; {delta}" if delta != "rewritten" else "")
+            out.append(ServiceChange("~", owner, summary, group))
         else:
             summary = _describe_change(group, old_eps[owner], new_eps[owner])
             out.append(ServiceChange("~", owner, summary, group))
@@ -163,7 +171,8 @@ def format_text(plan: Plan, *, verbose: bool = False, color: bool = False) -> st
             ("-", sum(c.action == "remove" for c in group))) if n)
         names = sorted({c.name for c in group if c.kind != "table"})
         shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-        lines.append(f"{paint.get(sign, '')}{sign} table {family} (shared objects {counts}: {shown}){reset}")
+        why = f" {table.reason};" if table and table.action == "change" else ""
+        lines.append(f"{paint.get(sign, '')}{sign} table {family}{why} (shared objects {counts}: {shown}){reset}")
     if plan.empty:
         lines.append("No changes. The kernel matches the desired ruleset.")
     else:

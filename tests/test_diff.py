@@ -259,6 +259,10 @@ rename chain ip nftrec nat-prerouting natpre
     "ip6 table gone": """
 delete table ip6 nftrec
 """,
+    "user objects named so nftrec cannot write their names": """
+add chain ip nftrec _weird
+add set ip nftrec _s { type ipv4_addr ; }
+""",
 }
 
 NEIGHBOURS = """
@@ -314,6 +318,11 @@ def test_weird_states_are_planned_with_reasons(netns):
         in_ns(netns, "nft", "add table ip nftrec { flags dormant ; }")
         changes = diff(desired, read_live(nft, TABLE))
         assert changes.families["ip"].table.reason == "table flags dormant (not nftrec's): re-created"
+        sync(nft, desired)
+        in_ns(netns, "nft", "add chain ip nftrec _weird")
+        changes = diff(desired, read_live(nft, TABLE))
+        assert changes.families["ip"].table.reason == (
+            "object '_weird' is not nftrec's and cannot be deleted by name: re-created")
 
 
 def _swap_lb_for_new_service(inv):

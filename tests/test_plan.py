@@ -76,3 +76,15 @@ def test_new_service_among_existing_ones_is_plus_not_tilde():
     assert "-v" not in format_text(plan)
     verbose = format_text(plan, verbose=True)
     assert "Transaction:" in verbose and "add element ip nftrec cluster-ips { 172.30.0.99 }" in verbose
+
+
+def test_recreated_table_says_so_once_instead_of_listing_every_object():
+    inv = rich_inventory()
+    live = _live(inv)
+    live.tables["ip"].comment = "someone else's"  # comments cannot change in place: re-create
+    plan = make_plan(compile_ruleset(inv, CONFIG), live, {s.key: s for s in inv.services})
+    text = format_text(plan)
+    assert "~ table ip table comment \"someone else's\" is not nftrec's: re-created;" in text
+    ip_only = [s for s in plan.services if all(c.family == "ip" for c in s.changes)]
+    assert ip_only and all(s.summary == "rewritten with table ip" for s in ip_only), ip_only[0].summary
+    assert plan.transaction.ops[0] == "delete table ip nftrec"
