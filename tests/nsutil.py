@@ -8,6 +8,7 @@ import contextlib
 import os
 import shutil
 import subprocess
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -51,3 +52,21 @@ def throwaway_netns():
         yield name
     finally:
         sh("ip", "netns", "del", name, check=False)
+
+
+def nft_scratch(script: str, *, check_only: bool) -> str:
+    """Run an nft script in a throwaway user+network namespace (`unshare -rn`, no root
+    needed): `nft -c -f` when check_only, else load it and return `nft list ruleset`.
+    Fails the test with nft's own error and the script."""
+    if shutil.which("unshare") is None or shutil.which("nft") is None:
+        pytest.fail("unshare (util-linux) and nft (nftables) are needed")
+    with tempfile.NamedTemporaryFile("w", suffix=".nft", delete=False) as f:
+        f.write(script)
+        path = f.name
+    try:
+        cmd = 'nft -c -f "$1"' if check_only else 'nft -f "$1" && nft list ruleset'
+        proc = subprocess.run(["unshare", "-rn", "sh", "-c", cmd, "sh", path], capture_output=True, text=True)
+    finally:
+        os.unlink(path)
+    assert proc.returncode == 0, proc.stderr + "\n----\n" + script
+    return proc.stdout

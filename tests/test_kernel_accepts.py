@@ -9,15 +9,12 @@ idempotent)."""
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
-import tempfile
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nsutil import in_ns
+from nsutil import in_ns, nft_scratch
 from reconciler.compile import compile_ruleset
 from reconciler.model import (
     Endpoint, EndpointPort, EndpointSlice, Inventory, LoadBalancerIngress, NodeConfig, Service,
@@ -128,16 +125,7 @@ def configs(draw):
 
 
 def _nft_check(script: str) -> None:
-    if shutil.which("unshare") is None or shutil.which("nft") is None:
-        pytest.fail("unshare and nft are needed")
-    with tempfile.NamedTemporaryFile("w", suffix=".nft", delete=False) as f:
-        f.write(script)
-        path = f.name
-    try:
-        proc = subprocess.run(["unshare", "-rn", "nft", "-c", "-f", path], capture_output=True, text=True)
-    finally:
-        os.unlink(path)
-    assert proc.returncode == 0, proc.stderr + "\n----\n" + script
+    nft_scratch(script, check_only=True)
 
 
 # CI-friendly default; a deeper local run: NFTREC_KERNEL_EXAMPLES=300 pytest tests/test_kernel_accepts.py

@@ -4,13 +4,10 @@ injected statement: loading it in a throwaway namespace creates nftrec's tables 
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import tempfile
 
 import pytest
 
+from nsutil import nft_scratch
 from reconciler.compile import compile_ruleset
 from reconciler.model import (
     Endpoint, EndpointPort, EndpointSlice, Inventory, LoadBalancerIngress, NodeConfig, Service,
@@ -52,18 +49,7 @@ IP_PAYLOADS = [
 
 def _nft_load(script: str) -> str:
     """Load `script` for real inside a fresh user+net namespace; return the ruleset."""
-    if shutil.which("unshare") is None or shutil.which("nft") is None:
-        pytest.fail("unshare and nft are needed for the parser check")
-    with tempfile.NamedTemporaryFile("w", suffix=".nft", delete=False) as f:
-        f.write(script)
-        path = f.name
-    try:
-        proc = subprocess.run(["unshare", "-rn", "sh", "-c", f'nft -f "$1" && nft list ruleset', "sh", path],
-                              capture_output=True, text=True)
-    finally:
-        os.unlink(path)
-    assert proc.returncode == 0, proc.stderr + "\n" + script
-    return proc.stdout
+    return nft_scratch(script, check_only=False)
 
 
 def _assert_safe(inventory: Inventory, config: NodeConfig) -> None:
