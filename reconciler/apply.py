@@ -205,8 +205,10 @@ def run_apply(target: Target, *, desired=None, plan_path: Path | None = None,
         nft = target.nft()
         status = _status(store)
         _history(store)  # a damaged entry would block status and rollback later
-        live = read_live(nft, target.table)
-        plan_id = None
+        # A saved plan is checked against a real listing (its fingerprint came from one);
+        # otherwise the unchanged-generation fast path saves one full listing.
+        live, fast = read_live_state(nft, target, refresh=plan_path is not None)
+        plan_id, services = None, {}
         if plan_path is not None:
             try:
                 saved = planfile.load(plan_path)
@@ -237,16 +239,29 @@ def run_apply(target: Target, *, desired=None, plan_path: Path | None = None,
             print(f"Rolling back to revision {short_revision(revision)} applied at {entry.applied_at}.", file=out_stream)
         else:
             ruleset, revision = desired.ruleset, desired.revision
-            plan = make_plan(ruleset, live, {s.key: s for s in desired.inventory.services})
+            services = {s.key: s for s in desired.inventory.services}
+            plan = make_plan(ruleset, live, services)
 
         out_stream.write(format_text(plan, color=_color(out_stream)))
         if not plan.empty:
             try:
                 nft.run(plan.transaction)
             except NftError as e:
-                store.record_attempt(revision, e.text)
-                raise CommandError(f"the kernel rejected the transaction; nothing was changed "
-                                   f"(the previous ruleset is whole). nft said:\n{e.text.strip()}") from None
+                if not fast:
+                    store.record_attempt(revision, e.text)
+                    raise CommandError(f"the kernel rejected the transaction; nothing was changed "
+                                       f"(the previous ruleset is whole). nft said:\n{e.text.strip()}") from None
+                # The fast path trusted the recorded state; ask the kernel and try once more.
+                logs.log.warning(f"the transaction planned from the recorded state failed ({e.text.strip()}); "
+                                 f"listing the kernel's tables and planning again")
+                plan = make_plan(ruleset, read_live(nft, target.table), services)
+                try:
+                    if not plan.empty:
+                        nft.run(plan.transaction)
+                except NftError as e2:
+                    store.record_attempt(revision, e2.text)
+                    raise CommandError(f"the kernel rejected the transaction; nothing was changed "
+                                       f"(the previous ruleset is whole). nft said:\n{e2.text.strip()}") from None
         after, token = _verify(nft, target, ruleset)
         store.record_applied(revision, ruleset, fingerprint(after), token, plan_id)
         print(f"Apply complete: {len(plan.transaction)} operations in one transaction; "

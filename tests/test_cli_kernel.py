@@ -1124,3 +1124,27 @@ def test_without_cap_net_admin_errors_say_what_to_do(applied):
     p = sh(*drop, "env", "NO_COLOR=1", NFTREC, "--state-dir", str(state), "plan", str(d), "--netns", netns,
            "--config", str(CONFIG), check=False)
     assert p.returncode == 1 and "cannot enter network namespace" in p.stderr and "run it as root" in p.stderr, p.stderr
+
+
+def test_apply_fast_path_recovers_when_the_recorded_state_is_wrong(applied):
+    """apply plans from the recorded ruleset while the kernel's generation is unchanged.
+    If that record is wrong (here: it claims an extra element the kernel never had), the
+    transaction fails; apply must then list the kernel, re-plan and succeed."""
+    from reconciler.apply import kernel_token
+    from reconciler.nft import Libnftables
+    from reconciler.ruleset import Element
+    from reconciler.state import StateStore
+
+    ns, state, d = applied
+    store = StateStore(state, netns=ns, table="nftrec")
+    wrong = store.load_ruleset(store.history()[-1])
+    wrong.tables["ip"].sets["cluster-ips"].add(Element(("10.96.99.99",)))
+    with Libnftables(ns) as nft:
+        token = kernel_token(nft)
+    assert token is not None
+    store.record_applied("forged", wrong, None, token)  # same generation: the fast path trusts it
+    before = ruleset(ns)
+    p = ok(nftrec("apply", str(d), state=state, ns=ns))
+    assert "listing the kernel's tables and planning again" in p.stderr
+    assert "10.96.99.99" not in ruleset(ns) and ruleset(ns) == before
+    assert_clean(d, state, ns)
