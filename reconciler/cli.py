@@ -32,7 +32,6 @@ app = typer.Typer(
 
 class Globals:
     state_dir: Optional[Path] = None
-    log_format: str = "text"
 
 
 def _version(value: bool) -> None:
@@ -53,7 +52,6 @@ def _global(
     if log_format not in ("text", "json"):
         raise typer.BadParameter("must be text or json", param_hint="--log-format")
     Globals.state_dir = state_dir
-    Globals.log_format = log_format
     from reconciler import logs
 
     logs.setup(log_format)
@@ -121,14 +119,12 @@ def _check_netns(netns: Optional[str]) -> None:
 
 def _target(config: Optional[Path], netns: Optional[str]):
     """Where a kernel command acts: namespace, table (from the node config), state dir."""
+    from reconciler import logs
     from reconciler.apply import Target
     from reconciler.config import load_node_config
     from reconciler.state import default_state_dir
 
     _check_netns(netns)
-
-    from reconciler import logs
-
     cfg, problems = load_node_config(str(config) if config else None, discover=False)
     errors = [p for p in problems if p.is_error]
     for p in errors:
@@ -263,11 +259,13 @@ def cleanup(
             lock = target.lock().acquire()
         except LockHeld as e:
             raise CommandError(str(e)) from None
-        nft = target.nft()
         try:
-            return EXIT_OK if do_cleanup(nft, target.table, kube_proxy=kube_proxy, dry_run=dry_run) else EXIT_ERROR
+            nft = target.nft()
+            try:
+                return EXIT_OK if do_cleanup(nft, target.table, kube_proxy=kube_proxy, dry_run=dry_run) else EXIT_ERROR
+            finally:
+                nft.close()
         finally:
-            nft.close()
             lock.release()
 
     raise typer.Exit(_guard(run))
