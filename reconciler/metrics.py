@@ -1,0 +1,218 @@
+"""Prometheus metrics and the `/metrics` + `/healthz` HTTP endpoint of `nftrec watch`.
+
+Each `Metrics` has its own CollectorRegistry (not prometheus_client's global one), so
+tests and several instances in one process never clash. The HTTP server is stdlib
+(ThreadingHTTPServer) on a daemon thread; scrapes read the registry under
+prometheus_client's own locks, so the watch loop never waits for a scrape.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import socket
+import socketserver
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+
+log = logging.getLogger("nftrec.metrics")
+
+SYNC_KINDS = ("full", "partial")
+# kube-proxy's sync_proxy_rules_duration_seconds buckets: 1 ms … ~16 s.
+SYNC_BUCKETS = tuple(0.001 * 2**i for i in range(15))
+
+
+class MetricsError(RuntimeError):
+    """A bad metrics address, or the server cannot listen on it."""
+
+
+class _Revisions:
+    """`nftrec_{applied,attempted}_revision_info{revision="…"} 1`: a custom collector so
+    a scrape sees exactly one series per metric (or none while unknown), never the
+    moment between removing the old label value and adding the new one."""
+
+    def __init__(self) -> None:
+        # One tuple, replaced whole: a scrape never sees a half-updated pair.
+        self.pair: tuple[str | None, str | None] = (None, None)
+
+    def collect(self):
+        applied, attempted = self.pair
+        for name, value, doc in (
+            ("nftrec_applied_revision_info", applied, "Revision of the manifests in the kernel now."),
+            ("nftrec_attempted_revision_info", attempted, "Last revision read (applied or rejected)."),
+        ):
+            fam = GaugeMetricFamily(name, doc, labels=["revision"])
+            if value is not None:
+                fam.add_metric([value], 1)
+            yield fam
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self._sync_duration = Histogram(
+            "nftrec_sync_duration_seconds", "Duration of one sync (compile + transaction).",
+            ["kind"], buckets=SYNC_BUCKETS, registry=r)
+        for kind in SYNC_KINDS:  # export both series from the start (rate() needs a 0)
+            self._sync_duration.labels(kind)
+        self._sync_failures = Counter(
+            "nftrec_sync_failures", "Syncs that failed (the previous ruleset stays).", registry=r)
+        self._last_sync = Gauge(
+            "nftrec_last_sync_timestamp_seconds", "Unix time of the last successful sync.", registry=r)
+        self._last_attempt = Gauge(
+            "nftrec_last_sync_attempt_timestamp_seconds", "Unix time of the last sync attempt.", registry=r)
+        self._rules = Gauge("nftrec_rules", "Rules in nftrec's table.", ["family"], registry=r)
+        self._elements = Gauge("nftrec_set_elements", "Set and map elements in nftrec's table.",
+                               ["family"], registry=r)
+        self._drift_repairs = Counter(
+            "nftrec_drift_repairs", "Full syncs that found and repaired drift in the kernel.", registry=r)
+        self._drift_objects = Counter(
+            "nftrec_drift_objects_repaired", "Kernel objects repaired by full syncs.", registry=r)
+        self._conntrack = Counter(
+            "nftrec_conntrack_entries_deleted", "Stale UDP conntrack entries deleted.", registry=r)
+        self._revisions = _Revisions()
+        r.register(self._revisions)
+
+    def observe_sync(self, kind: str, seconds: float, ok: bool) -> None:
+        """One sync attempt of `kind` ("full"|"partial") that took `seconds`."""
+        if kind not in SYNC_KINDS:
+            raise ValueError(f"sync kind must be one of {SYNC_KINDS}, got {kind!r}")
+        now = time.time()
+        self._sync_duration.labels(kind).observe(seconds)
+        self._last_attempt.set(now)
+        if ok:
+            self._last_sync.set(now)
+        else:
+            self._sync_failures.inc()
+
+    def set_counts(self, family: str, rules: int, elements: int) -> None:
+        self._rules.labels(family).set(rules)
+        self._elements.labels(family).set(elements)
+
+    def set_revisions(self, applied: str | None, attempted: str | None) -> None:
+        self._revisions.pair = (applied, attempted)
+
+    def drift_repaired(self, objects: int) -> None:
+        """A full sync repaired `objects` drifted objects; 0 is no repair (not counted),
+        so the caller may report after every full sync."""
+        if objects < 0:
+            raise ValueError(f"objects must be >= 0, got {objects}")
+        if objects:
+            self._drift_repairs.inc()
+            self._drift_objects.inc(objects)
+
+    def conntrack_deleted(self, n: int) -> None:
+        if n < 0:
+            raise ValueError(f"n must be >= 0, got {n}")
+        self._conntrack.inc(n)
+
+    def serve(self, address: str, healthy: Callable[[], tuple[bool, str]]) -> Server:
+        return serve(address, healthy, self.registry)
+
+
+# --- HTTP --------------------------------------------------------------------------------
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """`127.0.0.1:9105`, `[::1]:9105`, `localhost:9105`; port 0 = any free port.
+    IP literals only (plus localhost): a metrics endpoint should not depend on DNS."""
+    host, sep, port_text = address.rpartition(":")
+    bad = f"bad metrics address {address!r}: expected IPv4:port or [IPv6]:port"
+    if not sep or not port_text.isdigit() or int(port_text) > 65535:
+        raise MetricsError(bad)
+    if host.startswith("[") and host.endswith("]"):
+        host, want = host[1:-1], 6
+    else:
+        want = 4
+    if host == "localhost":
+        host = "127.0.0.1"
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        raise MetricsError(bad) from None
+    if ip.version != want:  # "::1:9105" is ambiguous; v6 needs brackets
+        raise MetricsError(bad)
+    return str(ip), int(port_text)
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def server_bind(self) -> None:
+        # HTTPServer.server_bind calls socket.getfqdn() — a DNS lookup that can hang
+        # where there is no resolver; the name is only used for CGI variables.
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = self.server_address[:2]
+
+
+class _HTTPServer6(_HTTPServer):
+    address_family = socket.AF_INET6
+
+
+class Server:
+    """A running metrics/health endpoint; `port` is the real port (also for port 0)."""
+
+    def __init__(self, httpd: _HTTPServer):
+        self._httpd = httpd
+        self.host: str = httpd.server_address[0]
+        self.port: int = httpd.server_address[1]
+        # poll_interval bounds how long close() waits for the serving loop to notice.
+        self._thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.1},
+                                        name="nftrec-metrics", daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self._httpd.shutdown()
+            self._thread.join()
+        self._httpd.server_close()
+
+
+def serve(address: str, healthy: Callable[[], tuple[bool, str]], registry: CollectorRegistry) -> Server:
+    """Serve GET /metrics (Prometheus text format) and GET /healthz (200 "ok: <why>" or
+    503 "unhealthy: <why>" from `healthy()`), 404 otherwise, until `close()`."""
+    host, port = parse_address(address)
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            path = self.path.split("?", 1)[0]
+            if path == "/metrics":
+                self._send(200, generate_latest(registry), CONTENT_TYPE_LATEST)
+            elif path == "/healthz":
+                try:
+                    ok, why = healthy()
+                except Exception as e:  # a broken check must read as unhealthy, not hang
+                    ok, why = False, f"health check failed: {e}"
+                text = f"{'ok' if ok else 'unhealthy'}: {why}\n"
+                self._send(200 if ok else 503, text.encode(), "text/plain; charset=utf-8")
+            else:
+                self._send(404, b"not found: try /metrics or /healthz\n", "text/plain; charset=utf-8")
+
+        def _send(self, code: int, body: bytes, ctype: str) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, fmt: str, *args) -> None:  # scrapes are not worth stderr lines
+            log.debug("metrics http: " + fmt, *args)
+
+    cls = _HTTPServer6 if ":" in host else _HTTPServer
+    try:
+        httpd = cls((host, port), Handler)
+    except OSError as e:
+        raise MetricsError(f"cannot listen on metrics address {address!r}: {e.strerror or e}") from e
+    return Server(httpd)
