@@ -100,7 +100,7 @@ def _set_aside(store: StateStore, e: StateCorrupt) -> None:
                      f"(a successful apply records a fresh one)", extra={"fields": {"path": str(e.path)}})
 
 
-def _status(store: StateStore):
+def read_status(store: StateStore):
     """The recorded status; a corrupt file is reported, moved aside and rebuilt later."""
     try:
         return store.status()
@@ -109,7 +109,7 @@ def _status(store: StateStore):
         return store.status()
 
 
-def _history(store: StateStore):
+def read_history(store: StateStore):
     """The applied-ruleset history, with every damaged entry reported and moved aside
     (bounded: each round removes one file)."""
     for _ in range(store.keep + 16):
@@ -124,10 +124,10 @@ def read_live_state(nft: Libnftables, target: Target, *, refresh: bool) -> tuple
     """(live ruleset in canonical form, whether it came from the fast path)."""
     store = target.store()
     if not refresh:
-        st = _status(store)
+        st = read_status(store)
         token = kernel_token(nft)
         if st.kernel_generation is not None and token == st.kernel_generation:
-            entries = _history(store)
+            entries = read_history(store)
             if entries and entries[-1].digest == st.desired_digest:
                 try:
                     return canonical(store.load_ruleset(entries[-1])), True
@@ -143,7 +143,7 @@ def run_plan(desired, target: Target, *, verbose: bool, output: str, detailed: b
              out: Path | None, refresh: bool, out_stream: TextIO = sys.stdout) -> int:
     nft = target.nft()
     try:
-        token = kernel_token(nft) if out is not None else None  # before listing (see _verify)
+        token = kernel_token(nft) if out is not None else None  # before listing (see verify_applied)
         live, _fast = read_live_state(nft, target, refresh=refresh or out is not None)
         services = {s.key: s for s in desired.inventory.services}
         plan = make_plan(desired.ruleset, live, services)
@@ -174,7 +174,7 @@ def run_plan(desired, target: Target, *, verbose: bool, output: str, detailed: b
 # --- apply ---------------------------------------------------------------------------------
 
 
-def _verify(nft: Libnftables, target: Target, desired: Ruleset) -> tuple[Ruleset, int | None]:
+def verify_applied(nft: Libnftables, target: Target, desired: Ruleset) -> tuple[Ruleset, int | None]:
     """Re-read the kernel; (live, the generation token the listing is at least as new as).
 
     The token is taken BEFORE listing: a commit by someone else after it makes the
@@ -203,8 +203,8 @@ def run_apply(target: Target, *, desired=None, plan_path: Path | None = None,
     revision = None
     try:
         nft = target.nft()
-        status = _status(store)
-        _history(store)  # a damaged entry would block status and rollback later
+        status = read_status(store)
+        read_history(store)  # a damaged entry would block status and rollback later
         # A saved plan is checked against a real listing (its fingerprint came from one);
         # otherwise the unchanged-generation fast path saves one full listing.
         live, fast = read_live_state(nft, target, refresh=plan_path is not None)
@@ -262,7 +262,7 @@ def run_apply(target: Target, *, desired=None, plan_path: Path | None = None,
                     store.record_attempt(revision, e2.text)
                     raise CommandError(f"the kernel rejected the transaction; nothing was changed "
                                        f"(the previous ruleset is whole). nft said:\n{e2.text.strip()}") from None
-        after, token = _verify(nft, target, ruleset)
+        after, token = verify_applied(nft, target, ruleset)
         store.record_applied(revision, ruleset, fingerprint(after), token, plan_id)
         print(f"Apply complete: {len(plan.transaction)} operations in one transaction; "
               f"revision {short_revision(revision)} (digest {digest(ruleset)[:12]}) is live in {target.where}.",
@@ -279,8 +279,8 @@ def run_apply(target: Target, *, desired=None, plan_path: Path | None = None,
 
 def run_status(target: Target, *, output: str, out_stream: TextIO = sys.stdout) -> int:
     store = target.store()
-    status = _status(store)
-    entries = _history(store)
+    status = read_status(store)
+    entries = read_history(store)
     if not status.ever_applied or not entries:
         raise CommandError(f"nothing was applied to table {target.table} in {target.where} "
                            f"(state: {store.dir}); run `nftrec apply`")

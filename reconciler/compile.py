@@ -535,7 +535,7 @@ def cluster_ip_for(service: Service, family: str) -> str | None:
     return str(ip) if _fam(ip) == family else None
 
 
-def _ips_of_family(values: Iterable[str], family: str, what: str) -> list[str]:
+def ips_of_family(values: Iterable[str], family: str, what: str) -> list[str]:
     out: list[str] = []
     for v in values:
         ip = _ip(v, what)
@@ -582,8 +582,8 @@ def _compile_port(service: Service, port: ServicePort, cluster_ip: str,
     ext_chain = check_name(naming.external_chain(base))
     fw_chain = check_name(naming.firewall_chain(base))
 
-    external_ips = _ips_of_family(service.external_ips, fam, f"Service {service.key} externalIPs")
-    lb_vips = _ips_of_family(
+    external_ips = ips_of_family(service.external_ips, fam, f"Service {service.key} externalIPs")
+    lb_vips = ips_of_family(
         (i.ip for i in service.load_balancer_ingress if i.ip and i.ip_mode in (None, "VIP")),
         fam, f"Service {service.key} loadBalancer ingress")
     ranges = _dedupe(

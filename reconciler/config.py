@@ -16,7 +16,7 @@ from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 
 from . import model
-from .load import MAX_FILE_BYTES, Document, SourceFile, _check_tree, _decode, _Refused, _yaml_error
+from .load import MAX_FILE_BYTES, Document, SourceFile, check_shape, decode_text, Refused, yaml_error
 from .problems import ERROR, Problem, show
 from .schemas import parse_cidr, parse_ip, validator
 
@@ -95,12 +95,12 @@ def load_node_config(
     if problems:
         return _defaults(hostname, (), shown), problems
     doc = Document(data, model.Source(shown, 1, 1), shown, 0, (), src)
-    from .validate import Obj, _Report, _schema_problem  # one mapping of schema errors
+    from .validate import Obj, Report, schema_problem  # one mapping of schema errors
 
-    rep = _Report()
+    rep = Report()
     o = Obj(doc, "NodeConfig", "", "")
     for err in validator("NodeConfig").iter_errors(data):
-        _schema_problem(rep, o, err)
+        schema_problem(rep, o, err)
     problems = [Problem(p.file, p.line, p.col, "NodeConfig", "", p.field, p.message, p.severity) for p in rep.problems]
     periods = {}
     for key, default in (("minSyncPeriod", 1.0), ("syncPeriod", 30.0), ("fullSyncPeriod", 3600.0)):
@@ -161,20 +161,20 @@ def _read(path: str, problems: list[Problem]) -> tuple[dict, SourceFile | None]:
     try:
         raw = Path(path).read_bytes()
         if len(raw) > MAX_FILE_BYTES:
-            raise _Refused(f"this file is over the {MAX_FILE_BYTES}-byte limit; a node config is a few lines")
-        text = _decode(raw)
+            raise Refused(f"this file is over the {MAX_FILE_BYTES}-byte limit; a node config is a few lines")
+        text = decode_text(raw)
         yaml = YAML(typ="rt")  # tiny file: the round-trip loader keeps positions
         docs = [d for d in yaml.load_all(text) if d is not None]
         for d in docs:
-            _check_tree(d, 1, 1)  # alias bombs, depth, non-string keys
+            check_shape(d, 1, 1)  # alias bombs, depth, non-string keys
     except OSError as e:
         problems.append(_problem(path, 0, 0, "", f"cannot read the node config ({e.strerror}); check --config"))
         return {}, None
-    except _Refused as r:
+    except Refused as r:
         problems.append(_problem(path, r.line, r.col, "", r.message))
         return {}, None
     except YAMLError as e:
-        r = _yaml_error(e)
+        r = yaml_error(e)
         problems.append(_problem(path, r.line, r.col, "", r.message))
         return {}, None
     except RecursionError:

@@ -18,13 +18,13 @@ import ipaddress
 import socket
 
 from reconciler.compile import (
-    _ips_of_family,
+    ips_of_family,
     cluster_ip_for,
     endpoints_for_port,
     slices_by_service,
 )
 from reconciler.model import Inventory, NodeConfig
-from reconciler.nft import _Worker  # Libnftables' setns thread, without a libnftables context
+from reconciler.nft import NamespaceThread  # Libnftables' setns thread, without a libnftables context
 from reconciler.ruleset import FAMILIES
 
 _AF = {"ip": socket.AF_INET, "ip6": socket.AF_INET6}
@@ -55,10 +55,10 @@ def stale_udp_targets(inventory: Inventory, config: NodeConfig, family: str) -> 
             continue
         what = f"Service {service.key}"
         vips = [cip]
-        vips += _ips_of_family(
+        vips += ips_of_family(
             (i.ip for i in service.load_balancer_ingress if i.ip and i.ip_mode in (None, "VIP")),
             family, what + " loadBalancer ingress")
-        vips += _ips_of_family(service.external_ips, family, what + " externalIPs")
+        vips += ips_of_family(service.external_ips, family, what + " externalIPs")
         for port in service.ports:
             if port.protocol != "UDP":
                 continue
@@ -126,7 +126,7 @@ def cleanup_udp(netns: str | None, inventory: Inventory, config: NodeConfig) -> 
     targets = {f: stale_udp_targets(inventory, config, f) for f in FAMILIES}
     if not any(fe or np for fe, np in targets.values()):
         return 0  # nothing to check: do not even open a socket
-    worker = _Worker(netns)
+    worker = NamespaceThread(netns)
     try:
         return sum(worker.call(lambda f=f, t=t: _cleanup_family(f, *t)) for f, t in targets.items()
                    if t[0] or t[1])

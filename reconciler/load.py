@@ -116,7 +116,7 @@ class LoadResult:
     root: str  # the resolved directory actually read
 
 
-class _Refused(Exception):
+class Refused(Exception):
     def __init__(self, message: str, line: int = 0, col: int = 0):
         super().__init__(message)
         self.message, self.line, self.col = message, line, col
@@ -125,7 +125,7 @@ class _Refused(Exception):
 # --- directory walk --------------------------------------------------------------------
 
 
-def _walk(root: Path, display_root: str, problems: list[Problem]) -> list[tuple[str, Path]]:
+def manifest_files(root: Path, display_root: str, problems: list[Problem]) -> list[tuple[str, Path]]:
     """Manifest files under root as (display path, real path), sorted by display path.
 
     Symlinks are followed (git-sync publishes revisions as links) but must stay inside
@@ -185,19 +185,19 @@ def _file_problem(file: str, message: str, line: int = 0, col: int = 0) -> Probl
 # --- hostile-input guards ----------------------------------------------------------------
 
 
-def _decode(raw: bytes) -> str:
+def decode_text(raw: bytes) -> str:
     if b"\x00" in raw:
-        raise _Refused("this file contains NUL bytes, so it is binary, not YAML or JSON; remove it from the manifest directory")
+        raise Refused("this file contains NUL bytes, so it is binary, not YAML or JSON; remove it from the manifest directory")
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         line = raw[: e.start].count(b"\n") + 1
-        raise _Refused(f"this file is not valid UTF-8 (byte {e.start}); save it as UTF-8 or remove it", line, 1) from None
+        raise Refused(f"this file is not valid UTF-8 (byte {e.start}); save it as UTF-8 or remove it", line, 1) from None
     bad = re.search(r"[\x01-\x08\x0b\x0c\x0e-\x1f\x7f]", text)
     if bad:
         line = text.count("\n", 0, bad.start()) + 1
         col = bad.start() - text.rfind("\n", 0, bad.start())
-        raise _Refused(f"this file contains the control character {show(bad.group())}; it looks binary, remove it or fix the text", line, col)
+        raise Refused(f"this file contains the control character {show(bad.group())}; it looks binary, remove it or fix the text", line, col)
     return text
 
 
@@ -221,7 +221,7 @@ def _check_depth_events(text: str) -> None:
                 depth += 1
                 if depth > MAX_DEPTH:
                     m = ev.start_mark
-                    raise _Refused(f"nesting is deeper than {MAX_DEPTH} levels; no Kubernetes object needs that, flatten or remove this file", m.line + 1, m.column + 1)
+                    raise Refused(f"nesting is deeper than {MAX_DEPTH} levels; no Kubernetes object needs that, flatten or remove this file", m.line + 1, m.column + 1)
             elif name in ("MappingEndEvent", "SequenceEndEvent"):
                 depth -= 1
     finally:
@@ -235,7 +235,7 @@ def _dispose(loader) -> None:
         pass
 
 
-def _check_tree(data, line: int, col: int) -> None:
+def check_shape(data, line: int, col: int) -> None:
     """Depth, key types and alias expansion of one constructed document; removes
     mapping entries whose value is null (Kubernetes reads `field: null` as unset).
 
@@ -257,11 +257,11 @@ def _check_tree(data, line: int, col: int) -> None:
             size[key] = 1 + sum(size.get(id(c), 1) for c in children)
             continue
         if key in on_path:
-            raise _Refused("a YAML alias refers to its own ancestor (a recursive structure); remove the alias", line, col)
+            raise Refused("a YAML alias refers to its own ancestor (a recursive structure); remove the alias", line, col)
         if key in size:
             continue  # shared via an alias: counted once, its expanded size is memoised
         if depth > MAX_DEPTH:
-            raise _Refused(f"nesting is deeper than {MAX_DEPTH} levels; no Kubernetes object needs that", line, col)
+            raise Refused(f"nesting is deeper than {MAX_DEPTH} levels; no Kubernetes object needs that", line, col)
         unique += 1
         on_path.add(key)
         stack.append((node, depth, True))
@@ -269,7 +269,7 @@ def _check_tree(data, line: int, col: int) -> None:
             unset = []
             for k, v in node.items():
                 if not isinstance(k, str):
-                    raise _Refused(f"the mapping key {show(k)} is not a string; Kubernetes field names are strings (quote it)", line, col)
+                    raise Refused(f"the mapping key {show(k)} is not a string; Kubernetes field names are strings (quote it)", line, col)
                 if v is None:
                     unset.append(k)
                 else:
@@ -281,7 +281,7 @@ def _check_tree(data, line: int, col: int) -> None:
                 stack.append((v, depth + 1, False))
     expanded = size.get(id(data), 1)
     if expanded - unique > MAX_ALIAS_EXPANSION:
-        raise _Refused(
+        raise Refused(
             f"YAML aliases expand this document to {expanded} nodes (limit: {MAX_ALIAS_EXPANSION} added by aliases); "
             "this looks like an alias bomb: write the data out or use fewer aliases", line, col)
 
@@ -308,7 +308,7 @@ def _parse_yaml(text: str) -> list[tuple[object, int, int, list]]:
                 for k, v in node.value:
                     if k.value == "items" and type(v).__name__ == "SequenceNode":
                         items = [(n.start_mark.line + 1, n.start_mark.column + 1) for n in v.value]
-            _check_tree(data, line, col)
+            check_shape(data, line, col)
             out.append((data, line, col, items))
     finally:
         _dispose(loader)
@@ -319,7 +319,7 @@ def _json_pairs(pairs):
     obj = {}
     for k, v in pairs:
         if k in obj:
-            raise _Refused(f"the key {show(k)} appears twice in one object; keep one")
+            raise Refused(f"the key {show(k)} appears twice in one object; keep one")
         obj[k] = v
     return obj
 
@@ -329,70 +329,70 @@ def _parse_json(text: str) -> list[tuple[object, int, int, list]]:
         return []  # an empty file holds no object, as an empty YAML file
     try:
         data = json.loads(text, object_pairs_hook=_json_pairs)
-    except _Refused as r:  # a duplicate key: JSON is YAML, whose parser knows the position
+    except Refused as r:  # a duplicate key: JSON is YAML, whose parser knows the position
         try:
             _parse_yaml(text)
         except YAMLError as e:
             if type(e).__name__ == "DuplicateKeyError":
-                raise _yaml_error(e, text) from None
-        except (_Refused, RecursionError):
+                raise yaml_error(e, text) from None
+        except (Refused, RecursionError):
             pass
         raise r from None
     except json.JSONDecodeError as e:
-        raise _Refused(f"this is not valid JSON: {e.msg}; fix the syntax", e.lineno, e.colno) from None
+        raise Refused(f"this is not valid JSON: {e.msg}; fix the syntax", e.lineno, e.colno) from None
     except RecursionError:
-        raise _Refused(f"nesting is deeper than {MAX_DEPTH} levels; no Kubernetes object needs that") from None
-    _check_tree(data, 1, 1)
+        raise Refused(f"nesting is deeper than {MAX_DEPTH} levels; no Kubernetes object needs that") from None
+    check_shape(data, 1, 1)
     return [(data, 1, 1, [])]
 
 
-def _yaml_error(e: YAMLError, text: str | None = None) -> _Refused:
+def yaml_error(e: YAMLError, text: str | None = None) -> Refused:
     mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
     line, col = (mark.line + 1, mark.column + 1) if mark is not None else (0, 0)
     if text is not None and mark is not None and type(e).__name__ == "ScannerError":
         lines = text.split("\n")
         at = lines[mark.line][mark.column:mark.column + 1] if mark.line < len(lines) else ""
         if at == "\t":
-            return _Refused("YAML does not allow tabs for indentation; indent with spaces", line, col)
+            return Refused("YAML does not allow tabs for indentation; indent with spaces", line, col)
     what = (getattr(e, "problem", None) or str(e)).strip()
     context = getattr(e, "context", None)
     if type(e).__name__ == "DuplicateKeyError":
         key = re.search(r'found duplicate key "(.*?)" with value', str(e), re.S)
         name = show(key.group(1)) if key else "a key"
-        return _Refused(f"the key {name} appears twice in one mapping; YAML keeps only one of them silently elsewhere, so nftrec refuses it: remove one", line, col)
+        return Refused(f"the key {name} appears twice in one mapping; YAML keeps only one of them silently elsewhere, so nftrec refuses it: remove one", line, col)
     if type(e).__name__ == "ConstructorError":
-        return _Refused(f"{what.splitlines()[0]}; manifests may only hold plain YAML data (no custom tags)", line, col)
+        return Refused(f"{what.splitlines()[0]}; manifests may only hold plain YAML data (no custom tags)", line, col)
     text = f"YAML syntax error: {what}" + (f" ({context})" if context else "")
-    return _Refused(" ".join(text.split()) + "; fix the syntax", line, col)
+    return Refused(" ".join(text.split()) + "; fix the syntax", line, col)
 
 
-def _read_file(display: str, real: Path, problems: list[Problem], docs: list[Document], hasher) -> int:
+def read_file(display: str, real: Path, problems: list[Problem], docs: list[Document], hasher) -> int:
     try:
         size = real.stat().st_size
         if size > MAX_FILE_BYTES:
-            raise _Refused(f"this file is {size} bytes, over the {MAX_FILE_BYTES}-byte limit for one manifest file; split it")
+            raise Refused(f"this file is {size} bytes, over the {MAX_FILE_BYTES}-byte limit for one manifest file; split it")
         raw = real.read_bytes()
         if len(raw) > MAX_FILE_BYTES:  # grew while being read
-            raise _Refused(f"this file is over the {MAX_FILE_BYTES}-byte limit for one manifest file; split it")
+            raise Refused(f"this file is over the {MAX_FILE_BYTES}-byte limit for one manifest file; split it")
     except OSError as e:
         problems.append(_file_problem(display, f"cannot read this file ({e.strerror}); check its permissions"))
         return 0
-    except _Refused as r:
+    except Refused as r:
         problems.append(_file_problem(display, r.message))
         return 0
     hasher.update(display.encode("utf-8", "surrogateescape") + b"\0" + raw + b"\0")
     try:
-        text = _decode(raw)
+        text = decode_text(raw)
         if real.name.endswith(".json"):
             parsed = _parse_json(text)
         else:
             try:
                 parsed = _parse_yaml(text)
             except YAMLError as e:
-                raise _yaml_error(e, text) from None
+                raise yaml_error(e, text) from None
             except RecursionError:
-                raise _Refused(f"nesting is deeper than {MAX_DEPTH} levels; no Kubernetes object needs that") from None
-    except _Refused as r:
+                raise Refused(f"nesting is deeper than {MAX_DEPTH} levels; no Kubernetes object needs that") from None
+    except Refused as r:
         problems.append(_file_problem(display, r.message, r.line, r.col))
         return 0
     src = SourceFile(display, str(real), text)
@@ -507,12 +507,12 @@ def load_manifests(root: str | Path) -> LoadResult:
     if resolved.is_file():  # a single file is accepted too
         paths = [(display_root, resolved)]
     elif resolved.is_dir():
-        paths = _walk(resolved, display_root, problems)
+        paths = manifest_files(resolved, display_root, problems)
     else:
         problems.append(_file_problem(display_root, "this is neither a directory nor a file; point nftrec at the manifest directory"))
         paths = []
     for display, real in paths:
-        _read_file(display, real, problems, docs, hasher)
+        read_file(display, real, problems, docs, hasher)
         files += 1
     digest = hasher.hexdigest()
     base = resolved if resolved.is_dir() else resolved.parent

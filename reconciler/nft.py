@@ -213,7 +213,7 @@ def _load_lib() -> ctypes.CDLL:
     return lib
 
 
-class _Worker:
+class NamespaceThread:
     """One dedicated thread; with a netns it moves itself into it before anything else.
 
     Network namespaces are per thread on Linux, so only this thread (and the sockets it
@@ -301,7 +301,7 @@ class Libnftables:
     def __init__(self, netns: str | None = None):
         self.netns = netns
         self._lib = _load_lib()
-        self._worker = _Worker(netns)
+        self._worker = NamespaceThread(netns)
         self._ctx = self._worker.call(self._new_ctx)
         self._nl: socket.socket | None = None
         self._seq = 0

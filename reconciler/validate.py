@@ -12,7 +12,7 @@ import re
 import sys
 import unicodedata
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TextIO
 
@@ -84,7 +84,7 @@ class Checked:
         return not any(p.is_error for p in self.problems)
 
 
-class _Report:
+class Report:
     def __init__(self) -> None:
         self.problems: list[Problem] = []
 
@@ -96,7 +96,7 @@ class _Report:
 # --- schema errors -> plain sentences ------------------------------------------------------
 
 
-def _schema_problem(rep: _Report, o: Obj, err) -> None:
+def schema_problem(rep: Report, o: Obj, err) -> None:
     path = tuple(err.absolute_path)
     v, inst, kind = err.validator, err.instance, err.validator_value
     desc = err.schema.get("description") if isinstance(err.schema, dict) else None
@@ -200,7 +200,7 @@ def _ip_message(inst: object, fmt: str, version: int | None) -> str:
     return f"{show(inst)} {why}; Kubernetes refuses such addresses for endpoints and external IPs: use a routable address"
 
 
-def _add_missing(rep: _Report, o: Obj, path: tuple, name: str, msg: str) -> None:
+def _add_missing(rep: Report, o: Obj, path: tuple, name: str, msg: str) -> None:
     line, col = locate(o.doc, path)
     rep.problems.append(Problem(o.doc.file, line, col, o.kind, o.label, field_path(path + (name,)), msg, ERROR))
 
@@ -208,7 +208,7 @@ def _add_missing(rep: _Report, o: Obj, path: tuple, name: str, msg: str) -> None
 # --- identity ----------------------------------------------------------------------------
 
 
-def _identify(doc: Document, rep: _Report, unknown: dict[str, list[Document]]) -> Obj | None:
+def _identify(doc: Document, rep: Report, unknown: dict[str, list[Document]]) -> Obj | None:
     data = doc.data
     kind = data.get("kind")
     meta = data.get("metadata") if isinstance(data.get("metadata"), dict) else {}
@@ -243,7 +243,7 @@ def _service_ips(spec: dict) -> list[str]:
     return [str(parse_ip(ip)) for ip in ips if ip != "None" and parse_ip(ip) is not None]
 
 
-def _check_service(rep: _Report, o: Obj) -> None:
+def _check_service(rep: Report, o: Obj) -> None:
     spec = o.doc.data.get("spec") or {}
     stype = spec.get("type", "ClusterIP")
     if stype == "ExternalName":
@@ -313,11 +313,11 @@ def _check_service(rep: _Report, o: Obj) -> None:
         rep.add(o, ("spec", "sessionAffinityConfig"), "is only used with sessionAffinity: ClientIP; set that or remove this")
 
 
-def _check_slice(rep: _Report, o: Obj) -> None:
+def _check_slice(rep: Report, o: Obj) -> None:
     _unique_port_names(rep, o, o.doc.data.get("ports") or [], ("ports",))
 
 
-def _slice_addresses(rep: _Report, o: Obj) -> None:
+def _slice_addresses(rep: Report, o: Obj) -> None:
     """Each address against the slice's addressType (Kubernetes: IsValidIPv4Address /
     IsValidIPv6Address + ValidateNonSpecialIP). Runs even when the schema found other
     errors, so that every problem is reported at once; tolerates any shape."""
@@ -339,7 +339,7 @@ def _slice_addresses(rep: _Report, o: Obj) -> None:
                 rep.add(o, ("endpoints", i, "addresses", j), _ip_message(a, at.lower(), version))
 
 
-def _unique_port_names(rep: _Report, o: Obj, ports: list, base: tuple) -> None:
+def _unique_port_names(rep: Report, o: Obj, ports: list, base: tuple) -> None:
     seen: dict[str, int] = {}
     for i, p in enumerate(ports):
         name = p.get("name", "")
@@ -348,12 +348,12 @@ def _unique_port_names(rep: _Report, o: Obj, ports: list, base: tuple) -> None:
         seen.setdefault(name, i)
 
 
-def _check_endpoints(rep: _Report, o: Obj) -> None:
+def _check_endpoints(rep: Report, o: Obj) -> None:
     for s, subset in enumerate(o.doc.data.get("subsets") or []):
         _unique_port_names(rep, o, subset.get("ports") or [], ("subsets", s, "ports"))
 
 
-def _check_service_cidr(rep: _Report, o: Obj) -> None:
+def _check_service_cidr(rep: Report, o: Obj) -> None:
     cidrs = o.doc.data["spec"]["cidrs"]
     if len(cidrs) == 2 and parse_cidr(cidrs[0]).version == parse_cidr(cidrs[1]).version:
         rep.add(o, ("spec", "cidrs", 1), "both CIDRs are of one family; a dual-stack ServiceCIDR has one IPv4 and one IPv6 CIDR")
@@ -366,7 +366,7 @@ _PER_KIND = {"Service": _check_service, "EndpointSlice": _check_slice, "Endpoint
 # --- checks across documents --------------------------------------------------------------
 
 
-def _cross(rep: _Report, objs: list[Obj]) -> None:
+def _cross(rep: Report, objs: list[Obj]) -> None:
     services = {o.key: o for o in objs if o.kind == "Service"}
     # Service IPs: ClusterIPs, externalIPs and LoadBalancer IPs share one map keyed by
     # ip . protocol . port, so two Services may not claim the same triple.
@@ -446,26 +446,49 @@ def _cross(rep: _Report, objs: list[Obj]) -> None:
 # --- driver -----------------------------------------------------------------------------
 
 
-def check(loaded: LoadResult, *, strict: bool = False) -> Checked:
-    """Validate every loaded document; the valid objects come back for the model."""
-    rep = _Report()
-    rep.problems.extend(loaded.problems)
+@dataclass(frozen=True)
+class DocumentCheck:
+    """What one document's own checks found; depends on nothing but the document, so
+    the watch loop caches it per parsed document."""
+
+    obj: Obj | None  # None: no object to build (unknown kind, or not identifiable)
+    problems: tuple[Problem, ...]
+    unknown_kind: str | None  # the kind, when the document was skipped as unknown
+
+
+def check_document(doc: Document) -> DocumentCheck:
+    """Schema and per-kind checks of one document."""
+    rep = Report()
+    unknown: dict[str, list[Document]] = {}
+    o = _identify(doc, rep, unknown)
+    if o is not None:
+        for err in validator(o.kind).iter_errors(doc.data):
+            schema_problem(rep, o, err)
+        if o.kind == "EndpointSlice":
+            _slice_addresses(rep, o)
+        if not rep.problems:
+            _PER_KIND[o.kind](rep, o)
+        if any(p.is_error for p in rep.problems):
+            o.valid = False
+    return DocumentCheck(o, tuple(rep.problems), next(iter(unknown), None))
+
+
+def check_tree(load_problems: list[Problem], documents: list[Document], results: list[DocumentCheck],
+               *, strict: bool = False) -> Checked:
+    """The whole-tree part: duplicates, skipped-kind notices, cross-document checks.
+    `results[i]` is `check_document(documents[i])`."""
+    rep = Report()
+    rep.problems.extend(load_problems)
     unknown: dict[str, list[Document]] = {}
     objs: list[Obj] = []
     seen: dict[tuple, Obj] = {}
-    for doc in loaded.documents:
-        o = _identify(doc, rep, unknown)
-        if o is None:
+    for doc, res in zip(documents, results):
+        rep.problems.extend(res.problems)
+        if res.unknown_kind is not None:
+            unknown.setdefault(res.unknown_kind, []).append(doc)
+        if res.obj is None:
             continue
-        before = len(rep.problems)
-        for err in validator(o.kind).iter_errors(doc.data):
-            _schema_problem(rep, o, err)
-        if o.kind == "EndpointSlice":
-            _slice_addresses(rep, o)
-        if len(rep.problems) == before:
-            _PER_KIND[o.kind](rep, o)
-        if any(p.is_error for p in rep.problems[before:]):
-            o.valid = False
+        o = replace(res.obj)  # the duplicate check may mark it invalid; the cached one stays
         ident = (o.kind, o.namespace, o.name)
         if ident in seen and o.name:
             first = seen[ident]
@@ -487,7 +510,13 @@ def check(loaded: LoadResult, *, strict: bool = False) -> Checked:
             rep.problems.append(Problem(d.file, d.source.line, d.source.col, safe_name(kind), "", "", msg + " (--strict makes this an error)", NOTICE))
     _cross(rep, objs)
     problems = sorted(rep.problems, key=lambda p: (p.file, p.line, p.col))
-    return Checked(problems, objs, len(loaded.documents))
+    return Checked(problems, objs, len(documents))
+
+
+def check(loaded: LoadResult, *, strict: bool = False) -> Checked:
+    """Validate every loaded document; the valid objects come back for the model."""
+    return check_tree(loaded.problems, loaded.documents, [check_document(d) for d in loaded.documents],
+                      strict=strict)
 
 
 # --- the `validate` command -----------------------------------------------------------------
