@@ -272,6 +272,27 @@ def cleanup(
 
 
 @app.command()
+def watch(
+    directory: Path = DIR_ARG,
+    config: Optional[Path] = CONFIG_OPT,
+    netns: Optional[str] = NETNS_OPT,
+    strict: bool = STRICT_OPT,
+    metrics_address: str = typer.Option("127.0.0.1:9105", "--metrics-address",
+                                        help="HOST:PORT for /metrics and /healthz (port 0: any free "
+                                        "port); \"\" disables them."),
+    debounce: float = typer.Option(0.2, "--debounce", min=0.0, max=60.0,
+                                   help="Seconds of quiet after a file change before a sync."),
+) -> None:
+    """The reconcile daemon: re-apply on every manifest change, repair drift every
+    fullSyncPeriod; runs until SIGTERM/SIGINT (rules stay); SIGHUP re-reads the config."""
+    from reconciler.watch import run_watch
+
+    target = _target(config, netns)
+    raise typer.Exit(_guard(run_watch, directory, config, target, strict=strict,
+                            metrics_address=metrics_address, debounce=debounce))
+
+
+@app.command()
 def doctor(
     config: Optional[Path] = CONFIG_OPT,
     netns: Optional[str] = NETNS_OPT,

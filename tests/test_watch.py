@@ -1,0 +1,481 @@
+"""`nftrec watch` (SPEC §6): unit tests of the runner and the incremental pipeline, then
+the daemon as a real process against the real kernel, inside throwaway namespaces.
+
+Every daemon runs with `--netns NS --state-dir TMP --log-format json`, short periods
+from its own node config, and metrics on a free port (`127.0.0.1:0`; the port is read
+from its log). Waits are bounded polls, never fixed long sleeps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from nsutil import EXAMPLES, in_ns
+
+NFTREC = str(Path(sys.executable).with_name("nftrec"))
+EDGE = EXAMPLES / "edge-small"
+CONFIG = EXAMPLES / "edge-small.config.yaml"
+REV_A = "rev-" + "a" * 40
+REV_B = "rev-" + "b" * 40
+
+
+# --- unit: the runner (fake clock) -----------------------------------------------------------
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_runner_bounded_frequency_semantics():
+    from reconciler.watch import Runner, SyncFailed
+
+    clock = FakeClock()
+    calls, fail = [], [False]
+
+    def fn():
+        calls.append(clock.t)
+        if fail[0]:
+            raise SyncFailed("x")
+
+    r = Runner(fn, min_interval=1.0, retry_interval=5.0, max_interval=30.0, clock=clock)
+    assert r.delay(clock.t) is None  # nothing asked for yet
+    r.run()
+    assert r.delay(clock.t) == 0
+    r.run_once()
+    # timer: max_interval after the run
+    assert r.delay(clock.t) == 30.0
+    # triggers coalesce and wait out min_interval
+    clock.t += 0.2
+    r.run(); r.run(); r.run()
+    assert r.delay(clock.t) == pytest.approx(0.8)
+    clock.t += 0.8
+    assert r.delay(clock.t) == pytest.approx(0.0)
+    r.run_once()
+    assert len(calls) == 2 and r.delay(clock.t) == 30.0
+    # a failure retries after retry_interval (min(retry, max))
+    fail[0] = True
+    r.run()
+    clock.t += 1.0
+    assert not r.run_once()
+    assert r.delay(clock.t) == pytest.approx(5.0)
+    fail[0] = False
+    clock.t += 5.0
+    assert r.run_once()
+    # fn's hint shortens the timer (the daemon's "next full sync in")
+    r._fn = lambda: 7.0
+    clock.t += 1.0
+    r.run()
+    r.run_once()
+    assert r.delay(clock.t) == pytest.approx(7.0)
+    # the hint never undercuts min_interval
+    r._fn = lambda: 0.0
+    clock.t += 1.0
+    r.run_once()
+    assert r.delay(clock.t) == pytest.approx(1.0)
+    with pytest.raises(ValueError):
+        Runner(fn, 10.0, 1.0, 5.0, clock=clock)
+
+
+def test_runner_loop_stops_and_coalesces():
+    from reconciler.watch import Runner
+
+    hits = []
+    r = Runner(lambda: hits.append(1), 0.05, 1.0, 60.0)
+    t = threading.Thread(target=r.loop)
+    t.start()
+    for _ in range(20):
+        r.run()
+    deadline = time.monotonic() + 2
+    while not hits and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)
+    r.stop()
+    t.join(2)
+    assert not t.is_alive() and 1 <= len(hits) <= 2
+
+
+# --- unit: the incremental pipeline against the whole-pipeline oracle ------------------------
+
+
+def _cfg():
+    from reconciler.config import load_node_config
+
+    cfg, problems = load_node_config(str(CONFIG), discover=False)
+    assert not [p for p in problems if p.is_error]
+    return cfg
+
+
+def _same_as_read_inventory(intake, d: Path):
+    from reconciler.inventory import read_inventory
+
+    snap = intake.read()
+    ref = read_inventory(d)
+    assert snap.problems == ref.problems
+    assert snap.inventory == ref.inventory
+    assert snap.revision == ref.inventory.revision and snap.digest == ref.digest
+    return snap
+
+
+def test_intake_and_incremental_compile_equal_the_whole_pipeline(tmp_path):
+    from reconciler.compile import compile_ruleset
+    from reconciler.diff import diff
+    from reconciler.live import canonical
+    from reconciler.compile import compile_static
+    from reconciler.watch import Intake, changed_services, compile_incremental, project
+
+    d = tmp_path / "m"
+    shutil.copytree(EDGE, d)
+    cfg = _cfg()
+    intake = Intake(d)
+    snap = _same_as_read_inventory(intake, d)
+    assert intake.parsed == 6
+    c1 = compile_incremental(snap.inventory, cfg, None)
+    assert c1.ruleset == compile_ruleset(snap.inventory, cfg)
+    # one slice edited: only that file re-parsed, only that Service recompiled
+    p = d / "endpointslices.yaml"
+    p.write_text(p.read_text().replace("10.244.0.12", "10.244.0.99"))
+    snap2 = _same_as_read_inventory(intake, d)
+    assert intake.parsed == 1
+    c2 = compile_incremental(snap2.inventory, cfg, c1)
+    assert c2.recompiled == 1 and c2.ruleset == compile_ruleset(snap2.inventory, cfg)
+    changed = changed_services(c1, c2)
+    assert changed == {"default/web"}
+    static = compile_static(cfg, snap2.inventory)
+    frags = [f for k in changed for f in (c1.fragments.get(k), c2.fragments.get(k)) if f]
+    small = diff(project(c2.ruleset, static, frags), canonical(project(c1.ruleset, static, frags)))
+    whole = diff(c2.ruleset, canonical(c1.ruleset))
+    assert sorted(c.id for c in small) == sorted(c.id for c in whole) and len(whole) > 0
+    # a Service removed, one added (copy under another name): still equal
+    text = (d / "services.yaml").read_text()
+    (d / "services.yaml").write_text(text.replace("name: idle", "name: idle2"))
+    snap3 = _same_as_read_inventory(intake, d)
+    c3 = compile_incremental(snap3.inventory, cfg, c2)
+    assert c3.ruleset == compile_ruleset(snap3.inventory, cfg)
+    changed = changed_services(c2, c3)
+    frags = [f for k in changed for f in (c2.fragments.get(k), c3.fragments.get(k)) if f]
+    small = diff(project(c3.ruleset, static, frags), canonical(project(c2.ruleset, static, frags)))
+    whole = diff(c3.ruleset, canonical(c2.ruleset))
+    assert sorted(c.id for c in small) == sorted(c.id for c in whole)
+    # invalid input: the same problems as validate; a file moved in by rename is seen
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("apiVersion: v1\nkind: Service\nmetadata: {name: x}\nspec:\n  ports: [{port: 70000}]\n")
+    os.replace(bad, d / "bad.yaml")
+    snap4 = _same_as_read_inventory(intake, d)
+    assert not snap4.ok and any(p.file.endswith("bad.yaml") and p.line for p in snap4.problems)
+
+
+# --- the daemon as a process ----------------------------------------------------------------
+
+
+class Watch:
+    """`nftrec watch` as a subprocess; its JSON log lines collected by a thread."""
+
+    def __init__(self, ns: str, manifests: Path, config: Path, state: Path, *extra: str):
+        self.ns, self.manifests, self.config, self.state = ns, manifests, config, state
+        cmd = [NFTREC, "--state-dir", str(state), "--log-format", "json", "watch", str(manifests),
+               "--config", str(config), "--netns", ns, "--metrics-address", "127.0.0.1:0", *extra]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.lines: list[dict] = []
+        self.raw: list[str] = []
+        self._t = threading.Thread(target=self._read, daemon=True)
+        self._t.start()
+        start = self.wait(lambda: self.find("metrics"), what="the metrics line")
+        self.port = start["metricsPort"]
+
+    def _read(self) -> None:
+        for line in self.proc.stderr:
+            self.raw.append(line)
+            try:
+                self.lines.append(json.loads(line))
+            except ValueError:
+                self.lines.append({"msg": line})
+
+    def find(self, event: str, since: int = 0) -> dict | None:
+        return next((x for x in self.lines[since:] if x.get("event") == event), None)
+
+    def events(self, event: str, since: int = 0) -> list[dict]:
+        return [x for x in self.lines[since:] if x.get("event") == event]
+
+    def wait(self, pred, timeout: float = 15, what: str = "a condition"):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            v = pred()
+            if v:
+                return v
+            if self.proc.poll() is not None:
+                time.sleep(0.1)
+                raise AssertionError(f"nftrec watch exited {self.proc.returncode} while waiting for {what}:\n"
+                                     + "".join(self.raw))
+            time.sleep(0.02)
+        raise AssertionError(f"timed out waiting for {what}; log:\n" + "".join(self.raw))
+
+    def wait_sync(self, since: int, **match) -> dict:
+        def ok():
+            for x in self.events("sync", since):
+                if x.get("ok", True) and all(x.get(k) == v for k, v in match.items()):
+                    return x
+            return None
+        return self.wait(ok, what=f"a sync {match or ''}")
+
+    def http(self, path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=5) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        rc = self.proc.wait(timeout=15)
+        self._t.join(5)
+        assert not any("Traceback" in line for line in self.raw), "".join(self.raw)
+        return rc
+
+
+def run(*args: str, state: Path, ns: str, config: Path | None = None, timeout: float = 60):
+    cmd = [NFTREC, "--state-dir", str(state), *args, "--netns", ns]
+    if config is not None:
+        cmd += ["--config", str(config)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, "NO_COLOR": "1"})
+
+
+def short_config(tmp: Path, **overrides: str) -> Path:
+    text = CONFIG.read_text()
+    values = {"minSyncPeriod": "0s", "syncPeriod": "1s", "fullSyncPeriod": "30s", **overrides}
+    for k, v in values.items():
+        text = re.sub(rf"^{k}: .*$", f"{k}: {v}", text, flags=re.M)
+    path = tmp / "config.yaml"
+    path.write_text(text)
+    return path
+
+
+def listing(ns: str, family: str = "ip") -> str:
+    return in_ns(ns, "nft", "list", "table", family, "nftrec").stdout
+
+
+def assert_clean(d: Path, state: Path, ns: str, config: Path) -> None:
+    p = run("plan", str(d), "--detailed-exitcode", "--refresh", state=state, ns=ns, config=config)
+    assert p.returncode == 0 and "No changes" in p.stdout, p.stdout + p.stderr
+
+
+@pytest.fixture
+def watched(netns, tmp_path):
+    """A manifest copy of edge-small, a short-period config and a running daemon."""
+    d = tmp_path / "m"
+    shutil.copytree(EDGE, d)
+    cfg = short_config(tmp_path)
+    w = Watch(netns, d, cfg, tmp_path / "state")
+    try:
+        yield w
+    finally:
+        if w.proc.poll() is None:
+            w.proc.kill()
+            w.proc.wait()
+
+
+@pytest.mark.kernel
+def test_initial_sync_edit_editor_save_and_concurrent_apply(watched):
+    w = watched
+    first = w.wait_sync(0, kind="full")
+    assert first["operations"] > 100 and len(first["servicesChanged"]) == 8
+    assert_clean(w.manifests, w.state, w.ns, w.config)
+
+    # one EndpointSlice edited in place: only that Service's objects change
+    mark = len(w.lines)
+    p = w.manifests / "endpointslices.yaml"
+    t0 = time.monotonic()
+    p.write_text(p.read_text().replace("10.244.0.12", "10.244.0.77"))
+    s = w.wait_sync(mark)
+    assert s["servicesChanged"] == ["~default/web"] and s["kind"] == "partial", s
+    assert s["filesParsed"] == 1 and s["recompiled"] == 1
+    assert 0 < s["operations"] <= 6
+    assert "10.244.0.77" in listing(w.ns) and "10.244.0.12 " not in listing(w.ns)
+    assert time.monotonic() - t0 < 5
+
+    # an editor's save: write a temp file, rename it over the original -> exactly one sync
+    mark = len(w.lines)
+    tmp = w.manifests / "endpointslices.yaml.swp~"
+    tmp.write_text(p.read_text().replace("10.244.0.77", "10.244.0.78"))
+    os.replace(tmp, p)
+    s = w.wait_sync(mark)
+    assert s["servicesChanged"] == ["~default/web"]
+    time.sleep(0.8)  # a second sync would come within debounce + minSyncPeriod
+    assert len(w.events("sync", mark)) == 1, w.events("sync", mark)
+    assert_clean(w.manifests, w.state, w.ns, w.config)
+
+    # a concurrent apply fails fast and names the watch process (the lock is held for its lifetime)
+    t0 = time.monotonic()
+    a = run("apply", str(w.manifests), state=w.state, ns=w.ns, config=w.config)
+    assert a.returncode == 1 and time.monotonic() - t0 < 10
+    assert f"pid {w.proc.pid}" in a.stderr and "watch" in a.stderr, a.stderr
+
+    # SIGTERM: exit 0, the rules stay
+    assert w.stop() == 0
+    assert "10.244.0.78" in listing(w.ns)
+    assert w.find("stop")
+
+
+@pytest.mark.kernel
+def test_git_sync_swap_is_one_revision(netns, tmp_path):
+    root = tmp_path / "srv"
+    root.mkdir()
+    shutil.copytree(EDGE, root / REV_A)
+    (root / "current").symlink_to(REV_A)
+    cfg = short_config(tmp_path)
+    w = Watch(netns, root / "current", cfg, tmp_path / "state")
+    try:
+        w.wait_sync(0, revision="a" * 40)
+        # rev-B renames shop/api's port in the Service AND its slice: either file alone
+        # is invalid (the named targetPort resolves through the slice port's name)
+        shutil.copytree(root / REV_A, root / REV_B)
+        svc, eps = root / REV_B / "services.yaml", root / REV_B / "endpointslices.yaml"
+        svc.write_text(svc.read_text().replace("- name: https\n      port: 443\n      targetPort: https",
+                                               "- name: tls\n      port: 443\n      targetPort: tls"))
+        eps.write_text(eps.read_text().replace("- name: https\n    port: 8443", "- name: tls\n    port: 8443"))
+        mark = len(w.lines)
+        (root / "tmp-link").symlink_to(REV_B)
+        os.replace(root / "tmp-link", root / "current")  # mv -T: the atomic swap
+        s = w.wait_sync(mark, revision="b" * 40)
+        assert s["servicesChanged"] == ["~shop/api"], s
+        assert not w.find("invalid", mark) and not [x for x in w.lines[mark:] if x.get("level") == "error"]
+        assert "/tls" in listing(netns)
+        st = json.loads(run("status", "-o", "json", state=w.state, ns=netns, config=cfg).stdout)
+        assert st["lastAppliedRevision"] == "b" * 40
+        # git-sync removes the old worktree; nothing happens
+        shutil.rmtree(root / REV_A)
+        time.sleep(0.5)
+        assert not w.find("invalid", mark)
+        assert w.stop() == 0
+    finally:
+        if w.proc.poll() is None:
+            w.proc.kill()
+
+
+@pytest.mark.kernel
+def test_invalid_revision_keeps_last_good_and_metrics(watched):
+    w = watched
+    w.wait_sync(0, kind="full")
+    code, body = w.http("/healthz")
+    assert code == 200, body
+    before = listing(w.ns)
+    svc = w.manifests / "services.yaml"
+    good = svc.read_text()
+    mark = len(w.lines)
+    svc.write_text(good.replace("port: 80\n", "port: 70000\n", 1))
+    bad = w.wait(lambda: w.find("invalid", mark), what="the invalid revision")
+    problems = [x for x in w.lines[mark:] if x.get("severity") == "error"]
+    assert problems and problems[0]["file"].endswith("services.yaml") and problems[0]["line"] > 0
+    assert listing(w.ns) == before  # the last good ruleset stays
+    st = json.loads(run("status", "-o", "json", state=w.state, ns=w.ns, config=w.config).stdout)
+    assert st["lastAttemptedRevision"] == bad["revision"] != st["lastAppliedRevision"]
+    code, body = w.http("/healthz")
+    assert code == 503 and "invalid" in body
+    _, metrics = w.http("/metrics")
+    assert f'nftrec_attempted_revision_info{{revision="{bad["revision"]}"}} 1.0' in metrics
+    assert f'nftrec_applied_revision_info{{revision="{st["lastAppliedRevision"]}"}} 1.0' in metrics
+
+    mark = len(w.lines)
+    svc.write_text(good.replace("port: 80\n", "port: 81\n", 1))
+    s = w.wait_sync(mark)
+    assert s["servicesChanged"] == ["~default/web"]
+    code, body = w.http("/healthz")
+    assert code == 200, body
+    st = json.loads(run("status", "-o", "json", state=w.state, ns=w.ns, config=w.config).stdout)
+    assert st["lastAttemptedRevision"] == st["lastAppliedRevision"] == s["revision"]
+
+    _, m = w.http("/metrics")
+    values = {}
+    for line in m.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            values[name] = float(value)
+    assert values['nftrec_sync_duration_seconds_count{kind="full"}'] >= 1
+    assert values['nftrec_sync_duration_seconds_count{kind="partial"}'] >= 1
+    assert 0 < values['nftrec_sync_duration_seconds_sum{kind="partial"}'] < 10
+    assert abs(values["nftrec_last_sync_timestamp_seconds"] - time.time()) < 30
+    assert values["nftrec_sync_failures_total"] == 0
+    rules_ip = sum(1 for ln in listing(w.ns).splitlines() if ln.strip() and not ln.strip().startswith(
+        ("table", "chain", "set", "map", "type", "flags", "elements", "comment", "}", "timeout", "hook")))
+    assert values['nftrec_rules{family="ip"}'] > 10 and values['nftrec_set_elements{family="ip"}'] > 5
+    assert rules_ip > 0
+    assert f'nftrec_applied_revision_info{{revision="{s["revision"]}"}} 1.0' in m
+    assert "nftrec_drift_repairs_total 0.0" in m and "nftrec_conntrack_entries_deleted_total" in m
+    assert w.stop() == 0
+
+
+@pytest.mark.kernel
+def test_drift_repaired_by_full_sync(netns, tmp_path):
+    d = tmp_path / "m"
+    shutil.copytree(EDGE, d)
+    cfg = short_config(tmp_path, fullSyncPeriod="2s")
+    w = Watch(netns, d, cfg, tmp_path / "state")
+    try:
+        w.wait_sync(0, kind="full")
+        chain = next(ln.split()[1] for ln in listing(netns).splitlines()
+                     if ln.strip().startswith("chain service-") and "default/web" in ln)
+        out = in_ns(netns, "nft", "-a", "list", "chain", "ip", "nftrec", chain).stdout
+        handle = re.findall(r"# handle (\d+)", out)[-1]
+        mark = len(w.lines)
+        in_ns(netns, "nft", "delete", "rule", "ip", "nftrec", chain, "handle", handle)
+        drift = w.wait(lambda: w.find("drift", mark), timeout=10, what="the drift repair")
+        assert drift["objects"] >= 1 and "default/web" in drift["services"]
+        w.wait_sync(mark, kind="full")
+        assert_clean(d, w.state, netns, cfg)
+        _, m = w.http("/metrics")
+        assert "nftrec_drift_repairs_total 1.0" in m or "nftrec_drift_repairs_total 2.0" in m
+        assert w.stop() == 0
+    finally:
+        if w.proc.poll() is None:
+            w.proc.kill()
+
+
+@pytest.mark.kernel
+def test_invalid_first_revision_then_fixed_and_sighup(netns, tmp_path):
+    d = tmp_path / "m"
+    shutil.copytree(EDGE, d)
+    svc = d / "services.yaml"
+    good = svc.read_text()
+    svc.write_text(good.replace("clusterIP: 10.96.0.10", "clusterIP: 10.96.0.300"))
+    cfg = short_config(tmp_path)
+    w = Watch(netns, d, cfg, tmp_path / "state")
+    try:
+        w.wait(lambda: w.find("invalid"), what="the invalid first revision")
+        time.sleep(0.3)
+        assert in_ns(netns, "nft", "list", "tables").stdout.strip() == ""  # kernel untouched
+        assert w.http("/healthz")[0] == 503
+        mark = len(w.lines)
+        svc.write_text(good)
+        w.wait_sync(mark, kind="full")
+        assert w.http("/healthz")[0] == 200
+        assert_clean(d, w.state, netns, cfg)
+
+        # SIGHUP with a changed node config: re-read and applied in a full sync
+        cfg.write_text(cfg.read_text().replace("masqueradeAll: false", "masqueradeAll: true"))
+        mark = len(w.lines)
+        w.proc.send_signal(signal.SIGHUP)
+        s = w.wait_sync(mark, kind="full")
+        assert s["operations"] > 0
+        assert_clean(d, w.state, netns, cfg)
+        assert w.stop() == 0
+        assert "nftrec" in in_ns(netns, "nft", "list", "tables").stdout  # rules stay
+    finally:
+        if w.proc.poll() is None:
+            w.proc.kill()
