@@ -11,12 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from . import model
 from .load import Document, LoadResult, load_manifests
 from .problems import Problem
 from .schemas import parse_cidr, parse_ip
-from .validate import SERVICE_NAME_LABEL, Checked, check, family
+from .validate import SERVICE_NAME_LABEL, check, family
 
 
 @dataclass
@@ -152,25 +153,37 @@ def service_cidr_from(doc: Document) -> model.ServiceCIDR:
                              source=doc.source)
 
 
-def build_inventory(checked: Checked, revision: str) -> model.Inventory:
-    """The model from the valid objects of a validation run."""
+def model_objects(o) -> list:
+    """The model objects one validated document (validate.Obj) makes: a legacy Endpoints
+    makes one slice per subset and family, every other kind exactly one object."""
+    if o.kind == "Service":
+        return [service_from(o.doc)]
+    if o.kind == "EndpointSlice":
+        return [slice_from(o.doc)]
+    if o.kind == "Endpoints":
+        return slices_from_endpoints(o.doc)
+    return [service_cidr_from(o.doc)]
+
+
+def build_inventory(objects, revision: str, make: Callable[[object], list] = model_objects) -> model.Inventory:
+    """The model from the valid objects of a validation run (`make` lets the watch loop
+    reuse model objects of unchanged documents)."""
     services, slices, cidrs = [], [], []
-    for o in checked.objects:
-        if o.kind == "Service":
-            services.append(service_from(o.doc))
-        elif o.kind == "EndpointSlice":
-            slices.append(slice_from(o.doc))
-        elif o.kind == "Endpoints":
-            slices.extend(slices_from_endpoints(o.doc))
-        elif o.kind == "ServiceCIDR":
-            cidrs.append(service_cidr_from(o.doc))
+    for o in objects:
+        for m in make(o):
+            if isinstance(m, model.Service):
+                services.append(m)
+            elif isinstance(m, model.EndpointSlice):
+                slices.append(m)
+            else:
+                cidrs.append(m)
     return model.Inventory(services=tuple(services), endpoint_slices=tuple(slices), service_cidrs=tuple(cidrs),
                            revision=revision)
 
 
 def inventory_from_load(loaded: LoadResult, *, strict: bool = False) -> InventoryResult:
     checked = check(loaded, strict=strict)
-    inv = build_inventory(checked, loaded.revision)
+    inv = build_inventory(checked.objects, loaded.revision)
     return InventoryResult(inv, checked.problems, checked.documents, loaded.files, loaded.digest)
 
 

@@ -321,27 +321,20 @@ class Intake:
 
     def _inventory(self, objs: list, revision: str) -> Inventory:
         """inventory.build_inventory, with model objects cached per document."""
-        from reconciler.inventory import service_cidr_from, service_from, slice_from, slices_from_endpoints
+        from reconciler.inventory import build_inventory, model_objects
 
-        build = {"Service": lambda d: [service_from(d)], "EndpointSlice": lambda d: [slice_from(d)],
-                 "Endpoints": slices_from_endpoints, "ServiceCIDR": lambda d: [service_cidr_from(d)]}
-        services, slices, cidrs = [], [], []
         cache: dict[int, tuple] = {}
-        for o in objs:
+
+        def cached(o) -> list:
             entry = self._models.get(id(o.doc))
             if entry is None or entry[0] is not o.doc:
-                entry = (o.doc, build[o.kind](o.doc))
+                entry = (o.doc, model_objects(o))
             cache[id(o.doc)] = entry
-            made = entry[1]
-            if o.kind == "Service":
-                services.extend(made)
-            elif o.kind in ("EndpointSlice", "Endpoints"):
-                slices.extend(made)
-            else:
-                cidrs.extend(made)
+            return entry[1]
+
+        inventory = build_inventory(objs, revision, make=cached)
         self._models = cache
-        return Inventory(services=tuple(services), endpoint_slices=tuple(slices), service_cidrs=tuple(cidrs),
-                         revision=revision)
+        return inventory
 
 
 # --- compile: only changed Services -----------------------------------------------------------
