@@ -53,6 +53,7 @@ from reconciler.nft import NftError
 from reconciler.plan import make_plan
 from reconciler.problems import ERROR, Problem
 from reconciler.ruleset import NftSyntaxError, Ruleset, Table, chain_id, element_id, set_id
+from reconciler.state import StateCorrupt
 
 DEBOUNCE = 0.2  # seconds of quiet after the last file event before a sync is triggered
 DEBOUNCE_MAX = 2.0  # a continuous stream of events triggers at least this often
@@ -65,6 +66,10 @@ LOCK_RETRY = 1.0  # seconds between attempts to take the namespace lock at start
 
 class SyncFailed(Exception):
     """A sync that failed; the runner retries after syncPeriod (already logged)."""
+
+
+class Fatal(SyncFailed):
+    """The daemon cannot go on (its network namespace is gone): it exits 1 (already logged)."""
 
 
 class Runner:
@@ -435,6 +440,17 @@ def project(rs: Ruleset, static: Ruleset, fragments: list) -> Ruleset:
     return out
 
 
+def _netns_id(netns: str | None) -> tuple | None:
+    if netns is None:
+        return None
+    path = netns if netns.startswith("/") else f"/run/netns/{netns}"
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 def _udp_services(inv: Inventory | None) -> set[str]:
     if inv is None:
         return set()
@@ -465,7 +481,7 @@ class Daemon:
         self.desired: Compiled | None = None  # the last good revision, compiled
         self.applied: Compiled | None = None  # what our last commit put in the kernel
         self.token: int | None = None  # kernel token right after our last commit
-        self.last_digest: str | None = None  # input digest last read (valid or not)
+        self.last_digest: tuple | None = None  # (input digest, revision) last read (valid or not)
         self.invalid: tuple[str, str] | None = None  # (revision, message) of an invalid latest revision
         self.need_full = True
         self.reload_config = False
@@ -473,6 +489,8 @@ class Daemon:
         self.last_success: float | None = None
         self.started = clock()
         self.on_root: Callable[[str], None] | None = None  # the watcher follows the resolved root
+        self.store_error: str | None = None  # the last state-store write error (logged once)
+        self.netns_id: tuple | None = None  # (st_dev, st_ino) of --netns when entered
 
     # -- config
 
@@ -517,6 +535,7 @@ class Daemon:
 
     def sync(self) -> float | None:
         start = self.clock()
+        self._check_netns()
         if self.reload_config:
             self.reload_config = False
             before = self.config
@@ -527,8 +546,15 @@ class Daemon:
         snap = self.intake.read()
         if self.on_root is not None:
             self.on_root(snap.root)
-        if snap.digest != self.last_digest:
+        if (snap.digest, snap.revision) != self.last_digest:
             self._take(snap)
+        if self.desired is not None and self.desired.config != self.config:
+            # SIGHUP changed the node config while the newest revision is invalid: the
+            # last good revision is what stays in the kernel, compiled with the new config.
+            try:
+                self.desired = compile_incremental(self.desired.inventory, self.config, self.desired)
+            except NftSyntaxError as e:
+                logs.log.error(f"the last good revision does not compile with the new node config: {e}")
         full_due = self.last_full is None or self.clock() - self.last_full >= self.config.full_sync_period
         full = self.need_full or full_due
         if self.desired is None:
@@ -549,7 +575,7 @@ class Daemon:
 
     def _take(self, snap: Snapshot) -> None:
         """A new revision read: log its problems; compile it when valid."""
-        self.last_digest = snap.digest
+        self.last_digest = (snap.digest, snap.revision)
         for p in snap.problems:
             logs.problem(p)
         compiled, message = None, None
@@ -566,7 +592,7 @@ class Daemon:
                            f"it was not applied and the last good ruleset stays in the kernel. "
                            f"Run `nftrec validate {self.intake.shown}` for the full report.",
                            extra={"fields": {"event": "invalid", "revision": snap.revision, "errors": snap.errors}})
-            self.store.record_attempt(snap.revision, f"invalid input: {message}")
+            self._record(self.store.record_attempt, snap.revision, f"invalid input: {message}")
             self._set_revisions()
             return
         self.invalid = None
@@ -641,9 +667,9 @@ class Daemon:
             self.last_full = start
         self.last_success = kernel_done
         live_fp = fingerprint(verified_live if verified_live is not None else canonical(desired.ruleset))
-        self.store.record_applied(desired.inventory.revision, desired.ruleset, live_fp, after)
-        if self.invalid is not None:  # still the newest revision read: keep it visible
-            self.store.record_attempt(self.invalid[0], f"invalid input: {self.invalid[1]}")
+        if self._record(self.store.record_applied, desired.inventory.revision, desired.ruleset, live_fp, after) \
+                and self.invalid is not None:  # still the newest revision read: keep it visible
+            self._record(self.store.record_attempt, self.invalid[0], f"invalid input: {self.invalid[1]}")
         self._set_revisions()
         drifted = len(drift) if drift is not None else 0
         if drifted:
@@ -675,6 +701,42 @@ class Daemon:
                               "filesParsed": self.intake.parsed}})
         self._conntrack(previous, desired, plan)
 
+    def _record(self, fn, *args) -> bool:
+        """A state-store write. The kernel is what matters: a write that fails (state dir
+        unwritable, disk full) is logged once until writes work again, without a traceback,
+        and never fails the sync (`nftrec status` is stale meanwhile)."""
+        try:
+            fn(*args)
+        except (OSError, StateCorrupt) as e:
+            message = f"cannot record the state in {self.store.dir}: {e}"
+            if message != self.store_error:
+                logs.log.error(f"{message}; the kernel is still reconciled, `nftrec status` is stale until "
+                               f"the state directory is writable again",
+                               extra={"fields": {"event": "state", "ok": False}})
+            self.store_error = message
+            return False
+        if self.store_error is not None:
+            logs.log.info(f"state directory {self.store.dir} is writable again", extra={"fields": {"event": "state"}})
+            self.store_error = None
+        return True
+
+    def bind_netns(self) -> None:
+        """Remember which namespace --netns named when the daemon entered it."""
+        self.netns_id = _netns_id(self.target.netns)
+
+    def _check_netns(self) -> None:
+        """The namespace thread keeps a deleted namespace alive: without this check the
+        daemon would go on reconciling a namespace nothing else can see."""
+        if self.target.netns is None or self.netns_id is None:
+            return
+        now = _netns_id(self.target.netns)
+        if now != self.netns_id:
+            what = "was deleted" if now is None else "was deleted and re-created"
+            logs.log.error(f"network namespace {self.target.netns} {what} while nftrec watch ran; exiting "
+                           f"(restart nftrec watch once the namespace exists)",
+                           extra={"fields": {"event": "netns", "ok": False}})
+            raise Fatal(f"network namespace {self.target.netns} {what}")
+
     def _last_applied_ruleset(self) -> Ruleset | None:
         """What we last committed (memory, else the state store): the reference for drift."""
         if self.applied is not None:
@@ -692,10 +754,7 @@ class Daemon:
         logs.log.error(f"sync {'full' if full else 'partial'} of revision {short_revision(desired.inventory.revision)} "
                        f"failed: {message}; retrying in {self.config.sync_period:g}s",
                        extra={"fields": {"event": "sync", "ok": False, "revision": desired.inventory.revision}})
-        try:
-            self.store.record_attempt(desired.inventory.revision, message)
-        except OSError as e:
-            logs.log.error(f"cannot record the failed attempt in {self.store.dir}: {e}")
+        self._record(self.store.record_attempt, desired.inventory.revision, message)
         if self.metrics is not None:
             self.metrics.observe_sync("full" if full else "partial", self.clock() - start, False)
             self.metrics.set_revisions(self.applied.inventory.revision if self.applied else None,
@@ -867,6 +926,7 @@ def run_watch(directory: Path, config_path: Path | None, target: Target, *, stri
         except CommandError as e:
             logs.log.error(str(e))
             return 1
+        daemon.bind_netns()
         if not daemon.load_config():
             return 1
         cfg = daemon.config
@@ -891,9 +951,15 @@ def run_watch(directory: Path, config_path: Path | None, target: Target, *, stri
                 stop_requested.wait(LOCK_RETRY)
         if stop_requested.is_set():
             return 0
+        fatal = []
+
         def sync() -> float | None:
             try:
                 return daemon.sync()
+            except Fatal:
+                fatal.append(True)
+                runner.stop()
+                raise
             finally:  # a SIGHUP may have changed the periods
                 c = daemon.config
                 runner.set_intervals(c.min_sync_period, c.sync_period, c.full_sync_period)
@@ -914,6 +980,8 @@ def run_watch(directory: Path, config_path: Path | None, target: Target, *, stri
         if stop_requested.is_set():
             runner.stop()
         runner.loop()
+        if fatal:
+            return 1
         logs.log.info("stopping: the rules stay in place", extra={"fields": {"event": "stop"}})
         return 0
     finally:

@@ -181,6 +181,87 @@ def test_intake_and_incremental_compile_equal_the_whole_pipeline(tmp_path):
     assert not snap4.ok and any(p.file.endswith("bad.yaml") and p.line for p in snap4.problems)
 
 
+def _step(intake, d: Path, cfg, prev):
+    """One read + incremental compile, checked against the whole pipeline (the oracle):
+    inventory, ruleset, and the projected (fast-path) diff against the whole diff."""
+    from reconciler.compile import compile_ruleset, compile_static
+    from reconciler.diff import diff
+    from reconciler.live import canonical
+    from reconciler.watch import changed_services, compile_incremental, project
+
+    snap = _same_as_read_inventory(intake, d)
+    if not snap.ok:
+        return snap, prev
+    c = compile_incremental(snap.inventory, cfg, prev)
+    assert c.ruleset == compile_ruleset(snap.inventory, cfg)
+    if prev is not None:
+        whole = sorted(x.id for x in diff(c.ruleset, canonical(prev.ruleset)))
+        changed = changed_services(prev, c)
+        if changed is not None:
+            static = compile_static(cfg, snap.inventory)
+            frags = [f for k in changed for f in (prev.fragments.get(k), c.fragments.get(k)) if f]
+            small = diff(project(c.ruleset, static, frags), canonical(project(prev.ruleset, static, frags)))
+            assert sorted(x.id for x in small) == whole
+    return snap, c
+
+
+def test_incremental_equals_oracle_on_deletes_moves_relabels_cidrs_and_invalid(tmp_path):
+    from dataclasses import replace
+
+    from reconciler.watch import Intake
+
+    d = tmp_path / "m"
+    shutil.copytree(EDGE, d)
+    cfg = _cfg()
+    intake = Intake(d)
+    snap, c = _step(intake, d, cfg, None)
+    svc = d / "services.yaml"
+    eps = d / "endpointslices.yaml"
+    docs = svc.read_text().split("\n---\n")
+    idle = next(x for x in docs if "name: idle" in x)
+    # a Service moves to another file (same content): nothing to recompile or change
+    svc.write_text("\n---\n".join(x for x in docs if x is not idle))
+    (d / "apps" / "idle.yaml").write_text(idle)
+    snap, c2 = _step(intake, d, cfg, c)
+    assert c2.recompiled == 0 and c2.ruleset == c.ruleset
+    # a file deleted: its Service goes; the cache forgets the file
+    (d / "apps" / "idle.yaml").unlink()
+    snap, c3 = _step(intake, d, cfg, c2)
+    assert "default/idle" not in c3.fragments and not any("idle.yaml" in k for k in intake._files)
+    # a slice changes its service-name label: both Services recompiled
+    eps.write_text(eps.read_text().replace("kubernetes.io/service-name: web", "kubernetes.io/service-name: web2", 1))
+    snap, c4 = _step(intake, d, cfg, c3)
+    # ... and back
+    eps.write_text(eps.read_text().replace("kubernetes.io/service-name: web2", "kubernetes.io/service-name: web", 1))
+    snap, c5 = _step(intake, d, cfg, c4)
+    assert c5.ruleset == c3.ruleset
+    # ServiceCIDR changed, then removed (a static-part change)
+    sc = d / "servicecidr.json"
+    sc.write_text(sc.read_text().replace("10.96.0.0/16", "10.96.0.0/12"))
+    snap, c6 = _step(intake, d, cfg, c5)
+    sc.unlink()
+    snap, c7 = _step(intake, d, cfg, c6)
+    # a rename within the tree (git mv)
+    os.rename(eps, d / "apps" / "slices.yaml")
+    snap, c8 = _step(intake, d, cfg, c7)
+    assert c8.ruleset == c7.ruleset
+    # node config changed: everything recompiled
+    cfg2 = replace(cfg, masquerade_all=not cfg.masquerade_all)
+    snap, c9 = _step(intake, d, cfg2, c8)
+    assert c9.recompiled == len(c9.fragments)
+    # a file becomes invalid, then valid again (the same bytes as before)
+    good = svc.read_text()
+    svc.write_text(good.replace("port: 80\n", "port: 70000\n", 1))
+    bad, same = _step(intake, d, cfg2, c9)
+    assert not bad.ok and same is c9
+    svc.write_text(good)
+    snap, c10 = _step(intake, d, cfg2, c9)
+    assert c10.ruleset == c9.ruleset and c10.recompiled == 0
+    # caches hold only what the last read saw
+    assert len(intake._files) == snap.files
+    assert len(intake._checked) == sum(len(e.docs) for e in intake._files.values())
+
+
 # --- the daemon as a process ----------------------------------------------------------------
 
 
@@ -479,3 +560,64 @@ def test_invalid_first_revision_then_fixed_and_sighup(netns, tmp_path):
     finally:
         if w.proc.poll() is None:
             w.proc.kill()
+
+
+@pytest.mark.kernel
+def test_same_content_revision_is_recorded(netns, tmp_path):
+    """git-sync publishes a commit that changed no manifest: the kernel stays, but the new
+    revision is the applied one (the input digest alone must not hide it)."""
+    root = tmp_path / "srv"
+    root.mkdir()
+    shutil.copytree(EDGE, root / REV_A)
+    (root / "current").symlink_to(REV_A)
+    cfg = short_config(tmp_path)
+    w = Watch(netns, root / "current", cfg, tmp_path / "state")
+    try:
+        w.wait_sync(0, revision="a" * 40)
+        shutil.copytree(root / REV_A, root / REV_B)
+        mark = len(w.lines)
+        (root / "tmp-link").symlink_to(REV_B)
+        os.replace(root / "tmp-link", root / "current")
+        s = w.wait_sync(mark, revision="b" * 40)
+        assert s["operations"] == 0 and s["servicesChanged"] == []
+        st = json.loads(run("status", "-o", "json", state=w.state, ns=netns, config=cfg).stdout)
+        assert st["lastAppliedRevision"] == st["lastAttemptedRevision"] == "b" * 40
+        assert w.stop() == 0
+    finally:
+        if w.proc.poll() is None:
+            w.proc.kill()
+
+
+@pytest.mark.kernel
+def test_unwritable_state_dir_and_deleted_namespace(watched):
+    """State writes failing: the kernel is still reconciled, one clear error, no traceback.
+    The namespace deleted under the daemon: a clear error and exit 1, not a silent sync of
+    an orphaned namespace."""
+    w = watched
+    w.wait_sync(0, kind="full")
+    tables = next(w.state.rglob("tables"))
+    shutil.rmtree(tables)
+    tables.write_text("not a directory")  # root ignores modes: make writes fail another way
+    p = w.manifests / "endpointslices.yaml"
+    for ip in ("10.244.0.71", "10.244.0.72"):
+        mark = len(w.lines)
+        p.write_text(re.sub(r"10\.244\.0\.(12|7\d)\]", ip + "]", p.read_text()))
+        w.wait_sync(mark, kind="partial")
+        w.wait(lambda: ip in listing(w.ns), what=f"{ip} in the kernel")
+    errors = [x for x in w.lines if x.get("event") == "state" and x.get("ok") is False]
+    assert len(errors) == 1 and "cannot record the state" in errors[0]["msg"], errors
+    tables.unlink()
+    mark = len(w.lines)
+    p.write_text(p.read_text().replace("10.244.0.72]", "10.244.0.73]"))
+    w.wait_sync(mark, kind="partial")
+    w.wait(lambda: w.find("state", mark), what="the state dir writable again")
+    assert not any("Traceback" in line for line in w.raw), "".join(w.raw)
+
+    in_ns(w.ns, "true")
+    subprocess.run(["ip", "netns", "del", w.ns], check=True)
+    p.write_text(p.read_text().replace("10.244.0.73]", "10.244.0.74]"))
+    rc = w.proc.wait(timeout=10)
+    w._t.join(5)
+    assert rc == 1
+    assert any(x.get("event") == "netns" and "was deleted" in x.get("msg", "") for x in w.lines), "".join(w.raw)
+    assert not any("Traceback" in line for line in w.raw), "".join(w.raw)
