@@ -414,14 +414,18 @@ def test_initial_sync_edit_editor_save_and_concurrent_apply(watched):
     assert w.find("stop")
 
 
-@pytest.mark.kernel
-def test_git_sync_swap_is_one_revision(netns, tmp_path):
+def git_sync_watch(netns: str, tmp_path: Path) -> tuple[Path, "Watch"]:
+    """A git-sync layout (`srv/current -> rev-A`, edge-small) watched by a daemon."""
     root = tmp_path / "srv"
     root.mkdir()
     shutil.copytree(EDGE, root / REV_A)
     (root / "current").symlink_to(REV_A)
-    cfg = short_config(tmp_path)
-    w = Watch(netns, root / "current", cfg, tmp_path / "state")
+    return root, Watch(netns, root / "current", short_config(tmp_path), tmp_path / "state")
+
+
+@pytest.mark.kernel
+def test_git_sync_swap_is_one_revision(netns, tmp_path):
+    root, w = git_sync_watch(netns, tmp_path)
     try:
         w.wait_sync(0, revision="a" * 40)
         # rev-B renames shop/api's port in the Service AND its slice: either file alone
@@ -438,7 +442,7 @@ def test_git_sync_swap_is_one_revision(netns, tmp_path):
         assert s["servicesChanged"] == ["~shop/api"], s
         assert not w.find("invalid", mark) and not [x for x in w.lines[mark:] if x.get("level") == "error"]
         assert "/tls" in listing(netns)
-        st = json.loads(run("status", "-o", "json", state=w.state, ns=netns, config=cfg).stdout)
+        st = json.loads(run("status", "-o", "json", state=w.state, ns=netns, config=w.config).stdout)
         assert st["lastAppliedRevision"] == "b" * 40
         # git-sync removes the old worktree; nothing happens
         shutil.rmtree(root / REV_A)
@@ -566,12 +570,7 @@ def test_invalid_first_revision_then_fixed_and_sighup(netns, tmp_path):
 def test_same_content_revision_is_recorded(netns, tmp_path):
     """git-sync publishes a commit that changed no manifest: the kernel stays, but the new
     revision is the applied one (the input digest alone must not hide it)."""
-    root = tmp_path / "srv"
-    root.mkdir()
-    shutil.copytree(EDGE, root / REV_A)
-    (root / "current").symlink_to(REV_A)
-    cfg = short_config(tmp_path)
-    w = Watch(netns, root / "current", cfg, tmp_path / "state")
+    root, w = git_sync_watch(netns, tmp_path)
     try:
         w.wait_sync(0, revision="a" * 40)
         shutil.copytree(root / REV_A, root / REV_B)
@@ -580,7 +579,7 @@ def test_same_content_revision_is_recorded(netns, tmp_path):
         os.replace(root / "tmp-link", root / "current")
         s = w.wait_sync(mark, revision="b" * 40)
         assert s["operations"] == 0 and s["servicesChanged"] == []
-        st = json.loads(run("status", "-o", "json", state=w.state, ns=netns, config=cfg).stdout)
+        st = json.loads(run("status", "-o", "json", state=w.state, ns=netns, config=w.config).stdout)
         assert st["lastAppliedRevision"] == st["lastAttemptedRevision"] == "b" * 40
         assert w.stop() == 0
     finally:
