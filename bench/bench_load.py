@@ -75,7 +75,7 @@ def main() -> None:
         t1 = time.perf_counter()
         checked = check(loaded)
         t2 = time.perf_counter()
-        inv = build_inventory(checked, loaded.revision)
+        inv = build_inventory(checked.objects, loaded.revision)
         t3 = time.perf_counter()
     assert checked.ok, checked.problems[:5]
     print(f"libyaml C loader: {FAST}")

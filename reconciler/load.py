@@ -28,6 +28,8 @@ from pathlib import Path
 
 from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
+from ruamel.yaml.nodes import MappingNode, ScalarNode, SequenceNode
+from ruamel.yaml.tag import Tag
 
 try:  # libyaml-based; falls back to the pure-Python loader (slower, same results)
     from ruamel.yaml.cyaml import CSafeLoader as _Loader
@@ -54,6 +56,8 @@ _SAFE_C_DEPTH = 2_000
 SUFFIXES = (".yaml", ".yml", ".json")
 
 warnings.filterwarnings("ignore", module=r"ruamel\.yaml.*")  # YAML 1.1 float chatter
+_RESOLVED: dict[str, Tag] = {}  # plain scalar text -> its resolved tag (see _KubeLoader.resolve)
+_TAGS: dict[str, Tag] = {}  # tag text -> one shared Tag
 
 
 def _kube_resolvers() -> dict:
@@ -74,6 +78,26 @@ def _kube_resolvers() -> dict:
 
 class _KubeLoader(_Loader):  # type: ignore[misc, valid-type]
     yaml_implicit_resolvers = _kube_resolvers()
+
+    if not _Loader.yaml_path_resolvers and None not in yaml_implicit_resolvers:
+        def resolve(self, kind, value, implicit):
+            """ruamel's resolve() (the C composer calls it for every untagged node), with
+            one shared Tag per plain scalar text: the result depends on nothing else."""
+            if kind is not ScalarNode:
+                return self.DEFAULT_MAPPING_TAG if kind is MappingNode else self.DEFAULT_SEQUENCE_TAG
+            if not implicit[0]:
+                return self.DEFAULT_SCALAR_TAG
+            tag = _RESOLVED.get(value)
+            if tag is None:
+                tag = self.DEFAULT_SCALAR_TAG
+                for suffix, regexp in self.yaml_implicit_resolvers.get(value[:1], ()):
+                    if regexp.match(value):
+                        tag = _TAGS.setdefault(suffix, Tag(suffix=suffix))
+                        break
+                if len(_RESOLVED) >= 100_000:  # bounded: watch runs for days
+                    _RESOLVED.clear()
+                _RESOLVED[value] = tag
+            return tag
 
 
 _Loader = _KubeLoader  # noqa: F811 - every parse below uses the adjusted resolvers
@@ -289,6 +313,83 @@ def check_shape(data, line: int, col: int) -> None:
 # --- parsing ---------------------------------------------------------------------------
 
 
+class _Slow(Exception):
+    """_construct_fast met something it leaves to ruamel's constructor."""
+
+
+_STR, _MAP, _SEQ = _Loader.DEFAULT_SCALAR_TAG, _Loader.DEFAULT_MAPPING_TAG, _Loader.DEFAULT_SEQUENCE_TAG
+_Y = "tag:yaml.org,2002:"
+_SCALAR_TAGS = {_Y + "str": "str", _Y + "int": "int", _Y + "bool": "bool", _Y + "null": "null", _Y + "float": "float"}
+_ASCII_INT = re.compile(r"(?:0|[1-9][0-9]*)\Z")
+
+
+def _construct_fast(root, loader):
+    """The plain data of a composed document, for the common case: what ruamel's
+    SafeConstructor followed by check_shape() would return, built in one pass.
+
+    Raises _Slow (or whatever else goes wrong) for anything else, and the caller then
+    runs exactly those two, which produce the same data or the same error: a node
+    reached twice (aliases), merge keys, tags other than str/int/float/bool/null/map/seq,
+    non-string or duplicate keys, nesting deeper than MAX_DEPTH, or more scalar values
+    than check_shape allows to be added by aliases (it counts every scalar)."""
+    seen: set[int] = set()
+    leaves = 0
+    bools = loader.bool_values
+
+    def scalar(node):
+        tag = node.ctag
+        kind = "str" if tag is _STR else _SCALAR_TAGS.get(str(tag))
+        if kind is None or type(node) is not ScalarNode:
+            raise _Slow
+        value = node.value
+        if kind == "str":
+            return value
+        if kind == "int":
+            return int(value) if _ASCII_INT.match(value) else loader.construct_yaml_int(node)
+        if kind == "bool":
+            return bools[value.lower()]
+        if kind == "null":
+            return None
+        return loader.construct_yaml_float(node)
+
+    def build(node, depth):
+        nonlocal leaves
+        t = type(node)
+        if t is ScalarNode:
+            return scalar(node)
+        if id(node) in seen or depth > MAX_DEPTH:
+            raise _Slow
+        seen.add(id(node))
+        tag = node.ctag
+        if t is MappingNode and (tag is _MAP or str(tag) == _Y + "map"):
+            out = {}
+            unset = False
+            for key_node, value_node in node.value:
+                if type(key_node) is not ScalarNode:
+                    raise _Slow
+                key = scalar(key_node)
+                if type(key) is not str or key in out:
+                    raise _Slow
+                value = out[key] = build(value_node, depth + 1)
+                if value is None:
+                    unset = True
+                elif type(value) is not dict and type(value) is not list:
+                    leaves += 1
+            if unset:  # `field: null` means unset (see check_shape)
+                out = {k: v for k, v in out.items() if v is not None}
+            return out
+        if t is SequenceNode and (tag is _SEQ or str(tag) == _Y + "seq"):
+            out = [build(child, depth + 1) for child in node.value]
+            leaves += sum(1 for v in out if type(v) is not dict and type(v) is not list)
+            return out
+        raise _Slow
+
+    data = build(root, 1)
+    if leaves > MAX_ALIAS_EXPANSION:
+        raise _Slow
+    return data
+
+
 def _parse_yaml(text: str) -> list[tuple[object, int, int, list]]:
     """[(data, line, col, item_positions)] per YAML document; item_positions holds
     (line, col) of `items[i]` for `kind: List` documents."""
@@ -302,13 +403,16 @@ def _parse_yaml(text: str) -> list[tuple[object, int, int, list]]:
             if node is None:
                 continue
             line, col = node.start_mark.line + 1, node.start_mark.column + 1
-            data = loader.construct_document(node)
+            try:
+                data = _construct_fast(node, loader)
+            except Exception:  # anything unusual: ruamel's constructor and check_shape decide
+                data = loader.construct_document(node)
+                check_shape(data, line, col)
             items = []
             if isinstance(data, dict) and data.get("kind") == "List" and type(node).__name__ == "MappingNode":
                 for k, v in node.value:
                     if k.value == "items" and type(v).__name__ == "SequenceNode":
                         items = [(n.start_mark.line + 1, n.start_mark.column + 1) for n in v.value]
-            check_shape(data, line, col)
             out.append((data, line, col, items))
     finally:
         _dispose(loader)
