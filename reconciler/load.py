@@ -303,6 +303,9 @@ def check_shape(data, line: int, col: int) -> None:
         else:
             for v in node:
                 stack.append((v, depth + 1, False))
+        # This container's scalars are written out in the file once each (a scalar alias
+        # adds one node); what aliases add is what `expanded` counts beyond `unique`.
+        unique += sum(1 for c in (node.values() if isinstance(node, dict) else node) if not isinstance(c, (dict, list)))
     expanded = size.get(id(data), 1)
     if expanded - unique > MAX_ALIAS_EXPANSION:
         raise Refused(
@@ -330,10 +333,9 @@ def _construct_fast(root, loader):
     Raises _Slow (or whatever else goes wrong) for anything else, and the caller then
     runs exactly those two, which produce the same data or the same error: a node
     reached twice (aliases), merge keys, tags other than str/int/float/bool/null/map/seq,
-    non-string or duplicate keys, nesting deeper than MAX_DEPTH, or more scalar values
-    than check_shape allows to be added by aliases (it counts every scalar)."""
+    non-string or duplicate keys, or nesting deeper than MAX_DEPTH. (Without aliases
+    nothing is added by them, so check_shape's alias-expansion limit cannot trip.)"""
     seen: set[int] = set()
-    leaves = 0
     bools = loader.bool_values
 
     def scalar(node):
@@ -353,7 +355,6 @@ def _construct_fast(root, loader):
         return loader.construct_yaml_float(node)
 
     def build(node, depth):
-        nonlocal leaves
         t = type(node)
         if t is ScalarNode:
             return scalar(node)
@@ -373,21 +374,14 @@ def _construct_fast(root, loader):
                 value = out[key] = build(value_node, depth + 1)
                 if value is None:
                     unset = True
-                elif type(value) is not dict and type(value) is not list:
-                    leaves += 1
             if unset:  # `field: null` means unset (see check_shape)
                 out = {k: v for k, v in out.items() if v is not None}
             return out
         if t is SequenceNode and (tag is _SEQ or str(tag) == _Y + "seq"):
-            out = [build(child, depth + 1) for child in node.value]
-            leaves += sum(1 for v in out if type(v) is not dict and type(v) is not list)
-            return out
+            return [build(child, depth + 1) for child in node.value]
         raise _Slow
 
-    data = build(root, 1)
-    if leaves > MAX_ALIAS_EXPANSION:
-        raise _Slow
-    return data
+    return build(root, 1)
 
 
 def _parse_yaml(text: str) -> list[tuple[object, int, int, list]]:
