@@ -6,12 +6,12 @@ time list_table / parse / diff / fingerprint / generation() and a one-Service ch
 import time, sys, ipaddress
 sys.path.insert(0, __import__('os').path.join(__import__('os').path.dirname(__file__), '..', 'tests'))
 from _nft_samples import *
-from reconciler.model import Inventory, NodeConfig
-from reconciler.compile import compile_ruleset
-from reconciler.render import render_script
-from reconciler.nft import Libnftables, Transaction
-from reconciler.live import read_live, canonical, fingerprint, parse_table
-from reconciler.diff import diff, transaction_for
+from reconciler.intake.model import Inventory, NodeConfig
+from reconciler.compile.services import compile_ruleset
+from reconciler.compile.render import render_script
+from reconciler.kernel.nft import Libnftables, Transaction
+from reconciler.kernel.live import read_live, canonical, fingerprint, parse_table
+from reconciler.engine.diff import diff, transaction_for
 
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 10000
 S, E = [], []

@@ -59,9 +59,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from reconciler import naming  # noqa: E402
-from reconciler.compile import compile_ruleset  # noqa: E402
-from reconciler.model import (  # noqa: E402
+from reconciler.compile import naming  # noqa: E402
+from reconciler.compile.services import compile_ruleset  # noqa: E402
+from reconciler.intake.model import (  # noqa: E402
     Endpoint,
     EndpointPort,
     EndpointSlice,
@@ -70,8 +70,8 @@ from reconciler.model import (  # noqa: E402
     Service,
     ServicePort,
 )
-from reconciler.render import render_script  # noqa: E402
-from reconciler.ruleset import Chain, NamedSet, Rule, Ruleset, Table  # noqa: E402
+from reconciler.compile.render import render_script  # noqa: E402
+from reconciler.compile.ruleset import Chain, NamedSet, Rule, Ruleset, Table  # noqa: E402
 
 NFT = shutil.which("nft") or "/usr/sbin/nft"
 TABLE = "nftrec"
@@ -282,7 +282,7 @@ def make_layout(rs: Ruleset, layout: str) -> tuple[Ruleset, LayoutInfo]:
 
 
 def _elem(key, value):
-    from reconciler.ruleset import Element
+    from reconciler.compile.ruleset import Element
     return Element(key, value)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from reconciler.model import (
+from reconciler.intake.model import (
     Endpoint,
     EndpointPort,
     EndpointSlice,

@@ -94,8 +94,8 @@ def big(tmp_path_factory):
 
 
 def test_apply_fails_fast_naming_the_lock_holder(netns, state, big):
-    from reconciler.lock import Lock
-    from reconciler.state import StateStore
+    from reconciler.engine.lock import Lock
+    from reconciler.engine.state import StateStore
 
     a, _ = big
     lock = Lock(StateStore(state, netns=netns, table="nftrec").lock_path).acquire()
@@ -118,8 +118,8 @@ def test_apply_fails_fast_naming_the_lock_holder(netns, state, big):
 
 def test_lock_is_per_namespace(netns, state, big, tmp_path):
     """Holding another namespace's lock in the same state dir does not block this one."""
-    from reconciler.lock import Lock
-    from reconciler.state import StateStore
+    from reconciler.engine.lock import Lock
+    from reconciler.engine.state import StateStore
 
     a, _ = big
     other = StateStore(state, netns="some-other-ns", table="nftrec").lock_path
@@ -193,7 +193,7 @@ def test_kill_9_mid_apply_leaves_old_or_new_ruleset(netns, state, big):
 def test_kill_9_between_commit_and_state_write_is_repaired(netns, state, big):
     """The worst moment: the kernel has B, the state still says A. status reports drift
     (exit 2), plan of B is clean, apply of B records it."""
-    from reconciler.state import StateStore
+    from reconciler.engine.state import StateStore
 
     a, b = big
     ok(nftrec("apply", str(a), state=state, ns=netns))

@@ -701,21 +701,21 @@ def test_tampered_saved_plan_is_refused(applied, tmp_path):
 
 
 def _desired(d: Path, ns: str):
-    from reconciler.pipeline import load_desired
+    from reconciler.engine.desired import load_desired
 
     return load_desired(d, CONFIG, netns=ns)
 
 
 def _with_ruleset(desired, rs):
-    from reconciler.pipeline import Desired
+    from reconciler.engine.desired import Desired
 
     return Desired(desired.inventory, desired.config, rs)
 
 
 @pytest.mark.parametrize("breakage", ["element-goto-missing-chain", "rule-jump-missing-chain"])
 def test_kernel_rejection_leaves_previous_ruleset_whole(applied, breakage):
-    from reconciler.apply import CommandError, Target, run_apply
-    from reconciler.ruleset import Chain, Element, Rule
+    from reconciler.engine.apply import CommandError, Target, run_apply
+    from reconciler.compile.ruleset import Chain, Element, Rule
 
     ns, state, d = applied
     before = ruleset(ns)
@@ -925,7 +925,7 @@ def test_rollback_after_drift_restores_the_previous_ruleset(applied, tmp_path):
 
 
 def _status_path(state: Path, ns: str) -> Path:
-    from reconciler.state import StateStore
+    from reconciler.engine.state import StateStore
 
     return StateStore(state, netns=ns, table="nftrec").status_path
 
@@ -962,7 +962,7 @@ def test_corrupt_status_file_then_status_and_plan(applied):
 
 
 def _break_history(state: Path, ns: str) -> Path:
-    from reconciler.state import StateStore
+    from reconciler.engine.state import StateStore
 
     (entry,) = StateStore(state, netns=ns, table="nftrec").history()
     entry.path.write_text("garbage")
@@ -1028,7 +1028,7 @@ def test_state_of_a_namespace_named_host_is_not_the_hosts(tmp_path):
     level down so that `ip netns add host` cannot collide"). BUG: namespace_dir maps
     netns "host" to <root>/host, the host's own directory (and lock), and a saved plan
     records the host as "host" too, so the two are indistinguishable."""
-    from reconciler.state import StateStore
+    from reconciler.engine.state import StateStore
 
     host = StateStore(tmp_path, netns=None, table="nftrec")
     named = StateStore(tmp_path, netns="host", table="nftrec")
@@ -1041,7 +1041,7 @@ def test_state_of_a_namespace_named_host_is_not_the_hosts(tmp_path):
 
 def _fast(ns: str, state: Path) -> bool:
     """Would `plan` take the fast path now (skip listing the table)?"""
-    from reconciler.apply import Target, read_live_state
+    from reconciler.engine.apply import Target, read_live_state
 
     target = Target(ns, "nftrec", state)
     nft = target.nft()
@@ -1086,7 +1086,7 @@ def test_fast_path_is_not_fooled_by_a_recreated_namespace(state, tmp_path):
             sh("ip", "netns", "add", name)
             if path.stat().st_ino == inode:
                 break
-        from reconciler.nft import Libnftables
+        from reconciler.kernel.nft import Libnftables
 
         with Libnftables(name) as nft:
             i = 0
@@ -1130,10 +1130,10 @@ def test_apply_fast_path_recovers_when_the_recorded_state_is_wrong(applied):
     """apply plans from the recorded ruleset while the kernel's generation is unchanged.
     If that record is wrong (here: it claims an extra element the kernel never had), the
     transaction fails; apply must then list the kernel, re-plan and succeed."""
-    from reconciler.apply import kernel_token
-    from reconciler.nft import Libnftables
-    from reconciler.ruleset import Element
-    from reconciler.state import StateStore
+    from reconciler.engine.apply import kernel_token
+    from reconciler.kernel.nft import Libnftables
+    from reconciler.compile.ruleset import Element
+    from reconciler.engine.state import StateStore
 
     ns, state, d = applied
     store = StateStore(state, netns=ns, table="nftrec")

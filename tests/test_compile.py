@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from reconciler.compile import (
+from reconciler.compile.services import (
     CompileError,
     EndpointInfo,
     categorize_endpoints,
@@ -19,7 +19,7 @@ from reconciler.compile import (
     endpoints_for_port,
     family_context,
 )
-from reconciler.model import (
+from reconciler.intake.model import (
     Endpoint,
     EndpointPort,
     EndpointSlice,
@@ -30,8 +30,8 @@ from reconciler.model import (
     ServiceCIDR,
     ServicePort,
 )
-from reconciler.render import render_script
-from reconciler.ruleset import NftSyntaxError, chain_id, element_id, set_id
+from reconciler.compile.render import render_script
+from reconciler.compile.ruleset import NftSyntaxError, chain_id, element_id, set_id
 
 NODE = "test-node"
 CFG = NodeConfig(NODE, node_ips=("192.168.0.2", "2001:db8::1"), cluster_cidrs=("10.0.0.0/8", "fd00:10::/64"),
@@ -542,7 +542,7 @@ add element ip nftrec hairpin-connections { 10.180.0.1 . 10.180.0.1 . udp . 1053
 
 
 def _hash(s):
-    from reconciler.naming import hash_and_truncate
+    from reconciler.compile.naming import hash_and_truncate
     return hash_and_truncate(s)[:8]
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from reconciler import config as cfgmod
-from reconciler.config import load_node_config, parse_duration
+from reconciler.intake import config as cfgmod
+from reconciler.intake.config import load_node_config, parse_duration
 
 from nsutil import in_ns
 
@@ -116,7 +116,7 @@ def test_missing_file_is_an_error(tmp_path):
     assert problems and "cannot read the node config" in problems[0].message
 
 
-DISCOVER = "import json; from reconciler.config import discover_node_ips; print(json.dumps(discover_node_ips()))"
+DISCOVER = "import json; from reconciler.intake.config import discover_node_ips; print(json.dumps(discover_node_ips()))"
 
 
 @pytest.mark.kernel

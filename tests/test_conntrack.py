@@ -1,4 +1,4 @@
-"""reconciler.conntrack: which UDP frontends/endpoints count (pure), and the real
+"""reconciler.kernel.conntrack: which UDP frontends/endpoints count (pure), and the real
 cleanup against a namespace's conntrack table (entries made with the conntrack CLI)."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from nsutil import in_ns, throwaway_netns
-from reconciler.conntrack import cleanup_udp, stale_udp_targets
-from reconciler.model import (
+from reconciler.kernel.conntrack import cleanup_udp, stale_udp_targets
+from reconciler.intake.model import (
     Endpoint,
     EndpointPort,
     EndpointSlice,
@@ -237,6 +237,6 @@ def test_cleanup_nothing_to_do_opens_nothing(netns):
 
 @pytest.mark.kernel
 def test_cleanup_missing_namespace_is_an_error():
-    from reconciler.nft import NftError
+    from reconciler.kernel.nft import NftError
     with pytest.raises(NftError, match="does not exist"):
         cleanup_udp("nftrec-no-such-ns", cleanup_inventory(), CFG)

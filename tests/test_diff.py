@@ -23,12 +23,12 @@ from _nft_samples import (
     with_endpoints,
     with_service,
 )
-from reconciler.compile import compile_ruleset
-from reconciler.model import Inventory
-from reconciler.diff import Changes, diff, owner_of_name, transaction_for
-from reconciler.live import read_live
-from reconciler.nft import Fake, Libnftables, Transaction
-from reconciler.ruleset import BaseHook, Ruleset
+from reconciler.compile.services import compile_ruleset
+from reconciler.intake.model import Inventory
+from reconciler.engine.diff import Changes, diff, owner_of_name, transaction_for
+from reconciler.kernel.live import read_live
+from reconciler.kernel.nft import Fake, Libnftables, Transaction
+from reconciler.compile.ruleset import BaseHook, Ruleset
 
 TABLE = CONFIG.table_name
 

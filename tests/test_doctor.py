@@ -6,7 +6,7 @@ import io
 
 import pytest
 
-from reconciler.doctor import SKIP_KERNEL_ENV, check_kernel, check_nft_version, check_privileges, run_doctor
+from reconciler.engine.doctor import SKIP_KERNEL_ENV, check_kernel, check_nft_version, check_privileges, run_doctor
 from nsutil import in_ns
 
 

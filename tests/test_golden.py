@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.compile import compile_ruleset
-from reconciler.render import render_script
+from reconciler.compile.services import compile_ruleset
+from reconciler.compile.render import render_script
 
 HERE = Path(__file__).resolve().parent
 EXAMPLES = HERE.parent / "examples"
@@ -21,8 +21,8 @@ CASES = ["edge-small", "dual-stack"]
 
 
 def _render(name: str) -> str:
-    from reconciler.config import load_node_config
-    from reconciler.inventory import read_inventory
+    from reconciler.intake.config import load_node_config
+    from reconciler.intake.inventory import read_inventory
 
     result = read_inventory(EXAMPLES / name)
     errors = [p for p in result.problems if getattr(p, "severity", "") == "error"]

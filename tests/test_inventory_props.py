@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from ruamel.yaml import YAML
 
-from reconciler import model
-from reconciler.inventory import read_inventory
+from reconciler.intake import model
+from reconciler.intake.inventory import read_inventory
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 

@@ -15,12 +15,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nsutil import in_ns, nft_scratch
-from reconciler.compile import compile_ruleset
-from reconciler.model import (
+from reconciler.compile.services import compile_ruleset
+from reconciler.intake.model import (
     Endpoint, EndpointPort, EndpointSlice, Inventory, LoadBalancerIngress, NodeConfig, Service,
     ServiceCIDR, ServicePort,
 )
-from reconciler.render import render_script
+from reconciler.compile.render import render_script
 
 pytestmark = pytest.mark.kernel
 

@@ -7,12 +7,12 @@ import pytest
 
 from _nft_samples import CONFIG, rich_inventory
 from nsutil import in_ns
-from reconciler.compile import compile_ruleset
-from reconciler.diff import diff
-from reconciler.live import canonical_rule, fingerprint, parse_duration, parse_table, read_live
-from reconciler.nft import Libnftables, Transaction
-from reconciler.render import render_script
-from reconciler.ruleset import BaseHook, Chain, Element, NamedSet, Rule, Ruleset, Table
+from reconciler.compile.services import compile_ruleset
+from reconciler.engine.diff import diff
+from reconciler.kernel.live import canonical_rule, fingerprint, parse_duration, parse_table, read_live
+from reconciler.kernel.nft import Libnftables, Transaction
+from reconciler.compile.render import render_script
+from reconciler.compile.ruleset import BaseHook, Chain, Element, NamedSet, Rule, Ruleset, Table
 
 # (what nftrec writes, what nft 1.0.6 lists) — found empirically on kernel 6.18.
 REWRITES = [
@@ -284,7 +284,7 @@ def test_read_live_only_our_tables(netns):
 def test_parse_table_reads_what_nftrec_never_makes():
     """Flags, a base chain policy and stateful objects: read, not refused (so plan shows
     them and apply removes them) — and the usual table stays a plain Table."""
-    from reconciler.live import LiveTable, chain_policy, table_flags, table_others
+    from reconciler.kernel.live import LiveTable, chain_policy, table_flags, table_others
 
     text = """table ip nftrec {
 \tflags dormant
@@ -321,7 +321,7 @@ def test_parse_table_reads_what_nftrec_never_makes():
 
 
 def test_read_live_refuses_unknown_objects_with_a_clear_error():
-    from reconciler.nft import NftError
+    from reconciler.kernel.nft import NftError
 
     class Lister:
         def list_table(self, family, table):
@@ -332,7 +332,7 @@ def test_read_live_refuses_unknown_objects_with_a_clear_error():
 
 
 def test_fingerprint_sees_flags_and_objects():
-    from reconciler.live import LiveTable
+    from reconciler.kernel.live import LiveTable
 
     plain = parse_table(LISTING, "ip")
     weird = LiveTable("ip", plain.name, plain.comment, plain.chains, plain.sets, flags=("dormant",))

@@ -7,9 +7,9 @@ import os
 import time
 from pathlib import Path
 
-from reconciler import load
-from reconciler.load import load_manifests, locate
-from reconciler.validate import run_validate
+from reconciler.intake import load
+from reconciler.intake.load import load_manifests, locate
+from reconciler.intake.validate import run_validate
 
 SVC = """\
 apiVersion: v1

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.lock import Holder, Lock, LockHeld
-from reconciler.state import StateStore
+from reconciler.engine.lock import Holder, Lock, LockHeld
+from reconciler.engine.state import StateStore
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -22,7 +22,7 @@ HOLD = textwrap.dedent(
     """
     import sys, time
     sys.path.insert(0, sys.argv[1])
-    from reconciler.lock import Lock
+    from reconciler.engine.lock import Lock
     path = sys.argv[2]
     sys.argv = ["/usr/local/bin/nftrec"] + sys.argv[3:]  # what the nftrec console script sees
     with Lock(path):
@@ -96,7 +96,7 @@ RACE = textwrap.dedent(
     """
     import os, sys, time
     sys.path.insert(0, sys.argv[1])
-    from reconciler.lock import Lock, LockHeld
+    from reconciler.engine.lock import Lock, LockHeld
     go = sys.argv[3]
     while not os.path.exists(go):
         time.sleep(0.001)

@@ -1,4 +1,4 @@
-"""reconciler.metrics: values after calls, scraped over real HTTP on 127.0.0.1:0."""
+"""reconciler.daemon.metrics: values after calls, scraped over real HTTP on 127.0.0.1:0."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from reconciler.metrics import Metrics, MetricsError, parse_address
+from reconciler.daemon.metrics import Metrics, MetricsError, parse_address
 
 
 # No proxies: an http_proxy in the environment must not intercept 127.0.0.1.

@@ -2,7 +2,7 @@
 
 import pytest
 
-from reconciler import naming
+from reconciler.compile import naming
 
 NS63 = "very-long-namespace-name-abcdefghijklmnopqrstuvwxyz0123456789xx"
 SVC63 = "very-long-service-name-why-would-you-even-do-this-i-mean-really"

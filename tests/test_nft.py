@@ -13,9 +13,9 @@ import uuid
 import pytest
 
 from nsutil import in_ns, sh
-from reconciler import nft as nftmod
-from reconciler.nft import Fake, Libnftables, NftError, NotFound, Transaction
-from reconciler.ruleset import BaseHook, Chain, Element, NamedSet, Rule, Table
+from reconciler.kernel import nft as nftmod
+from reconciler.kernel.nft import Fake, Libnftables, NftError, NotFound, Transaction
+from reconciler.compile.ruleset import BaseHook, Chain, Element, NamedSet, Rule, Table
 
 T = "nftrec"
 MAP = NamedSet("service-ips", "ipv4_addr . inet_proto . inet_service", "verdict", comment="svc ips")

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from reconciler.compile import compile_ruleset
-from reconciler.live import canonical
-from reconciler.plan import format_text, make_plan, to_json
-from reconciler.ruleset import Ruleset
+from reconciler.compile.services import compile_ruleset
+from reconciler.kernel.live import canonical
+from reconciler.engine.plan import format_text, make_plan, to_json
+from reconciler.compile.ruleset import Ruleset
 from _nft_samples import CONFIG, ep, epp, rich_inventory, sl, sp, svc
 
 

@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from reconciler import planfile
-from reconciler.planfile import PlanFileError, SavedPlan, already_applied, is_stale, load, save
-from reconciler.ruleset import Chain, Element, NamedSet, Rule, Ruleset, Table
-from reconciler.serialize import digest
-from reconciler.state import StateStore
+from reconciler.engine import planfile
+from reconciler.engine.planfile import PlanFileError, SavedPlan, already_applied, is_stale, load, save
+from reconciler.compile.ruleset import Chain, Element, NamedSet, Rule, Ruleset, Table
+from reconciler.compile.serialize import digest
+from reconciler.engine.state import StateStore
 
 
 def desired() -> Ruleset:

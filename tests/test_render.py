@@ -1,9 +1,9 @@
 """render_script: structure, order and determinism of the `nft -f` script."""
 
-from reconciler.compile import compile_ruleset
-from reconciler.model import Inventory, NodeConfig
-from reconciler.render import render_script
-from reconciler.ruleset import Chain, Element, NamedSet, Rule, Ruleset, Table
+from reconciler.compile.services import compile_ruleset
+from reconciler.intake.model import Inventory, NodeConfig
+from reconciler.compile.render import render_script
+from reconciler.compile.ruleset import Chain, Element, NamedSet, Rule, Ruleset, Table
 
 from test_compile import CFG, OVERALL_SERVICES, OVERALL_SLICES
 
@@ -77,7 +77,7 @@ def test_custom_table_name():
 
 def test_unsafe_rule_body_refused():
     import pytest
-    from reconciler.ruleset import NftSyntaxError
+    from reconciler.compile.ruleset import NftSyntaxError
     t = Table("ip", "nftrec")
     t.chains["c"] = Chain("c", (Rule("accept; flush ruleset"),))
     with pytest.raises(NftSyntaxError):
@@ -88,7 +88,7 @@ def test_unsafe_set_type_flags_and_base_hook_refused():
     """Set types, set flags and base-chain type/hook are written unquoted into the script,
     so they are checked like every other string (not only trusted compiler constants)."""
     import pytest
-    from reconciler.ruleset import BaseHook, NftSyntaxError
+    from reconciler.compile.ruleset import BaseHook, NftSyntaxError
 
     def render_with(sets=(), chains=()):
         t = Table("ip", "nftrec")
@@ -120,7 +120,7 @@ def test_rule_cmd_checks_the_body_too():
     """Transactions (diff → nft.Transaction.add_rule) use rule_cmd directly, not render:
     the body guard must hold there as well (e.g. a tampered plan file)."""
     import pytest
-    from reconciler.ruleset import NftSyntaxError, rule_cmd
+    from reconciler.compile.ruleset import NftSyntaxError, rule_cmd
     for bad in ("accept; flush ruleset", "accept\nflush ruleset", 'accept comment "x"', "accept # x"):
         with pytest.raises(NftSyntaxError):
             rule_cmd("ip", "nftrec", "c", Rule(bad))

@@ -8,13 +8,13 @@ from __future__ import annotations
 import pytest
 
 from nsutil import nft_scratch
-from reconciler.compile import compile_ruleset
-from reconciler.model import (
+from reconciler.compile.services import compile_ruleset
+from reconciler.intake.model import (
     Endpoint, EndpointPort, EndpointSlice, Inventory, LoadBalancerIngress, NodeConfig, Service,
     ServiceCIDR, ServicePort,
 )
-from reconciler.render import render_script
-from reconciler.ruleset import NftSyntaxError
+from reconciler.compile.render import render_script
+from reconciler.compile.ruleset import NftSyntaxError
 
 pytestmark = pytest.mark.kernel
 

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reconciler.ruleset import BaseHook, Chain, Element, NamedSet, Rule, Ruleset, Table
-from reconciler.serialize import (
+from reconciler.compile.ruleset import BaseHook, Chain, Element, NamedSet, Rule, Ruleset, Table
+from reconciler.compile.serialize import (
     FORMAT_VERSION,
     SerializeError,
     canonical_json,

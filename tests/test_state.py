@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from reconciler import state as state_mod
-from reconciler.ruleset import Chain, Element, NamedSet, Rule, Ruleset, Table
-from reconciler.serialize import digest
-from reconciler.state import (
+from reconciler.engine import state as state_mod
+from reconciler.compile.ruleset import Chain, Element, NamedSet, Rule, Ruleset, Table
+from reconciler.compile.serialize import digest
+from reconciler.engine.state import (
     FORMAT_VERSION,
     HOST,
     StateCorrupt,
@@ -165,7 +165,7 @@ def test_crash_between_temp_write_and_rename(tmp_path):
         f"""
         import os, signal, sys
         sys.path.insert(0, {str(REPO)!r})
-        from reconciler.state import StateStore
+        from reconciler.engine.state import StateStore
         real_replace = os.replace
         def crash(src, dst):
             if str(dst).endswith("status.json"):

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.problems import Problem
-from reconciler.validate import run_validate
+from reconciler.intake.problems import Problem
+from reconciler.intake.validate import run_validate
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -273,7 +273,7 @@ def test_examples_validate(directory):
 
 def test_example_config_files_valid():
     for cfg in EXAMPLES.glob("*.config.yaml"):
-        from reconciler.config import load_node_config
+        from reconciler.intake.config import load_node_config
 
         _, problems = load_node_config(str(cfg), discover=False)
         assert not problems, (cfg, problems)

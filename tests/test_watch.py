@@ -44,7 +44,7 @@ class FakeClock:
 
 
 def test_runner_bounded_frequency_semantics():
-    from reconciler.watch import Runner, SyncFailed
+    from reconciler.daemon.reconcile import Runner, SyncFailed
 
     clock = FakeClock()
     calls, fail = [], [False]
@@ -94,7 +94,7 @@ def test_runner_bounded_frequency_semantics():
 
 
 def test_runner_loop_stops_and_coalesces():
-    from reconciler.watch import Runner
+    from reconciler.daemon.reconcile import Runner
 
     hits = []
     r = Runner(lambda: hits.append(1), 0.05, 1.0, 60.0)
@@ -115,7 +115,7 @@ def test_runner_loop_stops_and_coalesces():
 
 
 def _cfg():
-    from reconciler.config import load_node_config
+    from reconciler.intake.config import load_node_config
 
     cfg, problems = load_node_config(str(CONFIG), discover=False)
     assert not [p for p in problems if p.is_error]
@@ -123,7 +123,7 @@ def _cfg():
 
 
 def _same_as_read_inventory(intake, d: Path):
-    from reconciler.inventory import read_inventory
+    from reconciler.intake.inventory import read_inventory
 
     snap = intake.read()
     ref = read_inventory(d)
@@ -134,11 +134,11 @@ def _same_as_read_inventory(intake, d: Path):
 
 
 def test_intake_and_incremental_compile_equal_the_whole_pipeline(tmp_path):
-    from reconciler.compile import compile_ruleset
-    from reconciler.diff import diff
-    from reconciler.live import canonical
-    from reconciler.compile import compile_static
-    from reconciler.watch import Intake, changed_services, compile_incremental, project
+    from reconciler.compile.services import compile_ruleset
+    from reconciler.engine.diff import diff
+    from reconciler.kernel.live import canonical
+    from reconciler.compile.services import compile_static
+    from reconciler.daemon.reconcile import Intake, changed_services, compile_incremental, project
 
     d = tmp_path / "m"
     shutil.copytree(EDGE, d)
@@ -184,10 +184,10 @@ def test_intake_and_incremental_compile_equal_the_whole_pipeline(tmp_path):
 def _step(intake, d: Path, cfg, prev):
     """One read + incremental compile, checked against the whole pipeline (the oracle):
     inventory, ruleset, and the projected (fast-path) diff against the whole diff."""
-    from reconciler.compile import compile_ruleset, compile_static
-    from reconciler.diff import diff
-    from reconciler.live import canonical
-    from reconciler.watch import changed_services, compile_incremental, project
+    from reconciler.compile.services import compile_ruleset, compile_static
+    from reconciler.engine.diff import diff
+    from reconciler.kernel.live import canonical
+    from reconciler.daemon.reconcile import changed_services, compile_incremental, project
 
     snap = _same_as_read_inventory(intake, d)
     if not snap.ok:
@@ -208,7 +208,7 @@ def _step(intake, d: Path, cfg, prev):
 def test_incremental_equals_oracle_on_deletes_moves_relabels_cidrs_and_invalid(tmp_path):
     from dataclasses import replace
 
-    from reconciler.watch import Intake
+    from reconciler.daemon.reconcile import Intake
 
     d = tmp_path / "m"
     shutil.copytree(EDGE, d)

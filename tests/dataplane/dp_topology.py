@@ -183,8 +183,8 @@ class Topology:
 
     def load(self, inventory, config) -> str:
         """Compile + render with nftrec's own API, load it into the node namespace."""
-        from reconciler.compile import compile_ruleset
-        from reconciler.render import render_script
+        from reconciler.compile.services import compile_ruleset
+        from reconciler.compile.render import render_script
 
         script = render_script(compile_ruleset(inventory, config))
         # no delete first: the rendered script itself replaces nftrec's tables, atomically

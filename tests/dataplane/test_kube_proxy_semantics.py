@@ -1,7 +1,7 @@
 """kube-proxy's nftables semantics, proven with real packets.
 
 Each test builds model objects in Python, compiles them with
-`reconciler.compile.compile_ruleset`, renders with `reconciler.render.render_script`,
+`reconciler.compile.services.compile_ruleset`, renders with `reconciler.compile.render.render_script`,
 loads the script into the node namespace (`nft -f`) and sends real TCP/UDP traffic
 from the client / pod / node namespaces to the echo servers behind the node. The
 topology and its addresses are described in dp_topology.py.
@@ -24,7 +24,7 @@ from dp_topology import (
     NODE_BE6, NODE_IP4, NODE_IP6, NODE_LISTEN_PORT, NODE_NAME, POD4, POD6, SERVICE_CIDR4,
     SERVICE_CIDR6, nsx,
 )
-from reconciler.model import (
+from reconciler.intake.model import (
     Endpoint, EndpointPort, EndpointSlice, Inventory, LoadBalancerIngress, NodeConfig,
     Service, ServiceCIDR, ServicePort,
 )

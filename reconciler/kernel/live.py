@@ -22,8 +22,8 @@ import re
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
-from .nft import Interface, NftError
-from .ruleset import FAMILIES, BaseHook, Chain, Element, NamedSet, Rule, Ruleset, Table
+from reconciler.kernel.nft import Interface, NftError
+from reconciler.compile.ruleset import FAMILIES, BaseHook, Chain, Element, NamedSet, Rule, Ruleset, Table
 
 # --- rule text normal form -----------------------------------------------------------------
 

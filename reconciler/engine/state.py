@@ -31,8 +31,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-from .ruleset import Ruleset
-from .serialize import SerializeError, digest, ruleset_from_json, ruleset_to_json
+from reconciler.compile.ruleset import Ruleset
+from reconciler.compile.serialize import SerializeError, digest, ruleset_from_json, ruleset_to_json
 
 FORMAT_VERSION = 1
 HISTORY_KEEP = 5
@@ -42,7 +42,7 @@ HOST = "@host"
 HOST_DIR = "host"
 SYSTEM_STATE_DIR = Path("/var/lib/nftrec")
 
-_REPO = Path(__file__).resolve().parent.parent
+_REPO = Path(__file__).resolve().parents[2]
 # `ip netns` names become file names under /run/netns: no '/', not '.' or '..'.
 _NETNS_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,254}")
 # Table names reach this module already checked by ruleset.check_name, which allows '/';
@@ -107,7 +107,7 @@ def utc_now() -> str:
 def nftrec_version() -> str:
     """The version `nftrec --version` prints (reconciler.__version__)."""
     try:
-        from . import __version__
+        from reconciler import __version__
     except ImportError:  # never fail a state write over a version string
         return "unknown"
     return str(__version__)

@@ -27,7 +27,7 @@ KINDS = {
 
 def schema_dir() -> Path:
     candidates = [
-        Path(__file__).resolve().parent.parent / "schemas",  # a checkout
+        Path(__file__).resolve().parents[2] / "schemas",  # a checkout
         Path(sys.prefix) / "share" / "nftrec" / "schemas",  # an installed wheel
         Path(sys.base_prefix) / "share" / "nftrec" / "schemas",
     ]

@@ -15,10 +15,10 @@ from typing import Callable
 from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 
-from . import model
-from .load import MAX_FILE_BYTES, Document, SourceFile, check_shape, decode_text, Refused, yaml_error
-from .problems import ERROR, Problem, show
-from .schemas import parse_cidr, parse_ip, validator
+from reconciler.intake import model
+from reconciler.intake.load import MAX_FILE_BYTES, Document, SourceFile, check_shape, decode_text, Refused, yaml_error
+from reconciler.intake.problems import ERROR, Problem, show
+from reconciler.intake.schemas import parse_cidr, parse_ip, validator
 
 DEFAULT_PATH = "/etc/nftrec/config.yaml"
 _UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -95,7 +95,7 @@ def load_node_config(
     if problems:
         return _defaults(hostname, (), shown), problems
     doc = Document(data, model.Source(shown, 1, 1), shown, 0, (), src)
-    from .validate import Obj, Report, schema_problem  # one mapping of schema errors
+    from reconciler.intake.validate import Obj, Report, schema_problem  # one mapping of schema errors
 
     rep = Report()
     o = Obj(doc, "NodeConfig", "", "")
@@ -143,7 +143,7 @@ def load_node_config(
 
 
 def _locate(doc: Document, key: str) -> tuple[int, int]:
-    from .load import locate
+    from reconciler.intake.load import locate
 
     return locate(doc, (key,))
 

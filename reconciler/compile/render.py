@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import ipaddress
 
-from reconciler.ruleset import (
+from reconciler.compile.ruleset import (
     FAMILIES,
     Element,
     Ruleset,

@@ -25,7 +25,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, TypeVar
 
-from .ruleset import (
+from reconciler.compile.ruleset import (
     Chain,
     Element,
     NamedSet,

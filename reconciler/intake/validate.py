@@ -16,9 +16,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TextIO
 
-from .load import Document, LoadResult, locate
-from .problems import ERROR, NOTICE, WARNING, Problem, count, field_path, safe_name, show
-from .schemas import canonical_cidr, cidr_hint, ip_hint, parse_cidr, parse_ip, special_ip, validator
+from reconciler.intake.load import Document, LoadResult, locate
+from reconciler.intake.problems import ERROR, NOTICE, WARNING, Problem, count, field_path, safe_name, show
+from reconciler.intake.schemas import canonical_cidr, cidr_hint, ip_hint, parse_cidr, parse_ip, special_ip, validator
 
 ACCEPTED = ("Service", "EndpointSlice", "Endpoints", "ServiceCIDR")
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
@@ -533,10 +533,10 @@ def run_validate(root, *, config_path=None, strict: bool = False, output: str = 
     {"valid": bool, "objects": N, "errors": N, "warnings": N, "notices": N,
      "revision": str, "problems": [{file, line, col, kind, obj, field, message, severity}]}
     """
-    from .config import DEFAULT_PATH, load_node_config  # config imports validate's helpers
+    from reconciler.intake.config import DEFAULT_PATH, load_node_config  # config imports validate's helpers
 
     stream = stream or sys.stdout
-    from .inventory import read_inventory
+    from reconciler.intake.inventory import read_inventory
 
     res = read_inventory(root, strict=strict)
     problems = list(res.problems)

@@ -13,9 +13,9 @@ import sys
 from dataclasses import dataclass
 from typing import Callable, TextIO
 
-from reconciler.cleanup import KUBE_PROXY_TABLE
-from reconciler.nft import Libnftables, NftError, Transaction
-from reconciler.ruleset import Table
+from reconciler.engine.cleanup import KUBE_PROXY_TABLE
+from reconciler.kernel.nft import Libnftables, NftError, Transaction
+from reconciler.compile.ruleset import Table
 
 MIN_NFT = (1, 0, 1)
 MIN_KERNEL = (5, 13)

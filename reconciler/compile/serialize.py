@@ -41,7 +41,7 @@ import hashlib
 import json
 from typing import Any
 
-from .ruleset import BaseHook, Chain, Element, NamedSet, Rule, Ruleset, Table
+from reconciler.compile.ruleset import BaseHook, Chain, Element, NamedSet, Rule, Ruleset, Table
 
 FORMAT_VERSION = 1
 

@@ -25,7 +25,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .state import namespace_dir, utc_now
+from reconciler.engine.state import namespace_dir, utc_now
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Validated documents -> the typed model (reconciler.model), with Kubernetes' defaults.
+"""Validated documents -> the typed model (reconciler.intake.model), with Kubernetes' defaults.
 
 Pipeline position: load -> validate -> **model** -> compile -> ...
 
@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from . import model
-from .load import Document, LoadResult, load_manifests
-from .problems import Problem
-from .schemas import parse_cidr, parse_ip
-from .validate import SERVICE_NAME_LABEL, check, family
+from reconciler.intake import model
+from reconciler.intake.load import Document, LoadResult, load_manifests
+from reconciler.intake.problems import Problem
+from reconciler.intake.schemas import parse_cidr, parse_ip
+from reconciler.intake.validate import SERVICE_NAME_LABEL, check, family
 
 
 @dataclass

@@ -20,15 +20,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from reconciler import logs, planfile
-from reconciler.diff import diff
-from reconciler.live import canonical, fingerprint, read_live
-from reconciler.lock import Lock, LockHeld
-from reconciler.nft import Libnftables, NftError
-from reconciler.plan import format_text, make_plan, to_json
-from reconciler.ruleset import Ruleset
-from reconciler.serialize import digest
-from reconciler.state import HOST, StateCorrupt, StateStore
+from reconciler import logs
+from reconciler.engine import planfile
+from reconciler.engine.diff import diff
+from reconciler.kernel.live import canonical, fingerprint, read_live
+from reconciler.engine.lock import Lock, LockHeld
+from reconciler.kernel.nft import Libnftables, NftError
+from reconciler.engine.plan import format_text, make_plan, to_json
+from reconciler.compile.ruleset import Ruleset
+from reconciler.compile.serialize import digest
+from reconciler.engine.state import HOST, StateCorrupt, StateStore
 
 EXIT_OK, EXIT_ERROR, EXIT_CHANGES = 0, 1, 2
 

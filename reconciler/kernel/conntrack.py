@@ -17,15 +17,15 @@ import errno
 import ipaddress
 import socket
 
-from reconciler.compile import (
+from reconciler.compile.services import (
     ips_of_family,
     cluster_ip_for,
     endpoints_for_port,
     slices_by_service,
 )
-from reconciler.model import Inventory, NodeConfig
-from reconciler.nft import NamespaceThread  # Libnftables' setns thread, without a libnftables context
-from reconciler.ruleset import FAMILIES
+from reconciler.intake.model import Inventory, NodeConfig
+from reconciler.kernel.nft import NamespaceThread  # Libnftables' setns thread, without a libnftables context
+from reconciler.compile.ruleset import FAMILIES
 
 _AF = {"ip": socket.AF_INET, "ip6": socket.AF_INET6}
 

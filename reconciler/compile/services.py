@@ -24,9 +24,9 @@ import ipaddress
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from reconciler import naming
-from reconciler.model import Endpoint, EndpointSlice, Inventory, NodeConfig, Service, ServicePort
-from reconciler.ruleset import (
+from reconciler.compile import naming
+from reconciler.intake.model import Endpoint, EndpointSlice, Inventory, NodeConfig, Service, ServicePort
+from reconciler.compile.ruleset import (
     FAMILIES,
     BaseHook,
     Chain,

@@ -44,16 +44,16 @@ from pathlib import Path
 from typing import Callable
 
 from reconciler import logs
-from reconciler.apply import CommandError, Target, kernel_token, read_history, read_status, short_revision, verify_applied
-from reconciler.diff import diff
-from reconciler.live import canonical, fingerprint, read_live
-from reconciler.lock import LockHeld
-from reconciler.model import Inventory, NodeConfig
-from reconciler.nft import NftError
-from reconciler.plan import make_plan
-from reconciler.problems import ERROR, Problem
-from reconciler.ruleset import NftSyntaxError, Ruleset, Table, chain_id, element_id, set_id
-from reconciler.state import StateCorrupt
+from reconciler.engine.apply import CommandError, Target, kernel_token, read_history, read_status, short_revision, verify_applied
+from reconciler.engine.diff import diff
+from reconciler.kernel.live import canonical, fingerprint, read_live
+from reconciler.engine.lock import LockHeld
+from reconciler.intake.model import Inventory, NodeConfig
+from reconciler.kernel.nft import NftError
+from reconciler.engine.plan import make_plan
+from reconciler.intake.problems import ERROR, Problem
+from reconciler.compile.ruleset import NftSyntaxError, Ruleset, Table, chain_id, element_id, set_id
+from reconciler.engine.state import StateCorrupt
 
 DEBOUNCE = 0.2  # seconds of quiet after the last file event before a sync is triggered
 DEBOUNCE_MAX = 2.0  # a continuous stream of events triggers at least this often
@@ -242,7 +242,7 @@ class Intake:
         return snap
 
     def _file(self, display: str, real: Path) -> _FileEntry:
-        from reconciler import load
+        from reconciler.intake import load
 
         e = self._files.get(display)
         try:
@@ -278,7 +278,7 @@ class Intake:
         return time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) < RACY_SECONDS * 1e9
 
     def _read(self, resolved: Path) -> Snapshot:
-        from reconciler import load
+        from reconciler.intake import load
 
         self.parsed = 0
         problems: list[Problem] = []
@@ -310,7 +310,7 @@ class Intake:
 
     def _check(self, load_problems: list[Problem], documents: list) -> tuple[list[Problem], list]:
         """validate.check, with the per-document part cached per parsed document."""
-        from reconciler.validate import check_document, check_tree
+        from reconciler.intake.validate import check_document, check_tree
 
         cache: dict[int, tuple] = {}
         results = []
@@ -326,7 +326,7 @@ class Intake:
 
     def _inventory(self, objs: list, revision: str) -> Inventory:
         """inventory.build_inventory, with model objects cached per document."""
-        from reconciler.inventory import build_inventory, model_objects
+        from reconciler.intake.inventory import build_inventory, model_objects
 
         cache: dict[int, tuple] = {}
 
@@ -362,7 +362,7 @@ def compile_incremental(inventory: Inventory, config: NodeConfig, prev: Compiled
     """compile.compile_ruleset(inventory, config), re-using `prev`'s fragment of every
     Service whose Service object and slices are unchanged (same node config and service
     CIDRs). Equal to compile_ruleset's result (tests/test_watch.py checks)."""
-    from reconciler.compile import FAMILIES, assemble, compile_service, compile_static, family_context, \
+    from reconciler.compile.services import FAMILIES, assemble, compile_service, compile_static, family_context, \
         slices_by_service
 
     static_key = (config, inventory.service_cidrs)
@@ -495,7 +495,7 @@ class Daemon:
     # -- config
 
     def load_config(self) -> bool:
-        from reconciler.config import discover_node_ips, load_node_config
+        from reconciler.intake.config import discover_node_ips, load_node_config
 
         nft = self.nft
         cfg, problems = load_node_config(str(self.config_path) if self.config_path else None,
@@ -629,7 +629,7 @@ class Daemon:
                 if changed is None:
                     old_p, new_p = self.applied.ruleset, desired.ruleset
                 else:
-                    from reconciler.compile import compile_static
+                    from reconciler.compile.services import compile_static
 
                     static = compile_static(desired.config, desired.inventory)
                     frags = [f for k in changed for f in (self.applied.fragments.get(k), desired.fragments.get(k)) if f]
@@ -767,7 +767,7 @@ class Daemon:
         if not touched & (_udp_services(old.inventory if old else None) | _udp_services(new.inventory)):
             return
         try:
-            from reconciler import conntrack
+            from reconciler.kernel import conntrack
         except ImportError:
             return
         try:
@@ -791,7 +791,7 @@ class Watcher:
 
     def __init__(self, directory: Path, trigger: Callable[[], None], *, debounce: float = DEBOUNCE,
                  debounce_max: float = DEBOUNCE_MAX):
-        from reconciler.load import SUFFIXES
+        from reconciler.intake.load import SUFFIXES
 
         self.link = os.path.abspath(directory)
         self.parent = os.path.dirname(self.link) or "/"
@@ -900,7 +900,7 @@ class Watcher:
 def run_watch(directory: Path, config_path: Path | None, target: Target, *, strict: bool = False,
               metrics_address: str = "127.0.0.1:9105", debounce: float = DEBOUNCE) -> int:
     """The daemon: returns 0 after SIGTERM/SIGINT, 1 when it cannot start."""
-    from reconciler.metrics import Metrics, MetricsError
+    from reconciler.daemon.metrics import Metrics, MetricsError
 
     stop_requested = threading.Event()
     metrics = Metrics()

@@ -43,8 +43,8 @@ except ImportError:  # pragma: no cover
 
     FAST = False
 
-from .model import Source
-from .problems import ERROR, WARNING, Problem, show
+from reconciler.intake.model import Source
+from reconciler.intake.problems import ERROR, WARNING, Problem, show
 
 MAX_FILE_BYTES = 8 * 1024 * 1024  # one manifest file; real ones are kilobytes
 MAX_DEPTH = 64  # nesting of mappings/sequences; a Service is 6 deep, a Deployment ~12
