@@ -11,7 +11,7 @@ from reconciler.compile.services import compile_ruleset
 from reconciler.compile.render import render_script
 from reconciler.kernel.nft import Libnftables, Transaction
 from reconciler.kernel.live import read_live, canonical, fingerprint, parse_table
-from reconciler.engine.diff import diff, transaction_for
+from reconciler.engine.changes import diff, transaction_for
 
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 10000
 S, E = [], []

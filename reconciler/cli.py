@@ -82,7 +82,7 @@ def validate(
     """Check manifests and the node config: schema and cross-document checks. No root,
     no nft, no kernel needed."""
     _check_output(output)
-    from reconciler.intake.validate import run_validate
+    from reconciler.intake import run_validate
 
     raise typer.Exit(run_validate(directory, config_path=config, strict=strict, output=output))
 
@@ -95,7 +95,7 @@ def render(
 ) -> None:
     """Print the whole desired ruleset as an `nft -f` script from scratch."""
     desired = _desired(directory, config, None, strict)
-    from reconciler.compile.render import render_script
+    from reconciler.compile import render_script
 
     sys.stdout.write(render_script(desired.ruleset))
 
@@ -106,7 +106,7 @@ NETNS_OPT = typer.Option(None, "--netns", help="Act inside this named network na
 
 def _check_netns(netns: Optional[str]) -> None:
     """A name as `ip netns add` makes it (under /run/netns), usable as a state directory."""
-    from reconciler.engine.state import namespace_dir
+    from reconciler.engine import namespace_dir
 
     if netns is None:
         return
@@ -120,9 +120,9 @@ def _check_netns(netns: Optional[str]) -> None:
 def _target(config: Optional[Path], netns: Optional[str]):
     """Where a kernel command acts: namespace, table (from the node config), state dir."""
     from reconciler import logs
-    from reconciler.engine.apply import Target
-    from reconciler.intake.config import load_node_config
-    from reconciler.engine.state import default_state_dir
+    from reconciler.engine import Target
+    from reconciler.intake import load_node_config
+    from reconciler.engine import default_state_dir
 
     _check_netns(netns)
     cfg, problems = load_node_config(str(config) if config else None, discover=False)
@@ -139,7 +139,7 @@ def _desired(directory: Path, config: Optional[Path], netns: Optional[str], stri
     """The validated, compiled input; invalid input exits 1 (and, for apply, is recorded
     as a failed attempt: status then shows lastAttemptedRevision != lastAppliedRevision)."""
     from reconciler import logs
-    from reconciler.engine.desired import InvalidInput, load_desired
+    from reconciler.engine import InvalidInput, load_desired
 
     try:
         return load_desired(directory, config, strict=strict, netns=netns)
@@ -151,7 +151,7 @@ def _desired(directory: Path, config: Optional[Path], netns: Optional[str], stri
 
 
 def _record_invalid(target, e) -> int:
-    from reconciler.engine.lock import LockHeld
+    from reconciler.engine import LockHeld
 
     try:
         with target.lock():  # status.json is read-modify-written: only under the lock
@@ -164,9 +164,9 @@ def _record_invalid(target, e) -> int:
 def _guard(fn, *args, **kwargs) -> int:
     """Run a command; a CommandError becomes one clear line on stderr and exit 1."""
     from reconciler import logs
-    from reconciler.engine.apply import CommandError
-    from reconciler.kernel.nft import NftError
-    from reconciler.engine.state import StateCorrupt
+    from reconciler.engine import CommandError
+    from reconciler.kernel import NftError
+    from reconciler.engine import StateCorrupt
 
     try:
         return fn(*args, **kwargs)
@@ -195,7 +195,7 @@ def plan(
 ) -> None:
     """Show what apply would change in the kernel, grouped by Service."""
     _check_output(output)
-    from reconciler.engine.apply import run_plan
+    from reconciler.engine import run_plan
 
     target = _target(config, netns)
     desired = _desired(directory, config, netns, strict)
@@ -214,7 +214,7 @@ def apply(
     rollback: bool = typer.Option(False, "--rollback", help="Re-apply the previous applied ruleset."),
 ) -> None:
     """Commit the desired ruleset as one atomic transaction, verify it, record state."""
-    from reconciler.engine.apply import run_apply
+    from reconciler.engine import run_apply
 
     if sum(x is not None and x is not False for x in (directory, plan_file, rollback or None)) > 1:
         raise typer.BadParameter("give one of DIRECTORY, --plan FILE or --rollback")
@@ -233,7 +233,7 @@ def status(
 ) -> None:
     """Last applied revision and time, and whether the kernel drifted (exit 2)."""
     _check_output(output)
-    from reconciler.engine.apply import run_status
+    from reconciler.engine import run_status
 
     raise typer.Exit(_guard(run_status, _target(config, netns), output=output))
 
@@ -247,13 +247,13 @@ def cleanup(
     dry_run: bool = typer.Option(False, "--dry-run", help="Only say what would be deleted."),
 ) -> None:
     """Delete nftrec's tables in both families (kube-proxy's CleanupLeftovers)."""
-    from reconciler.engine.cleanup import cleanup as do_cleanup
+    from reconciler.engine import cleanup as do_cleanup
 
     target = _target(config, netns)
 
     def run() -> int:
-        from reconciler.engine.apply import CommandError
-        from reconciler.engine.lock import LockHeld
+        from reconciler.engine import CommandError
+        from reconciler.engine import LockHeld
 
         try:
             lock = target.lock().acquire()
@@ -285,7 +285,7 @@ def watch(
 ) -> None:
     """The reconcile daemon: re-apply on every manifest change, repair drift every
     fullSyncPeriod; runs until SIGTERM/SIGINT (rules stay); SIGHUP re-reads the config."""
-    from reconciler.daemon.reconcile import run_watch
+    from reconciler.daemon import run_watch
 
     target = _target(config, netns)
     raise typer.Exit(_guard(run_watch, directory, config, target, strict=strict,
@@ -298,7 +298,7 @@ def doctor(
     netns: Optional[str] = NETNS_OPT,
 ) -> None:
     """Check that nftrec can work here: kernel, nft, privileges, conflicting tables."""
-    from reconciler.engine.doctor import run_doctor
+    from reconciler.engine import run_doctor
 
     target = _target(config, netns)
     raise typer.Exit(run_doctor(netns, target.table))

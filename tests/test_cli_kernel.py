@@ -714,7 +714,7 @@ def _with_ruleset(desired, rs):
 
 @pytest.mark.parametrize("breakage", ["element-goto-missing-chain", "rule-jump-missing-chain"])
 def test_kernel_rejection_leaves_previous_ruleset_whole(applied, breakage):
-    from reconciler.engine.apply import CommandError, Target, run_apply
+    from reconciler.engine import CommandError, Target, run_apply
     from reconciler.compile.ruleset import Chain, Element, Rule
 
     ns, state, d = applied
@@ -1041,7 +1041,8 @@ def test_state_of_a_namespace_named_host_is_not_the_hosts(tmp_path):
 
 def _fast(ns: str, state: Path) -> bool:
     """Would `plan` take the fast path now (skip listing the table)?"""
-    from reconciler.engine.apply import Target, read_live_state
+    from reconciler.engine.apply import read_live_state
+    from reconciler.engine import Target
 
     target = Target(ns, "nftrec", state)
     nft = target.nft()
@@ -1130,7 +1131,7 @@ def test_apply_fast_path_recovers_when_the_recorded_state_is_wrong(applied):
     """apply plans from the recorded ruleset while the kernel's generation is unchanged.
     If that record is wrong (here: it claims an extra element the kernel never had), the
     transaction fails; apply must then list the kernel, re-plan and succeed."""
-    from reconciler.engine.apply import kernel_token
+    from reconciler.kernel import kernel_token
     from reconciler.kernel.nft import Libnftables
     from reconciler.compile.ruleset import Element
     from reconciler.engine.state import StateStore

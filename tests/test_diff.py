@@ -1,4 +1,4 @@
-"""reconciler/diff.py: minimal, per-Service transactions that the kernel accepts in one go.
+"""reconciler/engine/changes.py: minimal, per-Service transactions that the kernel accepts in one go.
 
 Each scenario runs on the Fake and on a real kernel (inside a test namespace): apply the
 base ruleset, apply one edit, check that only that Service's objects were touched and
@@ -25,7 +25,7 @@ from _nft_samples import (
 )
 from reconciler.compile.services import compile_ruleset
 from reconciler.intake.model import Inventory
-from reconciler.engine.diff import Changes, diff, owner_of_name, transaction_for
+from reconciler.engine.changes import Changes, diff, owner_of_name, transaction_for
 from reconciler.kernel.live import read_live
 from reconciler.kernel.nft import Fake, Libnftables, Transaction
 from reconciler.compile.ruleset import BaseHook, Ruleset

@@ -1,4 +1,4 @@
-"""reconciler/live.py: the rule normal form, listing parser, and round trips through a
+"""reconciler/kernel/live.py: the rule normal form, listing parser, and round trips through a
 real kernel (inside test namespaces): what we load reads back equal."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 from _nft_samples import CONFIG, rich_inventory
 from nsutil import in_ns
 from reconciler.compile.services import compile_ruleset
-from reconciler.engine.diff import diff
+from reconciler.engine.changes import diff
 from reconciler.kernel.live import canonical_rule, fingerprint, parse_duration, parse_table, read_live
 from reconciler.kernel.nft import Libnftables, Transaction
 from reconciler.compile.render import render_script

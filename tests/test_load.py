@@ -9,7 +9,7 @@ from pathlib import Path
 
 from reconciler.intake import load
 from reconciler.intake.load import load_manifests, locate
-from reconciler.intake.validate import run_validate
+from reconciler.intake.report import run_validate
 
 SVC = """\
 apiVersion: v1

@@ -1,4 +1,4 @@
-"""reconciler/nft.py: Transaction, Fake, and libnftables against a real kernel.
+"""reconciler/kernel/nft.py: Transaction, Fake, and libnftables against a real kernel.
 
 Real-kernel tests run only inside namespaces made by the `netns` fixture; the host
 ruleset is only ever read (`nft list ruleset`), to prove it did not change.

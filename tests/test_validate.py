@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from reconciler.intake.problems import Problem
-from reconciler.intake.validate import run_validate
+from reconciler.intake.report import run_validate
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 

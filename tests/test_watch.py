@@ -44,7 +44,7 @@ class FakeClock:
 
 
 def test_runner_bounded_frequency_semantics():
-    from reconciler.daemon.reconcile import Runner, SyncFailed
+    from reconciler.daemon.runner import Runner, SyncFailed
 
     clock = FakeClock()
     calls, fail = [], [False]
@@ -94,7 +94,7 @@ def test_runner_bounded_frequency_semantics():
 
 
 def test_runner_loop_stops_and_coalesces():
-    from reconciler.daemon.reconcile import Runner
+    from reconciler.daemon.runner import Runner
 
     hits = []
     r = Runner(lambda: hits.append(1), 0.05, 1.0, 60.0)
@@ -135,10 +135,11 @@ def _same_as_read_inventory(intake, d: Path):
 
 def test_intake_and_incremental_compile_equal_the_whole_pipeline(tmp_path):
     from reconciler.compile.services import compile_ruleset
-    from reconciler.engine.diff import diff
+    from reconciler.engine.changes import diff
     from reconciler.kernel.live import canonical
     from reconciler.compile.services import compile_static
-    from reconciler.daemon.reconcile import Intake, changed_services, compile_incremental, project
+    from reconciler.compile import changed_services, compile_incremental, project
+    from reconciler.intake import Intake
 
     d = tmp_path / "m"
     shutil.copytree(EDGE, d)
@@ -185,9 +186,9 @@ def _step(intake, d: Path, cfg, prev):
     """One read + incremental compile, checked against the whole pipeline (the oracle):
     inventory, ruleset, and the projected (fast-path) diff against the whole diff."""
     from reconciler.compile.services import compile_ruleset, compile_static
-    from reconciler.engine.diff import diff
+    from reconciler.engine.changes import diff
     from reconciler.kernel.live import canonical
-    from reconciler.daemon.reconcile import changed_services, compile_incremental, project
+    from reconciler.compile import changed_services, compile_incremental, project
 
     snap = _same_as_read_inventory(intake, d)
     if not snap.ok:
@@ -208,7 +209,7 @@ def _step(intake, d: Path, cfg, prev):
 def test_incremental_equals_oracle_on_deletes_moves_relabels_cidrs_and_invalid(tmp_path):
     from dataclasses import replace
 
-    from reconciler.daemon.reconcile import Intake
+    from reconciler.intake import Intake
 
     d = tmp_path / "m"
     shutil.copytree(EDGE, d)

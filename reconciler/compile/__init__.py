@@ -1,0 +1,24 @@
+"""Stage 2, compile: model → the desired ruleset in kube-proxy's layout (SPEC §3).
+
+    model.Inventory + NodeConfig ─► services (one fragment per Service, plus the static
+    skeleton) ─► ruleset.Ruleset ─► render (an `nft -f` script, for `nftrec render`)
+
+`ruleset` is the vocabulary every later stage speaks: tables, chains, rules, sets and
+elements as plain data, each checked so that no input can inject nft syntax. `naming`
+is kube-proxy's chain and set names; `serialize` turns a Ruleset into JSON and back (state,
+saved plans); `incremental` recompiles only the Services that changed (`nftrec watch`).
+"""
+
+from reconciler import lazy_exports
+
+__all__, __getattr__ = lazy_exports(__name__, {
+    "incremental": ("Compiled", "changed_services", "compile_incremental", "project"),
+    "naming": ("join_host_port",),
+    "render": ("render_script",),
+    "ruleset": ("FAMILIES", "BaseHook", "Chain", "Element", "NamedSet", "NftSyntaxError", "Rule", "Ruleset",
+                "Table", "chain_cmd", "chain_id", "check_name", "element_cmd", "element_id", "rule_cmd",
+                "set_cmd", "set_id", "table_cmd"),
+    "serialize": ("SerializeError", "canonical_json", "digest", "ruleset_from_json", "ruleset_to_json"),
+    "services": ("cluster_ip_for", "compile_ruleset", "compile_static", "endpoints_for_port", "ips_of_family",
+                 "slices_by_service"),
+})

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from reconciler.compile import naming
-from reconciler.intake.model import Endpoint, EndpointSlice, Inventory, NodeConfig, Service, ServicePort
+from reconciler.intake import Endpoint, EndpointSlice, Inventory, NodeConfig, Service, ServicePort
 from reconciler.compile.ruleset import (
     FAMILIES,
     BaseHook,

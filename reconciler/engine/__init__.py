@@ -1,0 +1,23 @@
+"""Stage 4, engine: the commands that act on the kernel, and what they keep.
+
+    desired (intake + compile) ─► changes (desired vs live) ─► plan (+ ~ - per Service)
+        ─► sync (one transaction, verified) ─► state (status, history), under lock
+
+`apply` is plan, apply and status; `teardown` is cleanup; `doctor` checks the host;
+`planfile` is a saved plan; `target` says where a command acts.
+"""
+
+from reconciler import lazy_exports
+
+__all__, __getattr__ = lazy_exports(__name__, {
+    "apply": ("EXIT_CHANGES", "EXIT_ERROR", "EXIT_OK", "run_apply", "run_plan", "run_status"),
+    "changes": ("diff",),
+    "desired": ("Desired", "InvalidInput", "load_desired", "node_ip_discovery"),
+    "doctor": ("run_doctor",),
+    "lock": ("LockHeld",),
+    "plan": ("make_plan",),
+    "state": ("StateCorrupt", "default_state_dir", "namespace_dir", "read_history", "read_status"),
+    "sync": ("commit", "verify_applied", "verify_commit"),
+    "target": ("CommandError", "Target", "short_revision"),
+    "teardown": ("KUBE_PROXY_TABLE", "cleanup"),
+})

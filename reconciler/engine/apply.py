@@ -1,6 +1,6 @@
 """plan, apply and status: the back half of the pipeline against the live kernel.
 
-desired (pipeline.load_desired, a saved plan, or a history entry for --rollback)
+desired (desired.load_desired, a saved plan, or a history entry for --rollback)
   → read live (live.read_live, or the fast path below) → plan.make_plan
   → one atomic transaction (nft.Interface.run) → re-read and verify → state store.
 
@@ -12,24 +12,21 @@ what we last applied, so `plan` can diff against that instead of listing the tab
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from reconciler import logs
+from reconciler.compile import Ruleset, digest
 from reconciler.engine import planfile
-from reconciler.engine.diff import diff
-from reconciler.kernel.live import canonical, fingerprint, read_live
-from reconciler.engine.lock import Lock, LockHeld
-from reconciler.kernel.nft import Libnftables, NftError
+from reconciler.engine.changes import diff
+from reconciler.engine.lock import LockHeld
 from reconciler.engine.plan import format_text, make_plan, to_json
-from reconciler.compile.ruleset import Ruleset
-from reconciler.compile.serialize import digest
-from reconciler.engine.state import HOST, StateCorrupt, StateStore
+from reconciler.engine.state import HOST, StateCorrupt, read_history, read_status
+from reconciler.engine.sync import commit, verify_applied
+from reconciler.engine.target import CommandError, Target, short_revision
+from reconciler.kernel import Libnftables, NftError, canonical, fingerprint, kernel_token, read_live
 
 EXIT_OK, EXIT_ERROR, EXIT_CHANGES = 0, 1, 2
 
@@ -37,88 +34,6 @@ EXIT_OK, EXIT_ERROR, EXIT_CHANGES = 0, 1, 2
 def _color(stream: TextIO) -> bool:
     """Colour only on a terminal, and never when NO_COLOR is set (no-color.org)."""
     return stream.isatty() and not os.environ.get("NO_COLOR")
-
-
-def short_revision(revision: str | None) -> str:
-    """A git commit or `sha256:` content digest, shortened for one-line messages."""
-    if not revision:
-        return "-"
-    prefix, _, value = revision.rpartition(":")
-    return f"{prefix + ':' if prefix else ''}{value[:12]}"
-
-
-class CommandError(Exception):
-    """A failure with a message for the user (what, where, what to do); exit 1."""
-
-
-@dataclass
-class Target:
-    """Where a command acts: a network namespace (None: the host), a table, a state dir."""
-
-    netns: str | None
-    table: str
-    state_root: Path
-
-    @property
-    def where(self) -> str:
-        return f"netns {self.netns}" if self.netns else "the host namespace"
-
-    def store(self) -> StateStore:
-        return StateStore(self.state_root, netns=self.netns, table=self.table)
-
-    def lock(self) -> Lock:
-        return Lock(self.store().lock_path)
-
-    def nft(self) -> Libnftables:
-        try:
-            return Libnftables(self.netns)
-        except NftError as e:
-            raise CommandError(str(e)) from None
-
-
-def kernel_token(nft: Libnftables) -> int | None:
-    """The generation id, bound to this boot and this namespace instance: a namespace
-    re-created under the same name, or a reboot, starts counting again and must never
-    match a recorded generation by accident. The instance is the namespace's cookie
-    (never reused within a boot); a namespace's inode number is not enough: the kernel
-    hands a deleted namespace's inode to the next new one. None (no fast path) when the
-    kernel has no cookie."""
-    cookie = nft.netns_cookie()
-    gen = nft.generation()
-    if gen is None or cookie is None:
-        return None
-    try:
-        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        boot = ""
-    epoch = int.from_bytes(hashlib.sha256(f"{boot}:{cookie}".encode()).digest()[:6], "big")
-    return (epoch << 32) | (gen & 0xFFFFFFFF)
-
-
-def _set_aside(store: StateStore, e: StateCorrupt) -> None:
-    moved = store.reset(e.path)
-    logs.log.warning(f"{str(e).rstrip('.')}; moved it to {moved} and continuing from the kernel's state "
-                     f"(a successful apply records a fresh one)", extra={"fields": {"path": str(e.path)}})
-
-
-def read_status(store: StateStore):
-    """The recorded status; a corrupt file is reported, moved aside and rebuilt later."""
-    try:
-        return store.status()
-    except StateCorrupt as e:
-        _set_aside(store, e)
-        return store.status()
-
-
-def read_history(store: StateStore):
-    """The applied-ruleset history, with every damaged entry reported and moved aside
-    (bounded: each round removes one file)."""
-    for _ in range(store.keep + 16):
-        try:
-            return store.history()
-        except StateCorrupt as e:
-            _set_aside(store, e)
-    return store.history()
 
 
 def read_live_state(nft: Libnftables, target: Target, *, refresh: bool) -> tuple[Ruleset, bool]:
@@ -175,26 +90,9 @@ def run_plan(desired, target: Target, *, verbose: bool, output: str, detailed: b
 # --- apply ---------------------------------------------------------------------------------
 
 
-def verify_applied(nft: Libnftables, target: Target, desired: Ruleset) -> tuple[Ruleset, int | None]:
-    """Re-read the kernel; (live, the generation token the listing is at least as new as).
-
-    The token is taken BEFORE listing: a commit by someone else after it makes the
-    recorded token stale (the next plan lists), never hides that commit behind it."""
-    token = kernel_token(nft)
-    live = read_live(nft, target.table)
-    left = diff(desired, live)
-    if not left.empty:
-        sample = "; ".join(f"{c.action} {c.family} {c.kind} {c.name}" for c in list(left)[:5])
-        raise CommandError(
-            f"the kernel does not match the desired ruleset after the transaction "
-            f"({len(left)} differences, e.g. {sample}); another program may be editing "
-            f"table {target.table} in {target.where}. Run `nftrec plan -v` to see them.")
-    return live, token
-
-
 def run_apply(target: Target, *, desired=None, plan_path: Path | None = None,
               rollback: bool = False, out_stream: TextIO = sys.stdout) -> int:
-    """Apply `desired` (a pipeline.Desired), a saved plan, or the previous history entry."""
+    """Apply `desired` (a desired.Desired), a saved plan, or the previous history entry."""
     try:
         lock = target.lock().acquire()
     except LockHeld as e:
@@ -244,25 +142,13 @@ def run_apply(target: Target, *, desired=None, plan_path: Path | None = None,
             plan = make_plan(ruleset, live, services)
 
         out_stream.write(format_text(plan, color=_color(out_stream)))
-        if not plan.empty:
-            try:
-                nft.run(plan.transaction)
-            except NftError as e:
-                if not fast:
-                    store.record_attempt(revision, e.text)
-                    raise CommandError(f"the kernel rejected the transaction; nothing was changed "
-                                       f"(the previous ruleset is whole). nft said:\n{e.text.strip()}") from None
-                # The fast path trusted the recorded state; ask the kernel and try once more.
-                logs.log.warning(f"the transaction planned from the recorded state failed ({e.text.strip()}); "
-                                 f"listing the kernel's tables and planning again")
-                plan = make_plan(ruleset, read_live(nft, target.table), services)
-                try:
-                    if not plan.empty:
-                        nft.run(plan.transaction)
-                except NftError as e2:
-                    store.record_attempt(revision, e2.text)
-                    raise CommandError(f"the kernel rejected the transaction; nothing was changed "
-                                       f"(the previous ruleset is whole). nft said:\n{e2.text.strip()}") from None
+        try:
+            plan, _ = commit(nft, target.table, ruleset, plan, services,
+                             from_memory="the recorded state" if fast else None)
+        except NftError as e:
+            store.record_attempt(revision, e.text)
+            raise CommandError(f"the kernel rejected the transaction; nothing was changed "
+                               f"(the previous ruleset is whole). nft said:\n{e.text.strip()}") from None
         after, token = verify_applied(nft, target, ruleset)
         store.record_applied(revision, ruleset, fingerprint(after), token, plan_id)
         print(f"Apply complete: {len(plan.transaction)} operations in one transaction; "

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from reconciler import logs
-from reconciler.intake.model import Inventory, NodeConfig
-from reconciler.compile.ruleset import NftSyntaxError, Ruleset
+from reconciler.intake import Inventory, NodeConfig
+from reconciler.compile import NftSyntaxError, Ruleset
 
 
 @dataclass(frozen=True)
@@ -25,13 +25,13 @@ class Desired:
 
 def node_ip_discovery(netns: str | None):
     """Discover the node's primary IPs in the namespace nftrec acts on, not the host's."""
-    from reconciler.intake.config import discover_node_ips
+    from reconciler.intake import discover_node_ips
 
     if netns is None:
         return discover_node_ips
 
     def in_netns() -> tuple[str, ...]:
-        from reconciler.kernel.nft import Libnftables  # its worker thread lives in the namespace
+        from reconciler.kernel import Libnftables  # its worker thread lives in the namespace
 
         nft = Libnftables(netns)
         try:
@@ -55,9 +55,9 @@ def load_desired(directory: Path, config_path: Path | None, *, strict: bool = Fa
                  netns: str | None = None) -> Desired:
     """Read, validate and compile, logging every problem. Raises InvalidInput when the
     input has errors: invalid input is never applied."""
-    from reconciler.compile.services import compile_ruleset
-    from reconciler.intake.config import load_node_config
-    from reconciler.intake.inventory import read_inventory
+    from reconciler.compile import compile_ruleset
+    from reconciler.intake import load_node_config
+    from reconciler.intake import read_inventory
 
     config, config_problems = load_node_config(str(config_path) if config_path else None,
                                                discover_ips=node_ip_discovery(netns))

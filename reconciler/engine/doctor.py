@@ -13,9 +13,9 @@ import sys
 from dataclasses import dataclass
 from typing import Callable, TextIO
 
-from reconciler.engine.cleanup import KUBE_PROXY_TABLE
-from reconciler.kernel.nft import Libnftables, NftError, Transaction
-from reconciler.compile.ruleset import Table
+from reconciler.engine.teardown import KUBE_PROXY_TABLE
+from reconciler.kernel import Libnftables, NftError, Transaction
+from reconciler.compile import Table
 
 MIN_NFT = (1, 0, 1)
 MIN_KERNEL = (5, 13)

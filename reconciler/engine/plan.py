@@ -10,11 +10,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from reconciler.engine.diff import Change, Changes, diff, transaction_for
-from reconciler.intake.model import Service
-from reconciler.compile.naming import join_host_port
-from reconciler.kernel.nft import Transaction
-from reconciler.compile.ruleset import Ruleset, chain_id, element_id, set_id
+from reconciler.engine.changes import Change, Changes, diff, transaction_for
+from reconciler.intake import Service
+from reconciler.compile import join_host_port
+from reconciler.kernel import Transaction
+from reconciler.compile import Ruleset, chain_id, element_id, set_id
 
 PLAN_JSON_VERSION = 1
 
@@ -50,7 +50,7 @@ def _endpoints_by_owner(rs: Ruleset, owners: set[str]) -> dict[str, set[str]]:
 
     One pass over the chains for all owners (a pass per owner is quadratic: a cold plan
     of 10,000 Services took 40 s that way)."""
-    from reconciler.engine.diff import owner_of_name
+    from reconciler.engine.changes import owner_of_name
 
     out: dict[str, set[str]] = {o: set() for o in owners}
     for t in rs.tables.values():

@@ -38,8 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reconciler.compile.ruleset import Ruleset
-from reconciler.compile.serialize import SerializeError, canonical_json, digest, ruleset_from_json, ruleset_to_json
+from reconciler.compile import Ruleset
+from reconciler.compile import SerializeError, canonical_json, digest, ruleset_from_json, ruleset_to_json
 from reconciler.engine.state import Status, atomic_write, nftrec_version, utc_now
 
 FORMAT_VERSION = 1

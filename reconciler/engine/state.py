@@ -31,8 +31,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-from reconciler.compile.ruleset import Ruleset
-from reconciler.compile.serialize import SerializeError, digest, ruleset_from_json, ruleset_to_json
+from reconciler import logs
+from reconciler.compile import Ruleset
+from reconciler.compile import SerializeError, digest, ruleset_from_json, ruleset_to_json
 
 FORMAT_VERSION = 1
 HISTORY_KEEP = 5
@@ -497,3 +498,32 @@ class StateStore:
             return None
         fsync_dir(path.parent)
         return target
+
+
+# --- reading with damaged files set aside ---------------------------------------------------
+
+
+def _set_aside(store: StateStore, e: StateCorrupt) -> None:
+    moved = store.reset(e.path)
+    logs.log.warning(f"{str(e).rstrip('.')}; moved it to {moved} and continuing from the kernel's state "
+                     f"(a successful apply records a fresh one)", extra={"fields": {"path": str(e.path)}})
+
+
+def read_status(store: StateStore):
+    """The recorded status; a corrupt file is reported, moved aside and rebuilt later."""
+    try:
+        return store.status()
+    except StateCorrupt as e:
+        _set_aside(store, e)
+        return store.status()
+
+
+def read_history(store: StateStore):
+    """The applied-ruleset history, with every damaged entry reported and moved aside
+    (bounded: each round removes one file)."""
+    for _ in range(store.keep + 16):
+        try:
+            return store.history()
+        except StateCorrupt as e:
+            _set_aside(store, e)
+    return store.history()

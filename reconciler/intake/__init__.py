@@ -1,0 +1,21 @@
+"""Stage 1, intake: manifest files and the node config → validated model.
+
+    files ─► load (YAML/JSON, with positions) ─► validate (JSON Schema, then Kubernetes'
+    own rules) ─► inventory (model.Inventory)      node config ─► config (model.NodeConfig)
+
+`incremental` reads the same directory again and again, re-parsing only what changed
+(`nftrec watch`); `report` is the `validate` command. Other stages use only these names.
+"""
+
+from reconciler import lazy_exports
+
+__all__, __getattr__ = lazy_exports(__name__, {
+    "config": ("DEFAULT_PATH", "discover_node_ips", "load_node_config"),
+    "incremental": ("Intake", "Snapshot"),
+    "inventory": ("InventoryResult", "read_inventory"),
+    "load": ("SUFFIXES",),
+    "model": ("Endpoint", "EndpointPort", "EndpointSlice", "Inventory", "LoadBalancerIngress", "NodeConfig",
+              "Service", "ServiceCIDR", "ServicePort", "Source"),
+    "problems": ("ERROR", "NOTICE", "WARNING", "Problem"),
+    "report": ("run_validate",),
+})

@@ -16,8 +16,9 @@ from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 
 from reconciler.intake import model
-from reconciler.intake.load import MAX_FILE_BYTES, Document, SourceFile, check_shape, decode_text, Refused, yaml_error
+from reconciler.intake.load import MAX_FILE_BYTES, Document, Refused, SourceFile, check_shape, decode_text, locate, yaml_error
 from reconciler.intake.problems import ERROR, Problem, show
+from reconciler.intake.schema_errors import Obj, Report, schema_problem
 from reconciler.intake.schemas import parse_cidr, parse_ip, validator
 
 DEFAULT_PATH = "/etc/nftrec/config.yaml"
@@ -95,8 +96,6 @@ def load_node_config(
     if problems:
         return _defaults(hostname, (), shown), problems
     doc = Document(data, model.Source(shown, 1, 1), shown, 0, (), src)
-    from reconciler.intake.validate import Obj, Report, schema_problem  # one mapping of schema errors
-
     rep = Report()
     o = Obj(doc, "NodeConfig", "", "")
     for err in validator("NodeConfig").iter_errors(data):
@@ -143,8 +142,6 @@ def load_node_config(
 
 
 def _locate(doc: Document, key: str) -> tuple[int, int]:
-    from reconciler.intake.load import locate
-
     return locate(doc, (key,))
 
 

@@ -7,68 +7,19 @@ Pipeline position: load -> **validate** -> model -> compile -> ...
 
 from __future__ import annotations
 
-import json
-import re
-import sys
-import unicodedata
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
-from pathlib import Path
-from typing import TextIO
 
 from reconciler.intake.load import Document, LoadResult, locate
-from reconciler.intake.problems import ERROR, NOTICE, WARNING, Problem, count, field_path, safe_name, show
-from reconciler.intake.schemas import canonical_cidr, cidr_hint, ip_hint, parse_cidr, parse_ip, special_ip, validator
+from reconciler.intake.problems import NOTICE, WARNING, Problem, field_path, safe_name, show
+from reconciler.intake.schema_errors import SERVICE_NAME_LABEL, Obj, Report, ip_message, schema_problem
+from reconciler.intake.schemas import parse_cidr, parse_ip, special_ip, validator
 
 ACCEPTED = ("Service", "EndpointSlice", "Endpoints", "ServiceCIDR")
-SERVICE_NAME_LABEL = "kubernetes.io/service-name"
-_FORMAT_WORDS = {
-    "ip": "a valid IP address (IPv4 like 10.96.0.10 without leading zeros, or IPv6 like fd00::10)",
-    "ipv4": "a valid IPv4 address (like 10.96.0.10, without leading zeros)",
-    "ipv6": "a valid IPv6 address (like fd00::10)",
-    "cidr": "a valid CIDR (like 10.0.0.0/8 or fd00::/64, without leading zeros)",
-}
-_NONSPECIAL = {"ip-nonspecial": ("ip", None), "ipv4-nonspecial": ("ipv4", 4), "ipv6-nonspecial": ("ipv6", 6)}
-_YAML11_BOOLS = {"y": True, "yes": True, "on": True, "n": False, "no": False, "off": False}
-_TYPE_WORDS = {"integer": "a whole number", "string": "a string", "object": "a mapping", "array": "a list",
-               "boolean": "true or false", "number": "a number", "null": "null"}
 
 
 def family(ip: str) -> str:
     return "IPv4" if ":" not in ip else "IPv6"
-
-
-def _what(value: object) -> str:
-    if isinstance(value, bool):
-        return "true or false"
-    for t, word in (
-        (str, "a string"), (int, "a whole number"), (float, "a number"), (dict, "a mapping"),
-        (list, "a list"), (type(None), "null")
-    ):
-        if isinstance(value, t):
-            return word
-    return f"a YAML {type(value).__name__}"
-
-
-@dataclass
-class Obj:
-    """One document with its identity, as the checks see it."""
-
-    doc: Document
-    kind: str
-    namespace: str
-    name: str
-    valid: bool = True
-
-    @property
-    def label(self) -> str:  # safe for one-line messages
-        if self.kind == "ServiceCIDR":
-            return safe_name(self.name)
-        return f"{safe_name(self.namespace)}/{safe_name(self.name)}"
-
-    @property
-    def key(self) -> str:
-        return f"{self.namespace}/{self.name}"
 
 
 @dataclass
@@ -82,127 +33,6 @@ class Checked:
     @property
     def ok(self) -> bool:
         return not any(p.is_error for p in self.problems)
-
-
-class Report:
-    def __init__(self) -> None:
-        self.problems: list[Problem] = []
-
-    def add(self, o: Obj, path: tuple, message: str, severity: str = ERROR, *, key: bool = False) -> None:
-        line, col = locate(o.doc, path, key=key)
-        self.problems.append(Problem(o.doc.file, line, col, o.kind, o.label, field_path(path), message, severity))
-
-
-# --- schema errors -> plain sentences ------------------------------------------------------
-
-
-def schema_problem(rep: Report, o: Obj, err) -> None:
-    path = tuple(err.absolute_path)
-    v, inst, kind = err.validator, err.instance, err.validator_value
-    desc = err.schema.get("description") if isinstance(err.schema, dict) else None
-    if v == "required":
-        # jsonschema reports each missing property as its own error, all with the whole list
-        for name in kind:
-            if isinstance(inst, dict) and name not in inst and err.message == f"{name!r} is a required property":
-                if name == SERVICE_NAME_LABEL or (name == "labels" and o.kind == "EndpointSlice"):
-                    msg = (f"the label {SERVICE_NAME_LABEL} is missing (metadata.labels); it names the Service this slice belongs to, "
-                           "add it (without it kube-proxy ignores the slice)")
-                else:
-                    msg = f"{name} is required but missing; add it"
-                _add_missing(rep, o, path, name, msg)
-        return
-    if v == "additionalProperties":
-        allowed = set(err.schema.get("properties", {}))
-        for name in inst:
-            if name not in allowed and not str(name).startswith("x-"):
-                rep.add(o, path + (name,), f"unknown key {show(name)}; remove it or fix its spelling "
-                        "(keys starting with x- are ignored)", key=True)
-        return
-    if v == "type":
-        types = kind if isinstance(kind, list) else [kind]
-        want = " or ".join(_TYPE_WORDS.get(t, t) for t in types if t != "null")
-        msg = f"must be {want}, not {_what(inst)} ({show(inst)}){_type_hint(inst, types)}"
-    elif v in ("enum", "const"):
-        options = kind if v == "enum" else [kind]
-        msg = f"{show(inst)} is not allowed; use {desc or ' or '.join(show(x) for x in options)}"
-    elif v == "format" and kind in _NONSPECIAL:
-        msg = _ip_message(inst, *_NONSPECIAL[kind])
-    elif v == "format" and kind == "cidr-canonical":
-        canon = canonical_cidr(inst)
-        if canon is None:
-            msg = f"{show(inst)} is not {_FORMAT_WORDS['cidr']}{cidr_hint(inst)}"
-        else:
-            msg = f"{show(inst)} is not in canonical form (the network address, as Kubernetes requires for ServiceCIDRs); write {canon}"
-    elif v == "format":
-        msg = f"{show(inst)} is not {_FORMAT_WORDS.get(kind, kind)}"
-        if kind in ("ip", "ipv4", "ipv6"):
-            msg += ip_hint(inst)
-        elif kind == "cidr":
-            msg += cidr_hint(inst)
-    elif v == "pattern":
-        msg = f"{show(inst)} is not {desc or 'in the expected form'}"
-        types = err.schema.get("type") if isinstance(err.schema, dict) else None
-        if isinstance(inst, str) and inst.isdigit() and isinstance(types, list) and "integer" in types:
-            msg += "; a port number is written without quotes"
-        msg += _non_ascii_hint(inst)
-    elif v in ("minimum", "maximum"):
-        msg = f"{show(inst)} is out of range; it must be {desc or ('at least ' if v == 'minimum' else 'at most ') + str(kind)}"
-    elif v in ("maxLength", "minLength"):
-        msg = f"{show(inst)} has {len(inst)} characters; it must be " + \
-              (f"at most {kind}" if v == "maxLength" else f"at least {kind}") + (f" ({desc})" if desc else "")
-    elif v in ("maxItems", "minItems"):
-        msg = f"has {len(inst)} entries; it must have " + (f"at most {kind}" if v == "maxItems" else f"at least {kind}")
-    elif v == "uniqueItems":
-        msg = "lists the same value twice; list each once"
-    elif v in ("anyOf", "oneOf"):
-        msg = f"{show(inst)} is not {desc or 'valid here'}" + (cidr_hint(inst) if isinstance(inst, str) and "/" in inst else ip_hint(inst))
-    else:
-        msg = " ".join(str(err.message).split())[:200]
-    rep.add(o, path, msg)
-
-
-def _type_hint(inst: object, types: list) -> str:
-    if isinstance(inst, bool) and "string" in types:
-        return "; YAML reads plain true, false (and, to kubectl, yes, no, on, off) as booleans, so quote it"
-    if not isinstance(inst, str):
-        return ""
-    if "integer" in types and re.fullmatch(r"[-+]?0[0-9_]+", inst.strip()):
-        return ("; a number written with a leading zero is ambiguous (kubectl reads 010 as octal 8, YAML 1.2 as "
-                "decimal 10), so nftrec refuses it: write it without the leading zero")
-    if "integer" in types and inst.strip().isdigit():
-        return "; write it without quotes"
-    if "boolean" in types and inst.lower() in _YAML11_BOOLS:
-        word = "true" if _YAML11_BOOLS[inst.lower()] else "false"
-        return (f"; write {word} (YAML 1.1, which kubectl reads, takes {inst} for {word}; "
-                "nftrec reads YAML 1.2 and refuses to guess)")
-    return ""
-
-
-def _non_ascii_hint(inst: object) -> str:
-    if not isinstance(inst, str):
-        return ""
-    odd = next((c for c in inst if not c.isascii()), None)
-    if odd is None:
-        return ""
-    return (f"; it contains the non-ASCII character {odd!r} (U+{ord(odd):04X} {unicodedata.name(odd, 'UNNAMED')}), "
-            "which may only look like an ASCII one: retype it")
-
-
-def _ip_message(inst: object, fmt: str, version: int | None) -> str:
-    """The message for an endpoint or external IP that failed its format (see schemas.py)."""
-    ip = parse_ip(inst) if isinstance(inst, str) else None
-    if ip is None:
-        return f"{show(inst)} is not {_FORMAT_WORDS[fmt]}{ip_hint(inst)}"
-    if version is not None and ip.version != version:
-        have, want = f"IPv{ip.version}", f"IPv{version}"
-        return f"{show(inst)} is an {have} address but the slice's addressType is {want}; put it in a slice of that address type"
-    why = special_ip(ip) or "is not allowed here"
-    return f"{show(inst)} {why}; Kubernetes refuses such addresses for endpoints and external IPs: use a routable address"
-
-
-def _add_missing(rep: Report, o: Obj, path: tuple, name: str, msg: str) -> None:
-    line, col = locate(o.doc, path)
-    rep.problems.append(Problem(o.doc.file, line, col, o.kind, o.label, field_path(path + (name,)), msg, ERROR))
 
 
 # --- identity ----------------------------------------------------------------------------
@@ -336,7 +166,7 @@ def _slice_addresses(rep: Report, o: Obj) -> None:
                 continue  # the schema reports the type
             ip = parse_ip(a)
             if ip is None or ip.version != version or special_ip(ip) is not None:
-                rep.add(o, ("endpoints", i, "addresses", j), _ip_message(a, at.lower(), version))
+                rep.add(o, ("endpoints", i, "addresses", j), ip_message(a, at.lower(), version))
 
 
 def _unique_port_names(rep: Report, o: Obj, ports: list, base: tuple) -> None:
@@ -517,46 +347,3 @@ def check(loaded: LoadResult, *, strict: bool = False) -> Checked:
     """Validate every loaded document; the valid objects come back for the model."""
     return check_tree(loaded.problems, loaded.documents, [check_document(d) for d in loaded.documents],
                       strict=strict)
-
-
-# --- the `validate` command -----------------------------------------------------------------
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}{'' if n == 1 else 's'}"
-
-
-def run_validate(root, *, config_path=None, strict: bool = False, output: str = "text", stream: TextIO | None = None) -> int:
-    """`nftrec validate`: print every problem; 0 valid, 1 invalid. Needs no root or kernel.
-
-    JSON output (`output="json"`) is one document:
-    {"valid": bool, "objects": N, "errors": N, "warnings": N, "notices": N,
-     "revision": str, "problems": [{file, line, col, kind, obj, field, message, severity}]}
-    """
-    from reconciler.intake.config import DEFAULT_PATH, load_node_config  # config imports validate's helpers
-
-    stream = stream or sys.stdout
-    from reconciler.intake.inventory import read_inventory
-
-    res = read_inventory(root, strict=strict)
-    problems = list(res.problems)
-    if config_path is not None or Path(DEFAULT_PATH).is_file():
-        _, cfg_problems = load_node_config(None if config_path is None else str(config_path), discover=False)
-        problems.extend(cfg_problems)
-    errors, warnings_, notices = count(problems, ERROR), count(problems, WARNING), count(problems, NOTICE)
-    if output == "json":
-        json.dump({"valid": errors == 0, "objects": res.documents, "errors": errors, "warnings": warnings_,
-                   "notices": notices, "revision": res.inventory.revision,
-                   "problems": [p.to_json() for p in problems]}, stream, indent=2)
-        stream.write("\n")
-    else:
-        for p in problems:
-            stream.write(p.format_text() + "\n")
-        if res.documents == 0 and errors == 0:
-            summary = f"{root}: 0 objects (empty directory)" if res.files == 0 else f"{root}: 0 objects"
-        else:
-            summary = f"{root}: {_plural(res.documents, 'object')}, {_plural(errors, 'error')}, {_plural(warnings_, 'warning')}"
-            if notices:
-                summary += f", {_plural(notices, 'notice')}"
-        stream.write(summary + "\n")
-    return 0 if errors == 0 else 1

@@ -1,0 +1,17 @@
+"""Stage 3, kernel: nftables and conntrack in one network namespace.
+
+    nft        libnftables through ctypes, knftables-style: one narrow Interface (run a
+               transaction, list), a Transaction builder, a Fake for unit tests
+    live       the kernel's listing parsed back into a canonical Ruleset; the generation
+               token that tells whether anyone committed since we did
+    conntrack  kube-proxy's UDP conntrack cleanup (pyroute2)
+"""
+
+from reconciler import lazy_exports
+
+__all__, __getattr__ = lazy_exports(__name__, {
+    "conntrack": ("cleanup_udp",),
+    "live": ("OTHER_KINDS", "canonical", "chain_policy", "fingerprint", "kernel_token", "read_live",
+             "table_flags", "table_others"),
+    "nft": ("Fake", "Interface", "Libnftables", "NamespaceThread", "NftError", "NotFound", "Transaction"),
+})

@@ -17,15 +17,15 @@ import errno
 import ipaddress
 import socket
 
-from reconciler.compile.services import (
+from reconciler.compile import (
     ips_of_family,
     cluster_ip_for,
     endpoints_for_port,
     slices_by_service,
 )
-from reconciler.intake.model import Inventory, NodeConfig
+from reconciler.intake import Inventory, NodeConfig
 from reconciler.kernel.nft import NamespaceThread  # Libnftables' setns thread, without a libnftables context
-from reconciler.compile.ruleset import FAMILIES
+from reconciler.compile import FAMILIES
 
 _AF = {"ip": socket.AF_INET, "ip6": socket.AF_INET6}
 
@@ -43,7 +43,7 @@ def stale_udp_targets(inventory: Inventory, config: NodeConfig, family: str) -> 
     VIPs except ipMode Proxy, externalIPs) and its nodePort → the set of IPs of its
     *serving* endpoints (kube-proxy's `IsServing()`: ready or not, terminating or not).
     Service ports without any serving endpoint are left out: kube-proxy does not touch
-    their entries. Frontends are the same ones compile.py programs into the ruleset."""
+    their entries. Frontends are the same ones compile/services.py programs into the ruleset."""
     if family not in FAMILIES:
         raise ValueError(f"unsupported family {family!r} (expected one of {FAMILIES})")
     frontends: Frontends = {}

@@ -19,11 +19,12 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import re
+from pathlib import Path
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from reconciler.kernel.nft import Interface, NftError
-from reconciler.compile.ruleset import FAMILIES, BaseHook, Chain, Element, NamedSet, Rule, Ruleset, Table
+from reconciler.compile import FAMILIES, BaseHook, Chain, Element, NamedSet, Rule, Ruleset, Table
 
 # --- rule text normal form -----------------------------------------------------------------
 
@@ -404,3 +405,25 @@ def fingerprint(live: Ruleset) -> str:
             for line in sorted(f"{' . '.join(e.key)}|{e.value}|{e.comment}" for e in s.elements.values()):
                 h.update(line.encode() + b"\n")
     return h.hexdigest()
+
+
+# --- the generation token ------------------------------------------------------------------
+
+
+def kernel_token(nft) -> int | None:
+    """The generation id, bound to this boot and this namespace instance: a namespace
+    re-created under the same name, or a reboot, starts counting again and must never
+    match a recorded generation by accident. The instance is the namespace's cookie
+    (never reused within a boot); a namespace's inode number is not enough: the kernel
+    hands a deleted namespace's inode to the next new one. None (no fast path) when the
+    kernel has no cookie."""
+    cookie = nft.netns_cookie()
+    gen = nft.generation()
+    if gen is None or cookie is None:
+        return None
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot = ""
+    epoch = int.from_bytes(hashlib.sha256(f"{boot}:{cookie}".encode()).digest()[:6], "big")
+    return (epoch << 32) | (gen & 0xFFFFFFFF)

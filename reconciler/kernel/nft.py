@@ -25,7 +25,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, TypeVar
 
-from reconciler.compile.ruleset import (
+from reconciler.compile import (
     Chain,
     Element,
     NamedSet,

@@ -19,9 +19,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from reconciler.kernel.live import OTHER_KINDS, canonical, chain_policy, table_flags, table_others
-from reconciler.kernel.nft import Transaction
-from reconciler.compile.ruleset import Chain, Element, NamedSet, NftSyntaxError, Ruleset, Table, chain_id, check_name, element_id, set_id
+from reconciler.kernel import OTHER_KINDS, canonical, chain_policy, table_flags, table_others
+from reconciler.kernel import Transaction
+from reconciler.compile import Chain, Element, NamedSet, NftSyntaxError, Ruleset, Table, chain_id, check_name, element_id, set_id
 
 # --- the result ----------------------------------------------------------------------------
 

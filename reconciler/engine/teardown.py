@@ -10,8 +10,8 @@ from __future__ import annotations
 import sys
 from typing import TextIO
 
-from reconciler.kernel.nft import Interface, NftError, NotFound, Transaction
-from reconciler.compile.ruleset import FAMILIES
+from reconciler.kernel import Interface, NftError, NotFound, Transaction
+from reconciler.compile import FAMILIES
 
 KUBE_PROXY_TABLE = "kube-proxy"
 

@@ -1,0 +1,108 @@
+"""Compiling again after a change: only the Services that changed.
+
+A Service is recompiled (`services.compile_service`) only when it or its slices changed,
+with the same node config and service CIDRs; then `services.assemble` builds the ruleset.
+`project` cuts two rulesets down to the objects of the changed Services plus the shared
+skeleton, so a diff between them costs what the change costs, not what the table costs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from reconciler.compile.ruleset import Ruleset, Table, chain_id, element_id, set_id
+from reconciler.compile.services import FAMILIES, assemble, compile_service, compile_static, family_context, \
+    slices_by_service
+from reconciler.intake import Inventory, NodeConfig
+
+
+@dataclass
+class Compiled:
+    """A desired ruleset with what it was compiled from (for the next incremental step)."""
+
+    inventory: Inventory
+    config: NodeConfig
+    ruleset: Ruleset
+    static_key: tuple
+    inputs: dict[str, tuple] = field(default_factory=dict)  # Service key -> (Service, slices)
+    fragments: dict[str, object] = field(default_factory=dict)  # Service key -> ServiceFragment
+    recompiled: int = 0
+
+
+def compile_incremental(inventory: Inventory, config: NodeConfig, prev: Compiled | None) -> Compiled:
+    """compile.compile_ruleset(inventory, config), re-using `prev`'s fragment of every
+    Service whose Service object and slices are unchanged (same node config and service
+    CIDRs). Equal to compile_ruleset's result (tests/test_watch.py checks)."""
+    static_key = (config, inventory.service_cidrs)
+    reuse = prev is not None and prev.static_key == static_key
+    contexts = {f: family_context(config, f) for f in FAMILIES}
+    by_svc = slices_by_service(inventory.endpoint_slices)
+    inputs, fragments, n = {}, {}, 0
+    for svc in sorted(inventory.services, key=lambda s: (s.namespace, s.name)):
+        key = svc.key
+        inp = (svc, tuple(by_svc.get(key, ())))
+        if reuse and key in prev.inputs and prev.inputs[key] == inp:
+            frag = prev.fragments[key]
+        else:
+            frag = compile_service(svc, inp[1], config, contexts)
+            n += 1
+        inputs[key], fragments[key] = inp, frag
+    ruleset = assemble(compile_static(config, inventory), fragments.values())
+    return Compiled(inventory, config, ruleset, static_key, inputs, fragments, n)
+
+
+def changed_services(old: Compiled, new: Compiled) -> set[str] | None:
+    """Service keys whose objects may differ; None when everything may (static part changed)."""
+    if old.static_key != new.static_key:
+        return None
+    keys = set(old.fragments) | set(new.fragments)
+    return {k for k in keys if old.fragments.get(k) is not new.fragments.get(k)}
+
+
+def project(rs: Ruleset, static: Ruleset, fragments: list) -> Ruleset:
+    """`rs` restricted to the static skeleton's objects and the objects of `fragments`
+    (chains, affinity sets, and only those elements of shared sets). Diffing two
+    projections made with the same static part and the old + new fragments of every
+    changed Service gives the same changes as diffing the whole rulesets: every object
+    left out belongs to an unchanged Service in both."""
+    out = Ruleset()
+    for fam, t in rs.tables.items():
+        st = static.tables.get(fam)
+        chains = list(st.chains) if st else []
+        whole_sets: set[str] = set()
+        keys: dict[str, set] = {n: set(s.elements) for n, s in st.sets.items()} if st else {}
+        for frag in fragments:
+            ff = frag.families.get(fam)
+            if ff is None:
+                continue
+            chains.extend(ff.chains)
+            whole_sets.update(ff.sets)
+            for set_name, key in ff.elements:
+                keys.setdefault(set_name, set()).add(key)
+        table = Table(t.family, t.name, t.comment)
+        for name in chains:
+            c = t.chains.get(name)
+            if c is not None:
+                table.chains[name] = c
+                o = rs.owners.get(chain_id(fam, name))
+                if o:
+                    out.owners[chain_id(fam, name)] = o
+        for name, s in t.sets.items():
+            if name in whole_sets:
+                table.sets[name] = s
+            elif name in keys:
+                want = keys[name]
+                table.sets[name] = replace(s, elements={k: e for k, e in s.elements.items() if k in want}
+                                           if len(want) * 4 > len(s.elements) else
+                                           {k: s.elements[k] for k in want if k in s.elements})
+                for k in table.sets[name].elements:
+                    o = rs.owners.get(element_id(fam, name, k))
+                    if o:
+                        out.owners[element_id(fam, name, k)] = o
+            else:
+                continue
+            o = rs.owners.get(set_id(fam, name))
+            if o:
+                out.owners[set_id(fam, name)] = o
+        out.tables[fam] = table
+    return out

@@ -1,0 +1,126 @@
+"""`nftrec watch`: the reconcile daemon (SPEC §6), kube-proxy's sync loop without an API server.
+
+    watcher.Watcher ─► debounce ─► runner.Runner ─► reconcile.Daemon.sync()
+    (file events)                       ▲ timer: fullSyncPeriod / syncPeriod after a failure
+
+This module wires them together: signals (SIGTERM/SIGINT stop, SIGHUP re-reads the node
+config), the metrics and health server, and the namespace lock, which is held for the
+daemon's lifetime so a concurrent `nftrec apply` fails fast and names the watch process.
+The daemon waits for the lock at start when someone else holds it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from pathlib import Path
+
+from reconciler import logs
+from reconciler.daemon.reconcile import Daemon
+from reconciler.daemon.runner import Fatal, Runner
+from reconciler.daemon.watcher import DEBOUNCE, Watcher
+from reconciler.engine import LockHeld
+from reconciler.engine import CommandError, Target
+
+LOCK_RETRY = 1.0  # seconds between attempts to take the namespace lock at start
+
+
+def run_watch(directory: Path, config_path: Path | None, target: Target, *, strict: bool = False,
+              metrics_address: str = "127.0.0.1:9105", debounce: float = DEBOUNCE) -> int:
+    """The daemon: returns 0 after SIGTERM/SIGINT, 1 when it cannot start."""
+    from reconciler.daemon.metrics import Metrics, MetricsError
+
+    stop_requested = threading.Event()
+    metrics = Metrics()
+    daemon = Daemon(directory, config_path, target, strict=strict, metrics=metrics)
+    server = lock = watcher = None
+    runner: Runner | None = None
+
+    def on_stop(signum, _frame):
+        stop_requested.set()
+        if runner is not None:
+            runner.stop()
+
+    def on_hup(_signum, _frame):
+        daemon.reload_config = True
+        if runner is not None:
+            runner.run()
+
+    old = {s: signal.signal(s, on_stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    old[signal.SIGHUP] = signal.signal(signal.SIGHUP, on_hup)
+    try:
+        try:
+            daemon.nft = target.nft()
+        except CommandError as e:
+            logs.log.error(str(e))
+            return 1
+        daemon.bind_netns()
+        if not daemon.load_config():
+            return 1
+        cfg = daemon.config
+        if metrics_address:
+            try:
+                server = metrics.serve(metrics_address, daemon.healthy)
+            except MetricsError as e:
+                logs.log.error(f"{e}; give --metrics-address HOST:PORT, or \"\" to disable metrics")
+                return 1
+            logs.log.info(f"metrics on {server.url}/metrics, health on {server.url}/healthz",
+                          extra={"fields": {"event": "metrics", "metricsUrl": server.url, "metricsPort": server.port}})
+        lock = target.lock()
+        said = False
+        while not stop_requested.is_set():
+            try:
+                lock.acquire()
+                break
+            except LockHeld as e:
+                if not said:
+                    logs.log.warning(f"{e}; waiting for it")
+                    said = True
+                stop_requested.wait(LOCK_RETRY)
+        if stop_requested.is_set():
+            return 0
+        fatal = []
+
+        def sync() -> float | None:
+            try:
+                return daemon.sync()
+            except Fatal:
+                fatal.append(True)
+                runner.stop()
+                raise
+            finally:  # a SIGHUP may have changed the periods
+                c = daemon.config
+                runner.set_intervals(c.min_sync_period, c.sync_period, c.full_sync_period)
+
+        runner = Runner(sync, cfg.min_sync_period, cfg.sync_period, cfg.full_sync_period)
+        watcher = Watcher(directory, runner.run, debounce=debounce)
+        daemon.on_root = watcher.follow
+        try:
+            watcher.follow(str(Path(directory).resolve()))
+        except OSError:
+            pass
+        watcher.start()
+        logs.log.info(f"watching {directory} for table {target.table} in {target.where} (minSyncPeriod "
+                      f"{cfg.min_sync_period:g}s, syncPeriod {cfg.sync_period:g}s, fullSyncPeriod "
+                      f"{cfg.full_sync_period:g}s, debounce {debounce:g}s); pid {os.getpid()}",
+                      extra={"fields": {"event": "start", "pid": os.getpid()}})
+        runner.run()  # the initial (full) sync; nothing happens until a read succeeds
+        if stop_requested.is_set():
+            runner.stop()
+        runner.loop()
+        if fatal:
+            return 1
+        logs.log.info("stopping: the rules stay in place", extra={"fields": {"event": "stop"}})
+        return 0
+    finally:
+        if watcher is not None:
+            watcher.stop()
+        if server is not None:
+            server.close()
+        if daemon.nft is not None:
+            daemon.nft.close()
+        if lock is not None:
+            lock.release()
+        for s, h in old.items():
+            signal.signal(s, h)

@@ -1,0 +1,128 @@
+"""The daemon's source of triggers: file events in the manifest directory, debounced.
+
+The manifest directory is watched recursively, and its parent non-recursively: git-sync
+publishes a revision by swapping a symlink (`current -> rev-<sha>`), which is an event in
+the parent. An editor's write-temp-then-rename save is a burst of events; bursts are
+debounced (DEBOUNCE seconds of quiet, at most DEBOUNCE_MAX of delay) into one trigger.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+from reconciler import logs
+from reconciler.intake import SUFFIXES
+
+DEBOUNCE = 0.2  # seconds of quiet after the last file event before a sync is triggered
+DEBOUNCE_MAX = 2.0  # a continuous stream of events triggers at least this often
+
+
+class Watcher:
+    """watchdog on the directory (recursive, following git-sync's link) and its parent
+    (the link swap); relevant events are debounced into `trigger()`."""
+
+    def __init__(self, directory: Path, trigger: Callable[[], None], *, debounce: float = DEBOUNCE,
+                 debounce_max: float = DEBOUNCE_MAX):
+        self.link = os.path.abspath(directory)
+        self.parent = os.path.dirname(self.link) or "/"
+        self.trigger, self.debounce, self.debounce_max = trigger, debounce, debounce_max
+        self._suffixes = SUFFIXES
+        self._cond = threading.Condition()
+        self._first: float | None = None  # first event of the current burst
+        self._last = 0.0
+        self._stopped = False
+        self._root: str | None = None
+        self._root_watch = None
+        self.events = 0
+        from watchdog.events import FileSystemEventHandler
+        from watchdog.observers import Observer
+
+        watcher = self
+
+        class Handler(FileSystemEventHandler):
+            def on_any_event(self, event):
+                watcher._event(event)
+
+        self._handler = Handler()
+        self._observer = Observer()
+        self._observer.schedule(self._handler, self.parent, recursive=False)
+        self._thread = threading.Thread(target=self._debounce_loop, name="nftrec-debounce", daemon=True)
+
+    def start(self) -> None:
+        self._observer.start()
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+        self._observer.stop()
+        self._observer.join(timeout=5)
+
+    def follow(self, root: str) -> None:
+        """Watch `root` (the resolved directory being read) recursively, instead of the old one."""
+        if root == self._root or not os.path.isdir(root):
+            return
+        if self._root_watch is not None:
+            try:
+                self._observer.unschedule(self._root_watch)
+            except (KeyError, OSError):
+                pass
+            self._root_watch = None
+        try:
+            self._root_watch = self._observer.schedule(self._handler, root, recursive=True)
+            self._root = root
+        except OSError as e:
+            logs.log.warning(f"cannot watch {root}: {e}; changes are picked up by the periodic full sync")
+
+    def _relevant(self, event) -> bool:
+        if event.event_type in ("opened", "closed_no_write") or (event.is_directory and event.event_type == "modified"):
+            return False
+        for p in (event.src_path, getattr(event, "dest_path", "") or ""):
+            if not p:
+                continue
+            p = os.fsdecode(p)
+            if p == self.link:
+                return True  # the directory itself or git-sync's link
+            if os.path.dirname(p) == self.parent and not (self._root and p.startswith(self._root + os.sep)):
+                continue  # a sibling of the link in the parent: not ours
+            name = os.path.basename(p)
+            rel = os.path.relpath(p, self._root) if self._root and p.startswith(self._root) else name
+            if any(part.startswith(".") for part in rel.split(os.sep)):
+                continue  # hidden (.git, .tmp-*, editor swap files): never read
+            if event.is_directory or name.endswith(self._suffixes):
+                return True
+        return False
+
+    def _event(self, event) -> None:
+        if not self._relevant(event):
+            return
+        now = time.monotonic()
+        with self._cond:
+            self.events += 1
+            self._last = now
+            if self._first is None:
+                self._first = now
+            self._cond.notify_all()
+
+    def _debounce_loop(self) -> None:
+        while True:
+            with self._cond:
+                while self._first is None and not self._stopped:
+                    self._cond.wait()
+                if self._stopped:
+                    return
+                while not self._stopped:
+                    now = time.monotonic()
+                    wait = min(self._last + self.debounce, self._first + self.debounce_max) - now
+                    if wait <= 0:
+                        break
+                    self._cond.wait(wait)
+                if self._stopped:
+                    return
+                self._first = None
+            self.trigger()

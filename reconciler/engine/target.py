@@ -1,0 +1,49 @@
+"""Where a command acts (a network namespace, a table, a state directory), and the error
+every command reports to the user.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from reconciler.engine.lock import Lock
+from reconciler.engine.state import StateStore
+from reconciler.kernel import Libnftables, NftError
+
+
+def short_revision(revision: str | None) -> str:
+    """A git commit or `sha256:` content digest, shortened for one-line messages."""
+    if not revision:
+        return "-"
+    prefix, _, value = revision.rpartition(":")
+    return f"{prefix + ':' if prefix else ''}{value[:12]}"
+
+
+class CommandError(Exception):
+    """A failure with a message for the user (what, where, what to do); exit 1."""
+
+
+@dataclass
+class Target:
+    """Where a command acts: a network namespace (None: the host), a table, a state dir."""
+
+    netns: str | None
+    table: str
+    state_root: Path
+
+    @property
+    def where(self) -> str:
+        return f"netns {self.netns}" if self.netns else "the host namespace"
+
+    def store(self) -> StateStore:
+        return StateStore(self.state_root, netns=self.netns, table=self.table)
+
+    def lock(self) -> Lock:
+        return Lock(self.store().lock_path)
+
+    def nft(self) -> Libnftables:
+        try:
+            return Libnftables(self.netns)
+        except NftError as e:
+            raise CommandError(str(e)) from None

@@ -1,0 +1,51 @@
+"""The `validate` command: every problem of the manifests and the node config, then a
+one-line summary. Needs no root and no kernel.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import TextIO
+
+from reconciler.intake.config import DEFAULT_PATH, load_node_config
+from reconciler.intake.inventory import read_inventory
+from reconciler.intake.problems import ERROR, NOTICE, WARNING, count
+
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def run_validate(root, *, config_path=None, strict: bool = False, output: str = "text", stream: TextIO | None = None) -> int:
+    """`nftrec validate`: print every problem; 0 valid, 1 invalid. Needs no root or kernel.
+
+    JSON output (`output="json"`) is one document:
+    {"valid": bool, "objects": N, "errors": N, "warnings": N, "notices": N,
+     "revision": str, "problems": [{file, line, col, kind, obj, field, message, severity}]}
+    """
+    stream = stream or sys.stdout
+    res = read_inventory(root, strict=strict)
+    problems = list(res.problems)
+    if config_path is not None or Path(DEFAULT_PATH).is_file():
+        _, cfg_problems = load_node_config(None if config_path is None else str(config_path), discover=False)
+        problems.extend(cfg_problems)
+    errors, warnings_, notices = count(problems, ERROR), count(problems, WARNING), count(problems, NOTICE)
+    if output == "json":
+        json.dump({"valid": errors == 0, "objects": res.documents, "errors": errors, "warnings": warnings_,
+                   "notices": notices, "revision": res.inventory.revision,
+                   "problems": [p.to_json() for p in problems]}, stream, indent=2)
+        stream.write("\n")
+    else:
+        for p in problems:
+            stream.write(p.format_text() + "\n")
+        if res.documents == 0 and errors == 0:
+            summary = f"{root}: 0 objects (empty directory)" if res.files == 0 else f"{root}: 0 objects"
+        else:
+            summary = f"{root}: {_plural(res.documents, 'object')}, {_plural(errors, 'error')}, {_plural(warnings_, 'warning')}"
+            if notices:
+                summary += f", {_plural(notices, 'notice')}"
+        stream.write(summary + "\n")
+    return 0 if errors == 0 else 1
