@@ -205,13 +205,14 @@ class Daemon:
             full, reason = True, "the kernel's ruleset changed since our last commit"
         drift = None
         verified_live = None
+        services = {s.key: s for s in desired.inventory.services}
         try:
             if full:
                 live = read_live(nft, self.target.table)
                 old = self._last_applied_ruleset()
                 if old is not None:
                     drift = diff(old, live)
-                plan = make_plan(desired.ruleset, live, {s.key: s for s in desired.inventory.services})
+                plan = make_plan(desired.ruleset, live, services)
             else:
                 changed = changed_services(self.applied, desired)
                 if changed is None:
@@ -220,10 +221,8 @@ class Daemon:
                     static = compile_static(desired.config, desired.inventory)
                     frags = [f for k in changed for f in (self.applied.fragments.get(k), desired.fragments.get(k)) if f]
                     old_p, new_p = project(self.applied.ruleset, static, frags), project(desired.ruleset, static, frags)
-                services = {s.key: s for s in desired.inventory.services}
                 plan = make_plan(new_p, canonical(old_p), services)
-            plan, replanned = commit(nft, self.target.table, desired.ruleset, plan,
-                                     {s.key: s for s in desired.inventory.services},
+            plan, replanned = commit(nft, self.target.table, desired.ruleset, plan, services,
                                      from_memory=None if full else "memory")
             if replanned:
                 full, reason = True, "a transaction planned from memory failed"
