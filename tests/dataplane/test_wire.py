@@ -246,7 +246,8 @@ def sctp_unsupported(dp) -> str | None:
     probe = ("import socket; socket.socket(socket.AF_INET, socket.SOCK_RAW, 132).close()")
     proc = nsx(dp.ns["backend"], sys.executable, "-c", probe, check=False)
     if proc.returncode != 0:
-        return f"cannot open a raw IPv4 socket of protocol 132 (SCTP): {proc.stderr.strip().splitlines()[-1]}"
+        said = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+        return f"cannot open a raw IPv4 socket of protocol 132 (SCTP) in a namespace: {said}"
     return None
 
 
