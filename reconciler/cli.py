@@ -171,9 +171,9 @@ def _guard(fn, *args, **kwargs) -> int:
     try:
         return fn(*args, **kwargs)
     except (CommandError, StateCorrupt) as e:
-        logs.log.error(str(e))
+        logs.log.error(str(e), extra={"lines": getattr(e, "lines", False)})
     except NftError as e:
-        logs.log.error(f"nft: {e.text.strip()}")
+        logs.log.error(f"nft: {e.text.strip()}", extra={"lines": True})
     except OSError as e:  # state directory not writable, plan file unreadable, ...
         logs.log.error(f"{e.strerror or e}: {e.filename or ''}; check the path and its permissions")
     return EXIT_ERROR

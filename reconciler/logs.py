@@ -3,6 +3,13 @@
 Results (plans, status, rendered scripts) go to stdout and are never logged; everything
 said *about* a run — input problems, warnings, errors — goes through here, so a log
 collector gets one JSON object per line with the same fields the text shows.
+
+Text diagnostics cannot be forged by input: `escape` turns control characters, line
+separators and bidi overrides in any message (a file name with a newline, a value with
+an ESC sequence) into visible escapes, so every record stays one line. It is the one
+escaping function: the text formatter applies it to every record, Problem.format_text
+to every problem, and the text outputs of validate/plan/apply/status/doctor/cleanup use
+it for whatever they print of the user's or another tool's. JSON keeps raw values.
 """
 
 from __future__ import annotations
@@ -14,10 +21,39 @@ import time
 
 log = logging.getLogger("nftrec")
 
+# Characters a terminal or a line-oriented log reader acts on instead of showing: C0
+# controls (newline, carriage return, ESC, ...), DEL, C1 controls, the Unicode line and
+# paragraph separators, and the bidirectional formatting characters (which reorder what
+# is displayed: "Trojan Source").
+_BIDI = "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
+_UNSAFE = {c for c in range(0x20)} | {0x7F} | set(range(0x80, 0xA0)) | {0x2028, 0x2029} | {ord(c) for c in _BIDI}
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+_ESCAPES = {c: _NAMED.get(chr(c)) or (f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}") for c in _UNSAFE}
+
+
+def escape(text: str) -> str:
+    """`text` made safe to print as (part of) one diagnostic line: every control
+    character, line/paragraph separator and bidi override becomes a visible escape
+    (`\\n`, `\\x1b`, `\\u2028`, as Python's repr writes them); everything else, backslashes
+    included, stays as it is (so values already shown with repr() are unchanged)."""
+    return text.translate(_ESCAPES)
+
+
+def escape_lines(text: str) -> str:
+    """For messages that carry another tool's multi-line output (nft's error with its
+    caret line): each line escaped, and every line after the first indented by two
+    spaces so that none of them can pass for a diagnostic of its own."""
+    return "\n  ".join(escape(line) for line in text.split("\n"))
+
 
 class _Text(logging.Formatter):
+    """One record = one line (`nftrec: LEVEL: message` or a Problem's own line), with
+    the message escaped. A record logged with `extra={"lines": True}` keeps its line
+    breaks, its continuation lines indented (escape_lines)."""
+
     def format(self, record: logging.LogRecord) -> str:
         msg = record.getMessage()
+        msg = escape_lines(msg) if getattr(record, "lines", False) else escape(msg)
         if getattr(record, "plain", False):  # already "file:line:col: ..." shaped
             return msg
         return f"nftrec: {record.levelname.lower()}: {msg}"

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
+from reconciler import logs
 from reconciler.compile import Ruleset, digest
 from reconciler.engine import planfile
 from reconciler.engine.changes import diff
@@ -135,7 +136,8 @@ def run_apply(target: Target, *, desired=None, plan_path: Path | None = None,
                                    f"applied ruleset")
             ruleset, revision = store.load_ruleset(entry), entry.revision
             plan = make_plan(ruleset, live)
-            print(f"Rolling back to revision {short_revision(revision)} applied at {entry.applied_at}.", file=out_stream)
+            print(logs.escape(f"Rolling back to revision {short_revision(revision)} applied at {entry.applied_at}."),
+                  file=out_stream)
         else:
             ruleset, revision = desired.ruleset, desired.revision
             services = {s.key: s for s in desired.inventory.services}
@@ -148,12 +150,12 @@ def run_apply(target: Target, *, desired=None, plan_path: Path | None = None,
         except NftError as e:
             store.record_attempt(revision, e.text)
             raise CommandError(f"the kernel rejected the transaction; nothing was changed "
-                               f"(the previous ruleset is whole). nft said:\n{e.text.strip()}") from None
+                               f"(the previous ruleset is whole). nft said:\n{e.text.strip()}", lines=True) from None
         after, token = verify_applied(nft, target, ruleset)
         store.record_applied(revision, ruleset, fingerprint(after), token, plan_id)
-        print(f"Apply complete: {len(plan.transaction)} operations in one transaction; "
-              f"revision {short_revision(revision)} (digest {digest(ruleset)[:12]}) is live in {target.where}.",
-              file=out_stream)
+        print(logs.escape(f"Apply complete: {len(plan.transaction)} operations in one transaction; "
+                          f"revision {short_revision(revision)} (digest {digest(ruleset)[:12]}) is live in "
+                          f"{target.where}."), file=out_stream)
         return EXIT_OK
     finally:
         if nft is not None:
@@ -191,7 +193,9 @@ def run_status(target: Target, *, output: str, out_stream: TextIO = sys.stdout) 
         json.dump(doc, out_stream, indent=2)
         out_stream.write("\n")
     else:
-        w = out_stream.write
+        def w(line: str) -> None:  # revisions, paths, errors recorded from elsewhere: one line each
+            out_stream.write(logs.escape(line.rstrip("\n")) + "\n")
+
         w(f"table:     {target.table} in {target.where}\n")
         w(f"applied:   revision {short_revision(status.last_applied_revision)} at {status.last_applied_at}"
           f" (digest {(status.desired_digest or '')[:12]})\n")

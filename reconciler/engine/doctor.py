@@ -13,6 +13,7 @@ import sys
 from dataclasses import dataclass
 from typing import Callable, TextIO
 
+from reconciler import logs
 from reconciler.engine.teardown import KUBE_PROXY_TABLE
 from reconciler.kernel import Libnftables, NftError, Transaction
 from reconciler.compile import Table
@@ -98,7 +99,7 @@ def run_doctor(netns: str | None, table: str, out: TextIO = sys.stdout,
         finally:
             nft.close()
     for c in checks:
-        out.write(c.line() + "\n")
+        out.write(logs.escape_lines(c.line()) + "\n")
     failed = [c for c in checks if not c.ok and not c.warning]
     out.write("nftrec can run here.\n" if not failed else f"{len(failed)} check(s) failed.\n")
     return 0 if not failed else 1

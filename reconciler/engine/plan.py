@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from reconciler import logs
 from reconciler.engine.changes import Change, Changes, diff, transaction_for
 from reconciler.intake import Service
 from reconciler.compile import join_host_port
@@ -160,7 +161,8 @@ def format_text(plan: Plan, *, verbose: bool = False, color: bool = False) -> st
     reset = "\033[0m" if color else ""
     for sc in plan.services:
         line = f"{sc.action} {sc.service}" + (f" {sc.summary}" if sc.action != "-" else "")
-        lines.append(f"{paint.get(sc.action, '')}{line}{reset}")
+        # names come from the model (validated) or a saved plan file (not): escaped either way
+        lines.append(f"{paint.get(sc.action, '')}{logs.escape(line)}{reset}")
     for family in sorted({c.family for c in plan.shared}):
         # Objects of no Service: tables, base chains, static sets/maps and their elements.
         group = [c for c in plan.shared if c.family == family]
@@ -172,7 +174,8 @@ def format_text(plan: Plan, *, verbose: bool = False, color: bool = False) -> st
         names = sorted({c.name for c in group if c.kind != "table"})
         shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
         why = f" {table.reason};" if table and table.action == "change" else ""
-        lines.append(f"{paint.get(sign, '')}{sign} table {family}{why} (shared objects {counts}: {shown}){reset}")
+        text = logs.escape(f"{sign} table {family}{why} (shared objects {counts}: {shown})")
+        lines.append(f"{paint.get(sign, '')}{text}{reset}")
     if plan.empty:
         lines.append("No changes. The kernel matches the desired ruleset.")
     else:
@@ -184,7 +187,7 @@ def format_text(plan: Plan, *, verbose: bool = False, color: bool = False) -> st
     if verbose and not plan.empty:
         lines.append("")
         lines.append("Transaction:")
-        lines.extend(f"  {op}" for op in plan.transaction)
+        lines.extend(f"  {logs.escape(str(op))}" for op in plan.transaction)
     return "\n".join(lines) + "\n"
 
 

@@ -21,7 +21,13 @@ def short_revision(revision: str | None) -> str:
 
 
 class CommandError(Exception):
-    """A failure with a message for the user (what, where, what to do); exit 1."""
+    """A failure with a message for the user (what, where, what to do); exit 1.
+    `lines=True`: the message carries another tool's multi-line output (nft's error),
+    printed with its line breaks (logs.escape_lines); else it is printed as one line."""
+
+    def __init__(self, message: str, *, lines: bool = False):
+        super().__init__(message)
+        self.lines = lines
 
 
 @dataclass

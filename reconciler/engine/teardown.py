@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 from typing import TextIO
 
+from reconciler import logs
 from reconciler.kernel import Interface, NftError, NotFound, Transaction
 from reconciler.compile import FAMILIES
 
@@ -35,5 +36,5 @@ def cleanup(nft: Interface, table: str, *, kube_proxy: bool = False, dry_run: bo
                 out.write(f"not present: table {family} {name}\n")
             except NftError as e:
                 ok = False
-                out.write(f"error: could not delete table {family} {name}: {e.text.strip()}\n")
+                out.write(f"error: could not delete table {family} {name}: {logs.escape_lines(e.text.strip())}\n")
     return ok

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from reconciler import logs
+
 ERROR = "error"
 WARNING = "warning"
 NOTICE = "notice"
@@ -55,7 +57,8 @@ class Problem:
 
     def format_text(self) -> str:
         """`file:line:col: Kind ns/name: field.path: sentence` (gcc style for non-errors:
-        `file:line:col: warning: Kind ns/name: ...`). Empty parts are left out."""
+        `file:line:col: warning: Kind ns/name: ...`). Empty parts are left out. Always one
+        line: control characters in any part (a file name with a newline) are escaped."""
         parts = []
         loc = self.location()
         if loc:
@@ -68,7 +71,7 @@ class Problem:
         if self.field:
             parts.append(self.field)
         parts.append(self.message)
-        return ": ".join(parts)
+        return logs.escape(": ".join(parts))
 
     def to_json(self) -> dict:
         return asdict(self)

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
+from reconciler import logs
 from reconciler.intake.config import DEFAULT_PATH, load_node_config
 from reconciler.intake.inventory import read_inventory
 from reconciler.intake.problems import ERROR, NOTICE, WARNING, count
@@ -47,5 +48,5 @@ def run_validate(root, *, config_path=None, strict: bool = False, output: str = 
             summary = f"{root}: {_plural(res.documents, 'object')}, {_plural(errors, 'error')}, {_plural(warnings_, 'warning')}"
             if notices:
                 summary += f", {_plural(notices, 'notice')}"
-        stream.write(summary + "\n")
+        stream.write(logs.escape(summary) + "\n")
     return 0 if errors == 0 else 1

@@ -132,6 +132,54 @@ class Flow:
                    fields["src"][1], fields["dst"][1], int(fields["sport"][1]))
 
 
+def nsx_args(ns: str, *args: str) -> list[str]:
+    return ["ip", "netns", "exec", ns, *args]
+
+
+def _result(item: dict) -> Result:
+    return Result(Reply.parse(item["reply"]), None) if "reply" in item else Result(None, item["error"])
+
+
+class UdpSession:
+    """probe.py --session as a child process (see Topology.udp_session)."""
+
+    def __init__(self, args: list[str], timeout: float):
+        self.timeout = timeout
+        self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+        first = self._line(10)
+        self.local_ip, port = json.loads(first)["local"].rsplit(":", 1)
+        self.local_port = int(port)
+
+    def _line(self, budget: float) -> str:
+        ready, _, _ = select.select([self.proc.stdout], [], [], budget)
+        line = self.proc.stdout.readline() if ready else ""
+        if not line:
+            self.close()
+            raise AssertionError(f"UDP session client said nothing: {self.proc.stderr.read()}")
+        return line
+
+    def send(self, n: int = 1) -> list[Result]:
+        self.proc.stdin.write(f"{n}\n")
+        self.proc.stdin.flush()
+        return [_result(item) for item in json.loads(self._line(n * (self.timeout + 0.5) + 10))]
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+
+    def __enter__(self) -> "UdpSession":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 @dataclass
 class Topology:
     prefix: str
@@ -154,23 +202,26 @@ class Topology:
             args += ["--src", src]
         budget = count * (timeout + 0.5) + 10
         out = nsx(self.ns[role], *args, timeout=budget).stdout
-        results = []
-        for item in json.loads(out):
-            if "reply" in item:
-                results.append(Result(Reply.parse(item["reply"]), None))
-            else:
-                results.append(Result(None, item["error"]))
-        return results
+        return [_result(item) for item in json.loads(out)]
 
     def probe_one(self, role: str, dst: str, port: int, **kw) -> Result:
         return self.probe(role, dst, port, count=1, **kw)[0]
 
+    def udp_session(self, role: str, dst: str, port: int, timeout: float = 1.0) -> "UdpSession":
+        """A UDP client in namespace `role` that keeps one socket (one source port) open:
+        `send(n)` makes n exchanges on it. Close it (a context manager)."""
+        return UdpSession(nsx_args(self.ns[role], sys.executable, str(PROBE), "--proto", "udp",
+                                   "--dst", dst, "--port", str(port), "--timeout", str(timeout),
+                                   "--session"), timeout)
+
     # --- ruleset ----------------------------------------------------------------------
 
-    def load_script(self, script: str, tables: tuple[str, ...] = ()) -> None:
+    def load_script(self, script: str, tables: tuple[str, ...] = (), *,
+                    flush_conntrack: bool = True) -> None:
         """Run `script` with `nft -f` in the node namespace (after deleting `tables`, for
         hand-written scripts that do not replace their tables themselves); reset
-        conntrack so that every test starts with fresh NAT decisions."""
+        conntrack so that every test starts with fresh NAT decisions (unless
+        `flush_conntrack=False`: a reload that keeps the existing flows)."""
         self.last_script = script
         for table in tables:
             for family in ("ip", "ip6"):
@@ -179,16 +230,17 @@ class Topology:
         if proc.returncode != 0:
             raise AssertionError(f"nft -f of the rendered script failed in the node namespace:"
                                  f"\n{proc.stderr}\n--- script ---\n{script}")
-        self.flush_conntrack()
+        if flush_conntrack:
+            self.flush_conntrack()
 
-    def load(self, inventory, config) -> str:
+    def load(self, inventory, config, *, flush_conntrack: bool = True) -> str:
         """Compile + render with nftrec's own API, load it into the node namespace."""
         from reconciler.compile.services import compile_ruleset
         from reconciler.compile.render import render_script
 
         script = render_script(compile_ruleset(inventory, config))
         # no delete first: the rendered script itself replaces nftrec's tables, atomically
-        self.load_script(script)
+        self.load_script(script, flush_conntrack=flush_conntrack)
         return script
 
     def flush_conntrack(self) -> None:

@@ -7,6 +7,13 @@ conntrack entry, each time) and prints one JSON list: per attempt either
 {"reply": "<server ip>:<port> <peer ip>:<port>"} or {"error": KIND} where KIND is
 "refused" (TCP RST or ICMP port unreachable: a reject), "unreachable" (ICMP host/net
 unreachable or admin-prohibited), "timeout" (nothing came back: a drop) or "other:<errno>".
+
+    python3 probe.py --proto udp --dst 10.96.0.80 --port 53 --session
+
+keeps ONE connected UDP socket (one source port, so one conntrack entry) for its whole
+life: every line `N` read on stdin sends N datagrams in turn, each waiting for its answer,
+and prints one JSON list of N results (same shape as above). Like a DNS resolver that
+reuses its source port: the client conntrack pins to one endpoint.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import os
 import select
 import socket
 import struct
+import sys
 import time
 
 IP_RECVERR = getattr(socket, "IP_RECVERR", 11)  # Linux values
@@ -113,6 +121,29 @@ def attempt(proto: str, dst: str, port: int, timeout: float, src: str | None) ->
         s.close()
 
 
+def _exchange(s: socket.socket, timeout: float) -> dict:
+    s.settimeout(timeout)
+    try:
+        s.send(b"ping\n")
+        return {"reply": s.recv(2048).decode().strip()}
+    except OSError as exc:
+        return {"error": _kind(exc)}
+
+
+def session(dst: str, port: int, timeout: float, src: str | None) -> int:
+    """One UDP socket for every exchange (see the module doc); ends at EOF on stdin."""
+    fam = socket.AF_INET6 if ":" in dst else socket.AF_INET
+    with socket.socket(fam, socket.SOCK_DGRAM) as s:
+        if src:
+            s.bind((src, 0))
+        s.connect((dst, port))
+        print(json.dumps({"local": "%s:%d" % s.getsockname()[:2]}), flush=True)
+        for line in sys.stdin:
+            n = int(line)
+            print(json.dumps([_exchange(s, timeout) for _ in range(n)]), flush=True)
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--proto", choices=("tcp", "udp"), default="tcp")
@@ -121,7 +152,13 @@ def main() -> int:
     ap.add_argument("--count", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=1.0)
     ap.add_argument("--src")
+    ap.add_argument("--session", action="store_true",
+                    help="UDP only: one socket, N exchanges per stdin line N (see above)")
     args = ap.parse_args()
+    if args.session:
+        if args.proto != "udp":
+            ap.error("--session is for UDP")
+        return session(args.dst, args.port, args.timeout, args.src)
     results = [attempt(args.proto, args.dst, args.port, args.timeout, args.src)
                for _ in range(args.count)]
     print(json.dumps(results))
