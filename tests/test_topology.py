@@ -374,3 +374,28 @@ def test_invalid_traffic_distribution(tmp_path):
                                  "  trafficDistribution: PreferSameRack\n  ports: [{port: 80}]\n")
     assert rc == 1 and "f.yaml:6:24: Service default/web: spec.trafficDistribution:" in out
     assert "use PreferClose, PreferSameZone or PreferSameNode" in out, out
+
+
+def test_legacy_endpoints_are_derived_too(tmp_path):
+    (tmp_path / "a.yaml").write_text("""\
+apiVersion: v1
+kind: Service
+metadata: {name: svc1, namespace: ns1}
+spec:
+  clusterIP: 172.30.0.41
+  trafficDistribution: PreferSameNode
+  ports: [{name: p80, port: 80}]
+---
+apiVersion: v1
+kind: Endpoints
+metadata: {name: svc1, namespace: ns1}
+subsets:
+  - addresses: [{ip: 10.180.0.1, nodeName: node-a}, {ip: 10.180.0.2, nodeName: node-b}]
+    ports: [{name: p80, port: 80}]
+""")
+    res = read_inventory(tmp_path)
+    assert res.ok, res.problems
+    inv = res.inventory
+    assert targets(inv.services, inv.endpoint_slices) == ["10.180.0.1"]
+    assert targets(inv.services, inv.endpoint_slices, replace(CFG, derive_topology_hints=False)) == \
+        ["10.180.0.1", "10.180.0.2"]
