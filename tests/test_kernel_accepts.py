@@ -48,6 +48,7 @@ def endpoint(draw, fam):
         node_name=draw(st.sampled_from([NODE, "node-b", None])),
         zone=draw(st.sampled_from([None, "z1", "z2"])),
         hint_zones=draw(st.sampled_from([None, ("z1",), ("z2",), ("z1", "z2")])),
+        hint_nodes=draw(st.sampled_from([None, None, (NODE,), ("node-b",), ("node-b", NODE)])),
     )
 
 
@@ -83,6 +84,7 @@ def service_with_slices(draw, idx):
         internal_traffic_policy=draw(st.sampled_from(["Cluster", "Local"])),
         session_affinity=draw(st.sampled_from(["None", "ClientIP"])),
         affinity_timeout_seconds=draw(st.integers(1, 86400)),
+        traffic_distribution=draw(st.sampled_from([None, "PreferClose", "PreferSameZone", "PreferSameNode"])),
     )
     slices = []
     for f in fams:
@@ -121,6 +123,7 @@ def configs(draw):
         masquerade_all=draw(st.booleans()),
         masquerade_bit=draw(st.integers(0, 31)),
         zone=draw(st.sampled_from(["", "z1", "z2"])),
+        derive_topology_hints=draw(st.booleans()),
     )
 
 

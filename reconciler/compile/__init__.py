@@ -6,7 +6,9 @@
 `ruleset` is the vocabulary every later stage speaks: tables, chains, rules, sets and
 elements as plain data, each checked so that no input can inject nft syntax. `naming`
 is kube-proxy's chain and set names; `serialize` turns a Ruleset into JSON and back (state,
-saved plans); `incremental` recompiles only the Services that changed (`nftrec watch`).
+saved plans); `incremental` recompiles only the Services that changed (`nftrec watch`);
+`topology` is which hints kube-proxy follows, and the hints nftrec derives from
+`trafficDistribution` where no EndpointSlice controller writes them.
 """
 
 from reconciler import lazy_exports
@@ -19,6 +21,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
                 "Table", "chain_cmd", "chain_id", "check_name", "element_cmd", "element_id", "rule_cmd",
                 "set_cmd", "set_id", "table_cmd"),
     "serialize": ("SerializeError", "canonical_json", "digest", "ruleset_from_json", "ruleset_to_json"),
+    "topology": ("derived_topology_hints",),
     "services": ("cluster_ip_for", "compile_ruleset", "compile_static", "endpoints_for_port", "ips_of_family",
                  "slices_by_service"),
 })

@@ -25,6 +25,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from reconciler.compile import naming
+from reconciler.compile.topology import available_for_topology, derive_hints, topology_mode
 from reconciler.intake import Endpoint, EndpointSlice, Inventory, NodeConfig, Service, ServicePort
 from reconciler.compile.ruleset import (
     FAMILIES,
@@ -369,6 +370,7 @@ class EndpointInfo:
     terminating: bool = False
     is_local: bool = False
     zone_hints: frozenset[str] = frozenset()
+    node_hints: frozenset[str] = frozenset()
 
     @property
     def string(self) -> str:
@@ -415,6 +417,7 @@ def _endpoint_info(ep: Endpoint, ip: str, port: int, node_name: str) -> Endpoint
         terminating=bool(ep.terminating),
         is_local=bool(node_name) and ep.node_name == node_name,
         zone_hints=frozenset(ep.hint_zones or ()),
+        node_hints=frozenset(ep.hint_nodes or ()),
     )
 
 
@@ -426,22 +429,13 @@ class Categorized:
     has_any: bool  # usable endpoints anywhere (even if none reachable from here)
 
 
-def topology_mode(endpoints: Sequence[EndpointInfo], zone: str) -> str:
-    """`PreferSameZone` if every ready endpoint has zone hints and one is hinted for
-    our zone; else "" (node hints are not supported: the gate is off)."""
-    ready = [e for e in endpoints if e.ready]
-    if not ready:
-        return ""
-    if all(e.zone_hints for e in ready) and any(zone in e.zone_hints for e in ready):
-        return "PreferSameZone"
-    return ""
-
-
 def categorize_endpoints(
-    endpoints: Sequence[EndpointInfo], *, uses_cluster: bool, uses_local: bool, zone: str
+    endpoints: Sequence[EndpointInfo], *, uses_cluster: bool, uses_local: bool, zone: str,
+    node_name: str = "",
 ) -> Categorized:
     """kube-proxy's CategorizeEndpoints (reference §4.7): usable = ready, falling back
-    to serving+terminating independently for Cluster and Local policy."""
+    to serving+terminating independently for Cluster and Local policy; Cluster policy
+    follows node or zone hints (topology.topology_mode)."""
     if not endpoints:
         return Categorized(None, None, (), False)
     has_any = False
@@ -451,9 +445,9 @@ def categorize_endpoints(
     serving_terminating = False
 
     if uses_cluster:
-        mode = topology_mode(endpoints, zone)
+        mode = topology_mode(endpoints, zone, node_name)
         cluster = [e for e in endpoints
-                   if e.ready and (mode == "" or zone in e.zone_hints)]
+                   if e.ready and available_for_topology(e, mode, zone, node_name)]
         if not cluster:  # no ready endpoint anywhere: use terminating-but-serving ones
             cluster = [e for e in endpoints if e.serving and e.terminating]
         has_any = bool(cluster)
@@ -552,6 +546,8 @@ def compile_service(
     those of this Service are used. `contexts` lets callers reuse family_context()."""
     key = f"{_name_part(service.namespace, 'namespace')}/{_name_part(service.name, 'Service name')}"
     mine = [s for s in slices if s.namespace == service.namespace and s.service_name == service.name]
+    # trafficDistribution without hints: the hints the EndpointSlice controller would write
+    mine, _derived = derive_hints(service, mine, config)
     frag = ServiceFragment(key)
     for family in FAMILIES:
         ctx = (contexts or {}).get(family) or family_context(config, family)
@@ -604,7 +600,7 @@ def _compile_port(service: Service, port: ServicePort, cluster_ip: str,
 
     endpoints = endpoints_for_port(slices, fam, port, ctx.node_name)
     cat = categorize_endpoints(endpoints, uses_cluster=uses_cluster, uses_local=uses_local,
-                               zone=ctx.zone)
+                               zone=ctx.zone, node_name=ctx.node_name)
     cluster_eps = cat.cluster or ()
     local_eps = cat.local or ()
     has_eps = cat.has_any

@@ -53,6 +53,14 @@ def read_live_state(nft: Libnftables, target: Target, *, refresh: bool) -> tuple
     return read_live(nft, target.table), False
 
 
+def _derived_hints(desired) -> dict:
+    """The Services whose topology hints nftrec derived (shown by plan and apply)."""
+    from reconciler.compile import derived_topology_hints
+
+    inv = desired.inventory
+    return derived_topology_hints(inv.services, inv.endpoint_slices, desired.config)
+
+
 # --- plan ----------------------------------------------------------------------------------
 
 
@@ -63,7 +71,7 @@ def run_plan(desired, target: Target, *, verbose: bool, output: str, detailed: b
         token = kernel_token(nft) if out is not None else None  # before listing (see verify_applied)
         live, _fast = read_live_state(nft, target, refresh=refresh or out is not None)
         services = {s.key: s for s in desired.inventory.services}
-        plan = make_plan(desired.ruleset, live, services)
+        plan = make_plan(desired.ruleset, live, services, _derived_hints(desired))
         context = {"netns": target.netns, "table": target.table, "revision": desired.revision}
         if out is not None:
             saved = planfile.SavedPlan.create(
@@ -141,7 +149,7 @@ def run_apply(target: Target, *, desired=None, plan_path: Path | None = None,
         else:
             ruleset, revision = desired.ruleset, desired.revision
             services = {s.key: s for s in desired.inventory.services}
-            plan = make_plan(ruleset, live, services)
+            plan = make_plan(ruleset, live, services, _derived_hints(desired))
 
         out_stream.write(format_text(plan, color=_color(out_stream)))
         try:

@@ -40,6 +40,9 @@ class Plan:
     transaction: Transaction
     services: list[ServiceChange]  # sorted by Service
     shared: list[Change]  # changes to objects of no Service (tables, base chains, ...)
+    # Service key -> (trafficDistribution, slices) whose topology hints nftrec derived
+    # (compile.derived_topology_hints); shown whether or not the Service changed
+    derived_hints: dict[str, tuple[str, tuple[str, ...]]] = field(default_factory=dict)
 
     @property
     def empty(self) -> bool:
@@ -113,8 +116,10 @@ def _describe_change(changes: list[Change], old_eps: set[str], new_eps: set[str]
     return "; ".join(parts) or "rewritten"
 
 
-def make_plan(desired: Ruleset, live: Ruleset, services: dict[str, Service] | None = None) -> Plan:
-    """Diff `desired` against `live` (canonical, from live.read_live) and explain it."""
+def make_plan(desired: Ruleset, live: Ruleset, services: dict[str, Service] | None = None,
+              derived_hints: dict[str, tuple[str, tuple[str, ...]]] | None = None) -> Plan:
+    """Diff `desired` against `live` (canonical, from live.read_live) and explain it.
+    `derived_hints` (compile.derived_topology_hints) is only reported."""
     changes = diff(desired, live)
     tx = transaction_for(changes, desired)
     services = services or {}
@@ -149,7 +154,7 @@ def make_plan(desired: Ruleset, live: Ruleset, services: dict[str, Service] | No
         else:
             summary = _describe_change(group, old_eps[owner], new_eps[owner])
             out.append(ServiceChange("~", owner, summary, group))
-    return Plan(desired, changes, tx, out, shared)
+    return Plan(desired, changes, tx, out, shared, dict(derived_hints or {}))
 
 
 # --- output ------------------------------------------------------------------------------
@@ -161,6 +166,8 @@ def format_text(plan: Plan, *, verbose: bool = False, color: bool = False) -> st
     reset = "\033[0m" if color else ""
     for sc in plan.services:
         line = f"{sc.action} {sc.service}" + (f" {sc.summary}" if sc.action != "-" else "")
+        if sc.action != "-" and sc.service in plan.derived_hints:
+            line += f" (topology hints derived: {plan.derived_hints[sc.service][0]})"
         # names come from the model (validated) or a saved plan file (not): escaped either way
         lines.append(f"{paint.get(sc.action, '')}{logs.escape(line)}{reset}")
     for family in sorted({c.family for c in plan.shared}):
@@ -176,6 +183,8 @@ def format_text(plan: Plan, *, verbose: bool = False, color: bool = False) -> st
         why = f" {table.reason};" if table and table.action == "change" else ""
         text = logs.escape(f"{sign} table {family}{why} (shared objects {counts}: {shown})")
         lines.append(f"{paint.get(sign, '')}{text}{reset}")
+    if plan.derived_hints:
+        lines.append(logs.escape(derived_hints_note(plan.derived_hints)))
     if plan.empty:
         lines.append("No changes. The kernel matches the desired ruleset.")
     else:
@@ -189,6 +198,16 @@ def format_text(plan: Plan, *, verbose: bool = False, color: bool = False) -> st
         lines.append("Transaction:")
         lines.extend(f"  {logs.escape(str(op))}" for op in plan.transaction)
     return "\n".join(lines) + "\n"
+
+
+def derived_hints_note(derived: dict[str, tuple[str, tuple[str, ...]]]) -> str:
+    """One line: which Services got topology hints derived from trafficDistribution."""
+    keys = sorted(derived)
+    shown = ", ".join(f"{k} ({derived[k][0]}: {', '.join(derived[k][1])})" for k in keys[:3])
+    more = f" and {len(keys) - 3} more" if len(keys) > 3 else ""
+    return (f"Note: topology hints derived from spec.trafficDistribution for EndpointSlices without hints: "
+            f"{shown}{more}; set deriveTopologyHints: false in the node config to follow only explicit hints, "
+            f"as kube-proxy does.")
 
 
 def _change_json(c: Change) -> dict:
@@ -211,5 +230,7 @@ def to_json(plan: Plan, **context) -> dict:
             for s in plan.services
         ],
         "shared": [_change_json(c) for c in plan.shared],
+        "derivedHints": [{"service": k, "trafficDistribution": td, "slices": list(names)}
+                         for k, (td, names) in sorted(plan.derived_hints.items())],
         "transaction": list(plan.transaction),
     }

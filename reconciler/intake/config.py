@@ -133,6 +133,7 @@ def load_node_config(
         masquerade_bit=data.get("masqueradeBit", 14),
         table_name=data.get("tableName", "nftrec"),
         zone=data.get("zone", ""),
+        derive_topology_hints=data.get("deriveTopologyHints", True),
         min_sync_period=periods["minSyncPeriod"],
         sync_period=periods["syncPeriod"],
         full_sync_period=periods["fullSyncPeriod"],

@@ -90,6 +90,7 @@ def service_from(doc: Document) -> model.Service:
         session_affinity=spec.get("sessionAffinity") or "None",
         affinity_timeout_seconds=timeout,
         health_check_node_port=spec.get("healthCheckNodePort") or 0,
+        traffic_distribution=spec.get("trafficDistribution") or None,
         source=doc.source,
     )
 
@@ -108,9 +109,12 @@ def slice_from(doc: Document) -> model.EndpointSlice:
         ready = cond.get("ready")
         serving = cond.get("serving")
         hints = ep.get("hints")
-        zones = None
-        if isinstance(hints, dict) and hints.get("forZones") is not None:
-            zones = tuple(z["name"] for z in hints["forZones"])
+        zones = nodes = None
+        if isinstance(hints, dict):
+            if hints.get("forZones") is not None:
+                zones = tuple(z["name"] for z in hints["forZones"])
+            if hints.get("forNodes") is not None:
+                nodes = tuple(n["name"] for n in hints["forNodes"])
         endpoints.append(model.Endpoint(
             addresses=tuple(_ip(a) if at != "FQDN" else a for a in ep["addresses"]),
             # Kubernetes' nil defaults, as kube-proxy's endpointslicecache reads them
@@ -120,6 +124,7 @@ def slice_from(doc: Document) -> model.EndpointSlice:
             node_name=ep.get("nodeName"),
             zone=ep.get("zone"),
             hint_zones=zones,
+            hint_nodes=nodes,
         ))
     return model.EndpointSlice(
         namespace=ns, name=name, service_name=data["metadata"]["labels"][SERVICE_NAME_LABEL], address_type=at,

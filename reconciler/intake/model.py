@@ -57,6 +57,10 @@ class Service:
     session_affinity: str = "None"  # "None" | "ClientIP"
     affinity_timeout_seconds: int = 10800
     health_check_node_port: int = 0
+    # spec.trafficDistribution: "PreferClose" | "PreferSameZone" | "PreferSameNode"; None: unset.
+    # kube-proxy never reads it (only the hints the EndpointSlice controller derives from
+    # it); nftrec derives those hints itself when no slice has any (compile.topology).
+    traffic_distribution: str | None = None
     source: Source = field(default=Source("<none>"), compare=False)
 
     @property
@@ -81,6 +85,7 @@ class Endpoint:
     node_name: str | None = None
     zone: str | None = None
     hint_zones: tuple[str, ...] | None = None  # hints.forZones[].name; None: no hints
+    hint_nodes: tuple[str, ...] | None = None  # hints.forNodes[].name; None: no hints
 
 
 @dataclass(frozen=True)
@@ -126,6 +131,7 @@ class NodeConfig:
     masquerade_bit: int = 14
     table_name: str = "nftrec"
     zone: str = ""
+    derive_topology_hints: bool = True  # trafficDistribution + slices without hints: derive them
     min_sync_period: float = 1.0  # seconds
     sync_period: float = 30.0
     full_sync_period: float = 3600.0

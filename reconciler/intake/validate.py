@@ -145,6 +145,17 @@ def _check_service(rep: Report, o: Obj) -> None:
 
 def _check_slice(rep: Report, o: Obj) -> None:
     _unique_port_names(rep, o, o.doc.data.get("ports") or [], ("ports",))
+    for i, ep in enumerate(o.doc.data.get("endpoints") or []):
+        hints = ep.get("hints") or {}
+        for key, what in (("forZones", "zone"), ("forNodes", "node")):
+            seen: dict[str, int] = {}
+            for j, h in enumerate(hints.get(key) or []):
+                name = h["name"]
+                if name in seen:
+                    rep.add(o, ("endpoints", i, "hints", key, j, "name"),
+                            f"{what} {show(name)} is already hinted in endpoints[{i}].hints.{key}[{seen[name]}]; "
+                            f"list each {what} once")
+                seen.setdefault(name, j)
 
 
 def _slice_addresses(rep: Report, o: Obj) -> None:

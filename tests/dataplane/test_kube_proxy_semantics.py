@@ -530,3 +530,38 @@ def test_topology_hints(dp):
     assert set(servers(dp.probe("clientA", "10.96.0.150", 80, count=30))) == {EP4[1], EP4[2]}
     dp.load(inv(svc, slc), config(zone="zone-c"))
     assert set(servers(dp.probe("clientA", "10.96.0.150", 80, count=40))) == set(EP4)
+
+
+def test_topology_node_hints(dp):
+    """Node hints (hints.forNodes, kube-proxy 1.35 PreferSameNode): when every ready
+    endpoint has node hints and some name this node, only those get traffic; when no
+    hint names this node (and there are no zone hints) all endpoints do."""
+    hints = ((NODE_NAME,), ("node-b",), ("node-c", NODE_NAME))
+    slc = EndpointSlice(
+        namespace=NS, name="nodetopo-ipv4", service_name="nodetopo", address_type="IPv4",
+        endpoints=tuple(Endpoint(addresses=(ip,), node_name=REMOTE_NODE, hint_nodes=h)
+                        for ip, h in zip(EP4, hints)),
+        ports=(EndpointPort("", "TCP", 8080),))
+    svc = service("nodetopo", ("10.96.0.151",), sport(80, 8080))
+    dp.load(inv(svc, slc), config())
+    assert set(servers(dp.probe("clientA", "10.96.0.151", 80, count=40))) == {EP4[0], EP4[2]}
+    dp.load(inv(svc, slc), config(node_name="node-b"))
+    assert servers(dp.probe("clientA", "10.96.0.151", 80, count=20)) == Counter({EP4[1]: 20})
+    dp.load(inv(svc, slc), config(node_name="node-z"))
+    assert set(servers(dp.probe("clientA", "10.96.0.151", 80, count=40))) == set(EP4)
+
+
+def test_topology_hints_derived_from_traffic_distribution(dp):
+    """Beyond kube-proxy: trafficDistribution PreferSameNode on slices without hints.
+    nftrec derives the hints the EndpointSlice controller would write (forNodes from
+    nodeName), so only this node's endpoint gets traffic; deriveTopologyHints: false
+    gives kube-proxy's behaviour without a controller: every endpoint."""
+    svc = service("samenode", ("10.96.0.152",), sport(80, 8080), traffic_distribution="PreferSameNode")
+    slc = eps("samenode", EP4, ports=(EndpointPort("", "TCP", 8080),),
+              node=(REMOTE_NODE, NODE_NAME, REMOTE_NODE))
+    assert all(e.hint_nodes is None and e.hint_zones is None for e in slc.endpoints)
+    dp.load(inv(svc, slc), config())
+    assert servers(dp.probe("clientA", "10.96.0.152", 80, count=20)) == Counter({EP4[1]: 20})
+    assert set(servers(dp.probe("node", "10.96.0.152", 80, count=10))) == {EP4[1]}
+    dp.load(inv(svc, slc), config(derive_topology_hints=False))
+    assert set(servers(dp.probe("clientA", "10.96.0.152", 80, count=40))) == set(EP4)
