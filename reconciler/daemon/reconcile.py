@@ -26,11 +26,11 @@ from reconciler.compile import (
 )
 from reconciler.daemon.runner import Fatal, SyncFailed
 from reconciler.engine import (
-    CommandError, StateCorrupt, Target, commit, diff, make_plan, read_history, read_status, short_revision,
-    verify_commit,
+    CommandError, StateCorrupt, Target, clean_udp_conntrack, commit, diff, make_plan, read_history, read_status,
+    short_revision, verify_commit,
 )
-from reconciler.intake import Intake, Inventory, NodeConfig, Snapshot, discover_node_ips, load_node_config
-from reconciler.kernel import NftError, canonical, cleanup_udp, fingerprint, kernel_token, read_live
+from reconciler.intake import Intake, NodeConfig, Snapshot, discover_node_ips, load_node_config
+from reconciler.kernel import NftError, canonical, fingerprint, kernel_token, read_live
 
 
 def _netns_id(netns: str | None) -> tuple | None:
@@ -42,12 +42,6 @@ def _netns_id(netns: str | None) -> tuple | None:
     except OSError:
         return None
     return st.st_dev, st.st_ino
-
-
-def _udp_services(inv: Inventory | None) -> set[str]:
-    if inv is None:
-        return set()
-    return {s.key for s in inv.services if any(p.protocol == "UDP" for p in s.ports)}
 
 
 def _counts(rs: Ruleset) -> dict[str, tuple[int, int]]:
@@ -338,16 +332,6 @@ class Daemon:
 
     def _conntrack(self, old: Compiled | None, new: Compiled, plan) -> None:
         """UDP: entries pinned to endpoints that went away (reference §8.5)."""
-        touched = {s.service for s in plan.services}
-        if not touched & (_udp_services(old.inventory if old else None) | _udp_services(new.inventory)):
-            return
-        try:
-            n = cleanup_udp(self.target.netns, new.inventory, new.config)
-        except Exception as e:  # never fail a sync that already reached the kernel
-            logs.log.warning(f"UDP conntrack cleanup failed: {e}")
-            return
-        if n:
-            logs.log.info(f"deleted {n} stale UDP conntrack entr{'y' if n == 1 else 'ies'}",
-                          extra={"fields": {"event": "conntrack", "deleted": n}})
-        if self.metrics is not None:
+        n = clean_udp_conntrack(self.target.netns, new.inventory, new.config, plan, old.inventory if old else None)
+        if n is not None and self.metrics is not None:
             self.metrics.conntrack_deleted(n)

@@ -25,7 +25,7 @@ from reconciler.engine.changes import diff
 from reconciler.engine.lock import LockHeld
 from reconciler.engine.plan import format_text, make_plan, to_json
 from reconciler.engine.state import HOST, StateCorrupt, read_history, read_status
-from reconciler.engine.sync import commit, verify_applied
+from reconciler.engine.sync import clean_udp_conntrack, commit, verify_applied
 from reconciler.engine.target import CommandError, Target, short_revision
 from reconciler.kernel import Libnftables, NftError, canonical, fingerprint, kernel_token, read_live
 
@@ -161,6 +161,10 @@ def run_apply(target: Target, *, desired=None, plan_path: Path | None = None,
                                f"(the previous ruleset is whole). nft said:\n{e.text.strip()}", lines=True) from None
         after, token = verify_applied(nft, target, ruleset)
         store.record_applied(revision, ruleset, fingerprint(after), token, plan_id)
+        if desired is not None:
+            # as kube-proxy after every sync; a saved plan or a rollback carries no model to
+            # tell endpoints from frontends, so the next apply from manifests (or watch) does it
+            clean_udp_conntrack(target.netns, desired.inventory, desired.config, plan)
         print(logs.escape(f"Apply complete: {len(plan.transaction)} operations in one transaction; "
                           f"revision {short_revision(revision)} (digest {digest(ruleset)[:12]}) is live in "
                           f"{target.where}."), file=out_stream)

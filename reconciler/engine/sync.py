@@ -14,7 +14,8 @@ from reconciler.compile import Ruleset
 from reconciler.engine.changes import diff
 from reconciler.engine.plan import Plan, make_plan
 from reconciler.engine.target import CommandError, Target
-from reconciler.kernel import Libnftables, NftError, kernel_token, read_live
+from reconciler.intake import Inventory, NodeConfig
+from reconciler.kernel import Libnftables, NftError, cleanup_udp, kernel_token, read_live
 
 
 def commit(nft: Libnftables, table: str, desired: Ruleset, plan: Plan, services: dict, *,
@@ -69,3 +70,30 @@ def verify_commit(nft: Libnftables, target: Target, desired: Ruleset, *, token_b
     if full or after is None or after != expected:
         return verify_applied(nft, target, desired)
     return None, after
+
+
+def udp_services(inventory: Inventory | None) -> set[str]:
+    """Keys of the Services with a UDP port."""
+    if inventory is None:
+        return set()
+    return {s.key for s in inventory.services if any(p.protocol == "UDP" for p in s.ports)}
+
+
+def clean_udp_conntrack(netns: str | None, inventory: Inventory, config: NodeConfig, plan: Plan,
+                        old: Inventory | None = None) -> int | None:
+    """After a commit: delete UDP conntrack entries pinned to endpoints that went away
+    (reference §8.5), when the plan touched a UDP Service (of `inventory` or `old`).
+    The number deleted, or None when nothing was tried or the cleanup failed (logged as
+    a warning: it never fails a sync that already reached the kernel)."""
+    touched = {s.service for s in plan.services}
+    if not touched & (udp_services(old) | udp_services(inventory)):
+        return None
+    try:
+        n = cleanup_udp(netns, inventory, config)
+    except Exception as e:
+        logs.log.warning(f"UDP conntrack cleanup failed: {e}")
+        return None
+    if n:
+        logs.log.info(f"deleted {n} stale UDP conntrack entr{'y' if n == 1 else 'ies'}",
+                      extra={"fields": {"event": "conntrack", "deleted": n}})
+    return n

@@ -225,6 +225,36 @@ def test_watch_moves_live_udp_flow_off_removed_endpoint(dp, tmp_path):
     assert not any("Traceback" in line for line in w.raw), "".join(w.raw)
 
 
+def test_apply_moves_live_udp_flow_off_removed_endpoint(dp, tmp_path):
+    """`nftrec apply` cleans conntrack as kube-proxy does after every sync: the same
+    client socket moves off the endpoint that the applied revision removed."""
+    manifests = tmp_path / "m"
+    manifests.mkdir()
+    (manifests / "service.yaml").write_text(SERVICE_YAML)
+    (manifests / "slice.yaml").write_text(slice_yaml(EP4))
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(CONFIG_YAML)
+    cli = [NFTREC, "--state-dir", str(tmp_path / "state"), "--log-format", "json", "apply", str(manifests),
+           "--config", str(cfg), "--netns", dp.node]
+
+    def apply() -> list[dict]:
+        r = subprocess.run(cli, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr
+        return [json.loads(line) for line in r.stderr.splitlines() if line.startswith("{")]
+
+    apply()
+    with dp.udp_session("clientA", VIP, PORT) as s:
+        pinned = pin(dp, s)
+        rest = tuple(ip for ip in EP4 if ip != pinned)
+        (manifests / "slice.yaml").write_text(slice_yaml(rest))
+        events = [x for x in apply() if x.get("event") == "conntrack"]
+        assert events and events[0]["deleted"] >= 1, events
+        after = answered_by(s.send(20))
+        assert len(set(after)) == 1 and set(after) <= set(rest), \
+            f"pinned to {pinned}, after its removal answered by {after}"
+        assert client_flows(dp, s) == set(after)
+
+
 # --- SCTP ---------------------------------------------------------------------------------------
 
 SCTP_RAW = Path(__file__).resolve().parent / "sctp_raw.py"
