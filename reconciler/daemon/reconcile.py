@@ -29,7 +29,9 @@ from reconciler.engine import (
     CommandError, StateCorrupt, Target, commit, diff, make_plan, read_history, read_status, short_revision,
     verify_commit,
 )
-from reconciler.intake import Intake, Inventory, NodeConfig, Snapshot, discover_node_ips, load_node_config
+from reconciler.intake import (
+    Intake, Inventory, NodeConfig, Snapshot, discover_host_addresses, discover_node_ips, load_node_config,
+)
 from reconciler.kernel import NftError, canonical, cleanup_udp, fingerprint, kernel_token, read_live
 
 
@@ -87,7 +89,8 @@ class Daemon:
     def load_config(self) -> bool:
         nft = self.nft
         cfg, problems = load_node_config(str(self.config_path) if self.config_path else None,
-                                         discover_ips=lambda: nft.in_namespace(discover_node_ips))
+                                         discover_ips=lambda: nft.in_namespace(discover_node_ips),
+                                         discover_addresses=lambda: nft.in_namespace(discover_host_addresses))
         for p in problems:
             logs.problem(p)
         if any(p.is_error for p in problems):
