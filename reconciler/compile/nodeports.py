@@ -102,3 +102,44 @@ def select_nodeport_ips(entries: Sequence[str], primary_ips: Iterable[str],
             continue
         (loop if ip.is_loopback else found).add(ip)
     return NodePortSelection(False, tuple(str(i) for i in sorted(found)), tuple(str(i) for i in sorted(loop)), shown)
+
+
+def _primary(node_ips: Iterable[str], version: int) -> str | None:
+    for text in node_ips:
+        ip = _address(text)
+        if ip is not None and ip.version == version and not ip.is_loopback:
+            return str(ip)
+    return None
+
+
+def node_address_view(config) -> tuple | None:
+    """What the ruleset takes from the node's addresses, per family: (match-all,
+    nodeport-ips, primary node IP). Two configs with the same view compile to the same
+    ruleset; the watch daemon syncs on an address event only when the view changed.
+    None: nodePortAddresses is invalid (the config check reports it)."""
+    addresses = config.host_addresses
+    if addresses is None:
+        addresses = tuple(("nodeIPs", ip) for ip in config.node_ips)
+    out = []
+    for family in ("ip", "ip6"):
+        try:
+            sel = select_nodeport_ips(config.node_port_addresses, config.node_ips, addresses, family)
+        except NodePortAddressesError:
+            return None
+        out.append((sel.match_all, sel.ips, _primary(config.node_ips, _version(family))))
+    return tuple(out)
+
+
+def describe_view_change(old: tuple | None, new: tuple | None) -> str:
+    """One line for the sync log: `nodeport-ips ip +192.0.2.9 -192.0.2.7; primary ip6 ...`."""
+    if old is None or new is None:
+        return "node addresses changed"
+    parts = []
+    for family, (om, oips, oprim), (nm, nips, nprim) in zip(("ip", "ip6"), old, new):
+        added = [f"+{i}" for i in nips if i not in oips]
+        gone = [f"-{i}" for i in oips if i not in nips]
+        if added or gone:
+            parts.append(f"nodeport-ips {family} {' '.join(added + gone)}")
+        if oprim != nprim:
+            parts.append(f"primary {family} {oprim or 'none'} -> {nprim or 'none'}")
+    return "node addresses changed: " + ("; ".join(parts) if parts else "no effect")
