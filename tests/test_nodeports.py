@@ -144,3 +144,49 @@ def test_address_change_recompiles_only_what_depends_on_node_addresses():
     assert c3.recompiled == 1 and changed_services(c2, c3) == {"default/a"}
     assert c3.ruleset == compile_ruleset(inv, c3.config)
     assert element_id("ip", "nodeport-ips", ("192.168.10.3",)) not in c3.ruleset.owners
+
+
+# --- the watch daemon's side -------------------------------------------------------------------
+
+
+def test_node_address_view_changes_only_with_what_the_ruleset_uses():
+    from reconciler.compile.nodeports import describe_view_change, node_address_view
+
+    base = cfg(host_addresses=ADDRS)
+    view = node_address_view(base)
+    outside = replace(base, host_addresses=ADDRS + (("lan0", "172.16.0.1"), ("lan0", "fd00:99::1")))
+    assert node_address_view(outside) == view  # outside the CIDRs (IPv6 is match-all): no sync
+    inside = replace(base, host_addresses=ADDRS + (("lan2", "192.168.77.1"),))
+    assert node_address_view(inside) != view
+    assert describe_view_change(view, node_address_view(inside)) == \
+        "node addresses changed: nodeport-ips ip +192.168.77.1"
+    moved = replace(base, node_ips=("203.0.113.9",))  # DHCP gave the WAN link another address
+    assert describe_view_change(view, node_address_view(moved)) == \
+        "node addresses changed: primary ip 203.0.113.7 -> 203.0.113.9"
+    prim = cfg(node_port_addresses=("primary",), host_addresses=ADDRS)
+    dhcp = replace(prim, node_ips=("203.0.113.9",), host_addresses=ADDRS + (("wan0", "203.0.113.9"),))
+    assert describe_view_change(node_address_view(prim), node_address_view(dhcp)) == \
+        "node addresses changed: nodeport-ips ip +203.0.113.9 -203.0.113.7; primary ip 203.0.113.7 -> 203.0.113.9"
+
+
+def _nlmsg(kind: int, body: bytes) -> bytes:
+    import struct
+
+    raw = struct.pack("=IHHII", 16 + len(body), kind, 0, 0, 0) + body
+    return raw + b"\0" * (-len(raw) % 4)
+
+
+def test_netlink_messages_that_matter():
+    from reconciler.daemon.addresses import relevant_messages
+
+    newaddr = _nlmsg(20, bytes([2, 24, 0, 0, 5, 0, 0, 0]))  # ifaddrmsg
+    deladdr = _nlmsg(21, bytes([10, 64, 0, 0, 5, 0, 0, 0]))
+    default_route = _nlmsg(24, bytes([2, 0] + [0] * 10))  # rtmsg: family, dst_len 0
+    subnet_route = _nlmsg(24, bytes([2, 24] + [0] * 10))
+    newlink = _nlmsg(16, bytes(16))
+    assert relevant_messages(newaddr) == 1 and relevant_messages(deladdr) == 1
+    assert relevant_messages(default_route) == 1 and relevant_messages(_nlmsg(25, bytes([10, 0] + [0] * 10))) == 1
+    assert relevant_messages(subnet_route) == 0 and relevant_messages(newlink) == 0
+    assert relevant_messages(newlink + newaddr + subnet_route + deladdr + default_route) == 3
+    assert relevant_messages(b"") == 0 and relevant_messages(b"\x03\x00") == 0
+    assert relevant_messages(_nlmsg(20, b"")[:12]) == 0  # truncated header
