@@ -190,3 +190,15 @@ def test_netlink_messages_that_matter():
     assert relevant_messages(newlink + newaddr + subnet_route + deladdr + default_route) == 3
     assert relevant_messages(b"") == 0 and relevant_messages(b"\x03\x00") == 0
     assert relevant_messages(_nlmsg(20, b"")[:12]) == 0  # truncated header
+
+
+def test_loopback_inside_node_port_addresses_is_logged(caplog):
+    from reconciler.engine.desired import _warn_loopback
+
+    with caplog.at_level("WARNING"):
+        _warn_loopback(cfg(node_port_addresses=("127.0.0.0/8", "192.168.0.0/16"), host_addresses=ADDRS))
+    assert "includes localhost (127.0.0.1) but localhost NodePorts are not supported" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        _warn_loopback(cfg(host_addresses=ADDRS))
+    assert "localhost" not in caplog.text

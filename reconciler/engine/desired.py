@@ -87,4 +87,21 @@ def load_desired(directory: Path, config_path: Path | None, *, strict: bool = Fa
     except NftSyntaxError as e:  # defence in depth: validation should have refused it
         logs.log.error(f"{directory}: refusing input that would reach nft unsafely: {e}")
         raise InvalidInput(result.inventory.revision, 1, directory) from None
+    _warn_loopback(config)
     return Desired(result.inventory, config, ruleset)
+
+
+def _warn_loopback(config: NodeConfig) -> None:
+    """kube-proxy logs loopback addresses inside nodePortAddresses and skips them."""
+    from reconciler.compile import FAMILIES, select_nodeport_ips
+
+    for family in FAMILIES:
+        try:
+            sel = select_nodeport_ips(config.node_port_addresses, config.node_ips,
+                                      config.host_addresses if config.host_addresses is not None
+                                      else tuple(("nodeIPs", ip) for ip in config.node_ips), family)
+        except ValueError:
+            return
+        if sel.loopback:
+            logs.log.warning(f"nodePortAddresses includes localhost ({', '.join(sel.loopback)}) but localhost "
+                             f"NodePorts are not supported; skipped, as kube-proxy does")
