@@ -94,10 +94,10 @@ def render(
     strict: bool = STRICT_OPT,
 ) -> None:
     """Print the whole desired ruleset as an `nft -f` script from scratch."""
-    desired = _desired(directory, config, None, strict)
-    from reconciler.compile import render_script
+    desired = _desired(directory, config, None, strict, interfaces=False)
+    from reconciler.compile import render_header, render_script
 
-    sys.stdout.write(render_script(desired.ruleset))
+    sys.stdout.write(render_header(desired.config) + render_script(desired.ruleset))
 
 
 NETNS_OPT = typer.Option(None, "--netns", help="Act inside this named network namespace "
@@ -135,14 +135,14 @@ def _target(config: Optional[Path], netns: Optional[str]):
 
 
 def _desired(directory: Path, config: Optional[Path], netns: Optional[str], strict: bool,
-             target=None):
+             target=None, interfaces: bool = True):
     """The validated, compiled input; invalid input exits 1 (and, for apply, is recorded
     as a failed attempt: status then shows lastAttemptedRevision != lastAppliedRevision)."""
     from reconciler import logs
     from reconciler.engine import InvalidInput, load_desired
 
     try:
-        return load_desired(directory, config, strict=strict, netns=netns)
+        return load_desired(directory, config, strict=strict, netns=netns, interfaces=interfaces)
     except InvalidInput as e:
         logs.log.error(str(e))
         if target is not None:

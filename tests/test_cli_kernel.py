@@ -800,10 +800,19 @@ def test_validate_and_render_examples(netns, example, config):
 
 
 def test_render_then_plan_is_clean(netns, state, tmp_path):
-    """What `render` prints and what `apply` commits are the same ruleset."""
+    """What `render` prints and what `apply` commits are the same ruleset, on a node whose
+    interfaces carry its nodeIPs (render reads no interfaces: nodeIPs stand in for them;
+    plan lists the namespace's interface addresses for nodePortAddresses)."""
     d = copy_edge(tmp_path)
     r = ok(nftrec("render", str(d)))
+    assert r.stdout.startswith("# nodeport-ips: render looks at no interface, so nodeIPs (192.168.50.2, "
+                               "2001:db8:50::2) stand in"), r.stdout[:300]
     in_ns(netns, "nft", "-f", "-", input=r.stdout)
+    code, plan = plan_json(d, state, netns, "--refresh")
+    assert code == 2 and "nodeport-ips" in json.dumps(plan), "no node address in the namespace yet"
+    in_ns(netns, "ip", "link", "add", "wan0", "type", "veth", "peer", "name", "wan0p")  # both ends in netns
+    in_ns(netns, "ip", "addr", "add", "192.168.50.2/24", "dev", "wan0")
+    in_ns(netns, "ip", "addr", "add", "2001:db8:50::2/64", "dev", "wan0", "nodad")
     code, plan = plan_json(d, state, netns, "--refresh")
     assert code == 0, json.dumps(plan, indent=1)[:3000]
 

@@ -62,7 +62,7 @@ nodeName: edge-1
 nodeIPs: [192.168.50.2, "2001:0db8:50::2"]
 clusterCIDRs: [10.244.1.0/16]
 serviceCIDRs: [10.96.0.0/16]
-nodePortAddresses: [primary, 192.168.50.0/24]
+nodePortAddresses: [192.168.50.0/24, "2001:db8:50::/64"]
 masqueradeAll: true
 masqueradeBit: 15
 tableName: edge
@@ -76,9 +76,29 @@ x-anything: {ignored: true}
     assert not problems
     assert cfg.node_ips == ("192.168.50.2", "2001:db8:50::2")  # canonical, not discovered
     assert cfg.cluster_cidrs == ("10.244.0.0/16",)  # network form
-    assert cfg.node_port_addresses == ("primary", "192.168.50.0/24")
+    assert cfg.node_port_addresses == ("192.168.50.0/24", "2001:db8:50::/64")
+    assert cfg.host_addresses is None and not cfg.node_ips_discovered  # nothing listed unless asked
     assert (cfg.masquerade_all, cfg.masquerade_bit, cfg.table_name, cfg.zone) == (True, 15, "edge", "zone-a")
     assert (cfg.min_sync_period, cfg.sync_period, cfg.full_sync_period) == (0.5, 90.0, 7200.0)
+
+
+def test_interface_addresses_listed_only_when_asked(tmp_path):
+    p = write(tmp_path, "nodeName: n\nnodePortAddresses: [192.0.2.0/24]\n")
+    pairs = (("eth0", "192.0.2.7"), ("eth1", "192.0.2.9"))
+    cfg, problems = load_node_config(p, discover_addresses=lambda: pairs, **fake())
+    assert not problems and cfg.host_addresses == pairs and cfg.node_ips_discovered
+    cfg, _ = load_node_config(p, discover=False, discover_addresses=lambda: pairs, **fake())
+    assert cfg.host_addresses is None  # validate/render: no kernel
+
+    def broken():
+        raise OSError("netlink says no")
+    cfg, problems = load_node_config(p, discover_addresses=broken, **fake())
+    assert cfg.host_addresses is None
+    assert [(x.severity, x.field) for x in problems] == [("warning", "nodePortAddresses")]
+    assert "nodeIPs stand in" in problems[0].message
+    # an empty list is kube-proxy's default, ["primary"]
+    cfg, _ = load_node_config(write(tmp_path, "nodePortAddresses: []\n"), **fake())
+    assert cfg.node_port_addresses == ("primary",)
 
 
 def test_discovery_can_find_nothing(tmp_path):
@@ -94,6 +114,9 @@ def test_discovery_can_find_nothing(tmp_path):
     ("nodeIPs: [010.0.0.1]\n", ":1:11: NodeConfig: nodeIPs[0]:", "leading zeros"),
     ("serviceCIDRs: [10.96.0.0/40]\n", ":1:16: NodeConfig: serviceCIDRs[0]:", "is not a valid CIDR"),
     ("nodePortAddresses: [primery]\n", ":1:21: NodeConfig: nodePortAddresses[0]:", "is not \"primary\" or a CIDR"),
+    # kube-proxy's validation: "primary" only on its own
+    ("nodePortAddresses: [10.0.0.0/8, primary]\n", ":1:33: NodeConfig: nodePortAddresses[1]:",
+     "can't use both 'primary' and CIDRs"),
     ("masqueradeBit: 32\n", ":1:16: NodeConfig: masqueradeBit:", "out of range"),
     ("syncPeriod: 1d\n", ":1:13: NodeConfig: syncPeriod:", "is not a duration"),
     ("syncPeriod: 0s\n", ":1:1: NodeConfig: syncPeriod:", "longer than 0s"),

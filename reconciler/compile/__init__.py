@@ -16,7 +16,8 @@ from reconciler import lazy_exports
 __all__, __getattr__ = lazy_exports(__name__, {
     "incremental": ("Compiled", "changed_services", "compile_incremental", "project"),
     "naming": ("join_host_port",),
-    "render": ("render_script",),
+    "nodeports": ("NodePortSelection", "describe_view_change", "node_address_view", "select_nodeport_ips"),
+    "render": ("render_header", "render_script"),
     "ruleset": ("FAMILIES", "BaseHook", "Chain", "Element", "NamedSet", "NftSyntaxError", "Rule", "Ruleset",
                 "Table", "chain_cmd", "chain_id", "check_name", "element_cmd", "element_id", "rule_cmd",
                 "set_cmd", "set_id", "table_cmd"),

@@ -11,9 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from reconciler.compile.ruleset import Ruleset, Table, chain_id, element_id, set_id
-from reconciler.compile.services import FAMILIES, assemble, compile_service, compile_static, family_context, \
+from reconciler.compile.services import FAMILIES, NODEPORT_IPS, assemble, compile_service, compile_static, family_context, \
     slices_by_service
 from reconciler.intake import Inventory, NodeConfig
+
+STATIC_FILLED = frozenset({NODEPORT_IPS})  # sets whose elements only the static part writes
 
 
 @dataclass
@@ -24,31 +26,45 @@ class Compiled:
     config: NodeConfig
     ruleset: Ruleset
     static_key: tuple
+    node_key: tuple = ()  # the primary node IP per family (firewall chains depend on it)
     inputs: dict[str, tuple] = field(default_factory=dict)  # Service key -> (Service, slices)
     fragments: dict[str, object] = field(default_factory=dict)  # Service key -> ServiceFragment
     recompiled: int = 0
+
+
+def _static_key(config: NodeConfig, inventory: Inventory) -> tuple:
+    """What every fragment depends on. The node's addresses are left out: they change
+    only the static part (nodeport-ips) and, through the primary node IP, the firewall
+    chains (`node_key`), so an address event recompiles only what depends on them."""
+    return replace(config, node_ips=(), host_addresses=None, node_ips_discovered=False), inventory.service_cidrs
+
+
+def _uses_node_ip(svc) -> bool:
+    return bool(svc.load_balancer_source_ranges)  # the firewall's "node IP in a range" check
 
 
 def compile_incremental(inventory: Inventory, config: NodeConfig, prev: Compiled | None) -> Compiled:
     """compile.compile_ruleset(inventory, config), re-using `prev`'s fragment of every
     Service whose Service object and slices are unchanged (same node config and service
     CIDRs). Equal to compile_ruleset's result (tests/test_watch.py checks)."""
-    static_key = (config, inventory.service_cidrs)
+    static_key = _static_key(config, inventory)
     reuse = prev is not None and prev.static_key == static_key
     contexts = {f: family_context(config, f) for f in FAMILIES}
+    node_key = tuple(contexts[f].node_ip for f in FAMILIES)
+    same_node = reuse and prev.node_key == node_key
     by_svc = slices_by_service(inventory.endpoint_slices)
     inputs, fragments, n = {}, {}, 0
     for svc in sorted(inventory.services, key=lambda s: (s.namespace, s.name)):
         key = svc.key
         inp = (svc, tuple(by_svc.get(key, ())))
-        if reuse and key in prev.inputs and prev.inputs[key] == inp:
+        if reuse and key in prev.inputs and prev.inputs[key] == inp and (same_node or not _uses_node_ip(svc)):
             frag = prev.fragments[key]
         else:
             frag = compile_service(svc, inp[1], config, contexts)
             n += 1
         inputs[key], fragments[key] = inp, frag
     ruleset = assemble(compile_static(config, inventory), fragments.values())
-    return Compiled(inventory, config, ruleset, static_key, inputs, fragments, n)
+    return Compiled(inventory, config, ruleset, static_key, node_key, inputs, fragments, n)
 
 
 def changed_services(old: Compiled, new: Compiled) -> set[str] | None:
@@ -69,8 +85,10 @@ def project(rs: Ruleset, static: Ruleset, fragments: list) -> Ruleset:
     for fam, t in rs.tables.items():
         st = static.tables.get(fam)
         chains = list(st.chains) if st else []
-        whole_sets: set[str] = set()
-        keys: dict[str, set] = {n: set(s.elements) for n, s in st.sets.items()} if st else {}
+        # A set the static part fills (nodeport-ips: the node's addresses) is kept whole:
+        # its old elements must be seen to be deleted, and no Service adds to it.
+        whole_sets: set[str] = {n for n in st.sets if n in STATIC_FILLED} if st else set()
+        keys: dict[str, set] = {n: set() for n in st.sets} if st else {}
         for frag in fragments:
             ff = frag.families.get(fam)
             if ff is None:

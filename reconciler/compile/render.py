@@ -63,6 +63,19 @@ def render_table(table: Table) -> list[str]:
     return lines
 
 
+def render_header(config) -> str:
+    """The comment lines `nftrec render` puts before the script: where nodeport-ips came
+    from (render reads no interfaces; plan, apply and watch do)."""
+    from reconciler.compile.services import family_context
+
+    if all(family_context(config, f).nodeport_match_all for f in FAMILIES):
+        return ""
+    ips = ", ".join(config.node_ips) or "none"
+    return (f"# nodeport-ips: render looks at no interface, so nodeIPs ({ips}) stand in for the node's addresses "
+            f"inside nodePortAddresses ({', '.join(config.node_port_addresses)}); plan, apply and watch use "
+            f"every address on the node's interfaces inside them\n")
+
+
 def render_script(ruleset: Ruleset) -> str:
     """The whole desired ruleset as an `nft -f` script (ip table first, then ip6)."""
     lines: list[str] = []

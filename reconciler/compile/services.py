@@ -25,6 +25,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from reconciler.compile import naming
+from reconciler.compile.nodeports import NodePortAddressesError, select_nodeport_ips
 from reconciler.compile.topology import available_for_topology, derive_hints, topology_mode
 from reconciler.intake import Endpoint, EndpointSlice, Inventory, NodeConfig, Service, ServicePort
 from reconciler.compile.ruleset import (
@@ -189,29 +190,16 @@ def family_context(config: NodeConfig, family: str) -> FamilyContext:
     cluster = [_net(c, "clusterCIDRs") for c in config.cluster_cidrs]
     cluster = _collapse(n for n in cluster if _fam(n) == family)
 
-    # nodePortAddresses (reference §6): "primary" → this family's primary node IP as a
-    # host CIDR; other CIDRs filtered by family; a zero-prefix CIDR means "match all".
-    # No CIDR of this family left: kube-proxy would match all, but that case only exists
-    # for kube-proxy on a dual-stack node; nftrec always has both tables, so a family
-    # with only "primary" and no node IP gets an empty nodeport-ips set instead (no
-    # NodePorts on that family, like a single-stack kube-proxy). See docs.
-    cidrs = []
-    saw_primary = False
-    # kube-proxy's nftables mode defaults an empty list to ["primary"].
-    for entry in config.node_port_addresses or ("primary",):
-        if entry == "primary":
-            saw_primary = True
-            if primary is not None:
-                cidrs.append(ipaddress.ip_network(primary))
-            continue
-        net = _net(entry, "nodePortAddresses")
-        if _fam(net) == family:
-            cidrs.append(net)
-    match_all = any(n.prefixlen == 0 for n in cidrs) or (not cidrs and not saw_primary)
-    nodeport_ips: tuple[str, ...] = ()
-    if not match_all:
-        found = {ip for ip in fam_ips if not ip.is_loopback and any(ip in n for n in cidrs)}
-        nodeport_ips = tuple(str(ip) for ip in sorted(found))
+    # nodePortAddresses (reference §6, compile/nodeports.py): the node's interface
+    # addresses inside the CIDRs; without a look at the interfaces (render), the node IPs.
+    addresses = config.host_addresses
+    if addresses is None:
+        addresses = tuple(("nodeIPs", str(ip)) for ip in node_ips)
+    try:
+        sel = select_nodeport_ips(config.node_port_addresses, [str(ip) for ip in node_ips], addresses, family)
+    except NodePortAddressesError as e:
+        raise CompileError(f"nodePortAddresses: {e}") from None
+    match_all, nodeport_ips = sel.match_all, sel.ips
 
     return FamilyContext(
         family=family,

@@ -2,6 +2,8 @@
 
     watcher.Watcher ─► debounce ─► runner.Runner ─► reconcile.Daemon.sync()
     (file events)                       ▲ timer: fullSyncPeriod / syncPeriod after a failure
+    addresses.AddressWatcher ───────────┘ (netlink address events in the namespace, when
+                                           nodeport-ips or the primary address changes)
 
 This module wires them together: signals (SIGTERM/SIGINT stop, SIGHUP re-reads the node
 config), the metrics and health server, and the namespace lock, which is held for the
@@ -26,6 +28,29 @@ from reconciler.engine import CommandError, Target
 LOCK_RETRY = 1.0  # seconds between attempts to take the namespace lock at start
 
 
+def _address_watcher(daemon: Daemon, runner: Runner):
+    """Subscribe to the namespace's address events; catch up with any change since the
+    config was read (before the subscription), then let the watcher's thread go."""
+    from reconciler.daemon.addresses import AddressWatcher
+
+    def on_change(primary, pairs) -> None:
+        if daemon.addresses_changed(primary, pairs):
+            runner.run()
+
+    try:
+        aw = AddressWatcher(daemon.target.netns, on_change)
+    except Exception as e:
+        logs.log.warning(f"cannot subscribe to the node's address events ({e}); address changes are "
+                         f"picked up by full syncs (fullSyncPeriod) only")
+        return None
+    try:
+        on_change(*aw.snapshot())
+    except Exception as e:
+        logs.log.warning(f"cannot list the node's addresses: {e}")
+    aw.start()
+    return aw
+
+
 def run_watch(directory: Path, config_path: Path | None, target: Target, *, strict: bool = False,
               metrics_address: str = "127.0.0.1:9105", debounce: float = DEBOUNCE) -> int:
     """The daemon: returns 0 after SIGTERM/SIGINT, 1 when it cannot start."""
@@ -34,7 +59,7 @@ def run_watch(directory: Path, config_path: Path | None, target: Target, *, stri
     stop_requested = threading.Event()
     metrics = Metrics()
     daemon = Daemon(directory, config_path, target, strict=strict, metrics=metrics)
-    server = lock = watcher = None
+    server = lock = watcher = addresses = None
     runner: Runner | None = None
 
     def on_stop(signum, _frame):
@@ -101,6 +126,7 @@ def run_watch(directory: Path, config_path: Path | None, target: Target, *, stri
         except OSError:
             pass
         watcher.start()
+        addresses = _address_watcher(daemon, runner)
         logs.log.info(f"watching {directory} for table {target.table} in {target.where} (minSyncPeriod "
                       f"{cfg.min_sync_period:g}s, syncPeriod {cfg.sync_period:g}s, fullSyncPeriod "
                       f"{cfg.full_sync_period:g}s, debounce {debounce:g}s); pid {os.getpid()}",
@@ -114,6 +140,8 @@ def run_watch(directory: Path, config_path: Path | None, target: Target, *, stri
         logs.log.info("stopping: the rules stay in place", extra={"fields": {"event": "stop"}})
         return 0
     finally:
+        if addresses is not None:
+            addresses.stop()
         if watcher is not None:
             watcher.stop()
         if server is not None:

@@ -16,20 +16,25 @@ An invalid revision is logged and recorded as attempted; the last good ruleset s
 from __future__ import annotations
 
 import os
+import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
 from reconciler import logs
 from reconciler.compile import (
-    Compiled, NftSyntaxError, Ruleset, changed_services, compile_incremental, compile_static, project,
+    Compiled, NftSyntaxError, Ruleset, changed_services, compile_incremental, compile_static, describe_view_change,
+    node_address_view, project,
 )
 from reconciler.daemon.runner import Fatal, SyncFailed
 from reconciler.engine import (
     CommandError, StateCorrupt, Target, clean_udp_conntrack, commit, diff, make_plan, read_history, read_status,
     short_revision, verify_commit,
 )
-from reconciler.intake import Intake, NodeConfig, Snapshot, discover_node_ips, load_node_config
+from reconciler.intake import (
+    Intake, NodeConfig, Snapshot, discover_host_addresses, discover_node_ips, load_node_config,
+)
 from reconciler.kernel import NftError, canonical, fingerprint, kernel_token, read_live
 
 
@@ -75,13 +80,19 @@ class Daemon:
         self.on_root: Callable[[str], None] | None = None  # the watcher follows the resolved root
         self.store_error: str | None = None  # the last state-store write error (logged once)
         self.netns_id: tuple | None = None  # (st_dev, st_ino) of --netns when entered
+        # node addresses (nodePortAddresses, the primary): set by the address watcher's
+        # thread when the ruleset depends on what changed, taken by sync()
+        self._addr_lock = threading.Lock()
+        self._pending_addresses: tuple | None = None
+        self._sync_reason: str | None = None
 
     # -- config
 
     def load_config(self) -> bool:
         nft = self.nft
         cfg, problems = load_node_config(str(self.config_path) if self.config_path else None,
-                                         discover_ips=lambda: nft.in_namespace(discover_node_ips))
+                                         discover_ips=lambda: nft.in_namespace(discover_node_ips),
+                                         discover_addresses=lambda: nft.in_namespace(discover_host_addresses))
         for p in problems:
             logs.problem(p)
         if any(p.is_error for p in problems):
@@ -96,6 +107,47 @@ class Daemon:
             return False
         self.config = cfg
         return True
+
+    # -- node addresses
+
+    def _with_addresses(self, cfg: NodeConfig, primary: tuple, pairs: tuple) -> NodeConfig:
+        return replace(cfg, host_addresses=tuple(pairs),
+                       node_ips=tuple(primary) if cfg.node_ips_discovered else cfg.node_ips)
+
+    def addresses_changed(self, primary: tuple, pairs: tuple) -> bool:
+        """The node's addresses now (any thread). True when the ruleset depends on the
+        change (an address inside nodePortAddresses came or went, or the primary moved):
+        the caller then asks for a sync, which takes the addresses."""
+        with self._addr_lock:
+            cfg = self.config
+            if cfg is None:
+                return False
+            relevant = node_address_view(self._with_addresses(cfg, primary, pairs)) != node_address_view(cfg)
+            self._pending_addresses = (tuple(primary), tuple(pairs)) if relevant else None
+            return relevant
+
+    def _take_addresses(self) -> None:
+        with self._addr_lock:
+            pending, self._pending_addresses = self._pending_addresses, None
+        if pending is None or self.config is None:
+            return
+        new = self._with_addresses(self.config, *pending)
+        before, after = node_address_view(self.config), node_address_view(new)
+        if before != after:
+            self._sync_reason = describe_view_change(before, after)
+            logs.log.info(self._sync_reason, extra={"fields": {"event": "addresses", "ok": True}})
+        self.config = new
+
+    def refresh_addresses(self) -> None:
+        """List the addresses again (full syncs: a safety net for a missed event)."""
+        if self.nft is None or self.config is None:
+            return
+        try:
+            primary, pairs = self.nft.in_namespace(lambda: (discover_node_ips(), discover_host_addresses()))
+        except Exception as e:
+            logs.log.warning(f"cannot list the node's addresses: {e}")
+            return
+        self.addresses_changed(primary, pairs)
 
     # -- health
 
@@ -125,6 +177,10 @@ class Daemon:
                 logs.log.info(f"node config {self.config.source.file} re-read; full sync")
                 self.last_digest = None  # recompile everything with the new config
             self.need_full = True
+        full_due = self.last_full is None or self.clock() - self.last_full >= self.config.full_sync_period
+        if (self.need_full or full_due) and self.last_full is not None:
+            self.refresh_addresses()
+        self._take_addresses()
         snap = self.intake.read()
         if self.on_root is not None:
             self.on_root(snap.root)
@@ -191,6 +247,7 @@ class Daemon:
         desired = self.desired
         nft = self.nft
         reason = "" if full else None
+        why, self._sync_reason = self._sync_reason, None
         try:
             token = kernel_token(nft)
         except NftError as e:
@@ -261,12 +318,13 @@ class Daemon:
             f"sync {kind}: revision {short_revision(desired.inventory.revision)}, "
             f"{len(changed)} Service(s) changed{' (' + shown + ')' if changed else ''}, "
             f"{len(plan.transaction)} operations, {1000 * (end - start):.0f} ms "
-            f"(kernel updated after {1000 * (kernel_done - start):.0f} ms)" + (f"; {reason}" if reason else ""),
+            f"(kernel updated after {1000 * (kernel_done - start):.0f} ms)" + (f"; {reason}" if reason else "")
+            + (f"; {why}" if why else ""),
             extra={"fields": {"event": "sync", "kind": kind, "revision": desired.inventory.revision,
                               "servicesChanged": changed, "operations": len(plan.transaction),
                               "durationMs": round(1000 * (end - start), 1),
                               "kernelMs": round(1000 * (kernel_done - start), 1),
-                              "driftObjects": drifted, "recompiled": desired.recompiled,
+                              "driftObjects": drifted, "recompiled": desired.recompiled, "addresses": why,
                               "filesParsed": self.intake.parsed}})
         self._conntrack(previous, desired, plan)
 

@@ -12,7 +12,7 @@ from reconciler import lazy_exports
 __all__, __getattr__ = lazy_exports(__name__, {
     "apply": ("EXIT_CHANGES", "EXIT_ERROR", "EXIT_OK", "run_apply", "run_plan", "run_status"),
     "changes": ("diff",),
-    "desired": ("Desired", "InvalidInput", "load_desired", "node_ip_discovery"),
+    "desired": ("Desired", "InvalidInput", "load_desired", "node_address_discovery", "node_ip_discovery"),
     "doctor": ("run_doctor",),
     "lock": ("LockHeld",),
     "plan": ("make_plan",),

@@ -23,23 +23,35 @@ class Desired:
         return self.inventory.revision
 
 
-def node_ip_discovery(netns: str | None):
-    """Discover the node's primary IPs in the namespace nftrec acts on, not the host's."""
-    from reconciler.intake import discover_node_ips
-
+def _in_target(netns: str | None, fn):
+    """`fn` as a function that runs in the namespace nftrec acts on, not the host's."""
     if netns is None:
-        return discover_node_ips
+        return fn
 
-    def in_netns() -> tuple[str, ...]:
+    def in_netns():
         from reconciler.kernel import Libnftables  # its worker thread lives in the namespace
 
         nft = Libnftables(netns)
         try:
-            return nft.in_namespace(discover_node_ips)
+            return nft.in_namespace(fn)
         finally:
             nft.close()
 
     return in_netns
+
+
+def node_ip_discovery(netns: str | None):
+    """Discover the node's primary IPs in the namespace nftrec acts on, not the host's."""
+    from reconciler.intake import discover_node_ips
+
+    return _in_target(netns, discover_node_ips)
+
+
+def node_address_discovery(netns: str | None):
+    """List the node's interface addresses (nodePortAddresses) in the target namespace."""
+    from reconciler.intake import discover_host_addresses
+
+    return _in_target(netns, discover_host_addresses)
 
 
 class InvalidInput(Exception):
@@ -52,15 +64,17 @@ class InvalidInput(Exception):
 
 
 def load_desired(directory: Path, config_path: Path | None, *, strict: bool = False,
-                 netns: str | None = None) -> Desired:
+                 netns: str | None = None, interfaces: bool = True) -> Desired:
     """Read, validate and compile, logging every problem. Raises InvalidInput when the
-    input has errors: invalid input is never applied."""
+    input has errors: invalid input is never applied. interfaces=False (render): the
+    node's interface addresses are not listed; nodeIPs stand in for them."""
     from reconciler.compile import compile_ruleset
     from reconciler.intake import load_node_config
     from reconciler.intake import read_inventory
 
     config, config_problems = load_node_config(str(config_path) if config_path else None,
-                                               discover_ips=node_ip_discovery(netns))
+                                               discover_ips=node_ip_discovery(netns),
+                                               discover_addresses=node_address_discovery(netns) if interfaces else None)
     result = read_inventory(directory, strict=strict)
     problems = list(config_problems) + list(result.problems)
     for p in problems:
@@ -73,4 +87,21 @@ def load_desired(directory: Path, config_path: Path | None, *, strict: bool = Fa
     except NftSyntaxError as e:  # defence in depth: validation should have refused it
         logs.log.error(f"{directory}: refusing input that would reach nft unsafely: {e}")
         raise InvalidInput(result.inventory.revision, 1, directory) from None
+    _warn_loopback(config)
     return Desired(result.inventory, config, ruleset)
+
+
+def _warn_loopback(config: NodeConfig) -> None:
+    """kube-proxy logs loopback addresses inside nodePortAddresses and skips them."""
+    from reconciler.compile import FAMILIES, select_nodeport_ips
+
+    for family in FAMILIES:
+        try:
+            sel = select_nodeport_ips(config.node_port_addresses, config.node_ips,
+                                      config.host_addresses if config.host_addresses is not None
+                                      else tuple(("nodeIPs", ip) for ip in config.node_ips), family)
+        except ValueError:
+            return
+        if sel.loopback:
+            logs.log.warning(f"nodePortAddresses includes localhost ({', '.join(sel.loopback)}) but localhost "
+                             f"NodePorts are not supported; skipped, as kube-proxy does")

@@ -10,7 +10,7 @@
 from reconciler import lazy_exports
 
 __all__, __getattr__ = lazy_exports(__name__, {
-    "config": ("DEFAULT_PATH", "discover_node_ips", "load_node_config"),
+    "config": ("DEFAULT_PATH", "discover_host_addresses", "discover_node_ips", "load_node_config"),
     "incremental": ("Intake", "Snapshot"),
     "inventory": ("InventoryResult", "read_inventory"),
     "load": ("SUFFIXES",),

@@ -38,32 +38,54 @@ def parse_duration(value: str | int | float) -> float:
     return sum(float(n) * _UNITS[u] for n, u in _DURATION_RE.findall(text))
 
 
-def discover_node_ips() -> tuple[str, ...]:
+def discover_node_ips(ipr=None) -> tuple[str, ...]:
     """The primary address per family: the source address of the default route (its
     `src`, else the kernel's choice towards its gateway, else the first global address of
-    its device), else the first global address. No address: the family is left out."""
-    from pyroute2 import IPRoute  # imported late: validate/render never need it
+    its device), else the first global address. No address: the family is left out.
+    `ipr`: an open pyroute2 IPRoute (of the namespace to look in); default: a new one."""
+    if ipr is None:
+        from pyroute2 import IPRoute  # imported late: validate/render never need it
 
+        with IPRoute() as ipr:
+            return discover_node_ips(ipr)
     out = []
-    with IPRoute() as ipr:
-        for af in (socket.AF_INET, socket.AF_INET6):
-            found = None
-            for r in ipr.get_default_routes(family=af):
-                found = r.get_attr("RTA_PREFSRC")
-                gw, oif = r.get_attr("RTA_GATEWAY"), r.get_attr("RTA_OIF")
-                if not found and gw:
-                    try:  # a route lookup only: RTM_GETROUTE sends no packet
-                        found = next((x.get_attr("RTA_PREFSRC") for x in ipr.route("get", dst=gw, family=af)), None)
-                    except Exception:
-                        found = None
-                if not found and oif:
-                    found = _first_global(ipr, af, index=oif)
-                if found:
-                    break
-            found = found or _first_global(ipr, af)
-            if found and parse_ip(found) is not None:
-                out.append(str(parse_ip(found)))
+    for af in (socket.AF_INET, socket.AF_INET6):
+        found = None
+        for r in ipr.get_default_routes(family=af):
+            found = r.get_attr("RTA_PREFSRC")
+            gw, oif = r.get_attr("RTA_GATEWAY"), r.get_attr("RTA_OIF")
+            if not found and gw:
+                try:  # a route lookup only: RTM_GETROUTE sends no packet
+                    found = next((x.get_attr("RTA_PREFSRC") for x in ipr.route("get", dst=gw, family=af)), None)
+                except Exception:
+                    found = None
+            if not found and oif:
+                found = _first_global(ipr, af, index=oif)
+            if found:
+                break
+        found = found or _first_global(ipr, af)
+        if found and parse_ip(found) is not None:
+            out.append(str(parse_ip(found)))
     return tuple(out)
+
+
+def discover_host_addresses(ipr=None) -> tuple[tuple[str, str], ...]:
+    """Every address on the node's interfaces as (ifname, address), sorted: the input of
+    kube-proxy's GetNodeIPs (net.InterfaceAddrs: every interface, `lo` included, every
+    scope). `ipr` as in discover_node_ips."""
+    if ipr is None:
+        from pyroute2 import IPRoute
+
+        with IPRoute() as ipr:
+            return discover_host_addresses(ipr)
+    names = {link["index"]: link.get_attr("IFLA_IFNAME") or str(link["index"]) for link in ipr.get_links()}
+    out = set()
+    for a in ipr.get_addr():
+        # IFA_LOCAL first: on a point-to-point link IFA_ADDRESS is the peer (as Go reads it)
+        ip = parse_ip(a.get_attr("IFA_LOCAL") or a.get_attr("IFA_ADDRESS") or "")
+        if ip is not None:
+            out.add((names.get(a["index"], str(a["index"])), str(ip)))
+    return tuple(sorted(out))
 
 
 def _first_global(ipr, af: int, **match) -> str | None:
@@ -83,9 +105,12 @@ def load_node_config(
     discover: bool = True,
     hostname: Callable[[], str] = socket.gethostname,
     discover_ips: Callable[[], tuple[str, ...]] = discover_node_ips,
+    discover_addresses: Callable[[], tuple[tuple[str, str], ...]] | None = None,
 ) -> tuple[model.NodeConfig, list[Problem]]:
     """(config, problems). path=None: DEFAULT_PATH if it exists, else all defaults.
-    discover=False leaves nodeIPs empty when not configured (validate, render tests)."""
+    discover=False leaves nodeIPs empty when not configured (validate, render tests).
+    discover_addresses (plan, apply, watch: in the target namespace) lists the node's
+    interface addresses for nodePortAddresses; None: nodeIPs stand in for them (render)."""
     problems: list[Problem] = []
     data: dict = {}
     shown = str(path) if path is not None else DEFAULT_PATH
@@ -116,19 +141,37 @@ def load_node_config(
     if len(node_ips) == 2 and (":" in node_ips[0]) == (":" in node_ips[1]):
         line, col = _locate(doc, "nodeIPs")
         problems.append(_problem(shown, line, col, "nodeIPs", "lists two addresses of one family; give at most one IPv4 and one IPv6 address"))
+    npa = data.get("nodePortAddresses") or []
+    if "primary" in npa and len(npa) != 1:
+        line, col = locate(doc, ("nodePortAddresses", npa.index("primary")))
+        problems.append(_problem(shown, line, col, f"nodePortAddresses[{npa.index('primary')}]",
+                                 "can't use both 'primary' and CIDRs (kube-proxy's rule): give [primary] "
+                                 "alone, or CIDRs that include the primary address"))
+    discovered = False
     if "nodeIPs" not in data and discover:
         try:
             node_ips = discover_ips()
+            discovered = True
         except Exception as e:  # discovery is best effort; say so, do not fail
             problems.append(Problem(shown, 0, 0, "NodeConfig", "", "nodeIPs",
                                     f"could not discover this node's addresses ({show(str(e))}); set nodeIPs", "warning"))
+    host_addresses = None
+    if discover and discover_addresses is not None:
+        try:
+            host_addresses = tuple(discover_addresses())
+        except Exception as e:  # best effort: nodeIPs stand in, as for render
+            problems.append(Problem(shown, 0, 0, "NodeConfig", "", "nodePortAddresses",
+                                    f"could not list this node's interface addresses ({show(str(e))}); "
+                                    f"nodeIPs stand in for them", "warning"))
     cfg = model.NodeConfig(
         node_name=data.get("nodeName") or _hostname(hostname),
         node_ips=node_ips,
         cluster_cidrs=tuple(str(parse_cidr(c)) for c in data.get("clusterCIDRs") or []),
         service_cidrs=tuple(str(parse_cidr(c)) for c in data.get("serviceCIDRs") or []),
         node_port_addresses=tuple(a if a == "primary" else str(parse_cidr(a)) for a in data["nodePortAddresses"])
-        if "nodePortAddresses" in data else ("primary",),
+        if data.get("nodePortAddresses") else ("primary",),
+        host_addresses=host_addresses,
+        node_ips_discovered=discovered,
         masquerade_all=data.get("masqueradeAll", False),
         masquerade_bit=data.get("masqueradeBit", 14),
         table_name=data.get("tableName", "nftrec"),

@@ -126,7 +126,12 @@ class NodeConfig:
     node_ips: tuple[str, ...] = ()  # canonical; at most one primary per family is used
     cluster_cidrs: tuple[str, ...] = ()  # local-traffic detector; () = no detector
     service_cidrs: tuple[str, ...] = ()  # unallocated-ClusterIP drop; () = no drop rule
-    node_port_addresses: tuple[str, ...] = ("primary",)  # "primary" and/or CIDRs
+    node_port_addresses: tuple[str, ...] = ("primary",)  # ("primary",) or CIDRs
+    # Every (ifname, address) on the node's interfaces in the target namespace, found with
+    # pyroute2 by plan/apply/watch (kube-proxy's GetNodeIPs input); None when not looked
+    # up (render, validate): then nodeIPs stand in for the interface addresses.
+    host_addresses: tuple[tuple[str, str], ...] | None = None
+    node_ips_discovered: bool = False  # nodeIPs were not configured but discovered
     masquerade_all: bool = False
     masquerade_bit: int = 14
     table_name: str = "nftrec"

@@ -1,0 +1,185 @@
+"""The daemon's second source of triggers: the node's addresses (SPEC §6, "Node addresses").
+
+A netlink socket opened inside the target namespace and bound to the address groups
+(RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR) and the route groups (a DHCP client changes
+the default route, hence the discovered primary address, along with the address). On an
+event, the thread waits a short settle time for the rest of the burst (DHCP replaces an
+address with a delete, an add and a route), lists the addresses again and hands them to
+`on_change(primary_ips, addresses)`; the daemon decides whether the ruleset depends on
+what changed (an address inside nodePortAddresses, or the primary) and asks for a sync.
+
+Everything netlink happens on one thread that lives in the namespace
+(kernel.NamespaceThread): pyroute2's IPRoute opens its socket in the thread that first
+uses it, so opening in one thread and reading in another would read the host's. That
+thread blocks in select() on the netlink socket and a pipe: no polling, no timeout while
+nothing happens; stop() writes to the pipe and joins it.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import socket
+import struct
+import threading
+import time
+from typing import Callable
+
+from reconciler import logs
+from reconciler.intake import discover_host_addresses, discover_node_ips
+from reconciler.kernel import NamespaceThread
+
+SETTLE = 0.05  # seconds of quiet after an event before the addresses are listed again
+SETTLE_MAX = 0.3  # a continuous stream of events is listed at least this often
+
+Addresses = tuple[tuple[str, ...], tuple[tuple[str, str], ...]]  # (primary IPs, (ifname, address) pairs)
+
+
+NETLINK_ROUTE = 0
+RTM_NEWADDR, RTM_DELADDR, RTM_NEWROUTE, RTM_DELROUTE = 20, 21, 24, 25
+_NLMSGHDR = struct.Struct("=IHHII")  # length, type, flags, seq, pid
+
+
+def relevant_messages(buf: bytes) -> int:
+    """How many netlink messages in one datagram matter: address adds/deletes, and
+    default routes (rtmsg dst_len 0: the discovered primary may move with them)."""
+    n, off = 0, 0
+    while off + _NLMSGHDR.size <= len(buf):
+        length, kind = _NLMSGHDR.unpack_from(buf, off)[:2]
+        if length < _NLMSGHDR.size:
+            break
+        if kind in (RTM_NEWADDR, RTM_DELADDR):
+            n += 1
+        elif kind in (RTM_NEWROUTE, RTM_DELROUTE) and off + _NLMSGHDR.size + 2 <= len(buf):
+            if buf[off + _NLMSGHDR.size + 1] == 0:  # struct rtmsg: family, dst_len, ...
+                n += 1
+        off += (length + 3) & ~3
+    return n
+
+
+class AddressWatcher:
+    """Netlink address (and default-route) events in network namespace `netns` (None: the host)."""
+
+    def __init__(self, netns: str | None, on_change: Callable[[tuple, tuple], None], *,
+                 settle: float = SETTLE, settle_max: float = SETTLE_MAX):
+        from pyroute2 import IPRoute
+        from pyroute2.netlink.rtnl import (
+            RTMGRP_IPV4_IFADDR, RTMGRP_IPV4_ROUTE, RTMGRP_IPV6_IFADDR, RTMGRP_IPV6_ROUTE,
+        )
+
+        groups = RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR | RTMGRP_IPV4_ROUTE | RTMGRP_IPV6_ROUTE
+
+        def open_sockets():  # a netlink socket belongs to the namespace it was created in
+            # Events: a plain netlink socket, read with recv(); pyroute2 0.9's IPRoute
+            # reads through its own event loop and buffers messages out of select()'s sight.
+            events = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, NETLINK_ROUTE)
+            try:
+                events.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+                events.bind((0, groups))
+                events.setblocking(False)
+                return events, IPRoute()  # listings: pyroute2, on this thread only
+            except BaseException:
+                events.close()
+                raise
+
+        self._ns = NamespaceThread(netns)
+        try:
+            self._events, self._query = self._ns.call(open_sockets)
+        except BaseException:
+            self._ns.close()
+            raise
+        self.on_change = on_change
+        self.settle, self.settle_max = settle, settle_max
+        self._stop_r, self._stop_w = os.pipe()
+        self._stopped = False
+        self.events = 0  # relevant netlink messages seen
+        self.listings = 0  # address listings done after events
+        self._thread = threading.Thread(target=self._ns.call, args=(self._loop,), name="nftrec-addresses",
+                                        daemon=True)
+
+    def _list(self) -> Addresses:
+        return discover_node_ips(self._query), discover_host_addresses(self._query)
+
+    def snapshot(self) -> Addresses:
+        """The addresses now (before start(): the loop owns the namespace thread after)."""
+        return self._ns.call(self._list)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        try:
+            os.write(self._stop_w, b"x")
+        except OSError:
+            pass
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+        def close():
+            for sock in (self._events, self._query):
+                try:
+                    sock.close()
+                except Exception:
+                    pass
+        try:
+            self._ns.call(close)
+        except Exception:
+            pass
+        self._ns.close()
+        for fd in (self._stop_r, self._stop_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def _drain(self) -> bool:
+        """Read everything the socket holds; True when a message matters."""
+        relevant = False
+        while True:
+            try:
+                buf = self._events.recv(1 << 16)
+            except (BlockingIOError, InterruptedError):
+                return relevant
+            except OSError as e:  # ENOBUFS: events were lost; list again to be sure
+                logs.log.debug(f"netlink: {e}")
+                relevant = True
+                continue
+            n = relevant_messages(buf)
+            self.events += n
+            relevant = relevant or n > 0
+
+    def _wait(self, timeout: float | None) -> str:
+        """'event', 'stop' or 'timeout'."""
+        ready, _, _ = select.select([self._events.fileno(), self._stop_r], [], [], timeout)
+        if self._stop_r in ready:
+            return "stop"
+        return "event" if ready else "timeout"
+
+    def _loop(self) -> None:
+        try:
+            while True:
+                if self._wait(None) == "stop":
+                    return
+                if not self._drain():
+                    continue
+                first = last = time.monotonic()
+                while True:  # settle: the rest of the burst
+                    now = time.monotonic()
+                    left = min(last + self.settle, first + self.settle_max) - now
+                    if left <= 0:
+                        break
+                    w = self._wait(left)
+                    if w == "stop":
+                        return
+                    if w == "event" and self._drain():
+                        last = time.monotonic()
+                self.listings += 1
+                self.on_change(*self._list())
+        except Exception as e:  # never take the daemon down: the periodic full sync still re-reads
+            if not self._stopped:
+                logs.log.error(f"the node address watcher stopped: {e}; address changes are picked up by "
+                               f"the next full sync (fullSyncPeriod) only",
+                               extra={"fields": {"event": "addresses", "ok": False}})
