@@ -212,17 +212,23 @@ def apply(
     plan_file: Optional[Path] = typer.Option(None, "--plan", help="Apply a plan saved by `plan --out`; "
                                              "refused when stale or already applied."),
     rollback: bool = typer.Option(False, "--rollback", help="Re-apply the previous applied ruleset."),
+    verify: str = typer.Option("touched", "--verify", help="After the transaction, read back what it wrote and "
+                               "check that nobody else committed (touched), or list and compare the whole "
+                               "table (full)."),
 ) -> None:
     """Commit the desired ruleset as one atomic transaction, verify it, record state."""
     from reconciler.engine import run_apply
 
+    if verify not in ("touched", "full"):
+        raise typer.BadParameter("must be touched or full", param_hint="--verify")
     if sum(x is not None and x is not False for x in (directory, plan_file, rollback or None)) > 1:
         raise typer.BadParameter("give one of DIRECTORY, --plan FILE or --rollback")
     target = _target(config, netns)
     desired = None
     if plan_file is None and not rollback:
         desired = _desired(directory or Path("."), config, netns, strict, target=target)
-    raise typer.Exit(_guard(run_apply, target, desired=desired, plan_path=plan_file, rollback=rollback))
+    raise typer.Exit(_guard(run_apply, target, desired=desired, plan_path=plan_file, rollback=rollback,
+                            verify=verify))
 
 
 @app.command()

@@ -17,7 +17,8 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "lock": ("LockHeld",),
     "plan": ("make_plan",),
     "state": ("StateCorrupt", "default_state_dir", "namespace_dir", "read_history", "read_status"),
-    "sync": ("clean_udp_conntrack", "commit", "udp_services", "verify_applied", "verify_commit"),
+    "sync": ("clean_udp_conntrack", "commit", "touched_objects", "udp_services", "verify_applied", "verify_commit",
+             "verify_touched"),
     "target": ("CommandError", "Target", "short_revision"),
     "teardown": ("KUBE_PROXY_TABLE", "cleanup"),
 })

@@ -25,7 +25,7 @@ from reconciler.engine.changes import diff
 from reconciler.engine.lock import LockHeld
 from reconciler.engine.plan import format_text, make_plan, to_json
 from reconciler.engine.state import HOST, StateCorrupt, read_history, read_status
-from reconciler.engine.sync import clean_udp_conntrack, commit, verify_applied
+from reconciler.engine.sync import clean_udp_conntrack, commit, verify_applied, verify_touched
 from reconciler.engine.target import CommandError, Target, short_revision
 from reconciler.kernel import Libnftables, NftError, canonical, fingerprint, kernel_token, read_live
 
@@ -100,8 +100,10 @@ def run_plan(desired, target: Target, *, verbose: bool, output: str, detailed: b
 
 
 def run_apply(target: Target, *, desired=None, plan_path: Path | None = None,
-              rollback: bool = False, out_stream: TextIO = sys.stdout) -> int:
-    """Apply `desired` (a desired.Desired), a saved plan, or the previous history entry."""
+              rollback: bool = False, verify: str = "touched", out_stream: TextIO = sys.stdout) -> int:
+    """Apply `desired` (a desired.Desired), a saved plan, or the previous history entry.
+    `verify`: "touched" reads back what the transaction wrote and checks the generation
+    token (sync.verify_touched); "full" lists and compares the whole table."""
     try:
         lock = target.lock().acquire()
     except LockHeld as e:
@@ -113,6 +115,7 @@ def run_apply(target: Target, *, desired=None, plan_path: Path | None = None,
         nft = target.nft()
         status = read_status(store)
         read_history(store)  # a damaged entry would block status and rollback later
+        token_before = kernel_token(nft)  # before the kernel is read: see sync.verify_touched
         # A saved plan is checked against a real listing (its fingerprint came from one);
         # otherwise the unchanged-generation fast path saves one full listing.
         live, fast = read_live_state(nft, target, refresh=plan_path is not None)
@@ -159,8 +162,12 @@ def run_apply(target: Target, *, desired=None, plan_path: Path | None = None,
             store.record_attempt(revision, e.text)
             raise CommandError(f"the kernel rejected the transaction; nothing was changed "
                                f"(the previous ruleset is whole). nft said:\n{e.text.strip()}", lines=True) from None
-        after, token = verify_applied(nft, target, ruleset)
-        store.record_applied(revision, ruleset, fingerprint(after), token, plan_id)
+        if verify == "full":
+            after, token = verify_applied(nft, target, ruleset)
+        else:
+            after, token = verify_touched(nft, target, ruleset, plan, token_before=token_before)
+        store.record_applied(revision, ruleset, fingerprint(after if after is not None else canonical(ruleset)),
+                             token, plan_id)
         if desired is not None:
             # as kube-proxy after every sync; a saved plan or a rollback carries no model to
             # tell endpoints from frontends, so the next apply from manifests (or watch) does it

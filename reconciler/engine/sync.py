@@ -10,12 +10,12 @@ tables, plans again and tries once more. A plan made from a listing is not retri
 from __future__ import annotations
 
 from reconciler import logs
-from reconciler.compile import Ruleset
+from reconciler.compile import NamedSet, Ruleset, Table
 from reconciler.engine.changes import diff
 from reconciler.engine.plan import Plan, make_plan
 from reconciler.engine.target import CommandError, Target
 from reconciler.intake import Inventory, NodeConfig
-from reconciler.kernel import Libnftables, NftError, cleanup_udp, kernel_token, read_live
+from reconciler.kernel import Libnftables, NftError, cleanup_udp, kernel_token, read_live, read_live_objects
 
 
 def commit(nft: Libnftables, table: str, desired: Ruleset, plan: Plan, services: dict, *,
@@ -55,6 +55,57 @@ def verify_applied(nft: Libnftables, target: Target, desired: Ruleset) -> tuple[
             f"({len(left)} differences, e.g. {sample}); another program may be editing "
             f"table {target.table} in {target.where}. Run `nftrec plan -v` to see them.")
     return live, token
+
+
+def touched_objects(plan: Plan) -> dict[str, tuple[list[str], list[NamedSet]]] | None:
+    """What the plan's transaction wrote, to read back: {family: (chains added or
+    rewritten, sets added, re-created or with elements added/removed/changed)}. None when
+    a table was (re-)created: then everything was written."""
+    out: dict[str, tuple[list[str], list[NamedSet]]] = {}
+    for family, fc in plan.changes.families.items():
+        if fc.table is not None:
+            return None
+        table = plan.desired.tables.get(family)
+        chains = sorted({c.name for c in fc.chains_added + fc.chains_changed})
+        names = {c.name for c in fc.sets_added + fc.sets_changed + fc.elements_added + fc.elements_removed
+                 + fc.elements_changed}
+        sets = [table.sets[n] for n in sorted(names) if table is not None and n in table.sets]
+        if chains or sets:
+            out[family] = (chains, sets)
+    return out
+
+
+def verify_touched(nft: Libnftables, target: Target, desired: Ruleset, plan: Plan, *,
+                   token_before: int | None) -> tuple[Ruleset | None, int | None]:
+    """`apply`'s default check (`--verify touched`): (the full listing, or None; the token).
+
+    The generation token advancing by exactly our commit since `token_before` (taken
+    before the kernel was read for the plan) proves that nobody else wrote in between, so
+    the kernel holds the plan's starting point plus our transaction. What is left to
+    prove is that nft stored what we meant: the chains and sets the transaction wrote are
+    read back and compared. Anything else (another writer, a re-created table) lists and
+    compares everything (`verify_applied`)."""
+    after = kernel_token(nft)
+    touched = touched_objects(plan)
+    expected = (token_before + (0 if plan.empty else 1)) if token_before is not None else None
+    if after is None or after != expected or touched is None:
+        return verify_applied(nft, target, desired)
+    live = read_live_objects(nft, target.table, touched)
+    if live is None:  # an object we just wrote is gone: say what, from a full listing
+        return verify_applied(nft, target, desired)
+    want = Ruleset()
+    for family, (chains, sets) in touched.items():
+        d = desired.tables[family]
+        want.tables[family] = Table(family, d.name, None, {c: d.chains[c] for c in chains},
+                                    {st.name: st for st in sets})
+        live.tables[family].comment = None
+    left = diff(want, live)
+    if not left.empty:
+        sample = "; ".join(f"{c.action} {c.family} {c.kind} {c.name}: {c.reason}" for c in list(left)[:5])
+        raise CommandError(
+            f"the kernel does not hold what the transaction wrote ({len(left)} differences in the objects "
+            f"it touched, e.g. {sample}); run `nftrec plan -v` to see them, and report it if they persist")
+    return None, after
 
 
 def verify_commit(nft: Libnftables, target: Target, desired: Ruleset, *, token_before: int | None,

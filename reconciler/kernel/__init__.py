@@ -12,6 +12,6 @@ from reconciler import lazy_exports
 __all__, __getattr__ = lazy_exports(__name__, {
     "conntrack": ("cleanup_udp",),
     "live": ("OTHER_KINDS", "canonical", "chain_policy", "fingerprint", "kernel_token", "read_live",
-             "table_flags", "table_others"),
+             "read_live_objects", "table_flags", "table_others"),
     "nft": ("Fake", "Interface", "Libnftables", "NamespaceThread", "NftError", "NotFound", "Transaction"),
 })

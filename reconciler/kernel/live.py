@@ -380,6 +380,32 @@ def read_live(nft: Interface, table_name: str) -> Ruleset:
     return rs
 
 
+def read_live_objects(nft: Interface, table_name: str,
+                      wanted: dict[str, tuple[list[str], list[NamedSet]]]) -> Ruleset | None:
+    """Just these chains and sets of nftrec's tables ({family: (chain names, sets)}), in
+    canonical form, in Tables without a comment (nft lists none with an object); None
+    when any of them is absent."""
+    rs = Ruleset()
+    for family, (chains, sets) in wanted.items():
+        text = nft.list_objects(family, table_name, chains, sets)
+        if text is None:
+            return None
+        table = Table(family, table_name)
+        block: list[str] = []
+        for line in text.splitlines() + ["table"]:  # nft prints a `table … {` block per object
+            if line.startswith("table") and block:
+                try:
+                    part = parse_table("\n".join(block), family)
+                except ValueError as e:
+                    raise NftError(f"cannot read objects of table {family} {table_name}: {e}") from None
+                table.chains.update(part.chains)
+                table.sets.update(part.sets)
+                block = []
+            block.append(line)
+        rs.tables[family] = table
+    return rs
+
+
 # --- fingerprint ---------------------------------------------------------------------------
 
 
