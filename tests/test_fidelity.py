@@ -238,3 +238,24 @@ def test_an_alias_shared_with_a_string_field_keeps_its_text(tmp_path):
     data = checked.objects[0].doc.data
     assert data["metadata"]["annotations"] == {"ready": "no"} and isinstance(data["metadata"]["annotations"]["ready"], str)
     assert data["endpoints"][0]["conditions"] == {"ready": False}
+
+
+# --- more places where nftrec was stricter than Kubernetes without a reason ----------------
+
+
+def test_slice_may_list_more_than_100_ports(tmp_path):
+    # validatePorts: maxPorts = 20000 (kubernetes#99795 raised it from 100)
+    ports = ", ".join(f"{{name: p{i}, port: {1000 + i}}}" for i in range(101))
+    write(tmp_path, "eps.yaml", endpoint_slice(f"ports: [{ports}]\nendpoints:\n- addresses: [10.244.1.5]\n"))
+    rc, out = validate(tmp_path)
+    assert rc == 0, out
+
+
+def test_affinity_config_without_client_ip_is_ignored_as_kubernetes_drops_it(tmp_path):
+    # SetDefaults_Service sets SessionAffinityConfig = nil unless ClientIP, before validation
+    write(tmp_path, "svc.yaml", service("  clusterIP: 10.96.0.10\n  ports: [{port: 80}]\n"
+                                        "  sessionAffinityConfig: {clientIP: {timeoutSeconds: 60}}\n"))
+    rc, out = validate(tmp_path)
+    assert rc == 0 and "warning: Service demo/web: spec.sessionAffinityConfig: is ignored because sessionAffinity is not ClientIP" in out, out
+    svc = read_inventory(tmp_path).inventory.services[0]
+    assert svc.session_affinity == "None" and svc.affinity_timeout_seconds == 10800

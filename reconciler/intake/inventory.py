@@ -75,6 +75,8 @@ def service_from(doc: Document) -> model.Service:
         if i.get("ip")  # hostname-only entries have nothing to program
     )
     timeout = ((spec.get("sessionAffinityConfig") or {}).get("clientIP") or {}).get("timeoutSeconds") or 10800
+    if (spec.get("sessionAffinity") or "None") != "ClientIP":
+        timeout = 10800  # SetDefaults_Service drops sessionAffinityConfig unless ClientIP
     return model.Service(
         namespace=ns,
         name=name,

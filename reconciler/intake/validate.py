@@ -140,7 +140,9 @@ def _check_service(rep: Report, o: Obj) -> None:
         rep.add(o, ("spec", "healthCheckNodePort"), "is only used by LoadBalancer Services with externalTrafficPolicy Local; remove it")
     aff = spec.get("sessionAffinityConfig", {}).get("clientIP", {}).get("timeoutSeconds")
     if aff is not None and spec.get("sessionAffinity", "None") != "ClientIP":
-        rep.add(o, ("spec", "sessionAffinityConfig"), "is only used with sessionAffinity: ClientIP; set that or remove this")
+        # SetDefaults_Service drops it before validation, so the API server accepts it
+        rep.add(o, ("spec", "sessionAffinityConfig"), "is ignored because sessionAffinity is not ClientIP (Kubernetes drops it "
+                "too); set sessionAffinity: ClientIP or remove this", WARNING)
 
 
 def _check_slice(rep: Report, o: Obj) -> None:
