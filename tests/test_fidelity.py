@@ -259,3 +259,13 @@ def test_affinity_config_without_client_ip_is_ignored_as_kubernetes_drops_it(tmp
     assert rc == 0 and "warning: Service demo/web: spec.sessionAffinityConfig: is ignored because sessionAffinity is not ClientIP" in out, out
     svc = read_inventory(tmp_path).inventory.services[0]
     assert svc.session_affinity == "None" and svc.affinity_timeout_seconds == 10800
+
+
+def test_node_config_stays_yaml_1_2(tmp_path):
+    # the node config is nftrec's own file, not a Kubernetes object kubectl reads
+    from reconciler.intake.config import load_node_config
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text("masqueradeAll: yes\n")
+    _, problems = load_node_config(str(cfg), discover=False)
+    assert [p.message for p in problems] == ["must be true or false, not a string ('yes'); write true "
+                                             "(the node config is YAML 1.2, which reads yes as a string)"]
