@@ -16,7 +16,7 @@ from typing import Callable
 from reconciler.intake import model
 from reconciler.intake.load import Document, LoadResult, load_manifests
 from reconciler.intake.problems import Problem
-from reconciler.intake.schemas import parse_cidr, parse_ip
+from reconciler.intake.schemas import parse_cidr, parse_ip, parse_padded_cidr
 from reconciler.intake.validate import SERVICE_NAME_LABEL, check, family
 
 
@@ -75,6 +75,8 @@ def service_from(doc: Document) -> model.Service:
         if i.get("ip")  # hostname-only entries have nothing to program
     )
     timeout = ((spec.get("sessionAffinityConfig") or {}).get("clientIP") or {}).get("timeoutSeconds") or 10800
+    if (spec.get("sessionAffinity") or "None") != "ClientIP":
+        timeout = 10800  # SetDefaults_Service drops sessionAffinityConfig unless ClientIP
     return model.Service(
         namespace=ns,
         name=name,
@@ -83,7 +85,8 @@ def service_from(doc: Document) -> model.Service:
         ip_families=families if stype != "ExternalName" else (),
         ports=ports,
         external_ips=tuple(_ip(ip) for ip in spec.get("externalIPs") or []),
-        load_balancer_source_ranges=tuple(_cidr(c) for c in spec.get("loadBalancerSourceRanges") or []),
+        # trimmed as Kubernetes and kube-proxy trim them; canonical, so no space reaches nft
+        load_balancer_source_ranges=tuple(str(parse_padded_cidr(c)) for c in spec.get("loadBalancerSourceRanges") or []),
         load_balancer_ingress=ingress,
         external_traffic_policy=spec.get("externalTrafficPolicy") or "Cluster",
         internal_traffic_policy=spec.get("internalTrafficPolicy") or "Cluster",

@@ -27,8 +27,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ruamel.yaml import YAML
+from ruamel.yaml.composer import Composer
+from ruamel.yaml.constructor import SafeConstructor
 from ruamel.yaml.error import YAMLError
 from ruamel.yaml.nodes import MappingNode, ScalarNode, SequenceNode
+from ruamel.yaml.parser import Parser
+from ruamel.yaml.reader import Reader
+from ruamel.yaml.resolver import Resolver
+from ruamel.yaml.scanner import Scanner, ScannerError
 from ruamel.yaml.tag import Tag
 
 try:  # libyaml-based; falls back to the pure-Python loader (slower, same results)
@@ -56,8 +62,28 @@ _SAFE_C_DEPTH = 2_000
 SUFFIXES = (".yaml", ".yml", ".json")
 
 warnings.filterwarnings("ignore", module=r"ruamel\.yaml.*")  # YAML 1.1 float chatter
-_RESOLVED: dict[str, Tag] = {}  # plain scalar text -> its resolved tag (see _KubeLoader.resolve)
+_RESOLVED: dict[str, Tag] = {}  # plain scalar text -> its resolved tag (see _KubeRules.resolve)
 _TAGS: dict[str, Tag] = {}  # tag text -> one shared Tag
+
+# go-yaml v2 (sigs.k8s.io/yaml, kubectl's reader) resolves these plain scalars to
+# booleans (YAML 1.1); YAML 1.2 reads them as strings. true/True/TRUE/false/... are
+# booleans in both and need nothing special.
+YAML11_TRUE = frozenset({"y", "Y", "yes", "Yes", "YES", "on", "On", "ON"})
+YAML11_FALSE = frozenset({"n", "N", "no", "No", "NO", "off", "Off", "OFF"})
+_YAML11_BOOL_TAG = "tag:nftrec.invalid,2026:yaml11-bool"
+
+
+class Yaml11Bool(str):
+    """A plain (unquoted) y/yes/on/n/no/off...: a string, as YAML 1.2 reads it, that
+    remembers kubectl would read a boolean. Validation turns it into that boolean where
+    the schema wants one (with a warning); in string fields it stays the text. A quoted
+    "yes" is a plain str: kubectl reads a string there too."""
+
+    __slots__ = ()
+
+    @property
+    def boolean(self) -> bool:
+        return str(self) in YAML11_TRUE
 
 
 def _kube_resolvers() -> dict:
@@ -73,10 +99,16 @@ def _kube_resolvers() -> dict:
     leading_zero = re.compile(r"^[-+]?0[0-9_]+$")
     for first in "-+0":
         table[first] = [("tag:yaml.org,2002:str", leading_zero)] + table.get(first, [])
+    yaml11_bool = re.compile("^(?:" + "|".join(sorted(YAML11_TRUE | YAML11_FALSE)) + ")$")
+    for first in "yYnNoO":
+        table[first] = [(_YAML11_BOOL_TAG, yaml11_bool)] + table.get(first, [])
     return table
 
 
-class _KubeLoader(_Loader):  # type: ignore[misc, valid-type]
+class _KubeRules:
+    """How plain scalars resolve, shared by the C loader and the pure-Python one (the
+    fallback of parse_yaml), so both give the same data."""
+
     yaml_implicit_resolvers = _kube_resolvers()
 
     if not _Loader.yaml_path_resolvers and None not in yaml_implicit_resolvers:
@@ -99,6 +131,50 @@ class _KubeLoader(_Loader):  # type: ignore[misc, valid-type]
                 _RESOLVED[value] = tag
             return tag
 
+
+class _KubeLoader(_KubeRules, _Loader):  # type: ignore[misc, valid-type]
+    pass
+
+
+class _PureKubeLoader(_KubeRules, Reader, Scanner, Parser, Composer, SafeConstructor, Resolver):  # type: ignore[misc]
+    """ruamel's pure-Python safe loader (as ruamel.yaml.loader.SafeLoader builds it) with
+    the resolvers and constructors of _KubeLoader: same data, same positions. Where it
+    is more lenient than go-yaml (kubectl's reader) it is made to refuse what go-yaml
+    refuses, so a file does not read differently because it took this path."""
+
+    max_depth = 0  # ruamel's composer reads this from YAML(); depth is checked before (_parse_yaml_with)
+    processing_version = (1, 2)  # the parser's YAML 1.2 rules; ruamel's plain Resolver says None
+
+    def __init__(self, stream) -> None:
+        self.comment_handling = None
+        Reader.__init__(self, stream, loader=self)
+        Scanner.__init__(self, loader=self)
+        Parser.__init__(self, loader=self)
+        Composer.__init__(self, loader=self)
+        SafeConstructor.__init__(self, loader=self)
+        Resolver.__init__(self, loadumper=self)
+
+    def check_plain(self) -> bool:
+        # go-yaml and libyaml start no plain scalar with ':' inside [ ] or { }: kubectl
+        # refuses `[::1]`, and so does nftrec, whichever parser reads the file
+        if self.flow_level and self.reader.peek() == ":":
+            return False
+        return Scanner.check_plain(self)
+
+    def scan_directive(self):
+        # go-yaml and libyaml refuse directives other than %YAML and %TAG; ruamel skips them
+        token = Scanner.scan_directive(self)
+        if token.name not in ("YAML", "TAG"):
+            raise ScannerError("while scanning a directive", token.start_mark, "found unknown directive name", token.start_mark)
+        return token
+
+
+def _construct_yaml11_bool(loader, node) -> Yaml11Bool:
+    return Yaml11Bool(loader.construct_scalar(node))
+
+
+for _cls in (_KubeLoader, _PureKubeLoader):
+    _cls.add_constructor(_YAML11_BOOL_TAG, _construct_yaml11_bool)
 
 _Loader = _KubeLoader  # noqa: F811 - every parse below uses the adjusted resolvers
 
@@ -233,9 +309,9 @@ def _depth_bound(text: str) -> int:
     return text.count("[") + text.count("{") + 2 * (longest + 1)
 
 
-def _check_depth_events(text: str) -> None:
+def _check_depth_events(text: str, loader_class=None) -> None:
     """Exact nesting depth from the event stream (iterative, so safe at any depth)."""
-    loader = _Loader(text)
+    loader = (loader_class or _Loader)(text)
     depth = 0
     try:
         while loader.check_event():
@@ -322,7 +398,8 @@ class _Slow(Exception):
 
 _STR, _MAP, _SEQ = _Loader.DEFAULT_SCALAR_TAG, _Loader.DEFAULT_MAPPING_TAG, _Loader.DEFAULT_SEQUENCE_TAG
 _Y = "tag:yaml.org,2002:"
-_SCALAR_TAGS = {_Y + "str": "str", _Y + "int": "int", _Y + "bool": "bool", _Y + "null": "null", _Y + "float": "float"}
+_SCALAR_TAGS = {_Y + "str": "str", _Y + "int": "int", _Y + "bool": "bool", _Y + "null": "null", _Y + "float": "float",
+                _YAML11_BOOL_TAG: "yaml11-bool"}
 _ASCII_INT = re.compile(r"(?:0|[1-9][0-9]*)\Z")
 
 
@@ -352,6 +429,8 @@ def _construct_fast(root, loader):
             return bools[value.lower()]
         if kind == "null":
             return None
+        if kind == "yaml11-bool":
+            return Yaml11Bool(value)
         return loader.construct_yaml_float(node)
 
     def build(node, depth):
@@ -386,10 +465,32 @@ def _construct_fast(root, loader):
 
 def _parse_yaml(text: str) -> list[tuple[object, int, int, list]]:
     """[(data, line, col, item_positions)] per YAML document; item_positions holds
-    (line, col) of `items[i]` for `kind: List` documents."""
-    if _depth_bound(text) > _SAFE_C_DEPTH:
-        _check_depth_events(text)
-    loader = _Loader(text)
+    (line, col) of `items[i]` for `kind: List` documents.
+
+    libyaml 0.1.7 (inside ruamel.yaml.clib) refuses some YAML that YAML 1.2, go-yaml and
+    so kubectl read, notably ':' inside a flow plain scalar (`addresses: [fd00::1]`). On
+    a scanner error the file is read again with ruamel's pure-Python parser, with the same
+    resolvers and constructors; what that refuses too is really broken, and its error
+    (file:line, the same wording) is the one reported. Normal files stay on the C path."""
+    try:
+        return _parse_yaml_with(text, _Loader)
+    except ScannerError as e:
+        if not FAST or not _libyaml_colon_bug(e):
+            raise  # every other error reads exactly as before
+    return _parse_yaml_with(text, _PureKubeLoader)
+
+
+def _libyaml_colon_bug(e: ScannerError) -> bool:
+    """libyaml 0.1.7's refusal of ':' inside a flow plain scalar, which libyaml 0.2.1,
+    go-yaml (PR #305) and ruamel's pure-Python scanner all accept."""
+    return str(getattr(e, "problem", "")).startswith("found unexpected ':'") and "plain scalar" in str(getattr(e, "context", ""))
+
+
+def _parse_yaml_with(text: str, loader_class) -> list[tuple[object, int, int, list]]:
+    # the pure-Python composer recurses in Python: measure the depth first, always
+    if loader_class is not _Loader or _depth_bound(text) > _SAFE_C_DEPTH:
+        _check_depth_events(text, loader_class)
+    loader = loader_class(text)
     out = []
     try:
         while loader.check_node():

@@ -10,9 +10,9 @@ import re
 import unicodedata
 from dataclasses import dataclass
 
-from reconciler.intake.load import Document, locate
+from reconciler.intake.load import YAML11_FALSE, YAML11_TRUE, Document, locate
 from reconciler.intake.problems import ERROR, Problem, field_path, safe_name, show
-from reconciler.intake.schemas import canonical_cidr, cidr_hint, ip_hint, parse_ip, special_ip
+from reconciler.intake.schemas import canonical_cidr, cidr_hint, ip_hint, parse_ip, special_ip, trim_space
 
 
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
@@ -23,7 +23,6 @@ _FORMAT_WORDS = {
     "cidr": "a valid CIDR (like 10.0.0.0/8 or fd00::/64, without leading zeros)",
 }
 _NONSPECIAL = {"ip-nonspecial": ("ip", None), "ipv4-nonspecial": ("ipv4", 4), "ipv6-nonspecial": ("ipv6", 6)}
-_YAML11_BOOLS = {"y": True, "yes": True, "on": True, "n": False, "no": False, "off": False}
 _TYPE_WORDS = {"integer": "a whole number", "string": "a string", "object": "a mapping", "array": "a list",
                "boolean": "true or false", "number": "a number", "null": "null"}
 
@@ -99,7 +98,7 @@ def schema_problem(rep: Report, o: Obj, err) -> None:
     if v == "type":
         types = kind if isinstance(kind, list) else [kind]
         want = " or ".join(_TYPE_WORDS.get(t, t) for t in types if t != "null")
-        msg = f"must be {want}, not {_what(inst)} ({show(inst)}){_type_hint(inst, types)}"
+        msg = f"must be {want}, not {_what(inst)} ({show(inst)}){_type_hint(inst, types, o.kind)}"
     elif v in ("enum", "const"):
         options = kind if v == "enum" else [kind]
         msg = f"{show(inst)} is not allowed; use {desc or ' or '.join(show(x) for x in options)}"
@@ -111,6 +110,8 @@ def schema_problem(rep: Report, o: Obj, err) -> None:
             msg = f"{show(inst)} is not {_FORMAT_WORDS['cidr']}{cidr_hint(inst)}"
         else:
             msg = f"{show(inst)} is not in canonical form (the network address, as Kubernetes requires for ServiceCIDRs); write {canon}"
+    elif v == "format" and kind == "cidr-padded":  # spaces around it are fine: hint on the rest
+        msg = f"{show(inst)} is not {_FORMAT_WORDS['cidr']}{cidr_hint(trim_space(inst))}"
     elif v == "format":
         msg = f"{show(inst)} is not {_FORMAT_WORDS.get(kind, kind)}"
         if kind in ("ip", "ipv4", "ipv6"):
@@ -139,7 +140,7 @@ def schema_problem(rep: Report, o: Obj, err) -> None:
     rep.add(o, path, msg)
 
 
-def _type_hint(inst: object, types: list) -> str:
+def _type_hint(inst: object, types: list, kind: str) -> str:
     if isinstance(inst, bool) and "string" in types:
         return "; YAML reads plain true, false (and, to kubectl, yes, no, on, off) as booleans, so quote it"
     if not isinstance(inst, str):
@@ -149,10 +150,12 @@ def _type_hint(inst: object, types: list) -> str:
                 "decimal 10), so nftrec refuses it: write it without the leading zero")
     if "integer" in types and inst.strip().isdigit():
         return "; write it without quotes"
-    if "boolean" in types and inst.lower() in _YAML11_BOOLS:
-        word = "true" if _YAML11_BOOLS[inst.lower()] else "false"
-        return (f"; write {word} (YAML 1.1, which kubectl reads, takes {inst} for {word}; "
-                "nftrec reads YAML 1.2 and refuses to guess)")
+    if "boolean" in types and inst in YAML11_TRUE | YAML11_FALSE:
+        word = "true" if inst in YAML11_TRUE else "false"
+        if kind == "NodeConfig":  # nftrec's own file, read as YAML 1.2 (config.py)
+            return f"; write {word} (the node config is YAML 1.2, which reads {inst} as a string)"
+        # a plain yes reaches here only quoted: validate reads the unquoted one as kubectl does
+        return f"; write {word} (quoted, {show(inst)} is a string to kubectl too)"
     return ""
 
 

@@ -105,6 +105,22 @@ def parse_cidr(value: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network | No
         return None
 
 
+# Go's unicode.IsSpace: what strings.TrimSpace removes (ASCII and Unicode white space).
+GO_SPACE = "\t\n\v\f\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
+
+
+def trim_space(value: str) -> str:
+    """Go's strings.TrimSpace. Kubernetes trims loadBalancerSourceRanges entries with it
+    before validating them (ValidateService), and kube-proxy again before using them."""
+    return value.strip(GO_SPACE)
+
+
+def parse_padded_cidr(value: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network | None:
+    """parse_cidr after trim_space: a loadBalancerSourceRanges entry, as Kubernetes reads it.
+    Only the trimmed, canonical network ever reaches the model and nft."""
+    return parse_cidr(trim_space(value)) if isinstance(value, str) else None
+
+
 def cidr_hint(value: object) -> str:
     """Why a string is not an acceptable CIDR, as advice to append to a message ("" if none)."""
     if not isinstance(value, str):
@@ -172,6 +188,11 @@ def _is_ipv6_nonspecial(value) -> bool:
 @FORMATS.checks("cidr-canonical")
 def _is_cidr_canonical(value) -> bool:
     return not isinstance(value, str) or canonical_cidr(value) == value
+
+
+@FORMATS.checks("cidr-padded")
+def _is_cidr_padded(value) -> bool:
+    return not isinstance(value, str) or parse_padded_cidr(value) is not None
 
 
 @FORMATS.checks("cidr")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
-from reconciler.intake.load import Document, LoadResult, locate
+from reconciler.intake.load import Document, LoadResult, Yaml11Bool, locate
 from reconciler.intake.problems import NOTICE, WARNING, Problem, field_path, safe_name, show
 from reconciler.intake.schema_errors import SERVICE_NAME_LABEL, Obj, Report, ip_message, schema_problem
 from reconciler.intake.schemas import parse_cidr, parse_ip, special_ip, validator
@@ -140,7 +140,9 @@ def _check_service(rep: Report, o: Obj) -> None:
         rep.add(o, ("spec", "healthCheckNodePort"), "is only used by LoadBalancer Services with externalTrafficPolicy Local; remove it")
     aff = spec.get("sessionAffinityConfig", {}).get("clientIP", {}).get("timeoutSeconds")
     if aff is not None and spec.get("sessionAffinity", "None") != "ClientIP":
-        rep.add(o, ("spec", "sessionAffinityConfig"), "is only used with sessionAffinity: ClientIP; set that or remove this")
+        # SetDefaults_Service drops it before validation, so the API server accepts it
+        rep.add(o, ("spec", "sessionAffinityConfig"), "is ignored because sessionAffinity is not ClientIP (Kubernetes drops it "
+                "too); set sessionAffinity: ClientIP or remove this", WARNING)
 
 
 def _check_slice(rep: Report, o: Obj) -> None:
@@ -202,6 +204,34 @@ def _check_service_cidr(rep: Report, o: Obj) -> None:
 
 _PER_KIND = {"Service": _check_service, "EndpointSlice": _check_slice, "Endpoints": _check_endpoints,
              "ServiceCIDR": _check_service_cidr}
+
+
+# --- YAML 1.1 booleans --------------------------------------------------------------------
+
+
+def _is_yaml11_boolean(err) -> bool:
+    """A plain yes/no/on/off/y/n... where the schema wants a boolean: kubectl (go-yaml,
+    YAML 1.1) reads a boolean there, so nftrec does too (a quoted "yes" is a string to
+    both, and stays an error)."""
+    types = err.validator_value if isinstance(err.validator_value, list) else [err.validator_value]
+    return err.validator == "type" and isinstance(err.instance, Yaml11Bool) and "boolean" in types
+
+
+def _with_value(data, path: tuple, value):
+    """data with the value at path replaced. The containers on the way are copied, not
+    changed: YAML aliases may share them with fields where the text must stay a string."""
+    if not path:
+        return value
+    copy = dict(data) if isinstance(data, dict) else list(data)
+    copy[path[0]] = _with_value(data[path[0]], path[1:], value)
+    return copy
+
+
+def _read_as_boolean(rep: Report, o: Obj, path: tuple, text: Yaml11Bool) -> None:
+    word = "true" if text.boolean else "false"
+    o.doc.data = _with_value(o.doc.data, path, text.boolean)
+    rep.add(o, path, f"{show(str(text))} is read as {word}, as kubectl reads it (YAML 1.1; YAML 1.2 would read the "
+            f"string {show(str(text))}); write {word}", WARNING)
 
 
 # --- checks across documents --------------------------------------------------------------
@@ -303,11 +333,17 @@ def check_document(doc: Document) -> DocumentCheck:
     unknown: dict[str, list[Document]] = {}
     o = _identify(doc, rep, unknown)
     if o is not None:
+        booleans = []
         for err in validator(o.kind).iter_errors(doc.data):
-            schema_problem(rep, o, err)
+            if _is_yaml11_boolean(err):
+                booleans.append((tuple(err.absolute_path), err.instance))
+            else:
+                schema_problem(rep, o, err)
+        for path, text in booleans:  # after the schema pass: it iterates over doc.data
+            _read_as_boolean(rep, o, path, text)
         if o.kind == "EndpointSlice":
             _slice_addresses(rep, o)
-        if not rep.problems:
+        if not any(p.is_error for p in rep.problems):  # warnings (the booleans above) do not block
             _PER_KIND[o.kind](rep, o)
         if any(p.is_error for p in rep.problems):
             o.valid = False
