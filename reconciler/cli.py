@@ -57,7 +57,7 @@ def _global(
     logs.setup(log_format)
 
 
-DIR_ARG = typer.Argument(Path("."), help="Manifest directory (read recursively).")
+DIR_ARG = typer.Argument(Path("."), help="Manifest directory (read recursively); - reads standard input.")
 CONFIG_OPT = typer.Option(None, "--config", help="Node config (default /etc/nftrec/config.yaml "
                           "when it exists, else defaults).")
 STRICT_OPT = typer.Option(False, "--strict", help="Unknown kinds are errors, not notices.")
@@ -98,6 +98,49 @@ def render(
     from reconciler.compile import render_script
 
     sys.stdout.write(render_script(desired.ruleset))
+
+
+@app.command()
+def diff(
+    old: Optional[str] = typer.Argument(None, metavar="OLD", help="Manifest directory before the change "
+                                        "(- reads stdin); with --git: a revision, or OLD..NEW / OLD...NEW."),
+    new: Optional[str] = typer.Argument(None, metavar="[NEW]", help="Manifest directory after the change "
+                                        "(- reads stdin); with --git: a revision."),
+    git: Optional[Path] = typer.Option(None, "--git", metavar="DIR", help="Compare two git revisions of the "
+                                       "manifest directory DIR (inside a clone), read from git, no checkout."),
+    config: Optional[Path] = CONFIG_OPT,
+    strict: bool = STRICT_OPT,
+    verbose: bool = typer.Option(False, "-v", "--verbose", help="Print the exact nft transaction."),
+    output: str = typer.Option("text", "-o", "--output", help="text, json or markdown (a pull-request comment)"),
+    detailed_exitcode: bool = typer.Option(False, "--detailed-exitcode",
+                                           help="Exit 0 when nothing changes, 2 when something does."),
+) -> None:
+    """Offline per-Service plan between two manifest trees or git revisions, for review:
+    no root, no kernel; node IPs come from --config only."""
+    if output not in ("text", "json", "markdown"):
+        raise typer.BadParameter("must be text, json or markdown", param_hint="-o/--output")
+    from reconciler.intake import GitError, parse_range
+
+    merge_base = False
+    if git is not None:
+        if old is None:
+            raise typer.BadParameter("with --git, give the revisions: OLD..NEW (e.g. origin/main..HEAD)")
+        if new is None:
+            try:
+                rng = parse_range(old)
+            except GitError as e:
+                raise typer.BadParameter(str(e), param_hint="OLD") from None
+            old, new, merge_base = rng.old, rng.new, rng.merge_base
+        elif ".." in old or ".." in new:
+            raise typer.BadParameter("give either OLD..NEW or two revisions, not both")
+    elif old is None or new is None:
+        raise typer.BadParameter("give two manifest directories, OLD and NEW (or --git DIR OLD..NEW)")
+    elif old == "-" and new == "-":
+        raise typer.BadParameter("only one side can be - (standard input)")
+    from reconciler.engine import run_diff
+
+    raise typer.Exit(_guard(run_diff, old, new, git=git, merge_base=merge_base, config_path=config,
+                            strict=strict, output=output, detailed=detailed_exitcode, verbose=verbose))
 
 
 NETNS_OPT = typer.Option(None, "--netns", help="Act inside this named network namespace "
