@@ -330,6 +330,8 @@ def watch(
     fullSyncPeriod; runs until SIGTERM/SIGINT (rules stay); SIGHUP re-reads the config."""
     from reconciler.daemon import run_watch
 
+    if str(directory) == "-":
+        raise typer.BadParameter("watch reads a directory, not standard input", param_hint="DIRECTORY")
     target = _target(config, netns)
     raise typer.Exit(_guard(run_watch, directory, config, target, strict=strict,
                             metrics_address=metrics_address, debounce=debounce))
