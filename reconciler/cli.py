@@ -22,7 +22,7 @@ _UsageError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "Usage
 _UsageError.exit_code = EXIT_USAGE
 
 app = typer.Typer(
-    add_completion=False,
+    add_completion=True,  # typer's --install-completion / --show-completion (and see main())
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     help="kube-proxy's nftables mode without Kubernetes: Service and EndpointSlice YAML "
@@ -349,7 +349,34 @@ def doctor(
     raise typer.Exit(run_doctor(netns, target.table))
 
 
+SHELLS = ("bash", "zsh", "fish", "powershell", "pwsh")
+
+
+def _completion_for_named_shell(argv: list[str]) -> bool:
+    """`nftrec --show-completion bash` / `--install-completion zsh`: typer's options are
+    flags that detect the current shell (shellingham) and ignore a name after them, so a
+    packaging script or a CI job would get whatever shell it runs under, or nothing.
+    A shell named right after the flag is honoured here, with typer's own scripts."""
+    if not argv or argv[0].split("=", 1)[0] not in ("--show-completion", "--install-completion"):
+        return False
+    flag, _, shell = argv[0].partition("=")
+    shell = shell or (argv[1] if len(argv) > 1 else "")
+    if shell not in SHELLS:
+        return False  # typer's flag: the detected shell
+    from typer import completion
+
+    if flag == "--show-completion":
+        typer.echo(completion.get_completion_script(prog_name="nftrec", complete_var="_NFTREC_COMPLETE",
+                                                    shell=shell))
+    else:
+        installed, path = completion.install(shell=shell, prog_name="nftrec", complete_var="_NFTREC_COMPLETE")
+        typer.echo(f"{installed} completion installed in {path}; it takes effect in a new shell")
+    return True
+
+
 def main() -> None:
+    if _completion_for_named_shell(sys.argv[1:]):
+        raise SystemExit(EXIT_OK)
     app()
 
 
