@@ -261,3 +261,49 @@ def test_directories_and_stdin(tmp_path):
     r = nftrec("diff", str(old), "-", "--config", str(CONFIG), input=CACHE.replace("port: 6379\n---", "port: 0\n---"))
     assert r.returncode == 1
     assert "<stdin>:10:" in r.stderr
+
+
+def _ci_diff_commands() -> list[tuple[str, list[str]]]:
+    """The `nftrec diff` command line of each CI example, as its shell would split it."""
+    import shlex
+
+    from ruamel.yaml import YAML
+
+    out = []
+    for f in sorted((ROOT / "examples" / "ci").glob("*.yaml")):
+        doc = YAML(typ="safe").load(f.read_text())
+        scripts = [s["run"] for job in (doc.get("jobs") or {}).values() for s in job["steps"] if "run" in s]
+        scripts += [line for job in doc.values() if isinstance(job, dict) for line in job.get("script", [])]
+        cmds = [s for s in scripts if "nftrec diff" in s]
+        assert len(cmds) == 1, f
+        text = cmds[0].replace("\\\n", " ")
+        text = text[text.index("nftrec diff"):].split(">", 1)[0]
+        text = (text.replace("${{ github.base_ref }}", "main")
+                .replace("$CI_MERGE_REQUEST_TARGET_BRANCH_NAME", "main"))
+        out.append((f.name, shlex.split(text)))
+    return out
+
+
+@pytest.mark.parametrize("name,argv", _ci_diff_commands())
+def test_the_ci_examples_command_runs_on_a_pull_request(tmp_path, name, argv):
+    """Each example CI job's command, run in a repository laid out as the job expects
+    (manifests/, nodes/edge-1.config.yaml, origin/main one commit behind HEAD)."""
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    r = tmp_path / "r"
+    r.mkdir()
+    git(r, "init", "-q", "-b", "feature")
+    shutil.copytree(EXAMPLE, r / "manifests")
+    (r / "nodes").mkdir()
+    shutil.copy(CONFIG, r / "nodes" / "edge-1.config.yaml")
+    git(r, "add", "-A")
+    git(r, "commit", "-q", "-m", "base")
+    git(r, "update-ref", "refs/remotes/origin/main", "HEAD")
+    edit_manifests(r / "manifests")
+    git(r, "add", "-A")
+    git(r, "commit", "-q", "-m", "change")
+    assert argv[:2] == ["nftrec", "diff"] and "--detailed-exitcode" in argv and "markdown" in argv
+    res = nftrec(*argv[1:], cwd=r)
+    assert res.returncode == 2, (name, res.stderr)
+    assert res.stdout.startswith("<!-- nftrec-diff -->\n")
+    assert "| `+` | `default/cache` |" in res.stdout
