@@ -42,7 +42,7 @@ class Side:
         return {"source": self.label, "revision": self.revision}
 
 
-def _load(label: str, read, config, strict: bool) -> Side:
+def _load(label: str, read, config) -> Side:
     from reconciler.compile import compile_ruleset
 
     with progress.step(f"reading {label}"):
@@ -78,11 +78,11 @@ def run_diff(old: str, new: str, *, git: Path | None = None, merge_base: bool = 
                 old_commit = git_merge_base(git, old_commit, new_commit)
                 old, label_old = old_commit[:12], f"merge-base({old}, {new})"
             sides = [
-                _load(label_old, lambda: read_revision(git, old, old_commit, strict=strict), config, strict),
-                _load(new, lambda: read_revision(git, new, new_commit, strict=strict), config, strict),
+                _load(label_old, lambda: read_revision(git, old, old_commit, strict=strict), config),
+                _load(new, lambda: read_revision(git, new, new_commit, strict=strict), config),
             ]
         else:
-            sides = [_load(display_root(d), lambda d=d: read_inventory(d, strict=strict), config, strict)
+            sides = [_load(display_root(d), lambda d=d: read_inventory(d, strict=strict), config)
                      for d in (old, new)]
     except GitError as e:
         raise CommandError(str(e)) from None

@@ -114,7 +114,11 @@ def _cat(directory: Path, oids: list[str]) -> dict[str, bytes]:
     pos = 0
     for _ in oids:
         end = out.index(b"\n", pos)
-        oid, kind, size = out[pos:end].decode().split(" ")
+        header = out[pos:end].decode().split(" ")
+        if len(header) != 3:  # "<oid> missing": a damaged or partial (--filter) clone
+            raise GitError(f"git cannot read the object {header[0]} in the repository of {directory}: "
+                           f"{' '.join(header[1:])}; is it a partial or damaged clone?")
+        oid, _kind, size = header
         start = end + 1
         blobs[oid] = out[start:start + int(size)]
         pos = start + int(size) + 1
