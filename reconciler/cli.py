@@ -22,7 +22,7 @@ _UsageError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "Usage
 _UsageError.exit_code = EXIT_USAGE
 
 app = typer.Typer(
-    add_completion=False,
+    add_completion=True,  # typer's --install-completion / --show-completion (and see main())
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     help="kube-proxy's nftables mode without Kubernetes: Service and EndpointSlice YAML "
@@ -57,7 +57,7 @@ def _global(
     logs.setup(log_format)
 
 
-DIR_ARG = typer.Argument(Path("."), help="Manifest directory (read recursively).")
+DIR_ARG = typer.Argument(Path("."), help="Manifest directory (read recursively); - reads standard input.")
 CONFIG_OPT = typer.Option(None, "--config", help="Node config (default /etc/nftrec/config.yaml "
                           "when it exists, else defaults).")
 STRICT_OPT = typer.Option(False, "--strict", help="Unknown kinds are errors, not notices.")
@@ -98,6 +98,49 @@ def render(
     from reconciler.compile import render_header, render_script
 
     sys.stdout.write(render_header(desired.config) + render_script(desired.ruleset))
+
+
+@app.command()
+def diff(
+    old: Optional[str] = typer.Argument(None, metavar="OLD", help="Manifest directory before the change "
+                                        "(- reads stdin); with --git: a revision, or OLD..NEW / OLD...NEW."),
+    new: Optional[str] = typer.Argument(None, metavar="[NEW]", help="Manifest directory after the change "
+                                        "(- reads stdin); with --git: a revision."),
+    git: Optional[Path] = typer.Option(None, "--git", metavar="DIR", help="Compare two git revisions of the "
+                                       "manifest directory DIR (inside a clone), read from git, no checkout."),
+    config: Optional[Path] = CONFIG_OPT,
+    strict: bool = STRICT_OPT,
+    verbose: bool = typer.Option(False, "-v", "--verbose", help="Print the exact nft transaction."),
+    output: str = typer.Option("text", "-o", "--output", help="text, json or markdown (a pull-request comment)"),
+    detailed_exitcode: bool = typer.Option(False, "--detailed-exitcode",
+                                           help="Exit 0 when nothing changes, 2 when something does."),
+) -> None:
+    """Offline per-Service plan between two manifest trees or git revisions, for review:
+    no root, no kernel; node IPs come from --config only."""
+    if output not in ("text", "json", "markdown"):
+        raise typer.BadParameter("must be text, json or markdown", param_hint="-o/--output")
+    from reconciler.intake import GitError, parse_range
+
+    merge_base = False
+    if git is not None:
+        if old is None:
+            raise typer.BadParameter("with --git, give the revisions: OLD..NEW (e.g. origin/main..HEAD)")
+        if new is None:
+            try:
+                rng = parse_range(old)
+            except GitError as e:
+                raise typer.BadParameter(str(e), param_hint="OLD") from None
+            old, new, merge_base = rng.old, rng.new, rng.merge_base
+        elif ".." in old or ".." in new:
+            raise typer.BadParameter("give either OLD..NEW or two revisions, not both")
+    elif old is None or new is None:
+        raise typer.BadParameter("give two manifest directories, OLD and NEW (or --git DIR OLD..NEW)")
+    elif old == "-" and new == "-":
+        raise typer.BadParameter("only one side can be - (standard input)")
+    from reconciler.engine import run_diff
+
+    raise typer.Exit(_guard(run_diff, old, new, git=git, merge_base=merge_base, config_path=config,
+                            strict=strict, output=output, detailed=detailed_exitcode, verbose=verbose))
 
 
 NETNS_OPT = typer.Option(None, "--netns", help="Act inside this named network namespace "
@@ -293,6 +336,8 @@ def watch(
     fullSyncPeriod; runs until SIGTERM/SIGINT (rules stay); SIGHUP re-reads the config."""
     from reconciler.daemon import run_watch
 
+    if str(directory) == "-":
+        raise typer.BadParameter("watch reads a directory, not standard input", param_hint="DIRECTORY")
     target = _target(config, netns)
     raise typer.Exit(_guard(run_watch, directory, config, target, strict=strict,
                             metrics_address=metrics_address, debounce=debounce))
@@ -310,7 +355,34 @@ def doctor(
     raise typer.Exit(run_doctor(netns, target.table))
 
 
+SHELLS = ("bash", "zsh", "fish", "powershell", "pwsh")
+
+
+def _completion_for_named_shell(argv: list[str]) -> bool:
+    """`nftrec --show-completion bash` / `--install-completion zsh`: typer's options are
+    flags that detect the current shell (shellingham) and ignore a name after them, so a
+    packaging script or a CI job would get whatever shell it runs under, or nothing.
+    A shell named right after the flag is honoured here, with typer's own scripts."""
+    if not argv or argv[0].split("=", 1)[0] not in ("--show-completion", "--install-completion"):
+        return False
+    flag, _, shell = argv[0].partition("=")
+    shell = shell or (argv[1] if len(argv) > 1 else "")
+    if shell not in SHELLS:
+        return False  # typer's flag: the detected shell
+    from typer import completion
+
+    if flag == "--show-completion":
+        typer.echo(completion.get_completion_script(prog_name="nftrec", complete_var="_NFTREC_COMPLETE",
+                                                    shell=shell))
+    else:
+        installed, path = completion.install(shell=shell, prog_name="nftrec", complete_var="_NFTREC_COMPLETE")
+        typer.echo(f"{installed} completion installed in {path}; it takes effect in a new shell")
+    return True
+
+
 def main() -> None:
+    if _completion_for_named_shell(sys.argv[1:]):
+        raise SystemExit(EXIT_OK)
     app()
 
 

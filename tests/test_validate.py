@@ -257,8 +257,8 @@ def test_config_problems_reported(tmp_path):
 
 # --- examples ---------------------------------------------------------------------------
 
-# Manifest examples; examples/systemd and examples/container hold deployment files.
-NOT_MANIFESTS = {"systemd", "container"}
+# Manifest examples; examples/systemd, container, grafana and ci hold deployment files.
+NOT_MANIFESTS = {"systemd", "container", "grafana", "ci"}
 EXAMPLE_DIRS = sorted(p for p in EXAMPLES.iterdir() if p.is_dir() and p.name not in NOT_MANIFESTS) if EXAMPLES.is_dir() else []
 
 

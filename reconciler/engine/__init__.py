@@ -4,7 +4,8 @@
         ─► sync (one transaction, verified) ─► state (status, history), under lock
 
 `apply` is plan, apply and status; `teardown` is cleanup; `doctor` checks the host;
-`planfile` is a saved plan; `target` says where a command acts.
+`planfile` is a saved plan; `target` says where a command acts; `review` is `nftrec diff`
+(two manifest trees or git revisions, planned against each other without a kernel).
 """
 
 from reconciler import lazy_exports
@@ -16,6 +17,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "doctor": ("run_doctor",),
     "lock": ("LockHeld",),
     "plan": ("make_plan",),
+    "review": ("run_diff",),
     "state": ("StateCorrupt", "default_state_dir", "namespace_dir", "read_history", "read_status"),
     "sync": ("clean_udp_conntrack", "commit", "touched_objects", "udp_services", "verify_applied", "verify_commit",
              "verify_touched"),

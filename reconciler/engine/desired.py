@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from reconciler import logs
+from reconciler import logs, progress
 from reconciler.intake import Inventory, NodeConfig
 from reconciler.compile import NftSyntaxError, Ruleset
 
@@ -83,7 +83,8 @@ def load_desired(directory: Path, config_path: Path | None, *, strict: bool = Fa
     if errors:
         raise InvalidInput(result.inventory.revision, errors, directory)
     try:
-        ruleset = compile_ruleset(result.inventory, config)
+        with progress.step(f"compiling {len(result.inventory.services)} Services"):
+            ruleset = compile_ruleset(result.inventory, config)
     except NftSyntaxError as e:  # defence in depth: validation should have refused it
         logs.log.error(f"{directory}: refusing input that would reach nft unsafely: {e}")
         raise InvalidInput(result.inventory.revision, 1, directory) from None

@@ -160,7 +160,10 @@ def make_plan(desired: Ruleset, live: Ruleset, services: dict[str, Service] | No
 # --- output ------------------------------------------------------------------------------
 
 
-def format_text(plan: Plan, *, verbose: bool = False, color: bool = False) -> str:
+NO_CHANGES = "No changes. The kernel matches the desired ruleset."
+
+
+def format_text(plan: Plan, *, verbose: bool = False, color: bool = False, no_changes: str = NO_CHANGES) -> str:
     lines = []
     paint = {"+": "\033[32m", "~": "\033[33m", "-": "\033[31m"} if color else {}
     reset = "\033[0m" if color else ""
@@ -186,7 +189,7 @@ def format_text(plan: Plan, *, verbose: bool = False, color: bool = False) -> st
     if plan.derived_hints:
         lines.append(logs.escape(derived_hints_note(plan.derived_hints)))
     if plan.empty:
-        lines.append("No changes. The kernel matches the desired ruleset.")
+        lines.append(no_changes)
     else:
         counts = {a: sum(1 for s in plan.services if s.action == a) for a in "+~-"}
         lines.append(

@@ -9,7 +9,7 @@ tables, plans again and tries once more. A plan made from a listing is not retri
 
 from __future__ import annotations
 
-from reconciler import logs
+from reconciler import logs, progress
 from reconciler.compile import NamedSet, Ruleset, Table
 from reconciler.engine.changes import diff
 from reconciler.engine.plan import Plan, make_plan
@@ -27,7 +27,8 @@ def commit(nft: Libnftables, table: str, desired: Ruleset, plan: Plan, services:
     if plan.empty:
         return plan, False
     try:
-        nft.run(plan.transaction)
+        with progress.step(f"committing the transaction ({len(plan.transaction)} nft operations)"):
+            nft.run(plan.transaction)
         return plan, False
     except NftError as e:
         if from_memory is None:
@@ -36,7 +37,8 @@ def commit(nft: Libnftables, table: str, desired: Ruleset, plan: Plan, services:
                          f"listing the kernel's tables and planning again")
     plan = make_plan(desired, read_live(nft, table), services)
     if not plan.empty:
-        nft.run(plan.transaction)
+        with progress.step(f"committing the transaction ({len(plan.transaction)} nft operations)"):
+            nft.run(plan.transaction)
     return plan, True
 
 

@@ -4,13 +4,15 @@
     own rules) ─► inventory (model.Inventory)      node config ─► config (model.NodeConfig)
 
 `incremental` reads the same directory again and again, re-parsing only what changed
-(`nftrec watch`); `report` is the `validate` command. Other stages use only these names.
+(`nftrec watch`); `report` is the `validate` command; `sources` reads `-` (stdin), `git`
+one revision of a repository (`nftrec diff --git`). Other stages use only these names.
 """
 
 from reconciler import lazy_exports
 
 __all__, __getattr__ = lazy_exports(__name__, {
     "config": ("DEFAULT_PATH", "discover_host_addresses", "discover_node_ips", "load_node_config"),
+    "git": ("GitError", "merge_base", "parse_range", "read_revision", "resolve"),
     "incremental": ("Intake", "Snapshot"),
     "inventory": ("InventoryResult", "read_inventory"),
     "load": ("SUFFIXES",),
@@ -18,4 +20,5 @@ __all__, __getattr__ = lazy_exports(__name__, {
               "Service", "ServiceCIDR", "ServicePort", "Source"),
     "problems": ("ERROR", "NOTICE", "WARNING", "Problem"),
     "report": ("run_validate",),
+    "sources": ("STDIN", "display_root", "is_stdin"),
 })

@@ -197,5 +197,10 @@ def inventory_from_load(loaded: LoadResult, *, strict: bool = False) -> Inventor
 
 def read_inventory(root: str | Path, *, strict: bool = False) -> InventoryResult:
     """load -> validate -> model for one manifest directory. Never raises for bad input:
-    check `.ok` and `.problems`; `.inventory` holds only the objects that were valid."""
-    return inventory_from_load(load_manifests(root), strict=strict)
+    check `.ok` and `.problems`; `.inventory` holds only the objects that were valid.
+    `-` reads standard input (intake/sources.py)."""
+    from reconciler import progress
+    from reconciler.intake.sources import display_root, is_stdin, load_stdin
+
+    with progress.step(f"reading manifests from {display_root(root)}"):
+        return inventory_from_load(load_stdin() if is_stdin(root) else load_manifests(root), strict=strict)

@@ -27,8 +27,11 @@ def run_validate(root, *, config_path=None, strict: bool = False, output: str = 
     {"valid": bool, "objects": N, "errors": N, "warnings": N, "notices": N,
      "revision": str, "problems": [{file, line, col, kind, obj, field, message, severity}]}
     """
+    from reconciler.intake.sources import display_root
+
     stream = stream or sys.stdout
     res = read_inventory(root, strict=strict)
+    root = display_root(root)  # `-`: <stdin>
     problems = list(res.problems)
     if config_path is not None or Path(DEFAULT_PATH).is_file():
         _, cfg_problems = load_node_config(None if config_path is None else str(config_path), discover=False)

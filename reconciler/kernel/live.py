@@ -366,17 +366,20 @@ def _parse_set(name: str, kind: str, body: list[str]) -> NamedSet:
 
 def read_live(nft: Interface, table_name: str) -> Ruleset:
     """nftrec's tables (both families) as a canonical Ruleset; absent tables are absent."""
+    from reconciler import progress
+
     rs = Ruleset()
-    for family in FAMILIES:
-        text = nft.list_table(family, table_name)
-        if text is not None:
-            try:
-                rs.tables[family] = parse_table(text, family)
-            except ValueError as e:
-                raise NftError(
-                    f"cannot read table {family} {table_name}: {e}. Something other than nftrec "
-                    f"put it there; look with `nft list table {family} {table_name}`, delete it by "
-                    f"hand, or run `nftrec cleanup` and apply again") from None
+    with progress.step(f"listing table {table_name} in the kernel"):
+        for family in FAMILIES:
+            text = nft.list_table(family, table_name)
+            if text is not None:
+                try:
+                    rs.tables[family] = parse_table(text, family)
+                except ValueError as e:
+                    raise NftError(
+                        f"cannot read table {family} {table_name}: {e}. Something other than nftrec "
+                        f"put it there; look with `nft list table {family} {table_name}`, delete it by "
+                        f"hand, or run `nftrec cleanup` and apply again") from None
     return rs
 
 

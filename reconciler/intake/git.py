@@ -1,0 +1,191 @@
+"""Manifests of one git revision, read from the repository's object store (`nftrec diff
+--git DIR A..B`): no checkout, no temporary files, the working tree untouched.
+
+`DIR` is the manifest directory inside a git working tree; the revision's copy of that
+directory is read with the rules of a directory on disk (load.manifest_files): recursive,
+`*.yaml` `*.yml` `*.json`, hidden entries skipped, symlinks followed only inside the
+tree. Two git processes per revision: `ls-tree` lists the files, one `cat-file --batch`
+reads them all. Positions are git's own object names, `REV:path/in/repo.yaml:12:3`, so
+`git show REV:path/in/repo.yaml` opens the file a problem is in.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from reconciler.intake.inventory import InventoryResult, inventory_from_load
+from reconciler.intake.load import MAX_FILE_BYTES, SUFFIXES
+from reconciler.intake.problems import ERROR, WARNING, Problem, show
+from reconciler.intake.sources import load_blobs
+
+GIT_TIMEOUT = 120.0  # seconds, per git process; reading a big repository's tree is fast
+
+
+class GitError(Exception):
+    """git is missing, DIR is not in a repository, a revision does not exist, ..."""
+
+
+@dataclass(frozen=True)
+class RevisionRange:
+    old: str
+    new: str
+    merge_base: bool  # `A...B`: from the merge base of A and B (a pull request's changes)
+
+
+def parse_range(spec: str) -> RevisionRange:
+    """`A..B` or `A...B` (git's notation; `A...B` diffs against the merge base, which is
+    what a pull request changes). An empty side is HEAD, as in git."""
+    for sep, base in (("...", True), ("..", False)):
+        if sep in spec:
+            old, new = spec.split(sep, 1)
+            return RevisionRange(old or "HEAD", new or "HEAD", base)
+    raise GitError(f"{show(spec)} is not a revision range; write OLD..NEW (e.g. origin/main..HEAD) or "
+                   f"OLD...NEW (changes since their merge base)")
+
+
+def _git(directory: Path, *args: str, stdin: bytes | None = None) -> bytes:
+    env = dict(os.environ, LC_ALL="C", GIT_TERMINAL_PROMPT="0", GIT_OPTIONAL_LOCKS="0")
+    try:
+        done = subprocess.run(["git", "-C", str(directory), *args], input=stdin, capture_output=True,
+                              timeout=GIT_TIMEOUT, env=env, check=False)
+    except FileNotFoundError:
+        raise GitError("git is not installed (or not on PATH); `diff --git` runs the git command") from None
+    except subprocess.TimeoutExpired:
+        raise GitError(f"`git {' '.join(args[:2])}` in {directory} took longer than {GIT_TIMEOUT:.0f} s; "
+                       "is the repository on a slow or hung filesystem?") from None
+    if done.returncode != 0:
+        said = done.stderr.decode("utf-8", "replace").strip().splitlines()
+        raise GitError(f"`git {' '.join(args[:2])}` in {directory} failed: "
+                       f"{said[0] if said else f'exit {done.returncode}'}")
+    return done.stdout
+
+
+def _check_revision(rev: str) -> None:
+    if not rev or rev.startswith("-") or any(c in rev for c in "\0\n"):
+        raise GitError(f"{show(rev)} is not a revision name")
+
+
+def resolve(directory: Path, rev: str) -> str:
+    """The commit a revision name means."""
+    _check_revision(rev)
+    try:
+        out = _git(directory, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
+    except GitError as e:
+        if "not a git repository" in str(e):
+            raise GitError(f"{directory} is not inside a git working tree; give `--git` the manifest "
+                           "directory of a clone") from None
+        raise GitError(f"the revision {show(rev)} does not exist in the repository of {directory} "
+                       "(in CI, fetch it first: `git fetch origin main`, and clone with enough depth)") from None
+    return out.decode().strip()
+
+
+def merge_base(directory: Path, a: str, b: str) -> str:
+    try:
+        return _git(directory, "merge-base", a, b).decode().strip()
+    except GitError:
+        raise GitError(f"{show(a)} and {show(b)} have no merge base in the repository of {directory} "
+                       "(a shallow clone? fetch with more depth, or use OLD..NEW)") from None
+
+
+def _prefix(directory: Path) -> str:
+    if not directory.is_dir():
+        raise GitError(f"{directory} is not a directory; give `--git` the manifest directory in a clone")
+    try:
+        return _git(directory, "rev-parse", "--show-prefix").decode("utf-8", "surrogateescape").strip()
+    except GitError:
+        raise GitError(f"{directory} is not inside a git working tree; give `--git` the manifest "
+                       "directory of a clone") from None
+
+
+def _hidden(rel: str) -> bool:
+    return any(part.startswith(".") for part in rel.split("/"))
+
+
+def _cat(directory: Path, oids: list[str]) -> dict[str, bytes]:
+    """Blob contents by object id, in one `git cat-file --batch`."""
+    if not oids:
+        return {}
+    out = _git(directory, "cat-file", "--batch", stdin="".join(f"{o}\n" for o in oids).encode())
+    blobs: dict[str, bytes] = {}
+    pos = 0
+    for _ in oids:
+        end = out.index(b"\n", pos)
+        header = out[pos:end].decode().split(" ")
+        if len(header) != 3:  # "<oid> missing": a damaged or partial (--filter) clone
+            raise GitError(f"git cannot read the object {header[0]} in the repository of {directory}: "
+                           f"{' '.join(header[1:])}; is it a partial or damaged clone?")
+        oid, _kind, size = header
+        start = end + 1
+        blobs[oid] = out[start:start + int(size)]
+        pos = start + int(size) + 1
+    return blobs
+
+
+def read_revision(directory: Path, rev: str, commit: str | None = None, *, strict: bool = False) -> InventoryResult:
+    """The manifests under `directory` as revision `rev` has them, validated: like
+    read_inventory on a checkout of `rev`. The inventory's revision is the commit."""
+    commit = commit or resolve(directory, rev)
+    prefix = _prefix(directory)
+    listing = _git(directory, "ls-tree", "-r", "-z", "-l", "--full-name", commit, "--", ".")
+    entries: dict[str, tuple[str, str, int]] = {}  # path below DIR -> (mode, oid, size)
+    for item in listing.split(b"\0"):
+        if not item:
+            continue
+        meta, _, path = item.partition(b"\t")
+        mode, _kind, oid, size = meta.decode().split()
+        full = path.decode("utf-8", "surrogateescape")
+        rel = full[len(prefix):] if full.startswith(prefix) else full
+        entries[rel] = (mode, oid, int(size) if size.isdigit() else 0)
+    problems: list[Problem] = []
+    shown = (lambda rel: f"{rev}:{prefix}{rel}")
+    wanted: dict[str, str] = {}  # display -> rel of the blob to read (a link's target)
+    links = {rel: oid for rel, (mode, oid, _) in entries.items() if mode == "120000" and not _hidden(rel)}
+    targets = _cat(directory, sorted(set(links.values())))
+    read_once: set[str] = set()
+    for rel in sorted(entries):
+        mode, oid, _size = entries[rel]
+        if _hidden(rel):
+            continue
+        if mode == "160000":
+            problems.append(Problem(shown(rel), 0, 0, "", "", "", "this is a git submodule; nftrec does not read "
+                                    "submodules, so its manifests were skipped", WARNING))
+        elif mode == "120000":
+            target = targets[oid].decode("utf-8", "surrogateescape")
+            dest = posixpath.normpath(posixpath.join(posixpath.dirname(rel), target))
+            if target.startswith("/") or dest == ".." or dest.startswith("../"):
+                problems.append(Problem(shown(rel), 0, 0, "", "", "", f"this symlink points outside the manifest "
+                                        f"tree (to {show(target)}); nftrec refuses it: copy the file into the tree "
+                                        "or remove the link", ERROR))
+                continue
+            inside = sorted(r for r in entries if r.startswith(dest + "/") and entries[r][0] != "120000")
+            if dest in entries and entries[dest][0] != "120000":
+                if rel.endswith(SUFFIXES) and dest not in read_once:
+                    read_once.add(dest)
+                    wanted[shown(rel)] = dest
+            elif inside:
+                for r in inside:
+                    sub = r[len(dest) + 1:]
+                    if r.endswith(SUFFIXES) and not _hidden(sub) and r not in read_once:
+                        read_once.add(r)
+                        wanted[shown(f"{rel}/{sub}")] = r
+            else:
+                problems.append(Problem(shown(rel), 0, 0, "", "", "", "this symlink is dangling or points at "
+                                        "another link; fix or remove it", ERROR))
+        elif rel.endswith(SUFFIXES) and rel not in read_once:
+            read_once.add(rel)
+            wanted[shown(rel)] = rel
+    small = sorted({entries[r][1] for r in wanted.values() if entries[r][2] <= MAX_FILE_BYTES})
+    blobs = _cat(directory, small)
+    files: list[tuple[str, bytes | int]] = []
+    for display, rel in wanted.items():
+        _, oid, size = entries[rel]
+        files.append((display, blobs[oid] if oid in blobs else size))
+    loaded = load_blobs(files, revision=commit, root=f"{rev}:{prefix}", problems=problems)
+    if not wanted and not problems:
+        loaded.problems.append(Problem(f"{rev}:{prefix}", 0, 0, "", "", "", "no manifest files here in this "
+                                       "revision; it compiles to an empty ruleset", WARNING))
+    return inventory_from_load(loaded, strict=strict)

@@ -1,0 +1,82 @@
+"""Manifests that are not a directory on disk: standard input (`-`, as kubectl and
+kubeconform read it) and files held in memory (a git revision, see intake/git.py).
+
+They go through the same reader as files in a directory (load.read_file: size limit,
+binary and encoding checks, YAML/JSON parsing with positions), so a document read from
+stdin is refused or accepted exactly as the same bytes in a file would be; only the
+display path differs (`<stdin>:12:3: ...`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from reconciler.intake.load import MAX_FILE_BYTES, Document, LoadResult, read_file
+from reconciler.intake.problems import Problem
+
+STDIN = "-"
+STDIN_DISPLAY = "<stdin>"
+
+
+def is_stdin(root: str | Path | None) -> bool:
+    """`-` names standard input wherever a manifest directory is expected."""
+    return root is not None and str(root) == STDIN
+
+
+def display_root(root: str | Path) -> str:
+    """How a manifest root is named in messages: `<stdin>` for `-`."""
+    return STDIN_DISPLAY if is_stdin(root) else str(root)
+
+
+@dataclass
+class _Stat:
+    st_size: int
+
+
+class _Blob:
+    """The part of pathlib.Path that load.read_file uses (`name`, `stat`, `read_bytes`),
+    over bytes already in memory. `name` decides the parser: `.json` JSON, else YAML
+    (which also reads JSON, as kubectl's YAML-or-JSON decoder does for stdin)."""
+
+    def __init__(self, name: str, raw: bytes | int):
+        self.name, self._raw = name, raw
+
+    def stat(self) -> _Stat:
+        # an int is the size of a blob too big to read (read_file refuses it by size)
+        return _Stat(self._raw if isinstance(self._raw, int) else len(self._raw))
+
+    def read_bytes(self) -> bytes:
+        return self._raw
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def load_blobs(files: list[tuple[str, bytes | int]], *, revision: str | None, root: str,
+               problems: list[Problem] | None = None) -> LoadResult:
+    """A LoadResult from (display path, bytes) pairs, read as load_manifests reads files.
+    `revision`: the git commit they come from, else None for `sha256:<digest>`. A size
+    instead of bytes stands for a file over the size limit, refused unread."""
+    problems = list(problems or [])
+    hasher = hashlib.sha256()
+    docs: list[Document] = []
+    for display, raw in sorted(files, key=lambda f: f[0]):
+        read_file(display, _Blob(display.rsplit("/", 1)[-1], raw), problems, docs, hasher)  # type: ignore[arg-type]
+    digest = hasher.hexdigest()
+    return LoadResult(docs, problems, revision or f"sha256:{digest}", digest, len(files), root)
+
+
+def read_stdin(stream: BinaryIO | None = None) -> bytes:
+    """Standard input, at most one byte over the per-file limit (read_file refuses it)."""
+    stream = stream if stream is not None else sys.stdin.buffer
+    return stream.read(MAX_FILE_BYTES + 1)
+
+
+def load_stdin(stream: BinaryIO | None = None) -> LoadResult:
+    """Manifests from standard input: one stream of YAML documents (`---`), JSON, or a
+    `kind: List`; positions are `<stdin>:line:col`."""
+    return load_blobs([(STDIN_DISPLAY, read_stdin(stream))], revision=None, root=STDIN_DISPLAY)
