@@ -16,6 +16,7 @@ from reconciler import lazy_exports
 __all__, __getattr__ = lazy_exports(__name__, {
     "incremental": ("Compiled", "changed_services", "compile_incremental", "project"),
     "naming": ("join_host_port",),
+    "probes": ("ProbeTarget", "probe_targets", "with_probe_results"),
     "render": ("render_script",),
     "ruleset": ("FAMILIES", "BaseHook", "Chain", "Element", "NamedSet", "NftSyntaxError", "Rule", "Ruleset",
                 "Table", "chain_cmd", "chain_id", "check_name", "element_cmd", "element_id", "rule_cmd",

@@ -15,7 +15,8 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "inventory": ("InventoryResult", "read_inventory"),
     "load": ("SUFFIXES",),
     "model": ("Endpoint", "EndpointPort", "EndpointSlice", "Inventory", "LoadBalancerIngress", "NodeConfig",
-              "Service", "ServiceCIDR", "ServicePort", "Source"),
+              "Probe", "Service", "ServiceCIDR", "ServicePort", "Source"),
+    "probes": ("PROBE_ANNOTATION",),
     "problems": ("ERROR", "NOTICE", "WARNING", "Problem"),
     "report": ("run_validate",),
 })
