@@ -81,6 +81,11 @@ class Daemon:
         self.on_root: Callable[[str], None] | None = None  # the watcher follows the resolved root
         self.store_error: str | None = None  # the last state-store write error (logged once)
         self.netns_id: tuple | None = None  # (st_dev, st_ino) of --netns when entered
+        # Readiness probes (issue 10, daemon/probing.py): the prober's results are an input
+        # to compile; `declared` is the last good revision as read, before them.
+        self.prober = None
+        self.declared: Inventory | None = None
+        self.probe_generation = 0
 
     # -- config
 
@@ -136,6 +141,11 @@ class Daemon:
             self.on_root(snap.root)
         if (snap.digest, snap.revision) != self.last_digest:
             self._take(snap)
+        if self.prober is not None and self.declared is not None and self.prober.generation != self.probe_generation:
+            try:  # probe results changed: only the Services whose endpoints changed recompile
+                self.desired = compile_incremental(self._with_probes(self.declared), self.config, self.desired)
+            except NftSyntaxError as e:
+                logs.log.error(f"the last good revision does not compile with the probe results: {e}")
         if self.desired is not None and self.desired.config != self.config:
             # SIGHUP changed the node config while the newest revision is invalid: the
             # last good revision is what stays in the kernel, compiled with the new config.
@@ -169,7 +179,7 @@ class Daemon:
         compiled, message = None, None
         if snap.ok:
             try:
-                compiled = compile_incremental(snap.inventory, self.config, self.desired)
+                compiled = compile_incremental(self._with_probes(snap.inventory), self.config, self.desired)
             except NftSyntaxError as e:  # defence in depth: validation should have refused it
                 message = f"refusing input that would reach nft unsafely: {e}"
         else:
@@ -185,6 +195,15 @@ class Daemon:
             return
         self.invalid = None
         self.desired = compiled
+        self.declared = snap.inventory
+        if self.prober is not None:
+            self.prober.update(snap.inventory)
+
+    def _with_probes(self, inventory: Inventory) -> Inventory:
+        if self.prober is None:
+            return inventory
+        self.probe_generation, inventory = self.prober.apply(inventory)
+        return inventory
 
     def _set_revisions(self) -> None:
         if self.metrics is None:

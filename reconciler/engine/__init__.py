@@ -16,6 +16,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "doctor": ("run_doctor",),
     "lock": ("LockHeld",),
     "plan": ("make_plan",),
+    "probes": ("probe_desired", "read_probe_state", "write_probe_state"),
     "state": ("StateCorrupt", "default_state_dir", "namespace_dir", "read_history", "read_status"),
     "sync": ("commit", "verify_applied", "verify_commit"),
     "target": ("CommandError", "Target", "short_revision"),
