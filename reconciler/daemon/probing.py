@@ -30,6 +30,7 @@ from reconciler.compile import ProbeTarget, probe_targets, with_probe_results
 from reconciler.intake import Inventory
 
 CONCURRENCY = 512  # probes in flight at once (each holds one socket)
+PUBLISH_DELAY = 0.05  # seconds: transitions within this window are one state write and one sync
 
 
 def _utc(ts: float) -> str:
@@ -93,6 +94,8 @@ class ProbeManager:
         self.generation = 0
         self._workers: dict[tuple[str, str], tuple[ProbeTarget, asyncio.Task, Tracker]] = {}
         self._sem: asyncio.Semaphore | None = None
+        self._entries: dict[tuple[str, str], dict] = {}  # the down endpoints, as probes.json lists them
+        self._dirty = self._scheduled = False
 
     # -- the daemon's side
 
@@ -133,7 +136,7 @@ class ProbeManager:
             if k not in new or new[k].key != t.key:
                 task.cancel()
                 del self._workers[k]
-                changed |= tr.up is False
+                changed |= self._entries.pop(k, None) is not None
         for k, t in new.items():
             if k not in self._workers:
                 tr = Tracker(t.probe.success_threshold, t.probe.failure_threshold)
@@ -169,11 +172,14 @@ class ProbeManager:
             return
         where = f"{t.probe.handler} {t.address}:{t.port}" if t.port else f"{t.probe.handler} {t.address}"
         if ok:
+            # up after down is a transition of readiness (info); the first pass of a new
+            # endpoint changes nothing (it kept its declared conditions) and is only debug,
+            # or a restart with 10,000 endpoints would log 10,000 lines
             how = "is up again" if before is False else "passed its first probe(s)"
-            logs.log.info(f"probe: {t.service} endpoint {t.address} {how} ({tr.count} success(es) in a row, "
-                          f"{where}); " + ("back in service" if before is False else "it keeps its declared conditions"),
-                          extra={"fields": {"event": "probe", "service": t.service, "address": t.address,
-                                            "ready": True}})
+            (logs.log.info if before is False else logs.log.debug)(
+                f"probe: {t.service} endpoint {t.address} {how} ({tr.count} success(es) in a row, {where}); "
+                + ("back in service" if before is False else "it keeps its declared conditions"),
+                extra={"fields": {"event": "probe", "service": t.service, "address": t.address, "ready": True}})
         else:
             logs.log.warning(f"probe: {t.service} endpoint {t.address} is down after {tr.count} failure(s) in a "
                              f"row ({where}): {tr.error}; treated as ready=false serving=false",
@@ -181,20 +187,32 @@ class ProbeManager:
                                                "ready": False, "error": tr.error}})
         if self.metrics is not None:
             self.metrics.transitions.labels(t.service, "up" if ok else "down").inc()
-        self._publish(before is False or not ok)
+        k = (t.service, t.address)
+        if ok:
+            if self._entries.pop(k, None) is not None:
+                self._publish(True)
+        else:
+            self._entries[k] = {"service": t.service, "address": t.address, "port": t.port,
+                                "handler": t.probe.handler, "since": _utc(tr.since), "lastError": tr.error}
+            self._publish(True)
 
     def _publish(self, changed: bool) -> None:
+        """Coalesce: a burst of transitions (a switch dies, 500 endpoints fail in one period)
+        is one state write and one sync request, after PUBLISH_DELAY."""
+        self._dirty |= changed
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_later(PUBLISH_DELAY, self._publish_now)
+
+    def _publish_now(self) -> None:
         """Write the state file; when the down set changed, hand it to the daemon."""
+        self._scheduled, changed, self._dirty = False, self._dirty, False
         down: dict[str, set[str]] = {}
-        entries = []
-        for (svc, addr), (t, _task, tr) in self._workers.items():
-            if tr.up is False:
-                down.setdefault(svc, set()).add(addr)
-                entries.append({"service": svc, "address": addr, "port": t.port, "handler": t.probe.handler,
-                                "since": _utc(tr.since) if tr.since else None, "lastError": tr.error})
+        for (svc, addr) in self._entries:
+            down.setdefault(svc, set()).add(addr)
         if self.write_state is not None:
             try:
-                self.write_state(len(self._workers), entries)
+                self.write_state(len(self._workers), list(self._entries.values()))
             except OSError as e:
                 logs.log.error(f"cannot write the probe state (nftrec status shows it): {e}")
         if not changed:
