@@ -335,8 +335,12 @@ def test_manager_takes_endpoint_down_and_back(tmp_path, http_port):
                            (EndpointPort("http", "TCP", 8080), EndpointPort("health", "TCP", port)))
         return Inventory((svc_,), (sl,))
 
+    from prometheus_client import CollectorRegistry
+
+    registry = CollectorRegistry()
     changes, states = [], []
-    mgr = ProbeManager(None, lambda: changes.append(1), write_state=lambda n, d: states.append((n, d)), jitter=False)
+    mgr = ProbeManager(None, lambda: changes.append(1), registry=registry,
+                       write_state=lambda n, d: states.append((n, d)), jitter=False)
     try:
         good, bad = inv(http_port), inv(_closed_port())
         mgr.update(good)
@@ -346,9 +350,15 @@ def test_manager_takes_endpoint_down_and_back(tmp_path, http_port):
         gen, applied = mgr.apply(bad)
         assert not applied.endpoint_slices[0].endpoints[0].ready and changes
         assert states[-1][1][0]["address"] == "127.0.0.1" and "refused" in states[-1][1][0]["lastError"]
+        value = registry.get_sample_value
+        assert value("nftrec_probe_endpoints_down", {"service": "default/web"}) == 1
+        assert value("nftrec_probe_results_total", {"service": "default/web", "result": "failure"}) >= 1
+        assert value("nftrec_probe_results_total", {"service": "default/web", "result": "success"}) >= 1
+        assert value("nftrec_probe_transitions_total", {"service": "default/web", "to": "down"}) == 1
         mgr.update(good)  # removing the down target brings it back at once (declared again)
         _wait(lambda: mgr.down() == {})
         assert mgr.generation > gen
+        assert value("nftrec_probe_endpoints_down", {"service": "default/web"}) == 0
     finally:
         mgr.close()
 
@@ -362,3 +372,12 @@ def _wait(fn, timeout=6.0):
             return
         time.sleep(0.02)
     raise AssertionError("condition not reached")
+
+
+def test_named_probe_port_must_be_a_slice_port_name(tmp_path):
+    (tmp_path / "f.yaml").write_text(svc("web", "tcpSocket: {port: healthz}") + "---\n" + slice_("web", ["10.244.0.1"]))
+    rc, out = validate(tmp_path)
+    assert rc == 1 and "f.yaml:7:25: Service default/web: metadata.annotations['probe.nftrec.io/readiness']" \
+        ".tcpSocket.port: the probe's port 'healthz' is not a port name" in out and "health, http" in out, out
+    (tmp_path / "f.yaml").write_text(svc("web", "tcpSocket: {port: health}") + "---\n" + slice_("web", ["10.244.0.1"]))
+    assert validate(tmp_path)[0] == 0

@@ -217,3 +217,28 @@ def probe_from(data: dict) -> Probe | None:
         return Probe("tcpSocket", spec["tcpSocket"]["port"], **timing)
     g = spec["grpc"]
     return Probe("grpc", g["port"], grpc_service=g.get("service") or "", **timing)
+
+
+def check_ports(services: dict, slice_ports: dict[str, set[tuple[str, str]]]) -> list[Problem]:
+    """Across documents: a probe's named port must be a port name of the Service's slices
+    (else every probe would fail and take every endpoint out). Services without slices
+    have nothing to probe."""
+    out: list[Problem] = []
+    for key, o in services.items():
+        text = annotation_text(o.doc.data)
+        if not isinstance(text, str) or key not in slice_ports:
+            continue
+        try:
+            spec, tree = _parse(text)
+        except Refused:
+            continue  # already reported by check_annotation
+        names = {n for n, _ in slice_ports[key] if n}
+        for h in ("httpGet", "tcpSocket"):
+            port = spec.get(h, {}).get("port") if isinstance(spec, dict) and isinstance(spec.get(h), dict) else None
+            if isinstance(port, str) and port not in names:
+                line, col = _Where(o.doc).at(_inner_position(tree, (h, "port")))
+                out.append(Problem(o.doc.file, line, col, o.kind, o.label, field_path(_ANN_PATH + (h, "port")),
+                                   f"the probe's port {show(port)} is not a port name of any EndpointSlice of this "
+                                   f"Service (names: {', '.join(sorted(names)) or 'none'}); name a slice port so, or "
+                                   f"give the port number", ERROR))
+    return out

@@ -11,7 +11,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
 from reconciler.intake.load import Document, LoadResult, locate
-from reconciler.intake.probes import check_annotation as check_probe_annotation
+from reconciler.intake.probes import check_annotation as check_probe_annotation, check_ports as check_probe_ports
 from reconciler.intake.problems import NOTICE, WARNING, Problem, field_path, safe_name, show
 from reconciler.intake.schema_errors import SERVICE_NAME_LABEL, Obj, Report, ip_message, schema_problem
 from reconciler.intake.schemas import parse_cidr, parse_ip, special_ip, validator
@@ -284,6 +284,7 @@ def _cross(rep: Report, objs: list[Obj]) -> None:
             else:
                 rep.add(o, ("spec", "ports", i), f"no EndpointSlice of this Service has a port named {shown} with protocol {proto}, "
                         "so this port has no endpoints; name the slice port like the Service port", WARNING)
+    rep.problems.extend(check_probe_ports(services, slice_ports))  # issue 10: intake/probes.py
 
 
 # --- driver -----------------------------------------------------------------------------
