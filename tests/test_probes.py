@@ -381,3 +381,63 @@ def test_named_probe_port_must_be_a_slice_port_name(tmp_path):
         ".tcpSocket.port: the probe's port 'healthz' is not a port name" in out and "health, http" in out, out
     (tmp_path / "f.yaml").write_text(svc("web", "tcpSocket: {port: health}") + "---\n" + slice_("web", ["10.244.0.1"]))
     assert validate(tmp_path)[0] == 0
+
+
+def test_grpc_probe_against_grpcio_health_server():
+    """Interop with the reference implementation: a grpcio server serving
+    grpc.health.v1.Health/Check (generic handler, the protobuf messages written by hand)."""
+    import grpc
+    from concurrent import futures
+
+    statuses = {"": 1, "db": 1, "down": 2}
+
+    def check(request: bytes, ctx):
+        name = request[2:].decode() if request[:1] == b"\x0a" else ""
+        if name not in statuses:
+            ctx.abort(grpc.StatusCode.NOT_FOUND, "unknown service")
+        return b"\x08" + bytes([statuses[name]])
+
+    handler = grpc.method_handlers_generic_handler(
+        "grpc.health.v1.Health", {"Check": grpc.unary_unary_rpc_method_handler(check)})
+    server = grpc.server(futures.ThreadPoolExecutor(2))
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        ts = {name: ProbeTarget("d/w", "127.0.0.1", port, Probe("grpc", port, grpc_service=name))
+              for name in ("", "db", "down", "nope")}
+        res = probe_all(None, ts.values())
+    finally:
+        server.stop(0)
+    assert res[ts[""].key] is None and res[ts["db"].key] is None
+    assert "responded with NOT_SERVING" in res[ts["down"].key]
+    assert "without a HealthCheckResponse" in res[ts["nope"].key]
+
+
+def test_https_probe_skips_certificate_verification(tmp_path):
+    """httpGet scheme HTTPS against a self-signed certificate: a success, as with the kubelet."""
+    import shutil
+    import ssl
+    import subprocess
+
+    assert shutil.which("openssl"), "openssl is needed to make the test certificate"
+    key, cert = tmp_path / "k.pem", tmp_path / "c.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+                    "-days", "1", "-subj", "/CN=not-this-host"], check=True, capture_output=True)
+    srv = _Server(("127.0.0.1", 0), _Handler)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cert, key)
+    srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    port = srv.server_address[1]
+    try:
+        ok = ProbeTarget("d/w", "127.0.0.1", port, Probe("httpGet", port, path="/ok", scheme="HTTPS"))
+        bad = ProbeTarget("d/w", "127.0.0.1", port, Probe("httpGet", port, path="/bad", scheme="HTTPS"))
+        plain = ProbeTarget("d/w", "127.0.0.1", port, Probe("httpGet", port, path="/ok", scheme="HTTP", timeout_seconds=1))
+        res = probe_all(None, [ok, bad, plain])
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert res[ok.key] is None
+    assert res[bad.key] == "HTTP probe failed with statuscode: 503"
+    assert res[plain.key] is not None  # plain HTTP to a TLS port fails
