@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from dp_topology import EP4, NODE_NAME, nsx, nsx_args
+from dp_topology import EP4, NODE_NAME, nsx_args
 from test_wire import CONFIG_YAML, NFTREC, Watch, answered_by, client_flows, pin, write_atomically
 
 pytestmark = pytest.mark.dataplane
@@ -180,9 +180,10 @@ def test_http_probe_takes_a_failed_backend_out_and_brings_it_back(dp, health, tm
         assert set(answered_by_tcp(servers(dp, WEB_VIP, WEB_PORT, 30))) == {a, b}
         since = len(w.lines)
         health.stop(a)
-        stopped = time.monotonic()
         _, took = wait_until(lambda: set(answered_by_tcp(servers(dp, WEB_VIP, WEB_PORT))) == {b},
                              PERIOD * FAILURES + 1 + 3, "every new connection on the healthy backend")
+        print(f"\nprobe failure -> traffic moved: {took:.2f}s (bound {PERIOD * FAILURES + 1}s + one batch "
+              f"{batch_allowance():.2f}s)")
         assert took <= PERIOD * FAILURES + 1 + batch_allowance(), f"took {took:.2f}s"
         down = w.wait_event("probe", since, address=a, ready=False)
         assert down["service"] == "default/web" and "refused" in down["error"], down
@@ -201,10 +202,10 @@ def test_http_probe_takes_a_failed_backend_out_and_brings_it_back(dp, health, tm
         health.start(a)
         _, took = wait_until(lambda: set(answered_by_tcp(servers(dp, WEB_VIP, WEB_PORT, 30))) == {a, b},
                              PERIOD * SUCCESSES + 1 + 6, "the restarted backend used again")
+        print(f"restart -> used again: {took:.2f}s (bound {PERIOD * SUCCESSES + 1}s + batches)")
         assert took <= PERIOD * SUCCESSES + 1 + 2 * batch_allowance(), f"took {took:.2f}s"
         w.wait_event("probe", since, address=a, ready=True)
         assert status_json(dp, state)["probes"]["down"] == []
-        del stopped
     finally:
         w.stop()
     assert not any("Traceback" in line for line in w.raw), "".join(w.raw)
@@ -299,7 +300,7 @@ def test_tcp_probe_on_sidecar_port_takes_udp_endpoint_out_and_clears_conntrack(d
     assert not any("Traceback" in line for line in w.raw), "".join(w.raw)
 
 
-def test_plan_probe_probes_once_and_says_so(dp, health, tmp_path):
+def test_apply_probes_only_with_probe_flag_and_says_so(dp, health, tmp_path):
     """One-shot commands never probe unless --probe: then once, and they say so."""
     a, b = EP4[0], EP4[1]
     health.start(a)  # b has no health server: its probe fails
@@ -318,4 +319,3 @@ def test_plan_probe_probes_once_and_says_so(dp, health, tmp_path):
     assert probed.returncode == 0, probed.stderr
     assert "probed 2 endpoint(s) once" in probed.stderr and b in probed.stderr, probed.stderr
     assert set(answered_by_tcp(servers(dp, WEB_VIP, WEB_PORT, 30))) == {a}
-    nsx(dp.node, "true")
