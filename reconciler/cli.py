@@ -193,6 +193,23 @@ def _desired(directory: Path, config: Optional[Path], netns: Optional[str], stri
         raise typer.Exit(EXIT_ERROR)
 
 
+PROBE_HELP = ("Run every probe.nftrec.io/readiness probe once (from --netns) and treat endpoints that "
+              "fail it as not ready; without it, one-shot commands never probe.")
+
+
+def _probed(desired, netns: Optional[str], probe: bool):
+    """--probe: the desired ruleset with this moment's probe results (issue 10)."""
+    if not probe:
+        return desired
+    from reconciler.engine import probe_desired
+
+    code = []
+    result = _guard(lambda: code.append(probe_desired(desired, netns)) or EXIT_OK)
+    if result != EXIT_OK:
+        raise typer.Exit(result)
+    return code[0]
+
+
 def _record_invalid(target, e) -> int:
     from reconciler.engine import LockHeld
 
@@ -235,13 +252,14 @@ def plan(
     out: Optional[Path] = typer.Option(None, "--out", help="Save the plan for `apply --plan FILE`."),
     refresh: bool = typer.Option(False, "--refresh", help="Always list the kernel's tables "
                                  "(skip the unchanged-generation fast path)."),
+    probe: bool = typer.Option(False, "--probe", help=PROBE_HELP),
 ) -> None:
     """Show what apply would change in the kernel, grouped by Service."""
     _check_output(output)
     from reconciler.engine import run_plan
 
     target = _target(config, netns)
-    desired = _desired(directory, config, netns, strict)
+    desired = _probed(_desired(directory, config, netns, strict), netns, probe)
     raise typer.Exit(_guard(run_plan, desired, target, verbose=verbose, output=output,
                             detailed=detailed_exitcode, out=out, refresh=refresh))
 
@@ -258,6 +276,7 @@ def apply(
     verify: str = typer.Option("touched", "--verify", help="After the transaction, read back what it wrote and "
                                "check that nobody else committed (touched), or list and compare the whole "
                                "table (full)."),
+    probe: bool = typer.Option(False, "--probe", help=PROBE_HELP),
 ) -> None:
     """Commit the desired ruleset as one atomic transaction, verify it, record state."""
     from reconciler.engine import run_apply
@@ -269,7 +288,9 @@ def apply(
     target = _target(config, netns)
     desired = None
     if plan_file is None and not rollback:
-        desired = _desired(directory or Path("."), config, netns, strict, target=target)
+        desired = _probed(_desired(directory or Path("."), config, netns, strict, target=target), netns, probe)
+    elif probe:
+        raise typer.BadParameter("--probe needs a manifest directory (not --plan or --rollback)")
     raise typer.Exit(_guard(run_apply, target, desired=desired, plan_path=plan_file, rollback=rollback,
                             verify=verify))
 

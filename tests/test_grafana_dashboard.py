@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 
-from reconciler.daemon.metrics import Metrics
+from reconciler.daemon.metrics import Metrics, ProbeMetrics
 
 DASHBOARD = Path(__file__).resolve().parent.parent / "examples" / "grafana" / "nftrec-dashboard.json"
 
@@ -69,6 +69,11 @@ def exported_names() -> set[str]:
     m.set_revisions("abc", "def")
     m.drift_repaired(2)
     m.conntrack_deleted(1)
+    probes = ProbeMetrics(m.registry)  # registered when `watch` runs readiness probes
+    probes.results.labels("default/web", "success").inc()
+    probes.down.labels("default/web").set(1)
+    probes.probed.set(2)
+    probes.transitions.labels("default/web", "down").inc()
     text = generate_latest(m.registry).decode()
     return {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and not line.startswith("#")}
 

@@ -17,6 +17,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "incremental": ("Compiled", "changed_services", "compile_incremental", "project"),
     "naming": ("join_host_port",),
     "nodeports": ("NodePortSelection", "describe_view_change", "node_address_view", "select_nodeport_ips"),
+    "probes": ("ProbeTarget", "probe_targets", "with_probe_results"),
     "render": ("render_header", "render_script"),
     "ruleset": ("FAMILIES", "BaseHook", "Chain", "Element", "NamedSet", "NftSyntaxError", "Rule", "Ruleset",
                 "Table", "chain_cmd", "chain_id", "check_name", "element_cmd", "element_id", "rule_cmd",

@@ -19,6 +19,7 @@ import threading
 from pathlib import Path
 
 from reconciler import logs
+from reconciler.daemon.probing import start_probes
 from reconciler.daemon.reconcile import Daemon
 from reconciler.daemon.runner import Fatal, Runner
 from reconciler.daemon.watcher import DEBOUNCE, Watcher
@@ -119,6 +120,7 @@ def run_watch(directory: Path, config_path: Path | None, target: Target, *, stri
                 runner.set_intervals(c.min_sync_period, c.sync_period, c.full_sync_period)
 
         runner = Runner(sync, cfg.min_sync_period, cfg.sync_period, cfg.full_sync_period)
+        daemon.prober = start_probes(daemon, metrics, runner.run)  # issue 10: readiness probes
         watcher = Watcher(directory, runner.run, debounce=debounce)
         daemon.on_root = watcher.follow
         try:
@@ -144,6 +146,8 @@ def run_watch(directory: Path, config_path: Path | None, target: Target, *, stri
             addresses.stop()
         if watcher is not None:
             watcher.stop()
+        if daemon.prober is not None:
+            daemon.prober.close()
         if server is not None:
             server.close()
         if daemon.nft is not None:

@@ -119,6 +119,19 @@ class Metrics:
 # --- HTTP --------------------------------------------------------------------------------
 
 
+class ProbeMetrics:
+    """The readiness probes' metrics (daemon/probing.py), on the daemon's registry."""
+
+    def __init__(self, registry):
+        self.results = Counter("nftrec_probe_results", "Readiness probe results, by Service and result.",
+                               ["service", "result"], registry=registry)
+        self.down = Gauge("nftrec_probe_endpoints_down", "Probed endpoints that are down (taken out of "
+                          "readiness), by Service.", ["service"], registry=registry)
+        self.probed = Gauge("nftrec_probe_endpoints", "Endpoints being probed.", registry=registry)
+        self.transitions = Counter("nftrec_probe_transitions", "Probed endpoints that went down or up.",
+                                   ["service", "to"], registry=registry)
+
+
 def parse_address(address: str) -> tuple[str, int]:
     """`127.0.0.1:9105`, `[::1]:9105`, `localhost:9105`; port 0 = any free port.
     IP literals only (plus localhost): a metrics endpoint should not depend on DNS."""

@@ -33,7 +33,7 @@ from reconciler.engine import (
     short_revision, verify_commit,
 )
 from reconciler.intake import (
-    Intake, NodeConfig, Snapshot, discover_host_addresses, discover_node_ips, load_node_config,
+    Intake, Inventory, NodeConfig, Snapshot, discover_host_addresses, discover_node_ips, load_node_config,
 )
 from reconciler.kernel import NftError, canonical, fingerprint, kernel_token, read_live
 
@@ -85,6 +85,11 @@ class Daemon:
         self._addr_lock = threading.Lock()
         self._pending_addresses: tuple | None = None
         self._sync_reason: str | None = None
+        # Readiness probes (issue 10, daemon/probing.py): the prober's results are an input
+        # to compile; `declared` is the last good revision as read, before them.
+        self.prober = None
+        self.declared: Inventory | None = None
+        self.probe_generation = 0
 
     # -- config
 
@@ -186,6 +191,11 @@ class Daemon:
             self.on_root(snap.root)
         if (snap.digest, snap.revision) != self.last_digest:
             self._take(snap)
+        if self.prober is not None and self.declared is not None and self.prober.generation != self.probe_generation:
+            try:  # probe results changed: only the Services whose endpoints changed recompile
+                self.desired = compile_incremental(self._with_probes(self.declared), self.config, self.desired)
+            except NftSyntaxError as e:
+                logs.log.error(f"the last good revision does not compile with the probe results: {e}")
         if self.desired is not None and self.desired.config != self.config:
             # SIGHUP changed the node config while the newest revision is invalid: the
             # last good revision is what stays in the kernel, compiled with the new config.
@@ -219,7 +229,7 @@ class Daemon:
         compiled, message = None, None
         if snap.ok:
             try:
-                compiled = compile_incremental(snap.inventory, self.config, self.desired)
+                compiled = compile_incremental(self._with_probes(snap.inventory), self.config, self.desired)
             except NftSyntaxError as e:  # defence in depth: validation should have refused it
                 message = f"refusing input that would reach nft unsafely: {e}"
         else:
@@ -235,6 +245,15 @@ class Daemon:
             return
         self.invalid = None
         self.desired = compiled
+        self.declared = snap.inventory
+        if self.prober is not None:
+            self.prober.update(snap.inventory)
+
+    def _with_probes(self, inventory: Inventory) -> Inventory:
+        if self.prober is None:
+            return inventory
+        self.probe_generation, inventory = self.prober.apply(inventory)
+        return inventory
 
     def _set_revisions(self) -> None:
         if self.metrics is None:

@@ -17,6 +17,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "doctor": ("run_doctor",),
     "lock": ("LockHeld",),
     "plan": ("make_plan",),
+    "probes": ("probe_desired", "read_probe_state", "write_probe_state"),
     "review": ("run_diff",),
     "state": ("StateCorrupt", "default_state_dir", "namespace_dir", "read_history", "read_status"),
     "sync": ("clean_udp_conntrack", "commit", "touched_objects", "udp_services", "verify_applied", "verify_commit",

@@ -24,6 +24,7 @@ from reconciler.engine import planfile
 from reconciler.engine.changes import diff
 from reconciler.engine.lock import LockHeld
 from reconciler.engine.plan import format_text, make_plan, to_json
+from reconciler.engine.probes import probe_status_json, probe_status_lines, read_probe_state
 from reconciler.engine.state import HOST, StateCorrupt, read_history, read_status
 from reconciler.engine.sync import clean_udp_conntrack, commit, verify_applied, verify_touched
 from reconciler.engine.target import CommandError, Target, short_revision
@@ -208,6 +209,8 @@ def run_status(target: Target, *, output: str, out_stream: TextIO = sys.stdout) 
         "driftedServices": sorted(drift.owners()),
         "driftedObjects": len(drift),
     }
+    probes = read_probe_state(store)  # written by nftrec watch (issue 10)
+    doc.update(probe_status_json(probes))
     if output == "json":
         json.dump(doc, out_stream, indent=2)
         out_stream.write("\n")
@@ -229,4 +232,6 @@ def run_status(target: Target, *, output: str, out_stream: TextIO = sys.stdout) 
             w(f"drift:     yes, {len(drift)} objects differ"
               + (f" (Services: {shown})" if owners else " (shared objects)")
               + "; `nftrec plan` shows them, `nftrec apply` repairs them\n")
+        for line in probe_status_lines(probes):
+            w(line)
     return EXIT_OK if drift.empty else EXIT_CHANGES

@@ -15,6 +15,7 @@ from typing import Callable
 
 from reconciler.intake import model
 from reconciler.intake.load import Document, LoadResult, load_manifests
+from reconciler.intake.probes import probe_from
 from reconciler.intake.problems import Problem
 from reconciler.intake.schemas import parse_cidr, parse_ip, parse_padded_cidr
 from reconciler.intake.validate import SERVICE_NAME_LABEL, check, family
@@ -94,6 +95,7 @@ def service_from(doc: Document) -> model.Service:
         affinity_timeout_seconds=timeout,
         health_check_node_port=spec.get("healthCheckNodePort") or 0,
         traffic_distribution=spec.get("trafficDistribution") or None,
+        readiness_probe=probe_from(doc.data),
         source=doc.source,
     )
 

@@ -27,6 +27,25 @@ class Source:
 
 
 @dataclass(frozen=True)
+class Probe:
+    """A Kubernetes readiness Probe from the annotation probe.nftrec.io/readiness (issue 10),
+    with the kubelet's defaults filled in. `handler` is "httpGet", "tcpSocket" or "grpc";
+    `port` a number or the name of an EndpointSlice port (resolved per slice)."""
+
+    handler: str
+    port: int | str
+    path: str = "/"
+    scheme: str = "HTTP"
+    headers: tuple[tuple[str, str], ...] = ()
+    grpc_service: str = ""
+    initial_delay_seconds: int = 0
+    timeout_seconds: int = 1
+    period_seconds: int = 10
+    success_threshold: int = 1
+    failure_threshold: int = 3
+
+
+@dataclass(frozen=True)
 class ServicePort:
     name: str  # "" when the Service has a single unnamed port
     protocol: str  # "TCP" | "UDP" | "SCTP"
@@ -61,6 +80,7 @@ class Service:
     # kube-proxy never reads it (only the hints the EndpointSlice controller derives from
     # it); nftrec derives those hints itself when no slice has any (compile.topology).
     traffic_distribution: str | None = None
+    readiness_probe: Probe | None = None  # annotation probe.nftrec.io/readiness (`nftrec watch` probes)
     source: Source = field(default=Source("<none>"), compare=False)
 
     @property

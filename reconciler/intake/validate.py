@@ -11,6 +11,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
 from reconciler.intake.load import Document, LoadResult, Yaml11Bool, locate
+from reconciler.intake.probes import check_annotation as check_probe_annotation, check_ports as check_probe_ports
 from reconciler.intake.problems import NOTICE, WARNING, Problem, field_path, safe_name, show
 from reconciler.intake.schema_errors import SERVICE_NAME_LABEL, Obj, Report, ip_message, schema_problem
 from reconciler.intake.schemas import parse_cidr, parse_ip, special_ip, validator
@@ -74,6 +75,7 @@ def _service_ips(spec: dict) -> list[str]:
 
 
 def _check_service(rep: Report, o: Obj) -> None:
+    rep.problems.extend(check_probe_annotation(o.doc, o.kind, o.label))  # issue 10: intake/probes.py
     spec = o.doc.data.get("spec") or {}
     stype = spec.get("type", "ClusterIP")
     if stype == "ExternalName":
@@ -312,6 +314,7 @@ def _cross(rep: Report, objs: list[Obj]) -> None:
             else:
                 rep.add(o, ("spec", "ports", i), f"no EndpointSlice of this Service has a port named {shown} with protocol {proto}, "
                         "so this port has no endpoints; name the slice port like the Service port", WARNING)
+    rep.problems.extend(check_probe_ports(services, slice_ports))  # issue 10: intake/probes.py
 
 
 # --- driver -----------------------------------------------------------------------------

@@ -5,6 +5,7 @@
     live       the kernel's listing parsed back into a canonical Ruleset; the generation
                token that tells whether anyone committed since we did
     conntrack  kube-proxy's UDP conntrack cleanup (pyroute2)
+    probes     readiness probes (tcpSocket, httpGet, grpc) on an asyncio loop in the namespace
 """
 
 from reconciler import lazy_exports
@@ -13,5 +14,6 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "conntrack": ("cleanup_udp",),
     "live": ("OTHER_KINDS", "canonical", "chain_policy", "fingerprint", "kernel_token", "read_live",
              "read_live_objects", "table_flags", "table_others"),
+    "probes": ("ProbeLoop", "check_probe", "probe_all", "raise_fd_limit"),
     "nft": ("Fake", "Interface", "Libnftables", "NamespaceThread", "NftError", "NotFound", "Transaction"),
 })
