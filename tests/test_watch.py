@@ -17,13 +17,12 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from nsutil import EXAMPLES, in_ns
+from watchproc import Watch
 
 NFTREC = str(Path(sys.executable).with_name("nftrec"))
 EDGE = EXAMPLES / "edge-small"
@@ -264,72 +263,6 @@ def test_incremental_equals_oracle_on_deletes_moves_relabels_cidrs_and_invalid(t
 
 
 # --- the daemon as a process ----------------------------------------------------------------
-
-
-class Watch:
-    """`nftrec watch` as a subprocess; its JSON log lines collected by a thread."""
-
-    def __init__(self, ns: str, manifests: Path, config: Path, state: Path, *extra: str):
-        self.ns, self.manifests, self.config, self.state = ns, manifests, config, state
-        cmd = [NFTREC, "--state-dir", str(state), "--log-format", "json", "watch", str(manifests),
-               "--config", str(config), "--netns", ns, "--metrics-address", "127.0.0.1:0", *extra]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self.lines: list[dict] = []
-        self.raw: list[str] = []
-        self._t = threading.Thread(target=self._read, daemon=True)
-        self._t.start()
-        start = self.wait(lambda: self.find("metrics"), what="the metrics line")
-        self.port = start["metricsPort"]
-
-    def _read(self) -> None:
-        for line in self.proc.stderr:
-            self.raw.append(line)
-            try:
-                self.lines.append(json.loads(line))
-            except ValueError:
-                self.lines.append({"msg": line})
-
-    def find(self, event: str, since: int = 0) -> dict | None:
-        return next((x for x in self.lines[since:] if x.get("event") == event), None)
-
-    def events(self, event: str, since: int = 0) -> list[dict]:
-        return [x for x in self.lines[since:] if x.get("event") == event]
-
-    def wait(self, pred, timeout: float = 15, what: str = "a condition"):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            v = pred()
-            if v:
-                return v
-            if self.proc.poll() is not None:
-                time.sleep(0.1)
-                raise AssertionError(f"nftrec watch exited {self.proc.returncode} while waiting for {what}:\n"
-                                     + "".join(self.raw))
-            time.sleep(0.02)
-        raise AssertionError(f"timed out waiting for {what}; log:\n" + "".join(self.raw))
-
-    def wait_sync(self, since: int, **match) -> dict:
-        def ok():
-            for x in self.events("sync", since):
-                if x.get("ok", True) and all(x.get(k) == v for k, v in match.items()):
-                    return x
-            return None
-        return self.wait(ok, what=f"a sync {match or ''}")
-
-    def http(self, path: str) -> tuple[int, str]:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=5) as r:
-                return r.status, r.read().decode()
-        except urllib.error.HTTPError as e:
-            return e.code, e.read().decode()
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        rc = self.proc.wait(timeout=15)
-        self._t.join(5)
-        assert not any("Traceback" in line for line in self.raw), "".join(self.raw)
-        return rc
 
 
 def run(*args: str, state: Path, ns: str, config: Path | None = None, timeout: float = 60):

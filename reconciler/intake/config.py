@@ -16,7 +16,7 @@ from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 
 from reconciler.intake import model
-from reconciler.intake.load import MAX_FILE_BYTES, Document, Refused, SourceFile, check_shape, decode_text, locate, yaml_error
+from reconciler.intake.load import MAX_FILE_BYTES, Document, Refused, SourceFile, check_shape, decode_text, locate, plain_data, yaml_error
 from reconciler.intake.problems import ERROR, Problem, show
 from reconciler.intake.schema_errors import Obj, Report, schema_problem
 from reconciler.intake.schemas import parse_cidr, parse_ip, validator
@@ -230,21 +230,4 @@ def _read(path: str, problems: list[Problem]) -> tuple[dict, SourceFile | None]:
     if not isinstance(docs[0], dict):
         problems.append(_problem(path, 1, 1, "", "must be a mapping (nodeName: ..., nodeIPs: [...]), not a list or a single value"))
         return {}, None
-    return _plain(docs[0]), src
-
-
-def _plain(node):
-    """ruamel's CommentedMap/Seq and scalar subclasses -> plain Python data."""
-    if isinstance(node, dict):
-        return {str(k) if isinstance(k, str) else k: _plain(v) for k, v in node.items()}
-    if isinstance(node, list):
-        return [_plain(v) for v in node]
-    if isinstance(node, bool):
-        return bool(node)
-    if isinstance(node, int):
-        return int(node)
-    if isinstance(node, float):
-        return float(node)
-    if isinstance(node, str):
-        return str(node)
-    return node
+    return plain_data(docs[0]), src

@@ -766,3 +766,19 @@ def locate(doc: Document, path: tuple | list, *, key: bool = False) -> tuple[int
             best = (pos[0] + 1, pos[1] + 1)
         node = child
     return best
+
+
+def plain_data(node):
+    """ruamel's round-trip data (CommentedMap/Seq, scalar subclasses) -> plain Python data,
+    for small files read with positions (the node config, probe annotations). Keys become
+    plain strings."""
+    if isinstance(node, dict):
+        return {str(k): plain_data(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [plain_data(v) for v in node]
+    if isinstance(node, bool) or type(node).__name__ == "ScalarBoolean":
+        return bool(node)
+    for t in (int, float, str):
+        if isinstance(node, t):
+            return t(node)
+    return node

@@ -11,7 +11,7 @@ from __future__ import annotations
 import io
 from functools import lru_cache
 
-from reconciler.intake.load import Document, Refused, check_shape, locate
+from reconciler.intake.load import Document, Refused, check_shape, locate, plain_data
 from reconciler.intake.model import Probe
 from reconciler.intake.problems import ERROR, Problem, field_path, show
 
@@ -41,24 +41,6 @@ def annotation_text(data: dict) -> object:
     return ann.get(ANNOTATION)
 
 
-def _plain(node):
-    if isinstance(node, dict):
-        return {str(k) if not isinstance(k, str) else k: _plain(v) for k, v in node.items()}
-    if isinstance(node, list):
-        return [_plain(v) for v in node]
-    if type(node).__name__ in ("ScalarBoolean",):
-        return bool(node)
-    if isinstance(node, bool):
-        return node
-    if isinstance(node, int):
-        return int(node)
-    if isinstance(node, float):
-        return float(node)
-    if isinstance(node, str):
-        return str(node)
-    return node
-
-
 def _parse(text: str):
     """(plain data, round-trip tree for positions); Refused on bad YAML."""
     from ruamel.yaml import YAML
@@ -76,7 +58,7 @@ def _parse(text: str):
         raise yaml_error(e, text) from None
     except RecursionError:
         raise Refused("the probe is nested too deeply") from None
-    data = _plain(tree)
+    data = plain_data(tree)
     check_shape(data, 1, 1)
     return data, tree
 

@@ -10,17 +10,16 @@ so the module's shared topology stays as dp_topology.py describes it.
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
+
+import watchproc
 
 from dp_topology import CLUSTER_CIDR4, CLUSTER_CIDR6, EP4, NODE_IP4, NODE_IP6, NODE_NAME, \
     SERVICE_CIDR4, SERVICE_CIDR6, nsx
@@ -131,53 +130,8 @@ def test_nodeport_on_a_secondary_address_inside_the_cidrs(dp, tmp_path):
         del_address(dp, SECONDARY)
 
 
-class Watch:
-    """`nftrec watch --netns NODE` as a subprocess, its JSON log read by a thread."""
-
-    def __init__(self, dp, d: Path, cfg: Path, tmp_path: Path):
-        cmd = [NFTREC, "--state-dir", str(tmp_path / "state"), "--log-format", "json", "watch", str(d),
-               "--config", str(cfg), "--netns", dp.node, "--metrics-address", ""]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self.lines: list[dict] = []
-        self.raw: list[str] = []
-        self._t = threading.Thread(target=self._read, daemon=True)
-        self._t.start()
-
-    def _read(self) -> None:
-        for line in self.proc.stderr:
-            self.raw.append(line)
-            try:
-                self.lines.append(json.loads(line))
-            except ValueError:
-                self.lines.append({"msg": line})
-
-    def wait(self, pred, timeout: float = 15, what: str = "a condition", step: float = 0.01):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            v = pred()
-            if v:
-                return v
-            if self.proc.poll() is not None:
-                time.sleep(0.1)
-                raise AssertionError(f"nftrec watch exited {self.proc.returncode} waiting for {what}:\n"
-                                     + "".join(self.raw))
-            time.sleep(step)
-        raise AssertionError(f"timed out waiting for {what}; log:\n" + "".join(self.raw))
-
-    def syncs(self, kind: str | None = None) -> list[dict]:
-        return [x for x in self.lines if x.get("event") == "sync" and x.get("ok", True)
-                and (kind is None or x.get("kind") == kind)]
-
-    def cpu_seconds(self) -> float:
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        rc = self.proc.wait(timeout=15)
-        self._t.join(5)
-        return rc
+def Watch(dp, d: Path, cfg: Path, tmp_path: Path) -> watchproc.Watch:
+    return watchproc.Watch(dp.node, d, cfg, tmp_path / "state", metrics=False)
 
 
 def test_address_added_while_watch_runs_becomes_reachable(dp, tmp_path):

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import json
 import select
-import signal
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
+
+import watchproc
 
 from dp_topology import (
     CLIENT_A4, CLUSTER_CIDR4, CLUSTER_CIDR6, EP4, NODE_BE4, NODE_IP4, NODE_IP6, NODE_NAME, POD4,
@@ -101,49 +100,9 @@ def write_atomically(path: Path, text: str) -> None:
     tmp.rename(path)
 
 
-class Watch:
-    """`nftrec watch --netns <node> --log-format json`, its log lines collected by a thread."""
-
-    def __init__(self, ns: str, manifests: Path, cfg: Path, state: Path):
-        cmd = [NFTREC, "--state-dir", str(state), "--log-format", "json", "watch", str(manifests),
-               "--config", str(cfg), "--netns", ns, "--metrics-address", "", "--debounce", "0.05"]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self.lines: list[dict] = []
-        self.raw: list[str] = []
-        self._t = threading.Thread(target=self._read, daemon=True)
-        self._t.start()
-
-    def _read(self) -> None:
-        for line in self.proc.stderr:
-            self.raw.append(line)
-            try:
-                self.lines.append(json.loads(line))
-            except ValueError:
-                self.lines.append({"msg": line})
-
-    def wait_event(self, event: str, since: int, timeout: float = 20, **match) -> dict:
-        """The first successful (no `ok: false`) log line of `event` after line `since`."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for x in self.lines[since:]:
-                if (x.get("event") == event and x.get("ok", True)
-                        and all(x.get(k) == v for k, v in match.items())):
-                    return x
-            if self.proc.poll() is not None:
-                time.sleep(0.1)
-                raise AssertionError(f"nftrec watch exited {self.proc.returncode}:\n" + "".join(self.raw))
-            time.sleep(0.02)
-        raise AssertionError(f"timed out waiting for {event} {match}; log:\n" + "".join(self.raw))
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
-        self._t.join(5)
+def Watch(ns: str, manifests: Path, cfg: Path, state: Path) -> watchproc.Watch:
+    """`nftrec watch` with a short debounce and no metrics server."""
+    return watchproc.Watch(ns, manifests, cfg, state, "--debounce", "0.05", metrics=False)
 
 
 def answered_by(results) -> list[str]:
