@@ -25,13 +25,13 @@ import contextlib
 import json
 import os
 import re
-import tempfile
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
 from reconciler import logs
+from reconciler.atomic import atomic_write, fsync_dir  # noqa: F401 - planfile and tests use them from here
 from reconciler.compile import Ruleset
 from reconciler.compile import SerializeError, digest, ruleset_from_json, ruleset_to_json
 
@@ -114,39 +114,7 @@ def nftrec_version() -> str:
     return str(__version__)
 
 
-# --- atomic files ----------------------------------------------------------------------
-
-
-def fsync_dir(directory: Path) -> None:
-    """Make a rename in `directory` durable (POSIX: the entry lives in the directory)."""
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
-    """Replace `path` with `data` so that readers and crashes see the old or the new file.
-
-    The temp file is in the same directory (rename is atomic only within a filesystem)
-    and is fsynced before the rename, so the new name never points at unwritten blocks.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp-", suffix="")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), mode)
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    fsync_dir(path.parent)
+# --- atomic files (the one implementation is reconciler/atomic.py) ----------------------
 
 
 def _dump(doc: dict) -> bytes:
