@@ -84,7 +84,8 @@ def validate(
     _check_output(output)
     from reconciler.intake import run_validate
 
-    raise typer.Exit(run_validate(directory, config_path=config, strict=strict, output=output))
+    raise typer.Exit(run_validate(directory, config_path=config, strict=strict, output=output,
+                                  cache_dir=_cache_dir()))
 
 
 @app.command()
@@ -117,12 +118,27 @@ def _check_netns(netns: Optional[str]) -> None:
                                  param_hint="--netns") from None
 
 
+def _state_root() -> Path:
+    from reconciler.engine import default_state_dir
+
+    return Globals.state_dir or default_state_dir()
+
+
+def _cache_dir() -> Optional[Path]:
+    """The intake cache (reconciler/intake/cache.py) in the state directory;
+    NFTREC_INTAKE_CACHE=off reads without it."""
+    import os
+
+    if os.environ.get("NFTREC_INTAKE_CACHE", "").lower() in ("0", "off", "no", "false"):
+        return None
+    return _state_root() / "cache" / "intake"
+
+
 def _target(config: Optional[Path], netns: Optional[str]):
     """Where a kernel command acts: namespace, table (from the node config), state dir."""
     from reconciler import logs
     from reconciler.engine import Target
     from reconciler.intake import load_node_config
-    from reconciler.engine import default_state_dir
 
     _check_netns(netns)
     cfg, problems = load_node_config(str(config) if config else None, discover=False)
@@ -131,7 +147,7 @@ def _target(config: Optional[Path], netns: Optional[str]):
         logs.problem(p)
     if errors:
         raise typer.Exit(EXIT_ERROR)
-    return Target(netns, cfg.table_name, Globals.state_dir or default_state_dir())
+    return Target(netns, cfg.table_name, _state_root())
 
 
 def _desired(directory: Path, config: Optional[Path], netns: Optional[str], strict: bool,
@@ -142,7 +158,7 @@ def _desired(directory: Path, config: Optional[Path], netns: Optional[str], stri
     from reconciler.engine import InvalidInput, load_desired
 
     try:
-        return load_desired(directory, config, strict=strict, netns=netns)
+        return load_desired(directory, config, strict=strict, netns=netns, cache_dir=_cache_dir())
     except InvalidInput as e:
         logs.log.error(str(e))
         if target is not None:

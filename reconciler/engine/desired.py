@@ -52,16 +52,16 @@ class InvalidInput(Exception):
 
 
 def load_desired(directory: Path, config_path: Path | None, *, strict: bool = False,
-                 netns: str | None = None) -> Desired:
+                 netns: str | None = None, cache_dir: Path | None = None) -> Desired:
     """Read, validate and compile, logging every problem. Raises InvalidInput when the
-    input has errors: invalid input is never applied."""
+    input has errors: invalid input is never applied. `cache_dir`: the intake cache."""
     from reconciler.compile import compile_ruleset
     from reconciler.intake import load_node_config
-    from reconciler.intake import read_inventory
+    from reconciler.intake import read_inventory_cached
 
     config, config_problems = load_node_config(str(config_path) if config_path else None,
                                                discover_ips=node_ip_discovery(netns))
-    result = read_inventory(directory, strict=strict)
+    result = read_inventory_cached(directory, cache_dir, strict=strict)
     problems = list(config_problems) + list(result.problems)
     for p in problems:
         logs.problem(p)
