@@ -206,14 +206,18 @@ def plan(
     detailed_exitcode: bool = typer.Option(False, "--detailed-exitcode",
                                            help="Exit 0 when nothing changes, 2 when something does."),
     out: Optional[Path] = typer.Option(None, "--out", help="Save the plan for `apply --plan FILE`."),
-    refresh: bool = typer.Option(False, "--refresh", help="Always list the kernel's tables "
-                                 "(skip the unchanged-generation fast path)."),
+    refresh: bool = typer.Option(False, "--refresh", help="Always read the manifests and list the "
+                                 "kernel's tables (skip the unchanged-input and unchanged-generation fast paths)."),
 ) -> None:
     """Show what apply would change in the kernel, grouped by Service."""
     _check_output(output)
-    from reconciler.engine import run_plan
+    from reconciler.engine import run_plan, run_plan_noop
 
     target = _target(config, netns)
+    if not refresh and out is None:  # unchanged input, config and kernel: no compile, no listing
+        rc = _guard(run_plan_noop, target, directory, config, strict=strict, output=output)
+        if rc is not None:
+            raise typer.Exit(rc)
     desired = _desired(directory, config, netns, strict)
     raise typer.Exit(_guard(run_plan, desired, target, verbose=verbose, output=output,
                             detailed=detailed_exitcode, out=out, refresh=refresh))
@@ -237,6 +241,11 @@ def apply(
     target = _target(config, netns)
     desired = None
     if plan_file is None and not rollback:
+        from reconciler.engine import run_apply_noop
+
+        rc = _guard(run_apply_noop, target, directory or Path("."), config, strict=strict)
+        if rc is not None:
+            raise typer.Exit(rc)
         desired = _desired(directory or Path("."), config, netns, strict, target=target)
     raise typer.Exit(_guard(run_apply, target, desired=desired, plan_path=plan_file, rollback=rollback))
 

@@ -3,7 +3,7 @@
     desired (intake + compile) ─► changes (desired vs live) ─► plan (+ ~ - per Service)
         ─► sync (one transaction, verified) ─► state (status, history), under lock
 
-`apply` is plan, apply and status; `teardown` is cleanup; `doctor` checks the host;
+`apply` is plan, apply and status; `noop` is their fast path for unchanged input; `teardown` is cleanup; `doctor` checks the host;
 `planfile` is a saved plan; `target` says where a command acts.
 """
 
@@ -15,6 +15,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "desired": ("Desired", "InvalidInput", "load_desired", "node_ip_discovery"),
     "doctor": ("run_doctor",),
     "lock": ("LockHeld",),
+    "noop": ("run_apply_noop", "run_plan_noop"),
     "plan": ("make_plan",),
     "state": ("StateCorrupt", "default_state_dir", "namespace_dir", "read_history", "read_status"),
     "sync": ("commit", "verify_applied", "verify_commit"),

@@ -63,7 +63,8 @@ def run_plan(desired, target: Target, *, verbose: bool, output: str, detailed: b
         live, _fast = read_live_state(nft, target, refresh=refresh or out is not None)
         services = {s.key: s for s in desired.inventory.services}
         plan = make_plan(desired.ruleset, live, services)
-        context = {"netns": target.netns, "table": target.table, "revision": desired.revision}
+        context = {"netns": target.netns, "table": target.table, "revision": desired.revision,
+                   "fastPath": False}
         if out is not None:
             saved = planfile.SavedPlan.create(
                 netns=target.netns or HOST, table=target.table, revision=desired.revision,
@@ -150,7 +151,10 @@ def run_apply(target: Target, *, desired=None, plan_path: Path | None = None,
             raise CommandError(f"the kernel rejected the transaction; nothing was changed "
                                f"(the previous ruleset is whole). nft said:\n{e.text.strip()}") from None
         after, token = verify_applied(nft, target, ruleset)
-        store.record_applied(revision, ruleset, fingerprint(after), token, plan_id)
+        from_dir = desired is not None and plan_path is None and not rollback
+        store.record_applied(revision, ruleset, fingerprint(after), token, plan_id,
+                             input_digest=desired.input_digest if from_dir else None,
+                             config_digest=desired.config_digest if from_dir else None)
         print(f"Apply complete: {len(plan.transaction)} operations in one transaction; "
               f"revision {short_revision(revision)} (digest {digest(ruleset)[:12]}) is live in {target.where}.",
               file=out_stream)

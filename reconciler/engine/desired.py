@@ -17,6 +17,8 @@ class Desired:
     inventory: Inventory
     config: NodeConfig
     ruleset: Ruleset
+    input_digest: str | None = None  # content digest of the manifest tree read
+    config_digest: str | None = None  # intake.config_digest of `config` (after discovery)
 
     @property
     def revision(self) -> str:
@@ -56,7 +58,7 @@ def load_desired(directory: Path, config_path: Path | None, *, strict: bool = Fa
     """Read, validate and compile, logging every problem. Raises InvalidInput when the
     input has errors: invalid input is never applied. `cache_dir`: the intake cache."""
     from reconciler.compile import compile_ruleset
-    from reconciler.intake import load_node_config
+    from reconciler.intake import config_digest, load_node_config
     from reconciler.intake import read_inventory_cached
 
     config, config_problems = load_node_config(str(config_path) if config_path else None,
@@ -73,4 +75,4 @@ def load_desired(directory: Path, config_path: Path | None, *, strict: bool = Fa
     except NftSyntaxError as e:  # defence in depth: validation should have refused it
         logs.log.error(f"{directory}: refusing input that would reach nft unsafely: {e}")
         raise InvalidInput(result.inventory.revision, 1, directory) from None
-    return Desired(result.inventory, config, ruleset)
+    return Desired(result.inventory, config, ruleset, result.digest, config_digest(config, strict=strict))
