@@ -35,7 +35,7 @@ def same(a, b) -> None:
 
 
 def entries(cache_dir: Path) -> list[Path]:
-    return sorted(p for p in cache_dir.rglob("*.json"))
+    return sorted(p for p in cache_dir.rglob("*.jsonl"))
 
 
 # --- property: cached == uncached ------------------------------------------------------------

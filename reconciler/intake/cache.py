@@ -16,7 +16,7 @@ a message is not written (it would be wrong under another path). What depends on
 files (duplicates, cross-document checks, notices per kind, --strict) runs on every read.
 
 Format: JSON only (no pickle or marshal: reading a cache must never run code or crash the
-interpreter). One file per key, `<key[:2]>/<key>.json`: a header line
+interpreter). One file per key, `<key[:2]>/<key>.jsonl` (JSON Lines): a header line
 `{"formatVersion", "nftrec", "key", "sha256" (of the rest)}` and the payload. An entry that
 is unreadable, damaged (checksum), of another format or nftrec, or of the wrong shape is
 ignored with a debug line (`NFTREC_LOG_LEVEL=debug`) and rewritten. Writes are atomic
@@ -105,7 +105,7 @@ class Cache:
         self.misses = 0
 
     def path(self, key: str) -> Path:
-        return self.dir / key[:2] / f"{key}.json"
+        return self.dir / key[:2] / f"{key}.jsonl"
 
     def get(self, key: str) -> dict | None:
         path = self.path(key)
