@@ -31,7 +31,8 @@ import targets  # noqa: E402
 
 def timed(argv, env=None, ok=(0,)) -> float:
     t = time.perf_counter()
-    p = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
+    # cwd=/: `python -c` puts the cwd first on sys.path, which must not shadow --before
+    p = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600, cwd="/")
     dt = time.perf_counter() - t
     if p.returncode not in ok:
         raise SystemExit(f"{' '.join(argv)} exited {p.returncode}:\n{p.stderr[-2000:]}")

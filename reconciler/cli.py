@@ -211,13 +211,15 @@ def plan(
 ) -> None:
     """Show what apply would change in the kernel, grouped by Service."""
     _check_output(output)
-    from reconciler.engine import run_plan, run_plan_noop
+    from reconciler.engine import run_plan_noop
 
     target = _target(config, netns)
     if not refresh and out is None:  # unchanged input, config and kernel: no compile, no listing
         rc = _guard(run_plan_noop, target, directory, config, strict=strict, output=output)
         if rc is not None:
             raise typer.Exit(rc)
+    from reconciler.engine import run_plan  # imported late: the fast path never needs it
+
     desired = _desired(directory, config, netns, strict)
     raise typer.Exit(_guard(run_plan, desired, target, verbose=verbose, output=output,
                             detailed=detailed_exitcode, out=out, refresh=refresh))
