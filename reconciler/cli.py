@@ -84,7 +84,8 @@ def validate(
     _check_output(output)
     from reconciler.intake import run_validate
 
-    raise typer.Exit(run_validate(directory, config_path=config, strict=strict, output=output))
+    raise typer.Exit(run_validate(directory, config_path=config, strict=strict, output=output,
+                                  cache_dir=_cache_dir()))
 
 
 @app.command()
@@ -160,12 +161,27 @@ def _check_netns(netns: Optional[str]) -> None:
                                  param_hint="--netns") from None
 
 
+def _state_root() -> Path:
+    from reconciler.engine import default_state_dir
+
+    return Globals.state_dir or default_state_dir()
+
+
+def _cache_dir() -> Optional[Path]:
+    """The intake cache (reconciler/intake/cache.py) in the state directory;
+    NFTREC_INTAKE_CACHE=off reads without it."""
+    import os
+
+    if os.environ.get("NFTREC_INTAKE_CACHE", "").lower() in ("0", "off", "no", "false"):
+        return None
+    return _state_root() / "cache" / "intake"
+
+
 def _target(config: Optional[Path], netns: Optional[str]):
     """Where a kernel command acts: namespace, table (from the node config), state dir."""
     from reconciler import logs
     from reconciler.engine import Target
     from reconciler.intake import load_node_config
-    from reconciler.engine import default_state_dir
 
     _check_netns(netns)
     cfg, problems = load_node_config(str(config) if config else None, discover=False)
@@ -174,7 +190,7 @@ def _target(config: Optional[Path], netns: Optional[str]):
         logs.problem(p)
     if errors:
         raise typer.Exit(EXIT_ERROR)
-    return Target(netns, cfg.table_name, Globals.state_dir or default_state_dir())
+    return Target(netns, cfg.table_name, _state_root())
 
 
 def _desired(directory: Path, config: Optional[Path], netns: Optional[str], strict: bool,
@@ -185,7 +201,8 @@ def _desired(directory: Path, config: Optional[Path], netns: Optional[str], stri
     from reconciler.engine import InvalidInput, load_desired
 
     try:
-        return load_desired(directory, config, strict=strict, netns=netns, interfaces=interfaces)
+        return load_desired(directory, config, strict=strict, netns=netns, interfaces=interfaces,
+                            cache_dir=_cache_dir())
     except InvalidInput as e:
         logs.log.error(str(e))
         if target is not None:
@@ -250,15 +267,21 @@ def plan(
     detailed_exitcode: bool = typer.Option(False, "--detailed-exitcode",
                                            help="Exit 0 when nothing changes, 2 when something does."),
     out: Optional[Path] = typer.Option(None, "--out", help="Save the plan for `apply --plan FILE`."),
-    refresh: bool = typer.Option(False, "--refresh", help="Always list the kernel's tables "
-                                 "(skip the unchanged-generation fast path)."),
+    refresh: bool = typer.Option(False, "--refresh", help="Always read the manifests and list the "
+                                 "kernel's tables (skip the unchanged-input and unchanged-generation fast paths)."),
     probe: bool = typer.Option(False, "--probe", help=PROBE_HELP),
 ) -> None:
     """Show what apply would change in the kernel, grouped by Service."""
     _check_output(output)
-    from reconciler.engine import run_plan
+    from reconciler.engine import run_plan_noop
 
     target = _target(config, netns)
+    if not refresh and out is None and not probe:  # unchanged input, config and kernel: no compile, no listing
+        rc = _guard(run_plan_noop, target, directory, config, strict=strict, output=output)
+        if rc is not None:
+            raise typer.Exit(rc)
+    from reconciler.engine import run_plan  # imported late: the fast path never needs it
+
     desired = _probed(_desired(directory, config, netns, strict), netns, probe)
     raise typer.Exit(_guard(run_plan, desired, target, verbose=verbose, output=output,
                             detailed=detailed_exitcode, out=out, refresh=refresh))
@@ -288,6 +311,12 @@ def apply(
     target = _target(config, netns)
     desired = None
     if plan_file is None and not rollback:
+        if not probe:
+            from reconciler.engine import run_apply_noop
+
+            rc = _guard(run_apply_noop, target, directory or Path("."), config, strict=strict)
+            if rc is not None:
+                raise typer.Exit(rc)
         desired = _probed(_desired(directory or Path("."), config, netns, strict, target=target), netns, probe)
     elif probe:
         raise typer.BadParameter("--probe needs a manifest directory (not --plan or --rollback)")

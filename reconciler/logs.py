@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
 
@@ -88,7 +89,9 @@ def setup(fmt: str = "text") -> None:
     handler = _Stderr()
     handler.setFormatter(_Json() if fmt == "json" else _Text())
     log.addHandler(handler)
-    log.setLevel(logging.INFO)
+    # NFTREC_LOG_LEVEL=debug shows the debug lines (cache misses, fast-path decisions).
+    level = os.environ.get("NFTREC_LOG_LEVEL", "info").upper()
+    log.setLevel(level if level in ("DEBUG", "INFO", "WARNING", "ERROR") else logging.INFO)
     log.propagate = False
 
 

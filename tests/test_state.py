@@ -126,9 +126,9 @@ def test_status_json_is_the_documented_form(store):
     assert set(doc) == {
         "formatVersion", "netns", "table", "lastAppliedRevision", "lastAppliedAt", "lastAppliedPlanId",
         "lastAttemptedRevision", "lastAttemptedAt", "lastError", "desiredDigest", "liveFingerprint",
-        "kernelGeneration", "nftrecVersion",
+        "kernelGeneration", "nftrecVersion", "inputDigest", "configDigest",
     }
-    assert doc["kernelGeneration"] is None
+    assert doc["kernelGeneration"] is None and doc["inputDigest"] is None and doc["configDigest"] is None
     readme = (REPO / "state" / "README.md").read_text()
     for key in doc:  # every field is documented
         assert f"`{key}`" in readme, key
@@ -357,3 +357,30 @@ def test_module_constants():
     assert state_mod.HISTORY_KEEP == 5
     with pytest.raises(ValueError, match="keep at least 2"):
         StateStore(Path("/tmp"), keep=1)
+
+
+def test_status_without_the_fast_path_digests_reads_as_null(store):
+    """Files written before inputDigest/configDigest existed stay readable (formatVersion 1)."""
+    store.record_applied("rev1", ruleset(1), "fp1", 7, input_digest="in", config_digest="cfg")
+    assert (store.status().input_digest, store.status().config_digest) == ("in", "cfg")
+    doc = json.loads(store.status_path.read_text())
+    del doc["inputDigest"], doc["configDigest"]
+    store.status_path.write_text(json.dumps(doc))
+    st = store.status()
+    assert (st.input_digest, st.config_digest, st.kernel_generation) == (None, None, 7)
+    doc["inputDigest"] = 5  # present but of the wrong type: corrupt, as any field
+    store.status_path.write_text(json.dumps(doc))
+    with pytest.raises(StateCorrupt):
+        store.status()
+
+
+def test_record_noop_moves_the_revision_and_keeps_ruleset_digests_and_token(store):
+    store.record_applied("rev1", ruleset(1), "fp1", 7, input_digest="in", config_digest="cfg")
+    files = sorted(store.history_dir.iterdir())
+    st = store.record_noop("rev2")
+    assert (st.last_applied_revision, st.last_attempted_revision, st.last_error) == ("rev2", "rev2", None)
+    assert (st.desired_digest, st.kernel_generation, st.input_digest, st.config_digest) == \
+        (digest(ruleset(1)), 7, "in", "cfg")
+    assert sorted(store.history_dir.iterdir()) == files
+    # an apply from a saved plan or a rollback clears them: no fast path afterwards
+    assert store.record_applied("rev3", ruleset(2), "fp", 8).input_digest is None

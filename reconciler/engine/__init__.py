@@ -3,9 +3,10 @@
     desired (intake + compile) ─► changes (desired vs live) ─► plan (+ ~ - per Service)
         ─► sync (one transaction, verified) ─► state (status, history), under lock
 
-`apply` is plan, apply and status; `teardown` is cleanup; `doctor` checks the host;
-`planfile` is a saved plan; `target` says where a command acts; `review` is `nftrec diff`
-(two manifest trees or git revisions, planned against each other without a kernel).
+`apply` is plan, apply and status; `noop` is their fast path for unchanged input;
+`teardown` is cleanup; `doctor` checks the host; `planfile` is a saved plan; `target` says
+where a command acts; `review` is `nftrec diff` (two manifest trees or git revisions,
+planned against each other without a kernel).
 """
 
 from reconciler import lazy_exports
@@ -16,6 +17,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "desired": ("Desired", "InvalidInput", "load_desired", "node_address_discovery", "node_ip_discovery"),
     "doctor": ("run_doctor",),
     "lock": ("LockHeld",),
+    "noop": ("run_apply_noop", "run_plan_noop"),
     "plan": ("make_plan",),
     "probes": ("probe_desired", "read_probe_state", "write_probe_state"),
     "review": ("run_diff",),

@@ -73,7 +73,8 @@ def run_plan(desired, target: Target, *, verbose: bool, output: str, detailed: b
         live, _fast = read_live_state(nft, target, refresh=refresh or out is not None)
         services = {s.key: s for s in desired.inventory.services}
         plan = make_plan(desired.ruleset, live, services, _derived_hints(desired))
-        context = {"netns": target.netns, "table": target.table, "revision": desired.revision}
+        context = {"netns": target.netns, "table": target.table, "revision": desired.revision,
+                   "fastPath": False}
         if out is not None:
             saved = planfile.SavedPlan.create(
                 netns=target.netns or HOST, table=target.table, revision=desired.revision,
@@ -167,8 +168,11 @@ def run_apply(target: Target, *, desired=None, plan_path: Path | None = None,
             after, token = verify_applied(nft, target, ruleset)
         else:
             after, token = verify_touched(nft, target, ruleset, plan, token_before=token_before)
+        from_dir = desired is not None and plan_path is None and not rollback
         store.record_applied(revision, ruleset, fingerprint(after if after is not None else canonical(ruleset)),
-                             token, plan_id)
+                             token, plan_id,
+                             input_digest=desired.input_digest if from_dir else None,
+                             config_digest=desired.config_digest if from_dir else None)
         if desired is not None:
             # as kube-proxy after every sync; a saved plan or a rollback carries no model to
             # tell endpoints from frontends, so the next apply from manifests (or watch) does it

@@ -17,6 +17,8 @@ class Desired:
     inventory: Inventory
     config: NodeConfig
     ruleset: Ruleset
+    input_digest: str | None = None  # content digest of the manifest tree read
+    config_digest: str | None = None  # intake.config_digest of `config` (after discovery)
 
     @property
     def revision(self) -> str:
@@ -54,6 +56,16 @@ def node_address_discovery(netns: str | None):
     return _in_target(netns, discover_host_addresses)
 
 
+def load_config(config_path: Path | None, netns: str | None, *, interfaces: bool = True):
+    """(the effective node config, problems): what compile sees, with node IPs and (unless
+    `interfaces` is False: render) the interface addresses discovered in the target
+    namespace. The no-op fast path digests exactly this."""
+    from reconciler.intake import load_node_config
+
+    return load_node_config(str(config_path) if config_path else None, discover_ips=node_ip_discovery(netns),
+                            discover_addresses=node_address_discovery(netns) if interfaces else None)
+
+
 class InvalidInput(Exception):
     """The manifests or the node config have errors (each already logged)."""
 
@@ -64,18 +76,16 @@ class InvalidInput(Exception):
 
 
 def load_desired(directory: Path, config_path: Path | None, *, strict: bool = False,
-                 netns: str | None = None, interfaces: bool = True) -> Desired:
+                 netns: str | None = None, interfaces: bool = True, cache_dir: Path | None = None) -> Desired:
     """Read, validate and compile, logging every problem. Raises InvalidInput when the
     input has errors: invalid input is never applied. interfaces=False (render): the
-    node's interface addresses are not listed; nodeIPs stand in for them."""
+    node's interface addresses are not listed; nodeIPs stand in for them. `cache_dir`:
+    the intake cache."""
     from reconciler.compile import compile_ruleset
-    from reconciler.intake import load_node_config
-    from reconciler.intake import read_inventory
+    from reconciler.intake import config_digest, read_inventory_cached
 
-    config, config_problems = load_node_config(str(config_path) if config_path else None,
-                                               discover_ips=node_ip_discovery(netns),
-                                               discover_addresses=node_address_discovery(netns) if interfaces else None)
-    result = read_inventory(directory, strict=strict)
+    config, config_problems = load_config(config_path, netns, interfaces=interfaces)
+    result = read_inventory_cached(directory, cache_dir, strict=strict)
     problems = list(config_problems) + list(result.problems)
     for p in problems:
         logs.problem(p)
@@ -89,7 +99,7 @@ def load_desired(directory: Path, config_path: Path | None, *, strict: bool = Fa
         logs.log.error(f"{directory}: refusing input that would reach nft unsafely: {e}")
         raise InvalidInput(result.inventory.revision, 1, directory) from None
     _warn_loopback(config)
-    return Desired(result.inventory, config, ruleset)
+    return Desired(result.inventory, config, ruleset, result.digest, config_digest(config, strict=strict))
 
 
 def _warn_loopback(config: NodeConfig) -> None:

@@ -25,13 +25,13 @@ import contextlib
 import json
 import os
 import re
-import tempfile
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
 from reconciler import logs
+from reconciler.atomic import atomic_write, fsync_dir  # noqa: F401 - planfile and tests use them from here
 from reconciler.compile import Ruleset
 from reconciler.compile import SerializeError, digest, ruleset_from_json, ruleset_to_json
 
@@ -114,39 +114,7 @@ def nftrec_version() -> str:
     return str(__version__)
 
 
-# --- atomic files ----------------------------------------------------------------------
-
-
-def fsync_dir(directory: Path) -> None:
-    """Make a rename in `directory` durable (POSIX: the entry lives in the directory)."""
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
-    """Replace `path` with `data` so that readers and crashes see the old or the new file.
-
-    The temp file is in the same directory (rename is atomic only within a filesystem)
-    and is fsynced before the rename, so the new name never points at unwritten blocks.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp-", suffix="")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), mode)
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    fsync_dir(path.parent)
+# --- atomic files (the one implementation is reconciler/atomic.py) ----------------------
 
 
 def _dump(doc: dict) -> bytes:
@@ -185,6 +153,12 @@ _STATUS_FIELDS: tuple[tuple[str, str, tuple[type, ...], bool], ...] = (
     ("kernelGeneration", "kernel_generation", (int,), True),
     ("nftrecVersion", "nftrec_version", (str,), True),
 )
+# Added later, within formatVersion 1: a file without them reads them as null (which
+# only disables the no-op fast path), and older nftrecs ignore them.
+_OPTIONAL_STATUS_FIELDS: tuple[tuple[str, str, tuple[type, ...], bool], ...] = (
+    ("inputDigest", "input_digest", (str,), True),
+    ("configDigest", "config_digest", (str,), True),
+)
 
 
 @dataclass
@@ -203,6 +177,8 @@ class Status:
     live_fingerprint: str | None = None  # fingerprint of the live tables right after that apply
     kernel_generation: int | None = None  # nftables ruleset generation after that apply
     nftrec_version: str | None = None
+    input_digest: str | None = None  # content digest of the manifest tree of the last apply
+    config_digest: str | None = None  # effective node config + options + code of that apply
     format_version: int = FORMAT_VERSION
 
     @property
@@ -211,7 +187,7 @@ class Status:
 
     def to_json(self) -> dict:
         doc: dict[str, Any] = {"formatVersion": self.format_version}
-        for key, attr, _, _ in _STATUS_FIELDS:
+        for key, attr, _, _ in _STATUS_FIELDS + _OPTIONAL_STATUS_FIELDS:
             doc[key] = getattr(self, attr)
         return doc
 
@@ -226,8 +202,10 @@ class Status:
             newer = " (written by a newer nftrec?)" if version > FORMAT_VERSION else ""
             raise StateCorrupt(path, f"has formatVersion {version}{newer}; this nftrec reads {FORMAT_VERSION}")
         values: dict[str, Any] = {}
-        for key, attr, types, nullable in _STATUS_FIELDS:
+        for key, attr, types, nullable in _STATUS_FIELDS + _OPTIONAL_STATUS_FIELDS:
             if key not in doc:
+                if (key, attr, types, nullable) in _OPTIONAL_STATUS_FIELDS:
+                    continue
                 raise StateCorrupt(path, f"lacks the field {key!r}")
             v = doc[key]
             ok = (v is None and nullable) or (isinstance(v, types) and not isinstance(v, bool))
@@ -353,8 +331,15 @@ class StateStore:
         fingerprint: str | None,
         generation: int | None,
         plan_id: str | None = None,
+        *,
+        input_digest: str | None = None,
+        config_digest: str | None = None,
     ) -> Status:
         """Record a successful apply: status, and a history entry unless the ruleset is unchanged.
+
+        `input_digest` and `config_digest` say which manifests and effective node config
+        the ruleset was compiled from; None (a saved plan, a rollback, watch) disables
+        the no-op fast path until the next apply of a directory.
 
         The history file is written before status.json, so status never names a
         ruleset that is not on disk; a crash in between leaves one extra history entry.
@@ -387,9 +372,24 @@ class StateStore:
         st.live_fingerprint = fingerprint
         st.kernel_generation = generation
         st.nftrec_version = nftrec_version()
+        st.input_digest = input_digest
+        st.config_digest = config_digest
         self._write_status(st)
         self._prune()
         self._sweep_temp_files()
+        return st
+
+    def record_noop(self, revision: str | None) -> Status:
+        """Record an apply that found nothing to do without compiling (the no-op fast
+        path): the revision and times move on, the ruleset, digests and token stay."""
+        st = self.status()
+        now = self._clock()
+        st.last_applied_revision = st.last_attempted_revision = revision
+        st.last_applied_at = st.last_attempted_at = now
+        st.last_applied_plan_id = None
+        st.last_error = None
+        st.nftrec_version = nftrec_version()
+        self._write_status(st)
         return st
 
     # -- history --

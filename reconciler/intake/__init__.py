@@ -4,14 +4,17 @@
     own rules) ─► inventory (model.Inventory)      node config ─► config (model.NodeConfig)
 
 `incremental` reads the same directory again and again, re-parsing only what changed
-(`nftrec watch`); `report` is the `validate` command; `sources` reads `-` (stdin), `git`
-one revision of a repository (`nftrec diff --git`). Other stages use only these names.
+(`nftrec watch`); `cache` keeps per-file results on disk for one-shot runs, keyed by
+content (`digests`); `report` is the `validate` command; `sources` reads `-` (stdin),
+`git` one revision of a repository (`nftrec diff --git`). Other stages use only these names.
 """
 
 from reconciler import lazy_exports
 
 __all__, __getattr__ = lazy_exports(__name__, {
+    "cache": ("read_inventory_cached",),
     "config": ("DEFAULT_PATH", "discover_host_addresses", "discover_node_ips", "load_node_config"),
+    "digests": ("InputDigest", "code_digest", "config_digest", "input_digest"),
     "git": ("GitError", "merge_base", "parse_range", "read_revision", "resolve"),
     "incremental": ("Intake", "Snapshot"),
     "inventory": ("InventoryResult", "read_inventory"),

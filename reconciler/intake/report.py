@@ -20,17 +20,25 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
 
-def run_validate(root, *, config_path=None, strict: bool = False, output: str = "text", stream: TextIO | None = None) -> int:
+def run_validate(root, *, config_path=None, strict: bool = False, output: str = "text", stream: TextIO | None = None,
+                 cache_dir=None) -> int:
     """`nftrec validate`: print every problem; 0 valid, 1 invalid. Needs no root or kernel.
 
     JSON output (`output="json"`) is one document:
     {"valid": bool, "objects": N, "errors": N, "warnings": N, "notices": N,
      "revision": str, "problems": [{file, line, col, kind, obj, field, message, severity}]}
+
+    `cache_dir`: the intake cache (intake/cache.py) to use; None reads without one.
     """
     from reconciler.intake.sources import display_root
 
     stream = stream or sys.stdout
-    res = read_inventory(root, strict=strict)
+    if cache_dir is not None:
+        from reconciler.intake.cache import read_inventory_cached
+
+        res = read_inventory_cached(root, cache_dir, strict=strict)
+    else:
+        res = read_inventory(root, strict=strict)
     root = display_root(root)  # `-`: <stdin>
     problems = list(res.problems)
     if config_path is not None or Path(DEFAULT_PATH).is_file():

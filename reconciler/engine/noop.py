@@ -1,0 +1,121 @@
+"""The no-op fast path of `plan` and `apply`: answer "No changes" without reading the
+manifests' YAML, compiling or listing the kernel's tables.
+
+It holds when all three are unchanged since the last apply of a directory:
+- the manifests: `intake.input_digest` (sorted paths + file bytes, the same digest
+  `LoadResult.digest` is; a read and a hash per file, no parsing) equals status'
+  `inputDigest`;
+- the effective node config: `intake.config_digest` of the config as `load_desired`
+  builds it, i.e. *after* node address discovery (when nodeIPs is not set, the addresses
+  are discovered in the target namespace, as for a compile) and with the default node
+  name, plus --strict and the code digest (nftrec version, sources, schemas), equals
+  `configDigest`;
+- the kernel: its generation token (a commit by anyone in the namespace changes it)
+  equals `kernelGeneration`.
+Then the kernel holds what the last apply left, which is what this input compiles to.
+Anything unusual (no digests recorded, problems in the walk or the config) takes the
+normal path, which reports it. `--refresh` and `--out` never take this path.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from reconciler import logs
+from reconciler.compile import Ruleset
+from reconciler.engine.changes import Changes
+from reconciler.engine.lock import LockHeld
+from reconciler.engine.plan import Plan, format_text, to_json
+from reconciler.engine.state import read_status
+from reconciler.engine.target import CommandError, Target, short_revision
+from reconciler.kernel import Transaction, kernel_token
+
+
+@dataclass(frozen=True)
+class Noop:
+    revision: str
+
+
+def _why_not(target: Target, directory: Path, config_path: Path | None, *, strict: bool) -> tuple[Noop | None, str]:
+    from reconciler.engine.desired import load_config
+    from reconciler.intake import config_digest, input_digest, is_stdin
+
+    if is_stdin(directory):
+        return None, "the manifests come from standard input"
+
+    st = read_status(target.store())
+    if not st.input_digest or not st.config_digest or st.kernel_generation is None:
+        return None, "the last apply recorded no input and config digests"
+    nft = target.nft()
+    try:
+        if kernel_token(nft) != st.kernel_generation:
+            return None, "the kernel's ruleset generation changed since the last apply"
+        d = input_digest(directory)
+        if d.problems:
+            return None, "reading the manifest directory found problems"
+        if d.digest != st.input_digest:
+            return None, "the manifests changed since the last apply"
+        cfg, problems = load_config(config_path, target.netns)  # as load_desired reads it
+        if problems:
+            return None, "the node config has problems"
+        if config_digest(cfg, strict=strict) != st.config_digest:
+            return None, "the effective node config (or --strict, or nftrec) changed since the last apply"
+    finally:
+        nft.close()
+    return Noop(d.revision), ""
+
+
+def check_noop(target: Target, directory: Path, config_path: Path | None, *, strict: bool) -> Noop | None:
+    """A Noop when input, config and kernel are unchanged since the last apply, else None."""
+    noop, why = _why_not(target, directory, config_path, strict=strict)
+    if noop is None:
+        logs.log.debug(f"no-op fast path not taken: {why}")
+    else:
+        logs.log.debug("no-op fast path: manifests, effective node config and kernel generation are unchanged "
+                       "since the last apply; not compiling or listing")
+    return noop
+
+
+def _empty_plan() -> Plan:
+    return Plan(Ruleset(), Changes(), Transaction(), [], [])
+
+
+def run_plan_noop(target: Target, directory: Path, config_path: Path | None, *, strict: bool, output: str,
+                  out_stream: TextIO = sys.stdout) -> int | None:
+    """`plan` through the fast path: the exit code, or None when it does not hold."""
+    noop = check_noop(target, directory, config_path, strict=strict)
+    if noop is None:
+        return None
+    plan = _empty_plan()
+    if output == "json":
+        import json
+
+        doc = to_json(plan, netns=target.netns, table=target.table, revision=noop.revision, fastPath=True)
+        json.dump(doc, out_stream, indent=2)
+        out_stream.write("\n")
+    else:
+        out_stream.write(format_text(plan))
+    return 0
+
+
+def run_apply_noop(target: Target, directory: Path, config_path: Path | None, *, strict: bool,
+                   out_stream: TextIO = sys.stdout) -> int | None:
+    """`apply` through the fast path (under the lock): records the revision, or None."""
+    try:
+        lock = target.lock().acquire()
+    except LockHeld as e:
+        raise CommandError(str(e)) from None
+    try:
+        noop = check_noop(target, directory, config_path, strict=strict)
+        if noop is None:
+            return None
+        target.store().record_noop(noop.revision)
+        out_stream.write(format_text(_empty_plan()))
+        print(f"Apply complete: 0 operations; revision {short_revision(noop.revision)} is live in "
+              f"{target.where} (unchanged since the last apply).", file=out_stream)
+        return 0
+    finally:
+        lock.release()

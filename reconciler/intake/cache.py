@@ -1,0 +1,417 @@
+"""The intake cache: parsed, validated and modelled documents per manifest file, kept in
+the state directory (`<state-dir>/cache/intake/`) so that one-shot runs (`validate`,
+`render`, `plan`, `apply`) re-use them across runs and across git-sync's worktree paths.
+
+Pipeline position: load -> validate -> model, each skipped for a file whose entry exists.
+
+Key: `digests.file_key` = sha256 of the file's bytes, the parser (suffix) and the code
+digest (nftrec version, sources, JSON Schemas). Never the path or the stat: the same bytes
+under another path hit, and a file edited in place (same size, same mtime) misses.
+
+An entry holds what the file yields on its own: load's problems, each document (data,
+position, List path), its per-document checks (validate.check_document) and its model
+objects. Paths are not stored: the display path of the current read is re-attached to
+every problem, document and model `Source`. An entry whose result would name its path in
+a message is not written (it would be wrong under another path). What depends on other
+files (duplicates, cross-document checks, notices per kind, --strict) runs on every read.
+
+Format: JSON only (no pickle or marshal: reading a cache must never run code or crash the
+interpreter). One file per key, `<key[:2]>/<key>.jsonl` (JSON Lines): a header line
+`{"formatVersion", "nftrec", "key", "sha256" (of the rest)}` and the payload. An entry that
+is unreadable, damaged (checksum), of another format or nftrec, or of the wrong shape is
+ignored with a debug line (`NFTREC_LOG_LEVEL=debug`) and rewritten. Writes are atomic
+(temp file + rename, `reconciler.atomic`), so concurrent nftrec processes never see half an
+entry; no fsync: a damaged entry after a power loss fails its checksum.
+
+Size: entries used by a run get their mtime refreshed; when a run wrote entries and the
+cache holds more than max(MAX_ENTRIES, 3 x the files read), the least recently used ones
+not used by this run are deleted, and stray temp files older than an hour.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from reconciler import logs
+from reconciler.atomic import atomic_write
+from reconciler.intake import digests, load, model
+from reconciler.intake.inventory import InventoryResult, build_inventory, model_objects, read_inventory
+from reconciler.intake.sources import is_stdin
+from reconciler.intake.load import Document, SourceFile
+from reconciler.intake.problems import Problem
+from reconciler.intake.schema_errors import Obj
+from reconciler.intake.validate import DocumentCheck, check_document, check_tree
+
+FORMAT_VERSION = 1
+MAX_ENTRIES = 4096
+_TEMP_MAX_AGE = 3600.0
+_MODEL_TYPES = {c.__name__: c for c in (model.Service, model.ServicePort, model.LoadBalancerIngress,
+                                        model.Endpoint, model.EndpointPort, model.EndpointSlice,
+                                        model.ServiceCIDR)}
+
+
+def _field_kinds(cls) -> tuple[tuple[str, int, str], ...]:
+    """(name, how to decode, model type) per field but `source`, from the annotations:
+    0 a scalar, 1 a tuple of scalars (or None), 2 a tuple of model objects, 3 one."""
+    out = []
+    for f in fields(cls):
+        if f.name == "source":
+            continue
+        ann = str(f.type).replace(" ", "")
+        inner = ann[len("tuple["):].split(",")[0].rstrip("]") if ann.startswith("tuple[") else ""
+        if inner in _MODEL_TYPES:
+            out.append((f.name, 2, inner))
+        elif ann.startswith("tuple["):
+            out.append((f.name, 1, ""))
+        elif ann in _MODEL_TYPES:
+            out.append((f.name, 3, ann))
+        else:
+            out.append((f.name, 0, ""))
+    return tuple(out)
+
+
+_KINDS = {name: _field_kinds(c) for name, c in _MODEL_TYPES.items()}
+_SOURCED = {name for name, c in _MODEL_TYPES.items() if any(f.name == "source" for f in fields(c))}
+
+
+class _Unfit(Exception):
+    """This file's result cannot be stored path-free."""
+
+
+class _Corrupt(Exception):
+    """An entry that cannot be trusted."""
+
+
+@dataclass
+class _FileResult:
+    problems: list[Problem]  # load's problems for this file
+    docs: list[Document]
+    checks: list[DocumentCheck]
+    models: list[list | None]  # per document: its model objects, None when not valid on its own
+
+
+class Cache:
+    """One cache directory; every method is safe against other processes using it."""
+
+    def __init__(self, directory: Path | str):
+        self.dir = Path(directory)
+        self.used: list[Path] = []
+        self.written = 0
+        self.hits = 0
+        self.misses = 0
+
+    def path(self, key: str) -> Path:
+        return self.dir / key[:2] / f"{key}.jsonl"
+
+    def get(self, key: str) -> dict | None:
+        path = self.path(key)
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            logs.log.debug(f"intake cache: cannot read {path} ({e.strerror or e}); parsing the file instead")
+            return None
+        try:
+            payload = _check_entry(raw, key)
+        except _Corrupt as e:
+            logs.log.debug(f"intake cache: ignoring {path}: {e}; parsing the file and rewriting the entry")
+            return None
+        self.used.append(path)
+        return payload
+
+    def put(self, key: str, payload: dict) -> None:
+        from reconciler import __version__
+
+        try:
+            body = json.dumps(payload, ensure_ascii=True, separators=(",", ":"), allow_nan=True).encode("ascii")
+        except (TypeError, ValueError, RecursionError) as e:  # a value JSON cannot hold
+            logs.log.debug(f"intake cache: not caching an entry ({e})")
+            return
+        header = json.dumps({"formatVersion": FORMAT_VERSION, "nftrec": str(__version__), "key": key,
+                             "sha256": hashlib.sha256(body).hexdigest()}, separators=(",", ":")).encode()
+        path = self.path(key)
+        try:
+            atomic_write(path, header + b"\n" + body, durable=False)
+        except OSError as e:  # a read-only or full state directory: run without the cache
+            logs.log.debug(f"intake cache: cannot write {path} ({e.strerror or e}); continuing without it")
+            return
+        self.used.append(path)
+        self.written += 1
+
+    def touch_and_prune(self, files_read: int) -> None:
+        """Refresh the mtime of the entries this run used; prune when this run wrote."""
+        now = time.time()
+        for p in self.used:
+            try:
+                os.utime(p, (now, now))
+            except OSError:
+                pass
+        if not self.written:
+            return
+        cap = max(MAX_ENTRIES, 3 * files_read)
+        used = set(self.used)
+        entries: list[tuple[float, Path]] = []
+        try:
+            subdirs = list(os.scandir(self.dir))
+        except OSError:
+            return
+        for d in subdirs:
+            if not d.is_dir(follow_symlinks=False):
+                continue
+            try:
+                for e in os.scandir(d.path):
+                    try:
+                        mtime = e.stat(follow_symlinks=False).st_mtime
+                    except OSError:
+                        continue
+                    if e.name.startswith("."):  # a temp file of an interrupted write
+                        if now - mtime > _TEMP_MAX_AGE:
+                            _unlink(Path(e.path))
+                        continue
+                    if Path(e.path) not in used:
+                        entries.append((mtime, Path(e.path)))
+            except OSError:
+                continue
+        excess = len(entries) + len(used) - cap
+        if excess > 0:
+            for _, p in sorted(entries)[:excess]:
+                _unlink(p)
+
+
+def _unlink(p: Path) -> None:
+    try:
+        p.unlink()
+    except OSError:
+        pass
+
+
+def _check_entry(raw: bytes, key: str) -> dict:
+    from reconciler import __version__
+
+    head, sep, body = raw.partition(b"\n")
+    if not sep:
+        raise _Corrupt("no header line (truncated?)")
+    try:
+        header = json.loads(head)
+    except (ValueError, RecursionError):
+        raise _Corrupt("the header is not JSON") from None
+    if not isinstance(header, dict):
+        raise _Corrupt("the header is not a JSON object")
+    if header.get("formatVersion") != FORMAT_VERSION:
+        raise _Corrupt(f"format {header.get('formatVersion')!r}, this nftrec reads {FORMAT_VERSION}")
+    if header.get("nftrec") != str(__version__):
+        raise _Corrupt(f"written by nftrec {header.get('nftrec')!r}, this is {__version__}")
+    if header.get("key") != key:
+        raise _Corrupt("it belongs to another key (a foreign or moved file)")
+    if header.get("sha256") != hashlib.sha256(body).hexdigest():
+        raise _Corrupt("its checksum does not match (damaged)")
+    try:
+        payload = json.loads(body)
+    except (ValueError, RecursionError):
+        raise _Corrupt("the payload is not JSON") from None
+    if not isinstance(payload, dict):
+        raise _Corrupt("the payload is not a JSON object")
+    return payload
+
+
+# --- encoding: path-free -------------------------------------------------------------------
+
+
+def _problem_out(p: Problem, display: str) -> list:
+    if p.file != display or (display and any(display in s for s in (p.message, p.obj, p.field))):
+        raise _Unfit
+    return [p.line, p.col, p.kind, p.obj, p.field, p.message, p.severity]
+
+
+def _problem_in(v: list, display: str) -> Problem:
+    line, col, kind, obj, fld, message, severity = v
+    if not (type(line) is int and type(col) is int and all(type(s) is str for s in (kind, obj, fld, message, severity))):
+        raise _Corrupt("a problem has the wrong shape")
+    return Problem(display, line, col, kind, obj, fld, message, severity)
+
+
+def _model_out(v, display: str) -> list:
+    """[type, (line, col,) field values...]: positional, in dataclass field order."""
+    name = type(v).__name__
+    if _MODEL_TYPES.get(name) is not type(v):
+        raise _Unfit
+    out: list = [name]
+    if name in _SOURCED:
+        if v.source.file != display:
+            raise _Unfit
+        out += [v.source.line, v.source.col]
+    for fname, how, _ in _KINDS[name]:
+        x = getattr(v, fname)
+        if how == 0:
+            if x is not None and type(x) not in (str, int, bool, float):
+                raise _Unfit
+            out.append(x)
+        elif how == 1:
+            if x is not None and any(type(y) not in (str, int, bool, float) for y in x):
+                raise _Unfit
+            out.append(None if x is None else list(x))
+        elif how == 2:
+            out.append([_model_out(y, display) for y in x])
+        else:
+            out.append(None if x is None else _model_out(x, display))
+    return out
+
+
+def _model_in(v: list, display: str):
+    name = v[0]
+    cls = _MODEL_TYPES.get(name) if type(name) is str else None
+    if cls is None:
+        raise _Corrupt(f"unknown model type {name!r}")
+    kinds = _KINDS[name]
+    at = 1
+    kwargs = {}
+    if name in _SOURCED:
+        kwargs["source"] = model.Source(display, v[1], v[2])
+        at = 3
+    if len(v) - at != len(kinds):
+        raise _Corrupt(f"a {name} has {len(v) - at} fields, not {len(kinds)}")
+    args = []
+    for (_, how, _), x in zip(kinds, v[at:]):
+        if how == 0:
+            args.append(x)
+        elif how == 1:
+            args.append(None if x is None else tuple(x))
+        elif how == 2:
+            args.append(tuple([_model_in(y, display) for y in x]))
+        else:
+            args.append(None if x is None else _model_in(x, display))
+    return cls(*args, **kwargs)
+
+
+def _encode(res: _FileResult, display: str) -> dict:
+    docs = []
+    for doc, chk, models in zip(res.docs, res.checks, res.models):
+        o = chk.obj
+        docs.append({
+            "data": doc.data, "line": doc.source.line, "col": doc.source.col, "index": doc.index,
+            "path": list(doc.path),
+            "obj": None if o is None else [o.kind, o.namespace, o.name, o.valid],
+            "problems": [_problem_out(p, display) for p in chk.problems],
+            "unknown": chk.unknown_kind,
+            "models": None if models is None else [_model_out(m, display) for m in models],
+        })
+    return {"problems": [_problem_out(p, display) for p in res.problems], "docs": docs}
+
+
+def _decode(payload: dict, display: str, real: Path, raw: bytes) -> _FileResult:
+    src = SourceFile(display, str(real), raw.decode("utf-8-sig"))
+    problems = [_problem_in(p, display) for p in payload["problems"]]
+    docs, checks, models = [], [], []
+    for d in payload["docs"]:
+        data, line, col, index = d["data"], d["line"], d["col"], d["index"]
+        if not (type(data) is dict and type(line) is int and type(col) is int and type(index) is int):
+            raise _Corrupt("a document has the wrong shape")
+        doc = Document(data, model.Source(display, line, col), display, index, tuple(d["path"]), src)
+        o = d["obj"]
+        obj = None
+        if o is not None:
+            kind, ns, name, valid = o
+            obj = Obj(doc, kind, ns, name, bool(valid))
+        unknown = d["unknown"]
+        if unknown is not None and type(unknown) is not str:
+            raise _Corrupt("a document has the wrong shape")
+        docs.append(doc)
+        checks.append(DocumentCheck(obj, tuple(_problem_in(p, display) for p in d["problems"]), unknown))
+        m = d["models"]
+        models.append(None if m is None else [_model_in(x, display) for x in m])
+    return _FileResult(problems, docs, checks, models)
+
+
+# --- one file, one tree ----------------------------------------------------------------------
+
+
+class _Recorder:
+    """Stands in for load's hasher: keeps the bytes it is fed (display path + raw)."""
+
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+
+    def update(self, b: bytes) -> None:
+        self.parts.append(b)
+
+
+def _parse(display: str, real: Path, hasher) -> _FileResult:
+    problems: list[Problem] = []
+    docs: list[Document] = []
+    load.read_file(display, real, problems, docs, hasher)
+    checks = [check_document(d) for d in docs]
+    models = [model_objects(c.obj) if c.obj is not None and c.obj.valid else None for c in checks]
+    return _FileResult(problems, docs, checks, models)
+
+
+def read_file_cached(display: str, real: Path, cache: Cache | None, hasher) -> _FileResult:
+    """One file's load + per-document checks + models, from the cache when its bytes'
+    entry exists; feeds `hasher` what load.read_file would."""
+    raw = digests.read_bytes(real) if cache is not None else None
+    if raw is None:
+        return _parse(display, real, hasher)
+    key = digests.file_key(raw, "json" if real.name.endswith(".json") else "yaml")
+    payload = cache.get(key)
+    if payload is not None:
+        try:
+            res = _decode(payload, display, real, raw)
+        except _Corrupt as e:
+            logs.log.debug(f"intake cache: ignoring {cache.path(key)}: {e}; parsing the file and rewriting the entry")
+        except (KeyError, TypeError, ValueError, AttributeError, RecursionError, UnicodeDecodeError) as e:
+            logs.log.debug(f"intake cache: ignoring {cache.path(key)}: wrong shape ({type(e).__name__}: {e}); "
+                           "parsing the file and rewriting the entry")
+        else:
+            cache.hits += 1
+            hasher.update(digests.chunk(display, raw))
+            return res
+    cache.misses += 1
+    rec = _Recorder()
+    res = _parse(display, real, rec)
+    for part in rec.parts:
+        hasher.update(part)
+    # Store only what was parsed from exactly the bytes the key was made of (the file may
+    # have changed between our read and load's).
+    if rec.parts == [digests.chunk(display, raw)]:
+        try:
+            payload = _encode(res, display)
+        except _Unfit:
+            logs.log.debug(f"intake cache: {display}: its result names its path; not cached")
+        else:
+            cache.put(key, payload)
+    return res
+
+
+def read_inventory_cached(root: str | Path, cache_dir: Path | str | None, *, strict: bool = False) -> InventoryResult:
+    """What inventory.read_inventory returns (same problems, same model), with per-file
+    results from the cache in `cache_dir` (None: no cache, the same code path)."""
+    if is_stdin(root):  # read once, nothing to key a cache on
+        return read_inventory(root, strict=strict)
+    cache = Cache(cache_dir) if cache_dir is not None else None
+    resolved, paths, problems = digests.walk(root)
+    hasher = hashlib.sha256()
+    docs: list[Document] = []
+    checks: list[DocumentCheck] = []
+    models: dict[int, list] = {}
+    for display, real in paths:
+        res = read_file_cached(display, real, cache, hasher)
+        problems.extend(res.problems)
+        docs.extend(res.docs)
+        checks.extend(res.checks)
+        for doc, m in zip(res.docs, res.models):
+            if m is not None:
+                models[id(doc)] = m
+    digest = hasher.hexdigest()
+    revision = digests.revision_of(resolved, digest)
+    checked = check_tree(problems, docs, checks, strict=strict)
+    inventory = build_inventory(checked.objects, revision, make=lambda o: models[id(o.doc)])
+    if cache is not None:
+        cache.touch_and_prune(len(paths))
+        logs.log.debug(f"intake cache {cache.dir}: {cache.hits} hit(s), {cache.misses} miss(es), "
+                       f"{cache.written} written")
+    return InventoryResult(inventory, checked.problems, checked.documents, len(paths), digest)

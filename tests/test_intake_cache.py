@@ -1,0 +1,315 @@
+"""The intake cache (reconciler/intake/cache.py): the same problems and the same model as
+an uncached read, cold and warm, under any path; keyed by content, not stat; damaged,
+foreign and old entries ignored with a debug line and rebuilt; concurrent writers."""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import multiprocessing
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from reconciler.intake import cache as intake_cache
+from reconciler.intake import digests, input_digest, read_inventory, read_inventory_cached
+from reconciler.intake.load import load_manifests
+
+from test_inventory_props import EXAMPLES, dump, manifests
+
+
+def same(a, b) -> None:
+    """Two InventoryResults are the same: problems, model (with sources), counts."""
+    assert [p.to_json() for p in a.problems] == [p.to_json() for p in b.problems]
+    assert a.inventory == b.inventory
+    for x, y in ((a.inventory.services, b.inventory.services), (a.inventory.endpoint_slices, b.inventory.endpoint_slices),
+                 (a.inventory.service_cidrs, b.inventory.service_cidrs)):
+        assert [o.source for o in x] == [o.source for o in y]
+    assert (a.documents, a.files, a.digest, a.inventory.revision) == (b.documents, b.files, b.digest, b.inventory.revision)
+
+
+def entries(cache_dir: Path) -> list[Path]:
+    return sorted(p for p in cache_dir.rglob("*.jsonl"))
+
+
+# --- property: cached == uncached ------------------------------------------------------------
+
+_BAD_VALUES = st.sampled_from(["x", -1, 0, 70000, [], {}, True, "10.0.0.01", "::g"])
+
+
+@st.composite
+def damaged(draw):
+    """Generated manifests with random damage: fields removed or of the wrong value,
+    duplicates, unknown kinds, Lists, unparsable and JSON files."""
+    docs, _, _ = draw(manifests())
+    docs = copy.deepcopy(docs)
+    for _ in range(draw(st.integers(0, 4))):
+        doc = docs[draw(st.integers(0, len(docs) - 1))]
+        op = draw(st.sampled_from(["drop", "set", "dup", "unknown", "nodeport"]))
+        node, parent, key = doc, None, None
+        for _ in range(draw(st.integers(1, 3))):
+            if isinstance(node, dict) and node:
+                parent, key = node, draw(st.sampled_from(sorted(node)))
+            elif isinstance(node, list) and node:
+                parent, key = node, draw(st.integers(0, len(node) - 1))
+            else:
+                break
+            node = parent[key]
+        if op == "drop" and isinstance(parent, dict):
+            del parent[key]
+        elif op == "set" and parent is not None:
+            parent[key] = draw(_BAD_VALUES)
+        elif op == "dup":
+            docs.append(copy.deepcopy(doc))
+        elif op == "unknown":
+            docs.append({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d"}})
+        elif op == "nodeport" and doc.get("kind") == "Service":
+            doc.setdefault("spec", {}).setdefault("ports", [{}])
+    files = draw(st.integers(1, 3))
+    layout = []
+    for f in range(files):
+        part = docs[f::files]
+        how = draw(st.sampled_from(["yaml", "yaml", "json", "list"]))
+        layout.append((f, part, how))
+    garbage = draw(st.sampled_from([None, "a: [\n", "kind: Service\n\tx: 1\n", "- 1\n- 2\n", "\x00"]))
+    strict = draw(st.booleans())
+    return layout, garbage, strict
+
+
+def write_tree(root: Path, layout, garbage) -> None:
+    for f, part, how in layout:
+        if not part:
+            continue
+        if how == "json":
+            p = root / f"sub{f}" / f"m{f}.json"
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_text(json.dumps(part[0], indent=1))
+            if part[1:]:
+                dump(root, f"sub{f}/rest{f}.yaml", part[1:])
+        elif how == "list":
+            dump(root, f"sub{f}/l{f}.yaml", [{"apiVersion": "v1", "kind": "List", "items": part}])
+        else:
+            dump(root, f"sub{f}/m{f}.yaml", part)
+    if garbage is not None:
+        (root / "zz-garbage.yaml").write_text(garbage)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(damaged())
+def test_cached_reads_equal_uncached_reads_cold_warm_and_under_a_new_path(case):
+    layout, garbage, strict = case
+    with tempfile.TemporaryDirectory() as d:
+        d = Path(d)
+        cache_dir = d / "cache"
+        one = d / "rev-1"
+        write_tree(one, layout, garbage)
+        expected = read_inventory(one, strict=strict)
+        cold = read_inventory_cached(one, cache_dir, strict=strict)
+        same(cold, expected)
+        warm = read_inventory_cached(one, cache_dir, strict=strict)
+        same(warm, expected)
+        # git-sync: the same bytes in a new worktree, read through another path
+        two = d / "rev-2"
+        shutil.copytree(one, two)
+        expected2 = read_inventory(two, strict=not strict)
+        same(read_inventory_cached(two, cache_dir, strict=not strict), expected2)
+        # no cache at all takes the same code path
+        same(read_inventory_cached(one, None, strict=strict), expected)
+
+
+def test_examples_cached_equal_uncached(tmp_path):
+    for root in sorted(p for p in EXAMPLES.iterdir() if p.is_dir()) + [EXAMPLES]:
+        expected = read_inventory(root)
+        same(read_inventory_cached(root, tmp_path / "c"), expected)
+        same(read_inventory_cached(root, tmp_path / "c"), expected)
+
+
+def test_input_digest_equals_the_load_digest_without_parsing(tmp_path):
+    for root in [EXAMPLES, EXAMPLES / "edge-small", tmp_path / "missing", EXAMPLES / "edge-small.config.yaml"]:
+        loaded = load_manifests(root)
+        d = input_digest(root)
+        assert (d.digest, d.revision, d.files) == (loaded.digest, loaded.revision, loaded.files)
+
+
+# --- keyed by content ------------------------------------------------------------------------
+
+
+SVC = """apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  clusterIP: 10.96.0.10
+  ports: [{port: 80}]
+"""
+
+
+def test_an_edit_in_place_keeping_size_and_mtime_is_seen(tmp_path):
+    root = tmp_path / "m"
+    root.mkdir()
+    f = root / "svc.yaml"
+    f.write_text(SVC)
+    st0 = f.stat()
+    first = read_inventory_cached(root, tmp_path / "c")
+    assert first.inventory.services[0].cluster_ips == ("10.96.0.10",)
+    edited = SVC.replace("10.96.0.10", "10.96.0.20")
+    assert len(edited) == len(SVC)
+    with open(f, "r+") as fh:  # in place: same inode
+        fh.write(edited)
+    os.utime(f, ns=(st0.st_atime_ns, st0.st_mtime_ns))
+    st1 = f.stat()
+    assert (st1.st_ino, st1.st_size, st1.st_mtime_ns) == (st0.st_ino, st0.st_size, st0.st_mtime_ns)
+    again = read_inventory_cached(root, tmp_path / "c")
+    assert again.inventory.services[0].cluster_ips == ("10.96.0.20",)
+    same(again, read_inventory(root))
+
+
+def test_same_bytes_under_a_new_path_hit_and_name_the_new_path(tmp_path, caplog):
+    a = tmp_path / "rev-a"
+    a.mkdir()
+    (a / "svc.yaml").write_text(SVC.replace("port: 80", "port: 0"))  # an error with a position
+    read_inventory_cached(a, tmp_path / "c")
+    b = tmp_path / "rev-b"
+    shutil.copytree(a, b)
+    caplog.set_level(logging.DEBUG, logger="nftrec")
+    res = read_inventory_cached(b, tmp_path / "c")
+    assert "1 hit(s), 0 miss(es)" in caplog.text
+    assert res.problems and all(p.file == str(b / "svc.yaml") for p in res.problems)
+    same(res, read_inventory(b))
+
+
+# --- damaged, foreign and old entries --------------------------------------------------------
+
+
+def _one_entry(tmp_path) -> tuple[Path, Path]:
+    root = tmp_path / "m"
+    root.mkdir(exist_ok=True)
+    (root / "svc.yaml").write_text(SVC)
+    read_inventory_cached(root, tmp_path / "c")
+    [entry] = entries(tmp_path / "c")
+    return root, entry
+
+
+def _flip_payload(raw: bytes) -> bytes:
+    head, _, body = raw.partition(b"\n")
+    return head + b"\n" + body.replace(b"10.96.0.10", b"10.96.0.11")
+
+
+def _old_version(raw: bytes) -> bytes:
+    head, _, body = raw.partition(b"\n")
+    h = json.loads(head)
+    h["nftrec"] = "0.0.0-old"
+    return json.dumps(h).encode() + b"\n" + body
+
+
+def _other_format(raw: bytes) -> bytes:
+    head, _, body = raw.partition(b"\n")
+    h = json.loads(head)
+    h["formatVersion"] = 99
+    return json.dumps(h).encode() + b"\n" + body
+
+
+def _wrong_shape(raw: bytes) -> bytes:
+    import hashlib
+
+    body = b'{"problems": [], "docs": [{"data": 1}]}'
+    h = json.loads(raw.partition(b"\n")[0])
+    h["sha256"] = hashlib.sha256(body).hexdigest()
+    return json.dumps(h).encode() + b"\n" + body
+
+
+@pytest.mark.parametrize("damage, why", [
+    (lambda raw: raw[: len(raw) // 2], "checksum"),
+    (lambda raw: b"", "no header"),
+    (lambda raw: b"\x80\x81garbage\n\xff", "header is not JSON"),
+    (_flip_payload, "checksum"),
+    (_old_version, "written by nftrec '0.0.0-old'"),
+    (_other_format, "format 99"),
+    (_wrong_shape, "wrong shape"),
+    (lambda raw: b"[1, 2]\n{}", "not a JSON object"),
+], ids=["truncated", "empty", "binary", "flipped", "old-nftrec", "other-format", "wrong-shape", "list-header"])
+def test_damaged_foreign_or_old_entries_are_ignored_with_a_debug_line_and_rebuilt(tmp_path, caplog, damage, why):
+    root, entry = _one_entry(tmp_path)
+    good = entry.read_bytes()
+    entry.write_bytes(damage(good))
+    caplog.set_level(logging.DEBUG, logger="nftrec")
+    res = read_inventory_cached(root, tmp_path / "c")
+    same(res, read_inventory(root))
+    assert res.inventory.services[0].cluster_ips == ("10.96.0.10",)
+    lines = [r for r in caplog.records if r.levelno == logging.DEBUG and "ignoring" in r.getMessage()]
+    assert lines and why in lines[0].getMessage(), caplog.text
+    assert entry.read_bytes() == good  # rebuilt
+
+
+def test_an_entry_under_another_key_is_foreign(tmp_path, caplog):
+    root, entry = _one_entry(tmp_path)
+    other = tmp_path / "m2"
+    other.mkdir()
+    (other / "svc.yaml").write_text(SVC.replace("web", "api"))
+    read_inventory_cached(other, tmp_path / "c")
+    [e2] = [e for e in entries(tmp_path / "c") if e != entry]
+    shutil.copy(entry, e2)  # web's entry under api's key
+    caplog.set_level(logging.DEBUG, logger="nftrec")
+    res = read_inventory_cached(other, tmp_path / "c")
+    assert res.inventory.services[0].name == "api"
+    assert "belongs to another key" in caplog.text
+
+
+def test_a_read_only_cache_directory_is_not_an_error(tmp_path):
+    root = tmp_path / "m"
+    root.mkdir()
+    (root / "svc.yaml").write_text(SVC)
+    blocker = tmp_path / "c"
+    blocker.write_text("a file where the cache directory should be")
+    same(read_inventory_cached(root, blocker / "intake"), read_inventory(root))
+
+
+def test_the_cache_is_pruned_to_its_bound(tmp_path, monkeypatch):
+    monkeypatch.setattr(intake_cache, "MAX_ENTRIES", 4)
+    root = tmp_path / "m"
+    root.mkdir()
+    for i in range(10):
+        (root / "svc.yaml").write_text(SVC.replace("web", f"web{i}"))
+        read_inventory_cached(root, tmp_path / "c")
+    assert len(entries(tmp_path / "c")) <= 4
+    # the newest is still there and hits
+    assert read_inventory_cached(root, tmp_path / "c").inventory.services[0].name == "web9"
+
+
+# --- concurrency ---------------------------------------------------------------------------
+
+
+def _reader(args) -> str:
+    root, cache_dir = args
+    res = read_inventory_cached(root, cache_dir)
+    return json.dumps([p.to_json() for p in res.problems]) + repr(res.inventory)
+
+
+def test_concurrent_processes_never_corrupt_the_cache(tmp_path):
+    root = tmp_path / "m"
+    for i in range(12):
+        dump(root, f"f{i}.yaml", [{"apiVersion": "v1", "kind": "Service", "metadata": {"name": f"s{i}-{j}"},
+                                   "spec": {"clusterIP": f"10.96.{i}.{j + 1}", "ports": [{"port": 80}]}}
+                                  for j in range(30)])
+    cache_dir = tmp_path / "c"
+    expected = read_inventory(root)
+    ctx = multiprocessing.get_context("fork")
+    for _ in range(2):  # cold (all write the same entries at once), then warm
+        with ctx.Pool(4) as pool:
+            out = pool.map(_reader, [(root, cache_dir)] * 8)
+        assert len(set(out)) == 1
+    for e in entries(cache_dir):
+        intake_cache._check_entry(e.read_bytes(), e.stem)  # every entry is whole
+    assert not [p for p in cache_dir.rglob(".*") if p.is_file()]  # no temp files left
+    same(read_inventory_cached(root, cache_dir), expected)
+
+
+def test_file_key_ignores_path_and_stat_but_not_bytes_or_parser():
+    assert digests.file_key(b"a: 1\n", "yaml") == digests.file_key(b"a: 1\n", "yaml")
+    assert digests.file_key(b"a: 1\n", "yaml") != digests.file_key(b"a: 2\n", "yaml")
+    assert digests.file_key(b"{}", "yaml") != digests.file_key(b"{}", "json")

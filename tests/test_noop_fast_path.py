@@ -1,0 +1,164 @@
+"""The no-op fast path of `plan` and `apply` (reconciler/engine/noop.py), against a real
+kernel in a throwaway namespace: after an apply, an unchanged directory, config and kernel
+answer "No changes" without compiling or listing; any change to one of them, --refresh
+and --strict take the normal path."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from nsutil import in_ns
+from test_cli_kernel import CONFIG, _add_endpoint, copy_edge, nftrec, ok
+
+pytestmark = pytest.mark.kernel
+
+FAST = "no-op fast path: "
+NOT_FAST = "no-op fast path not taken: "
+
+
+@pytest.fixture(autouse=True)
+def debug_logs(monkeypatch):
+    monkeypatch.setenv("NFTREC_LOG_LEVEL", "debug")
+
+
+@pytest.fixture
+def applied(netns, tmp_path):
+    state = tmp_path / "state"
+    d = copy_edge(tmp_path)
+    ok(nftrec("apply", str(d), state=state, ns=netns))
+    return netns, state, d
+
+
+def plan(d: Path, state: Path, ns: str, *extra: str, config: bool | Path = True):
+    p = nftrec("plan", str(d), "-o", "json", "--detailed-exitcode", *extra, state=state, ns=ns, config=config)
+    assert p.returncode in (0, 2), p.stderr
+    return p.returncode, json.loads(p.stdout), p.stderr
+
+
+def test_noop_plan_and_apply_after_apply_take_the_fast_path(applied):
+    ns, state, d = applied
+    slow_code, slow, _ = plan(d, state, ns, "--refresh")
+    assert slow_code == 0 and slow["fastPath"] is False
+    code, doc, err = plan(d, state, ns)
+    assert code == 0 and doc["fastPath"] is True and FAST in err, err
+    assert "intake cache" not in err  # the manifests were hashed, not read as YAML
+    # the same document as a plan that compiled and listed, apart from fastPath
+    assert {**doc, "fastPath": False} == slow
+    text = ok(nftrec("plan", str(d), state=state, ns=ns))
+    assert text.stdout == "No changes. The kernel matches the desired ruleset.\n" and FAST in text.stderr
+    before = in_ns(ns, "nft", "list", "ruleset").stdout
+    p = ok(nftrec("apply", str(d), state=state, ns=ns))
+    assert "No changes" in p.stdout and "unchanged since the last apply" in p.stdout and FAST in p.stderr
+    assert in_ns(ns, "nft", "list", "ruleset").stdout == before
+    status = json.loads(ok(nftrec("status", "-o", "json", state=state, ns=ns)).stdout)
+    assert status["drift"] is False and status["lastAppliedRevision"] == doc["revision"]
+    # and the fast path keeps holding after a fast apply
+    assert plan(d, state, ns)[1]["fastPath"] is True
+
+
+def test_refresh_reads_compiles_and_lists(applied):
+    ns, state, d = applied
+    code, doc, err = plan(d, state, ns, "--refresh")
+    assert code == 0 and doc["fastPath"] is False and FAST not in err and "intake cache" in err
+
+
+def test_an_edited_manifest_is_not_a_noop(applied):
+    ns, state, d = applied
+    _add_endpoint(d)
+    code, doc, err = plan(d, state, ns)
+    assert code == 2 and doc["fastPath"] is False
+    assert NOT_FAST + "the manifests changed" in err
+    assert [s["service"] for s in doc["services"]] == ["default/web"]
+    p = ok(nftrec("apply", str(d), state=state, ns=ns))
+    assert "No changes" not in p.stdout and NOT_FAST in p.stderr
+    assert plan(d, state, ns)[1]["fastPath"] is True  # the new input is now the applied one
+
+
+def test_an_edit_keeping_size_and_mtime_is_not_a_noop(applied):
+    import os
+
+    ns, state, d = applied
+    f = next(p for p in sorted(d.rglob("*.yaml")) if "10.244.0.11" in p.read_text())
+    st = f.stat()
+    text = f.read_text()
+    f.write_text(text.replace("10.244.0.11", "10.244.0.19", 1))
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (f.stat().st_size, f.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+    code, doc, err = plan(d, state, ns)
+    assert code == 2 and doc["fastPath"] is False and NOT_FAST + "the manifests changed" in err
+
+
+def test_an_edited_config_is_not_a_noop_but_a_comment_is(applied, tmp_path):
+    ns, state, d = applied
+    cfg = tmp_path / "node.yaml"
+    cfg.write_text(CONFIG.read_text() + "# a comment changes the bytes, not the effective config\n")
+    code, doc, err = plan(d, state, ns, config=cfg)
+    assert code == 0 and doc["fastPath"] is True, err
+    # (not nodeIPs: with nodePortAddresses [primary] a node IP that is on no interface of
+    # the namespace changes nothing in the ruleset, as in kube-proxy)
+    assert "masqueradeBit: 14" in CONFIG.read_text()
+    cfg.write_text(CONFIG.read_text().replace("masqueradeBit: 14", "masqueradeBit: 13"))
+    code, doc, err = plan(d, state, ns, config=cfg)
+    assert code == 2 and doc["fastPath"] is False and NOT_FAST + "the effective node config" in err
+
+
+def test_strict_after_a_lenient_apply_is_not_a_noop(applied):
+    ns, state, d = applied
+    p = nftrec("plan", str(d), "--strict", state=state, ns=ns)
+    assert p.returncode == 1 and "Deployment" in p.stderr and NOT_FAST in p.stderr
+
+
+def test_a_kernel_change_by_someone_else_is_not_a_noop(applied):
+    ns, state, d = applied
+    chain = in_ns(ns, "nft", "-j", "list", "chains", "ip").stdout
+    name = next(c["chain"]["name"] for c in json.loads(chain)["nftables"]
+                if "chain" in c and c["chain"]["table"] == "nftrec" and "hook" not in c["chain"])
+    in_ns(ns, "nft", "add", "rule", "ip", "nftrec", name, "counter")
+    code, doc, err = plan(d, state, ns)
+    assert code == 2 and doc["fastPath"] is False and NOT_FAST + "the kernel's ruleset generation changed" in err
+    ok(nftrec("apply", str(d), state=state, ns=ns))  # repairs it
+    assert plan(d, state, ns)[1]["fastPath"] is True
+
+
+def test_a_status_file_without_the_digests_only_disables_the_fast_path(applied):
+    ns, state, d = applied
+    [status_path] = list(state.rglob("status.json"))
+    doc = json.loads(status_path.read_text())
+    del doc["inputDigest"], doc["configDigest"]  # as nftrec before the fast path wrote it
+    status_path.write_text(json.dumps(doc))
+    code, plan_doc, err = plan(d, state, ns)
+    assert code == 0 and plan_doc["fastPath"] is False and NOT_FAST + "the last apply recorded no" in err
+    assert "moved it" not in err  # not treated as corrupt
+    ok(nftrec("apply", str(d), state=state, ns=ns))
+    assert plan(d, state, ns)[1]["fastPath"] is True
+
+
+def test_rollback_disables_the_fast_path(applied):
+    ns, state, d = applied
+    _add_endpoint(d)
+    ok(nftrec("apply", str(d), state=state, ns=ns))
+    ok(nftrec("apply", "--rollback", state=state, ns=ns))
+    code, doc, err = plan(d, state, ns)
+    assert code == 2 and doc["fastPath"] is False  # the kernel holds the rollback, not this input
+
+
+def test_discovered_node_addresses_are_part_of_the_config_digest(netns, tmp_path):
+    """Without nodeIPs the addresses are discovered in the namespace: a new primary
+    address must not hide behind the fast path."""
+    state = tmp_path / "state"
+    d = copy_edge(tmp_path)
+    cfg = tmp_path / "node.yaml"
+    cfg.write_text("".join(line for line in CONFIG.read_text().splitlines(True) if not line.startswith("nodeIPs")))
+    in_ns(netns, "ip", "addr", "add", "192.0.2.5/32", "dev", "lo")
+    in_ns(netns, "ip", "route", "add", "default", "dev", "lo", "src", "192.0.2.5")
+    ok(nftrec("apply", str(d), state=state, ns=netns, config=cfg))
+    code, doc, err = plan(d, state, netns, config=cfg)
+    assert code == 0 and doc["fastPath"] is True, err
+    in_ns(netns, "ip", "addr", "add", "192.0.2.6/32", "dev", "lo")
+    in_ns(netns, "ip", "route", "replace", "default", "dev", "lo", "src", "192.0.2.6")
+    code, doc, err = plan(d, state, netns, config=cfg)
+    assert doc["fastPath"] is False and NOT_FAST + "the effective node config" in err
+    assert code == 2  # NodePorts follow the primary address
