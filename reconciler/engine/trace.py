@@ -418,8 +418,10 @@ class Evaluator:
                     verdict = self._lookup(st, toks[i + 1], values, want_value=True)
                     if verdict is None:
                         return None
-                    return [(self._note(st, step, f"{' . '.join(map(str, values))} -> {verdict}"),
-                             self._verdict(verdict))]
+                    self._note(st, step, f"{' . '.join(map(str, values))} -> {verdict}")
+                    if verdict in ("drop", "accept"):
+                        st.decided_by = step
+                    return [(st, self._verdict(verdict))]
                 negate = op == "!="
                 if negate:
                     i += 1
