@@ -222,14 +222,14 @@ class Topology:
         return (live, "live") if live is not None else None
 
     def _read_live(self):
-        from reconciler.compile.ruleset import Ruleset
-        from reconciler.kernel.live import parse_table
+        """nftrec's tables in the node namespace, read as `nftrec trace --live` reads them."""
+        from reconciler.kernel import Libnftables, read_live
 
-        rs = Ruleset()
-        for family in ("ip", "ip6"):
-            proc = nsx(self.node, "nft", "list", "table", family, "nftrec", check=False)
-            if proc.returncode == 0:
-                rs.tables[family] = parse_table(proc.stdout, family)
+        nft = Libnftables(self.node)
+        try:
+            rs = read_live(nft, "nftrec")
+        finally:
+            nft.close()
         return rs if rs.tables else None
 
     def node_addresses(self) -> set[str]:
