@@ -276,3 +276,26 @@ def test_live_trace_agrees_with_the_desired_one(netns, tmp_path):
         live = json.loads(_cli(*args, "--live").stdout)
         assert live["ruleset"] == "live"
         assert {k: live[k] for k in keys} == {k: desired[k] for k in keys}, (src, dst, port)
+
+
+def test_numgen_over_a_named_map_is_read_from_the_map(edge):
+    """A DNAT layout with the endpoints in a named map (`numgen … map @m`) is evaluated
+    from the map's elements, not guessed."""
+    from reconciler.compile import Element, NamedSet
+
+    _, _, rs = edge
+    table = rs.tables["ip"]
+    name = "service-SUSTUHLJ-default/web/tcp/http"
+    saved = table.chains[name]
+    m = NamedSet("eps-web", "integer", "ipv4_addr . inet_service")
+    m.add(Element(("0",), "10.244.0.11 . 8080"))
+    m.add(Element(("1",), "10.244.0.99 . 8081"))
+    table.sets["eps-web"] = m
+    table.chains[name] = replace(saved, rules=(Rule("meta l4proto tcp dnat ip addr . port to numgen random mod 2 "
+                                                    "map @eps-web"),))
+    try:
+        tr = trace(edge, POD, "10.96.0.10", 80)
+        assert eps(tr) == {"10.244.0.11:8080": Fraction(1, 2), "10.244.0.99:8081": Fraction(1, 2)}
+    finally:
+        table.chains[name] = saved
+        del table.sets["eps-web"]

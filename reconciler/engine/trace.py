@@ -547,12 +547,19 @@ class Evaluator:
         raise _Unknown(f"verdict {text}")
 
     def _numgen_table(self, group: str, n: int) -> list[tuple[int, str]]:
-        if not group.startswith("{"):
-            raise _Unknown(group)
+        """The `{ 0 : v, 1 : v }` of a numgen (v)map, or a named map `@m` keyed 0..N-1."""
         entries = []
-        for item in _group_items(group):
-            k, v = (x.strip() for x in item.split(":", 1))
-            entries.append((int(k), v))
+        if group.startswith("@") and group[1:] in self.table.sets:
+            for key, el in self.table.sets[group[1:]].elements.items():
+                if len(key) != 1 or el.value is None:
+                    raise _Unknown(f"numgen map {group} with key {' . '.join(key)}")
+                entries.append((int(key[0]), el.value))
+        elif group.startswith("{"):
+            for item in _group_items(group):
+                k, v = (x.strip() for x in item.split(":", 1))
+                entries.append((int(k), v))
+        else:
+            raise _Unknown(group)
         if sorted(k for k, _ in entries) != list(range(n)):
             raise _Unknown(f"numgen mod {n} map without exactly keys 0..{n - 1}")
         return sorted(entries)
