@@ -325,6 +325,38 @@ def apply(
 
 
 @app.command()
+def trace(
+    directory: Path = DIR_ARG,
+    src: str = typer.Option(..., "--src", help="Source address of the packet."),
+    dst: str = typer.Option(..., "--dst", help="Destination address (a ClusterIP, LB IP, node IP, ...)."),
+    dport: int = typer.Option(..., "--dport", help="Destination port."),
+    proto: str = typer.Option("tcp", "--proto", help="tcp, udp or sctp"),
+    origin: str = typer.Option("pod", "--from", help="pod or external (arrives on an interface: "
+                               "prerouting), node (sent by the node itself: output)."),
+    live: bool = typer.Option(False, "--live", help="Trace the ruleset in the kernel (in --netns), not the "
+                              "desired one; DIR then only names the manifests for file:line."),
+    local_address: list[str] = typer.Option([], "--local-address", help="An address of the node (fib ... type "
+                                            "local; delivered locally). nodeIPs and nodeport-ips always count."),
+    config: Optional[Path] = CONFIG_OPT,
+    netns: Optional[str] = NETNS_OPT,
+    strict: bool = STRICT_OPT,
+    output: str = _output_opt(),
+) -> None:
+    """Explain one packet offline: the chains and rules it passes, the verdict (DNAT to which
+    endpoints with what probability, masquerade, reject or drop) and the Service responsible."""
+    _check_output(output)
+    from reconciler.engine import Packet, run_trace
+
+    packet = Packet(src, dst, dport, proto.lower(), origin)
+    if live:
+        target = _target(config, netns)
+        raise typer.Exit(_guard(run_trace, packet, live_target=target, local_addresses=local_address,
+                                directory=directory if directory != Path("-") else None, output=output))
+    desired = _desired(directory, config, netns, strict, interfaces=netns is not None)
+    raise typer.Exit(_guard(run_trace, packet, desired=desired, local_addresses=local_address, output=output))
+
+
+@app.command()
 def status(
     config: Optional[Path] = CONFIG_OPT,
     netns: Optional[str] = NETNS_OPT,

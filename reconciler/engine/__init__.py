@@ -6,7 +6,8 @@
 `apply` is plan, apply and status; `noop` is their fast path for unchanged input;
 `teardown` is cleanup; `doctor` checks the host; `planfile` is a saved plan; `target` says
 where a command acts; `review` is `nftrec diff` (two manifest trees or git revisions,
-planned against each other without a kernel).
+planned against each other without a kernel); `trace` explains one packet with the
+desired or the live ruleset (`nftrec trace`).
 """
 
 from reconciler import lazy_exports
@@ -26,4 +27,5 @@ __all__, __getattr__ = lazy_exports(__name__, {
              "verify_touched"),
     "target": ("CommandError", "Target", "short_revision"),
     "teardown": ("KUBE_PROXY_TABLE", "cleanup"),
+    "trace": ("Packet", "UnknownExpression", "run_trace", "trace_packet"),
 })

@@ -31,5 +31,6 @@ def dp(topo):
     for family in ("ip", "ip6"):
         nsx(topo.node, "nft", "delete", "table", family, "nftrec", check=False)
     topo.flush_conntrack()
+    topo.loaded_ruleset, topo.hand_loaded = None, False  # see trace_check.py
     yield topo
 

@@ -186,6 +186,11 @@ class Topology:
     ns: dict[str, str]  # role -> namespace name
     servers: list[subprocess.Popen] = field(default_factory=list)
     last_script: str = ""
+    # trace checks (trace_check.py): the Ruleset `load` compiled; `hand_loaded` after
+    # `load_script` (not nftrec's output: not traced). Neither: the live table is traced.
+    loaded_ruleset: object = None
+    hand_loaded: bool = False
+    trace_checks: int = 0  # probes compared with a trace (the module can tell it ran)
 
     @property
     def node(self) -> str:
@@ -201,8 +206,71 @@ class Topology:
         if src:
             args += ["--src", src]
         budget = count * (timeout + 0.5) + 10
+        before = self._traceable()
         out = nsx(self.ns[role], *args, timeout=budget).stdout
-        return [_result(item) for item in json.loads(out)]
+        results = [_result(item) for item in json.loads(out)]
+        self._check_trace(before, role, dst, port, proto, src, results)
+        return results
+
+    def _traceable(self):
+        """(ruleset, kind) the next probe is traced against, or None."""
+        if self.hand_loaded:
+            return None
+        if self.loaded_ruleset is not None:
+            return self.loaded_ruleset, "desired"
+        live = self._read_live()
+        return (live, "live") if live is not None else None
+
+    def _read_live(self):
+        """nftrec's tables in the node namespace, read as `nftrec trace --live` reads them."""
+        from reconciler.kernel import Libnftables, read_live
+
+        nft = Libnftables(self.node)
+        try:
+            rs = read_live(nft, "nftrec")
+        finally:
+            nft.close()
+        return rs if rs.tables else None
+
+    def node_addresses(self) -> set[str]:
+        data = json.loads(nsx(self.node, "ip", "-j", "addr", "show").stdout)
+        return {a["local"] for link in data for a in link.get("addr_info", [])}
+
+    def _check_trace(self, before, role, dst, port, proto, src, results) -> None:
+        """Trace the probe with nftrec's evaluator; fail when the wire disagrees."""
+        import ipaddress
+
+        from reconciler.engine.trace import Packet, format_text, trace_packet
+        from reconciler.kernel.live import fingerprint
+        from trace_check import mismatches
+
+        if before is None:
+            return
+        ruleset, kind = before
+        if kind == "live":
+            after = self._read_live()
+            if after is None or fingerprint(after) != fingerprint(ruleset):
+                return  # watch changed the ruleset during the probe: no single prediction
+        fam6 = ":" in dst
+        if role == "node":
+            route = json.loads(nsx(self.node, "ip", "-j", "route", "get", dst).stdout)[0]
+            src, origin = route.get("prefsrc", dst), "node"
+        elif src is None:
+            src = {"clientA": (CLIENT_A4, CLIENT_A6), "clientB": (CLIENT_B4, CLIENT_B6),
+                   "pod": (POD4, POD6)}.get(role, (None, None))[fam6]
+            if src is None:
+                return  # the kernel picks the source: nothing exact to predict
+            origin = "pod" if role == "pod" else "external"
+        else:
+            cidr = CLUSTER_CIDR6 if fam6 else CLUSTER_CIDR4
+            origin = "pod" if ipaddress.ip_address(src) in ipaddress.ip_network(cidr) else "external"
+        tr = trace_packet(ruleset, Packet(src, dst, port, proto, origin), self.node_addresses(),
+                          ruleset_kind=kind)
+        bad = mismatches(tr, results, src)
+        self.trace_checks += 1
+        if bad:
+            raise AssertionError(f"nftrec trace disagrees with the wire for {proto} {src} -> {dst}:{port} "
+                                 f"from {role}:\n  " + "\n  ".join(bad) + "\n--- trace ---\n" + format_text(tr))
 
     def probe_one(self, role: str, dst: str, port: int, **kw) -> Result:
         return self.probe(role, dst, port, count=1, **kw)[0]
@@ -223,6 +291,7 @@ class Topology:
         conntrack so that every test starts with fresh NAT decisions (unless
         `flush_conntrack=False`: a reload that keeps the existing flows)."""
         self.last_script = script
+        self.hand_loaded, self.loaded_ruleset = True, None
         for table in tables:
             for family in ("ip", "ip6"):
                 nsx(self.node, "nft", "delete", "table", family, table, check=False)
@@ -238,9 +307,11 @@ class Topology:
         from reconciler.compile.services import compile_ruleset
         from reconciler.compile.render import render_script
 
-        script = render_script(compile_ruleset(inventory, config))
+        ruleset = compile_ruleset(inventory, config)
+        script = render_script(ruleset)
         # no delete first: the rendered script itself replaces nftrec's tables, atomically
         self.load_script(script, flush_conntrack=flush_conntrack)
+        self.hand_loaded, self.loaded_ruleset = False, ruleset  # traced by every probe
         return script
 
     def flush_conntrack(self) -> None:
