@@ -376,3 +376,74 @@ def test_kill_9_in_the_window_then_any_command_rolls_back_first(two, tmp_path, c
     if command != "apply":  # apply then applied rev1 itself
         assert st["lastAttemptedRevision"] == pending["revision"] and "ended before the confirmation" in st["lastError"]
     ok(nftrec("plan", str(rev1), "--detailed-exitcode", "--refresh", state=state, ns=ns))
+
+
+# --- real kernel: healthChecks in watch ------------------------------------------------------------
+
+
+@pytest.mark.kernel
+def test_watch_rolls_back_a_revision_failing_its_checks_and_applies_the_next_good_one(netns, tmp_path):
+    from test_watch import Watch, short_config
+
+    d = tmp_path / "m"
+    shutil.copytree(EDGE, d)
+    cfg = short_config(tmp_path, fullSyncPeriod="2s")
+    # the check fails whenever the "bad" Service's ClusterIP is in the kernel
+    cfg.write_text(cfg.read_text() + "healthChecks:\n  - cmd: \"! nft list table ip nftrec | grep -q 10.96.0.99\"\n"
+                   "healthCheckTimeout: 2s\n")
+    state = tmp_path / "state"
+    add_foreign_table(netns)
+    w = Watch(netns, d, cfg, state)
+    try:
+        first = w.wait_sync(0, kind="full")
+        assert any("health check passed" in x.get("msg", "") for x in w.lines), "".join(w.raw)
+        before = snapshot(netns)
+        svc = d / "services.yaml"
+        good = svc.read_text()
+        mark = len(w.lines)
+        svc.write_text(good + "---\napiVersion: v1\nkind: Service\nmetadata: {name: bad, namespace: default}\n"
+                       "spec:\n  clusterIP: 10.96.0.99\n  ports: [{name: http, port: 80, protocol: TCP}]\n")
+        w.wait(lambda: w.find("rollback", mark), timeout=30, what="the rollback")
+        bad_rev = w.find("rollback", mark)["revision"]
+        assert snapshot(netns) == before  # byte for byte, foreign table included
+        st = status(state, netns)
+        assert st["lastAttemptedRevision"] == bad_rev != st["lastAppliedRevision"] == first["revision"]
+        assert st["lastError"].startswith("rolled back:") and "exited 1" in st["lastError"]
+        assert st["pendingConfirmation"] is None
+        code, body = w.http("/healthz")
+        assert code == 503 and "rolled back" in body
+        _, metrics = w.http("/metrics")
+        assert "nftrec_rollbacks_total 1.0" in metrics
+        assert f'nftrec_attempted_revision_info{{revision="{bad_rev}"}} 1.0' in metrics
+
+        # not retried: full syncs (every 2s) keep the previous ruleset and no new check runs
+        rollbacks = len(w.events("rollback"))
+        mark = len(w.lines)
+        w.wait(lambda: [x for x in w.events("sync", mark) if x.get("kind") == "full"], timeout=15,
+               what="a full sync after the rollback")
+        time.sleep(1)
+        assert len(w.events("rollback")) == rollbacks and not w.events("pending", mark)
+        assert not [x for x in w.events("health", mark)], w.raw[-10:]
+        assert snapshot(netns) == before
+        assert status(state, netns)["lastAttemptedRevision"] == bad_rev
+
+        # the next good revision applies (and passes its checks)
+        mark = len(w.lines)
+        svc.write_text(good.replace("port: 80\n", "port: 81\n", 1))
+        s = w.wait(lambda: next((x for x in w.events("sync", mark) if x.get("ok", True)
+                                 and "~default/web" in x.get("servicesChanged", [])), None),
+                   timeout=30, what="the good revision's sync")
+        assert any("health check passed" in x.get("msg", "") for x in w.lines[mark:])
+        after = snapshot(netns)
+        assert "10.96.0.10 . tcp . 81" in after["ip"] and after["foreign"] == before["foreign"]
+        st = status(state, netns)
+        assert st["lastAppliedRevision"] == st["lastAttemptedRevision"] == s["revision"] and st["lastError"] is None
+        code, body = w.http("/healthz")
+        assert code == 200, body
+        _, metrics = w.http("/metrics")
+        assert "nftrec_rollbacks_total 1.0" in metrics
+        assert w.stop() == 0
+    finally:
+        if w.proc.poll() is None:
+            w.proc.kill()
+            w.proc.wait()

@@ -240,7 +240,7 @@ def await_confirmation(store: StateStore, pending: Pending, checks: tuple[Health
                 return None
             if now >= deadline:
                 if checks:
-                    failed = "; ".join(f"{c}: {errors.get(c, 'not run in time')}" for c in left)
+                    failed = "; ".join(errors.get(c) or f"{c}: not run in time" for c in left)
                     return f"health check(s) did not pass within {timeout:g}s: {failed}"
                 return (f"not confirmed within {timeout:g}s (`nftrec confirm` confirms; --health-cmd, "
                         f"--health-url, --health-tcp confirm automatically)")
