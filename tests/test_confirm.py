@@ -489,3 +489,36 @@ def test_watch_rolls_back_a_revision_failing_its_checks_and_applies_the_next_goo
         if w.proc.poll() is None:
             w.proc.kill()
             w.proc.wait()
+
+
+@pytest.mark.kernel
+def test_watch_stopped_during_its_checks_rolls_back_before_exiting(netns, tmp_path):
+    from test_watch import Watch, short_config
+
+    d = tmp_path / "m"
+    shutil.copytree(EDGE, d)
+    cfg = short_config(tmp_path)
+    cfg.write_text(cfg.read_text() + "healthChecks:\n  - cmd: 'false'\nhealthCheckTimeout: 60s\n")
+    state = tmp_path / "state"
+    add_foreign_table(netns)
+    foreign = table(netns, *FOREIGN)
+    w = Watch(netns, d, cfg, state)
+    try:
+        w.wait(lambda: [x for x in w.events("health") if x.get("ok") is False], what="a failing check")
+        assert table(netns, "ip") and pending_file(state, netns).exists()  # the revision is live, unconfirmed
+        t = time.monotonic()
+        assert w.stop() == 0
+        assert time.monotonic() - t < 10
+    finally:
+        if w.proc.poll() is None:
+            w.proc.kill()
+            w.proc.wait()
+    assert w.find("rollback"), "".join(w.raw)
+    assert table(netns, "ip") == table(netns, "ip6") == "" and table(netns, *FOREIGN) == foreign
+    assert not pending_file(state, netns).exists()
+    assert "asked to stop" in status_error(state, netns)
+
+
+def status_error(state: Path, ns: str) -> str:
+    doc = json.loads((state / "netns" / ns / "tables" / "nftrec" / "status.json").read_text())
+    return doc["lastError"] or ""

@@ -17,7 +17,8 @@ from reconciler import logs
 from reconciler.compile import digest
 
 from reconciler.engine import (
-    CommandError, await_confirmation, begin_confirm, clear_pending, read_status, roll_back, short_revision,
+    CommandError, await_confirmation, begin_confirm, clear_pending, mark_confirmed, read_status, roll_back,
+    short_revision,
 )
 
 
@@ -50,6 +51,13 @@ def discard(daemon, pending) -> None:
         clear_pending(daemon.store)
 
 
+def finish(daemon, pending) -> None:
+    """After the confirmed revision was recorded: the window is over (`nftrec confirm`,
+    if it answered, now finds status.json updated)."""
+    if pending is not None:
+        clear_pending(daemon.store)
+
+
 def undo(daemon, pending, reason: str) -> None:
     """The commit happened but cannot be trusted: roll back (best effort, logged)."""
     if pending is None:
@@ -70,8 +78,8 @@ def passed(daemon, desired, pending, start: float, full: bool) -> bool:
                   extra={"fields": {"event": "health", "revision": revision}})
     reason = await_confirmation(daemon.store, pending, cfg.health_checks, daemon.target.netns,
                                 cfg.health_check_timeout, aborted=daemon.stopping)
-    if reason is None:
-        clear_pending(daemon.store)
+    if reason is None:  # confirmed: a crash from here on must not roll it back
+        mark_confirmed(daemon.store, pending)
         return True
     try:
         roll_back(daemon.nft, daemon.store, pending, reason)

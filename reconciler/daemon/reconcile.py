@@ -318,9 +318,9 @@ class Daemon:
         except CommandError as e:
             health.undo(self, pending, f"the sync could not be verified: {e}")
             self._failed(desired, start, full, str(e))
+        kernel_done = self.clock()
         if pending is not None and not health.passed(self, desired, pending, start, full):
             return  # rolled back to the previous ruleset; waiting for a new revision
-        kernel_done = self.clock()
         # The kernel holds `desired` now; record it.
         previous = self.applied
         self.applied, self.token = desired, after
@@ -335,6 +335,7 @@ class Daemon:
                 self._record(self.store.record_attempt, self.invalid[0], f"invalid input: {self.invalid[1]}")
             elif self.rejected is not None:  # likewise a revision rolled back after its health checks
                 self._record(self.store.record_attempt, self.rejected[0], f"rolled back: {self.rejected[1]}")
+        health.finish(self, pending)
         self._set_revisions()
         drifted = len(drift) if drift is not None else 0
         if drifted:

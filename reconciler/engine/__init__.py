@@ -3,9 +3,10 @@
     desired (intake + compile) ─► changes (desired vs live) ─► plan (+ ~ - per Service)
         ─► sync (one transaction, verified) ─► state (status, history), under lock
 
-`apply` is plan, apply and status; `confirm` is a confirmed apply's window and rollback; `teardown` is cleanup; `doctor` checks the host;
-`planfile` is a saved plan; `target` says where a command acts; `review` is `nftrec diff`
-(two manifest trees or git revisions, planned against each other without a kernel).
+`apply` is plan, apply and status; `confirm` is a confirmed apply's window and its
+rollback; `teardown` is cleanup; `doctor` checks the host; `planfile` is a saved plan;
+`target` says where a command acts; `review` is `nftrec diff` (two manifest trees or git
+revisions, planned against each other without a kernel).
 """
 
 from reconciler import lazy_exports
@@ -13,8 +14,8 @@ from reconciler import lazy_exports
 __all__, __getattr__ = lazy_exports(__name__, {
     "apply": ("EXIT_CHANGES", "EXIT_ERROR", "EXIT_OK", "run_apply", "run_plan", "run_status"),
     "changes": ("diff",),
-    "confirm": ("ConfirmSpec", "await_confirmation", "begin_confirm", "clear_pending", "record_confirmed",
-                "recover_locked", "recover_pending", "roll_back", "run_confirm"),
+    "confirm": ("ConfirmSpec", "await_confirmation", "begin_confirm", "clear_pending", "mark_confirmed",
+                "record_confirmed", "recover_locked", "recover_pending", "roll_back", "run_confirm"),
     "desired": ("Desired", "InvalidInput", "load_desired", "node_address_discovery", "node_ip_discovery"),
     "doctor": ("run_doctor",),
     "lock": ("LockHeld",),

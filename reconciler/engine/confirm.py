@@ -203,11 +203,17 @@ def roll_back(nft, store: StateStore, pending: Pending, reason: str) -> None:
                      extra={"fields": {"event": "rollback", "revision": pending.revision, "reason": reason}})
 
 
-def record_confirmed(store: StateStore, pending: Pending, record: Callable[[], Any]) -> None:
-    """Mark the window confirmed (a crash from here on never rolls back), record the
-    apply (status.json, history), remove the pending file."""
+def mark_confirmed(store: StateStore, pending: Pending) -> None:
+    """The window is confirmed: from here on a crash never rolls it back (recovery just
+    removes the file)."""
     pending.confirmed = True
     _write(pending_path(store), pending.to_json())
+
+
+def record_confirmed(store: StateStore, pending: Pending, record: Callable[[], Any]) -> None:
+    """Mark the window confirmed, record the apply (status.json, history), remove the
+    pending file (last: `nftrec confirm` reads status.json once the file is gone)."""
+    mark_confirmed(store, pending)
     record()
     clear_pending(store)
 
