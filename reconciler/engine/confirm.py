@@ -252,7 +252,8 @@ def await_confirmation(store: StateStore, pending: Pending, checks: tuple[Health
                         f"--health-url, --health-tcp confirm automatically)")
             if checker is not None and now >= next_try:
                 for c in list(left):
-                    err = checker.check(c, min(ATTEMPT_MAX, max(0.05, deadline - clock())))
+                    err = checker.check(c, min(ATTEMPT_MAX, max(0.05, deadline - clock())),
+                                        cancelled=lambda: bool(aborted()) or _confirm_requested(store, pending))
                     if err is None:
                         left.remove(c)
                         logs.log.info(f"health check passed: {c}", extra={"fields": {"event": "health", "ok": True}})

@@ -20,6 +20,7 @@ import signal
 import socket
 import ssl
 import subprocess
+import time
 import urllib.error
 import urllib.request
 
@@ -61,7 +62,7 @@ def _tcp(target: str, timeout: float) -> str | None:
         return f"connect {target}: {e.strerror or e}"
 
 
-def _cmd(command: str, netns: str | None, timeout: float) -> str | None:
+def _cmd(command: str, netns: str | None, timeout: float, cancelled=lambda: False) -> str | None:
     argv = ["sh", "-c", command]
     if netns is not None:
         argv = ["ip", "netns", "exec", netns] + argv
@@ -70,15 +71,23 @@ def _cmd(command: str, netns: str | None, timeout: float) -> str | None:
                                 start_new_session=True)
     except OSError as e:
         return f"cannot run {argv[0]}: {e.strerror or e}"
-    try:
-        out, _ = proc.communicate(timeout=max(0.05, timeout))
-    except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except OSError:
-            pass
-        proc.communicate()
-        return f"`{command}` did not finish within {timeout:.1f}s (killed)"
+    end = time.monotonic() + max(0.05, timeout)
+    while True:
+        try:  # in short steps, so that a confirmation or a signal need not wait for it
+            out, _ = proc.communicate(timeout=max(0.01, min(0.2, end - time.monotonic())))
+            break
+        except subprocess.TimeoutExpired:
+            stop = cancelled()
+            if not stop and time.monotonic() < end:
+                continue
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            proc.communicate()
+            if stop:
+                return f"`{command}` was cut short"
+            return f"`{command}` did not finish within {timeout:.1f}s (killed)"
     if proc.returncode == 0:
         return None
     text = out.decode("utf-8", "replace").strip()
@@ -101,10 +110,11 @@ class HealthChecker:
             self._thread = NamespaceThread(self.netns)
         return self._thread.call(fn)
 
-    def check(self, c: HealthCheck, timeout: float) -> str | None:
+    def check(self, c: HealthCheck, timeout: float, cancelled=lambda: False) -> str | None:
+        """`cancelled()` (polled while a command runs) cuts a command short."""
         timeout = max(0.05, timeout)
         if c.kind == "cmd":
-            return _cmd(c.target, self.netns, timeout)
+            return _cmd(c.target, self.netns, timeout, cancelled)
         if c.kind == "url":
             return self._in_ns(lambda: _http(c.target, timeout))
         if c.kind == "tcp":
