@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
@@ -177,8 +177,9 @@ def _cache_dir() -> Optional[Path]:
     return _state_root() / "cache" / "intake"
 
 
-def _target(config: Optional[Path], netns: Optional[str]):
-    """Where a kernel command acts: namespace, table (from the node config), state dir."""
+def _target(config: Optional[Path], netns: Optional[str], recover: bool = True):
+    """Where a kernel command acts: namespace, table (from the node config), state dir.
+    `recover`: first roll back a confirmed apply whose nftrec died in its window (issue 11)."""
     from reconciler import logs
     from reconciler.engine import Target
     from reconciler.intake import load_node_config
@@ -190,7 +191,17 @@ def _target(config: Optional[Path], netns: Optional[str]):
         logs.problem(p)
     if errors:
         raise typer.Exit(EXIT_ERROR)
-    return Target(netns, cfg.table_name, _state_root())
+    target = Target(netns, cfg.table_name, _state_root())
+    if recover:
+        from reconciler.engine import recover_pending
+
+        def recover() -> int:
+            recover_pending(target)  # rolls back, and says so on stderr, when a window was left open
+            return EXIT_OK
+
+        if _guard(recover) != EXIT_OK:
+            raise typer.Exit(EXIT_ERROR)
+    return target
 
 
 def _desired(directory: Path, config: Optional[Path], netns: Optional[str], strict: bool,
@@ -300,12 +311,26 @@ def apply(
                                "check that nobody else committed (touched), or list and compare the whole "
                                "table (full)."),
     probe: bool = typer.Option(False, "--probe", help=PROBE_HELP),
+    confirm_timeout: Optional[str] = typer.Option(
+        None, "--confirm-timeout", metavar="DURATION", help="Keep the new ruleset only if confirmed within "
+        "DURATION (e.g. 60s): by every health check passing, else by `nftrec confirm`; otherwise the previous "
+        "ruleset comes back in one transaction and apply exits 1."),
+    health_cmd: Optional[List[str]] = typer.Option(
+        None, "--health-cmd", metavar="CMD", help="With --confirm-timeout: a shell command run in the namespace "
+        "(sh -c, as root); exit 0 passes. Repeatable."),
+    health_url: Optional[List[str]] = typer.Option(
+        None, "--health-url", metavar="URL", help="With --confirm-timeout: an HTTP GET from the namespace; "
+        "2xx passes. Repeatable."),
+    health_tcp: Optional[List[str]] = typer.Option(
+        None, "--health-tcp", metavar="HOST:PORT", help="With --confirm-timeout: a TCP connect from the "
+        "namespace, e.g. to a Service VIP. Repeatable."),
 ) -> None:
     """Commit the desired ruleset as one atomic transaction, verify it, record state."""
     from reconciler.engine import run_apply
 
     if verify not in ("touched", "full"):
         raise typer.BadParameter("must be touched or full", param_hint="--verify")
+    spec = _confirm_spec(confirm_timeout, health_cmd or [], health_url or [], health_tcp or [])
     if sum(x is not None and x is not False for x in (directory, plan_file, rollback or None)) > 1:
         raise typer.BadParameter("give one of DIRECTORY, --plan FILE or --rollback")
     target = _target(config, netns)
@@ -321,7 +346,48 @@ def apply(
     elif probe:
         raise typer.BadParameter("--probe needs a manifest directory (not --plan or --rollback)")
     raise typer.Exit(_guard(run_apply, target, desired=desired, plan_path=plan_file, rollback=rollback,
-                            verify=verify))
+                            verify=verify, confirm=spec))
+
+
+def _confirm_spec(timeout: Optional[str], cmds: List[str], urls: List[str], tcps: List[str]):
+    """apply's --confirm-timeout and checks (issue 11), or None."""
+    from reconciler.intake import parse_health_check
+
+    checks = []
+    for kind, values, flag in (("cmd", cmds, "--health-cmd"), ("url", urls, "--health-url"),
+                               ("tcp", tcps, "--health-tcp")):
+        for v in values:
+            try:
+                checks.append(parse_health_check(kind, v))
+            except ValueError as e:
+                raise typer.BadParameter(str(e), param_hint=flag) from None
+    if timeout is None:
+        if checks:
+            raise typer.BadParameter("health checks need --confirm-timeout (how long they may take to pass)")
+        return None
+    from reconciler.engine import ConfirmSpec
+    from reconciler.intake import parse_duration
+
+    try:
+        seconds = parse_duration(timeout)
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds <= 86400:
+        raise typer.BadParameter(f"{timeout!r} is not a duration between 1ms and 24h (e.g. 60s, 5m)",
+                                 param_hint="--confirm-timeout")
+    return ConfirmSpec(seconds, tuple(checks))
+
+
+@app.command()
+def confirm(
+    config: Optional[Path] = CONFIG_OPT,
+    netns: Optional[str] = NETNS_OPT,
+) -> None:
+    """Confirm an `apply --confirm-timeout` that is waiting, so its ruleset stays (exit 0);
+    exit 1 when nothing waits or it was already rolled back."""
+    from reconciler.engine import run_confirm
+
+    raise typer.Exit(_guard(run_confirm, _target(config, netns, recover=False)))
 
 
 @app.command()

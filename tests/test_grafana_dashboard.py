@@ -69,6 +69,7 @@ def exported_names() -> set[str]:
     m.set_revisions("abc", "def")
     m.drift_repaired(2)
     m.conntrack_deleted(1)
+    m.rolled_back()
     probes = ProbeMetrics(m.registry)  # registered when `watch` runs readiness probes
     probes.results.labels("default/web", "success").inc()
     probes.down.labels("default/web").set(1)

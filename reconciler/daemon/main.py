@@ -24,7 +24,7 @@ from reconciler.daemon.reconcile import Daemon
 from reconciler.daemon.runner import Fatal, Runner
 from reconciler.daemon.watcher import DEBOUNCE, Watcher
 from reconciler.engine import LockHeld
-from reconciler.engine import CommandError, Target
+from reconciler.engine import CommandError, Target, recover_locked
 
 LOCK_RETRY = 1.0  # seconds between attempts to take the namespace lock at start
 
@@ -106,6 +106,12 @@ def run_watch(directory: Path, config_path: Path | None, target: Target, *, stri
                 stop_requested.wait(LOCK_RETRY)
         if stop_requested.is_set():
             return 0
+        try:  # a confirmed apply (or watch) that died in its window: roll back first (issue 11)
+            recover_locked(daemon.nft, target.store())
+        except (CommandError, OSError) as e:
+            logs.log.error(f"{e}; not starting")
+            return 1
+        daemon.stopping = lambda: "nftrec watch was asked to stop" if stop_requested.is_set() else None
         fatal = []
 
         def sync() -> float | None:

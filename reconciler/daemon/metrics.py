@@ -76,6 +76,9 @@ class Metrics:
             "nftrec_drift_objects_repaired", "Kernel objects repaired by full syncs.", registry=r)
         self._conntrack = Counter(
             "nftrec_conntrack_entries_deleted", "Stale UDP conntrack entries deleted.", registry=r)
+        self._rollbacks = Counter(
+            "nftrec_rollbacks", "Revisions rolled back because their healthChecks did not pass after the apply "
+            "(or nftrec watch stopped first).", registry=r)
         self._revisions = _Revisions()
         r.register(self._revisions)
 
@@ -111,6 +114,10 @@ class Metrics:
         if n < 0:
             raise ValueError(f"n must be >= 0, got {n}")
         self._conntrack.inc(n)
+
+    def rolled_back(self) -> None:
+        """A revision failed its health checks and the previous ruleset was restored."""
+        self._rollbacks.inc()
 
     def serve(self, address: str, healthy: Callable[[], tuple[bool, str]]) -> Server:
         return serve(address, healthy, self.registry)

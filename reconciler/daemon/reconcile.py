@@ -32,6 +32,7 @@ from reconciler.engine import (
     CommandError, StateCorrupt, Target, clean_udp_conntrack, commit, diff, make_plan, read_history, read_status,
     short_revision, verify_commit,
 )
+from reconciler.daemon import health
 from reconciler.intake import (
     Intake, Inventory, NodeConfig, Snapshot, discover_host_addresses, discover_node_ips, load_node_config,
 )
@@ -90,6 +91,12 @@ class Daemon:
         self.prober = None
         self.declared: Inventory | None = None
         self.probe_generation = 0
+        # healthChecks (issue 11, daemon/health.py): the revision rolled back after failing
+        # them, (revision, reason), until a new revision arrives; `stopping` says why the
+        # checks should give up early (SIGTERM), set by main.
+        self.rejected: tuple[str, str] | None = None
+        self.applied_declared: Inventory | None = None  # `declared` of what `applied` was compiled from
+        self.stopping: Callable[[], str | None] = lambda: None
 
     # -- config
 
@@ -159,6 +166,8 @@ class Daemon:
     def healthy(self) -> tuple[bool, str]:
         if self.invalid is not None:
             return False, f"revision {short_revision(self.invalid[0])} is invalid and was not applied: {self.invalid[1]}"
+        if self.rejected is not None:
+            return False, f"revision {short_revision(self.rejected[0])} was rolled back: {self.rejected[1]}"
         period = self.config.full_sync_period if self.config else 3600.0
         now = self.clock()
         if self.last_success is None:
@@ -244,6 +253,7 @@ class Daemon:
             self._set_revisions()
             return
         self.invalid = None
+        self.rejected = None
         self.desired = compiled
         self.declared = snap.inventory
         if self.prober is not None:
@@ -259,7 +269,8 @@ class Daemon:
         if self.metrics is None:
             return
         applied = self.applied.inventory.revision if self.applied else None
-        attempted = self.invalid[0] if self.invalid else (self.desired.inventory.revision if self.desired else None)
+        attempted = self.invalid[0] if self.invalid else self.rejected[0] if self.rejected else (
+            self.desired.inventory.revision if self.desired else None)
         self.metrics.set_revisions(applied, attempted)
 
     def _sync(self, full: bool, start: float) -> None:
@@ -276,6 +287,7 @@ class Daemon:
         drift = None
         verified_live = None
         services = {s.key: s for s in desired.inventory.services}
+        pending = None
         try:
             if full:
                 live = read_live(nft, self.target.table)
@@ -292,6 +304,7 @@ class Daemon:
                     frags = [f for k in changed for f in (self.applied.fragments.get(k), desired.fragments.get(k)) if f]
                     old_p, new_p = project(self.applied.ruleset, static, frags), project(desired.ruleset, static, frags)
                 plan = make_plan(new_p, canonical(old_p), services)
+            pending = health.begin(self, desired, plan)  # healthChecks: what to restore, before the commit
             plan, replanned = commit(nft, self.target.table, desired.ruleset, plan, services,
                                      from_memory=None if full else "memory")
             if replanned:
@@ -299,22 +312,30 @@ class Daemon:
             verified_live, after = verify_commit(nft, self.target, desired.ruleset, token_before=token,
                                                  committed=not plan.empty, full=full)
         except NftError as e:
+            health.discard(self, pending)  # the transaction is atomic: nothing to roll back
             self._failed(desired, start, full, f"the kernel rejected the transaction; nothing was changed "
                          f"(the previous ruleset is whole). nft said: {e.text.strip()}")
         except CommandError as e:
+            health.undo(self, pending, f"the sync could not be verified: {e}")
             self._failed(desired, start, full, str(e))
         kernel_done = self.clock()
+        if pending is not None and not health.passed(self, desired, pending, start, full):
+            return  # rolled back to the previous ruleset; waiting for a new revision
         # The kernel holds `desired` now; record it.
         previous = self.applied
         self.applied, self.token = desired, after
+        self.applied_declared = self.declared
         self.need_full = False
         if full:
             self.last_full = start
         self.last_success = kernel_done
         live_fp = fingerprint(verified_live if verified_live is not None else canonical(desired.ruleset))
-        if self._record(self.store.record_applied, desired.inventory.revision, desired.ruleset, live_fp, after) \
-                and self.invalid is not None:  # still the newest revision read: keep it visible
-            self._record(self.store.record_attempt, self.invalid[0], f"invalid input: {self.invalid[1]}")
+        if self._record(self.store.record_applied, desired.inventory.revision, desired.ruleset, live_fp, after):
+            if self.invalid is not None:  # still the newest revision read: keep it visible
+                self._record(self.store.record_attempt, self.invalid[0], f"invalid input: {self.invalid[1]}")
+            elif self.rejected is not None:  # likewise a revision rolled back after its health checks
+                self._record(self.store.record_attempt, self.rejected[0], f"rolled back: {self.rejected[1]}")
+        health.finish(self, pending)
         self._set_revisions()
         drifted = len(drift) if drift is not None else 0
         if drifted:

@@ -20,6 +20,7 @@ from typing import TextIO
 
 from reconciler import logs
 from reconciler.compile import Ruleset, digest
+from reconciler.engine import confirm as confirm_window
 from reconciler.engine import planfile
 from reconciler.engine.changes import diff
 from reconciler.engine.lock import LockHeld
@@ -102,10 +103,12 @@ def run_plan(desired, target: Target, *, verbose: bool, output: str, detailed: b
 
 
 def run_apply(target: Target, *, desired=None, plan_path: Path | None = None,
-              rollback: bool = False, verify: str = "touched", out_stream: TextIO = sys.stdout) -> int:
+              rollback: bool = False, verify: str = "touched", out_stream: TextIO = sys.stdout,
+              confirm=None) -> int:
     """Apply `desired` (a desired.Desired), a saved plan, or the previous history entry.
     `verify`: "touched" reads back what the transaction wrote and checks the generation
-    token (sync.verify_touched); "full" lists and compares the whole table."""
+    token (sync.verify_touched); "full" lists and compares the whole table.
+    `confirm` (confirm.ConfirmSpec): keep the result only if confirmed in time (confirm.py)."""
     try:
         lock = target.lock().acquire()
     except LockHeld as e:
@@ -157,22 +160,41 @@ def run_apply(target: Target, *, desired=None, plan_path: Path | None = None,
             plan = make_plan(ruleset, live, services, _derived_hints(desired))
 
         out_stream.write(format_text(plan, color=_color(out_stream)))
+        pending = None
+        if confirm is not None and not plan.empty:  # nothing changes: nothing to confirm
+            pending = confirm_window.begin_confirm(nft, store, writer="nftrec apply", revision=revision,
+                                           digest=digest(ruleset), timeout=confirm.timeout, checks=confirm.checks)
         try:
             plan, _ = commit(nft, target.table, ruleset, plan, services,
                              from_memory="the recorded state" if fast else None)
         except NftError as e:
+            if pending is not None:
+                confirm_window.clear_pending(store)  # atomic: nothing was committed
             store.record_attempt(revision, e.text)
             raise CommandError(f"the kernel rejected the transaction; nothing was changed "
                                f"(the previous ruleset is whole). nft said:\n{e.text.strip()}", lines=True) from None
-        if verify == "full":
-            after, token = verify_applied(nft, target, ruleset)
-        else:
-            after, token = verify_touched(nft, target, ruleset, plan, token_before=token_before)
+        try:
+            if verify == "full":
+                after, token = verify_applied(nft, target, ruleset)
+            else:
+                after, token = verify_touched(nft, target, ruleset, plan, token_before=token_before)
+        except CommandError as e:
+            if pending is not None:
+                confirm_window.roll_back(nft, store, pending, f"the apply could not be verified: {e}")
+            raise
+
         from_dir = desired is not None and plan_path is None and not rollback
-        store.record_applied(revision, ruleset, fingerprint(after if after is not None else canonical(ruleset)),
-                             token, plan_id,
-                             input_digest=desired.input_digest if from_dir else None,
-                             config_digest=desired.config_digest if from_dir else None)
+
+        def record():
+            store.record_applied(revision, ruleset, fingerprint(after if after is not None else canonical(ruleset)),
+                                 token, plan_id,
+                                 input_digest=desired.input_digest if from_dir else None,
+                                 config_digest=desired.config_digest if from_dir else None)
+
+        if pending is not None:
+            confirm_window.hold_window(nft, target, pending, confirm, record)  # CommandError: rolled back
+        else:
+            record()
         if desired is not None:
             # as kube-proxy after every sync; a saved plan or a rollback carries no model to
             # tell endpoints from frontends, so the next apply from manifests (or watch) does it
@@ -194,9 +216,11 @@ def run_status(target: Target, *, output: str, out_stream: TextIO = sys.stdout) 
     store = target.store()
     status = read_status(store)
     entries = read_history(store)
+    pending = confirm_window.pending_status_json(store)  # issue 11: an apply awaiting confirmation
     if not status.ever_applied or not entries:
+        waiting = "".join(f"; {line}" for line in confirm_window.pending_status_lines(pending))
         raise CommandError(f"nothing was applied to table {target.table} in {target.where} "
-                           f"(state: {store.dir}); run `nftrec apply`")
+                           f"(state: {store.dir}); run `nftrec apply`{waiting}")
     nft = target.nft()
     try:
         applied = store.load_ruleset(entries[-1])
@@ -215,6 +239,7 @@ def run_status(target: Target, *, output: str, out_stream: TextIO = sys.stdout) 
     }
     probes = read_probe_state(store)  # written by nftrec watch (issue 10)
     doc.update(probe_status_json(probes))
+    doc.update(pending)
     if output == "json":
         json.dump(doc, out_stream, indent=2)
         out_stream.write("\n")
@@ -236,6 +261,6 @@ def run_status(target: Target, *, output: str, out_stream: TextIO = sys.stdout) 
             w(f"drift:     yes, {len(drift)} objects differ"
               + (f" (Services: {shown})" if owners else " (shared objects)")
               + "; `nftrec plan` shows them, `nftrec apply` repairs them\n")
-        for line in probe_status_lines(probes):
+        for line in probe_status_lines(probes) + confirm_window.pending_status_lines(pending):
             w(line)
     return EXIT_OK if drift.empty else EXIT_CHANGES

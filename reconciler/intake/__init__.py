@@ -13,13 +13,14 @@ from reconciler import lazy_exports
 
 __all__, __getattr__ = lazy_exports(__name__, {
     "cache": ("read_inventory_cached",),
-    "config": ("DEFAULT_PATH", "discover_host_addresses", "discover_node_ips", "load_node_config"),
+    "config": ("DEFAULT_PATH", "discover_host_addresses", "discover_node_ips", "load_node_config", "parse_duration"),
     "digests": ("InputDigest", "code_digest", "config_digest", "input_digest"),
     "git": ("GitError", "merge_base", "parse_range", "read_revision", "resolve"),
+    "healthchecks": ("parse_health_check", "split_host_port"),
     "incremental": ("Intake", "Snapshot"),
     "inventory": ("InventoryResult", "read_inventory"),
     "load": ("SUFFIXES",),
-    "model": ("Endpoint", "EndpointPort", "EndpointSlice", "Inventory", "LoadBalancerIngress", "NodeConfig",
+    "model": ("Endpoint", "EndpointPort", "EndpointSlice", "HealthCheck", "Inventory", "LoadBalancerIngress", "NodeConfig",
               "Probe", "Service", "ServiceCIDR", "ServicePort", "Source"),
     "probes": ("PROBE_ANNOTATION",),
     "problems": ("ERROR", "NOTICE", "WARNING", "Problem"),

@@ -16,6 +16,7 @@ from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 
 from reconciler.intake import model
+from reconciler.intake.healthchecks import parse_health_check
 from reconciler.intake.load import MAX_FILE_BYTES, Document, Refused, SourceFile, check_shape, decode_text, locate, plain_data, yaml_error
 from reconciler.intake.problems import ERROR, Problem, show
 from reconciler.intake.schema_errors import Obj, Report, schema_problem
@@ -127,13 +128,14 @@ def load_node_config(
         schema_problem(rep, o, err)
     problems = [Problem(p.file, p.line, p.col, "NodeConfig", "", p.field, p.message, p.severity) for p in rep.problems]
     periods = {}
-    for key, default in (("minSyncPeriod", 1.0), ("syncPeriod", 30.0), ("fullSyncPeriod", 3600.0)):
+    for key, default in (("minSyncPeriod", 1.0), ("syncPeriod", 30.0), ("fullSyncPeriod", 3600.0),
+                         ("healthCheckTimeout", 30.0)):
         periods[key] = default
         if key in data and not any(p.field == key for p in problems):
             periods[key] = parse_duration(data[key])
             if key != "minSyncPeriod" and periods[key] <= 0:
                 line, _ = _locate(doc, key)
-                problems.append(_problem(shown, line, 1, key, f"must be longer than 0s; use e.g. {'30s' if key == 'syncPeriod' else '1h'}"))
+                problems.append(_problem(shown, line, 1, key, f"must be longer than 0s; use e.g. {'1h' if key == 'fullSyncPeriod' else '30s'}"))
     problems.sort(key=lambda p: (p.line, p.col))
     if any(p.is_error for p in problems):
         return _defaults(hostname, (), shown), problems
@@ -147,6 +149,14 @@ def load_node_config(
         problems.append(_problem(shown, line, col, f"nodePortAddresses[{npa.index('primary')}]",
                                  "can't use both 'primary' and CIDRs (kube-proxy's rule): give [primary] "
                                  "alone, or CIDRs that include the primary address"))
+    health_checks = []
+    for i, item in enumerate(data.get("healthChecks") or []):
+        (kind, value), = item.items()  # the schema allows one key per item
+        try:
+            health_checks.append(parse_health_check(kind, value))
+        except ValueError as e:
+            line, col = locate(doc, ("healthChecks", i))
+            problems.append(_problem(shown, line, col, f"healthChecks[{i}].{kind}", str(e)))
     discovered = False
     if "nodeIPs" not in data and discover:
         try:
@@ -180,6 +190,8 @@ def load_node_config(
         min_sync_period=periods["minSyncPeriod"],
         sync_period=periods["syncPeriod"],
         full_sync_period=periods["fullSyncPeriod"],
+        health_checks=tuple(health_checks),
+        health_check_timeout=periods["healthCheckTimeout"],
         source=model.Source(shown, 1, 1) if data else model.Source("<defaults>"),
     )
     return cfg, problems

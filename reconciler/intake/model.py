@@ -141,6 +141,18 @@ class ServiceCIDR:
 
 
 @dataclass(frozen=True)
+class HealthCheck:
+    """One check after a confirmed apply (intake/healthchecks.py): `cmd` (a shell command's
+    exit status), `url` (an HTTP GET answered 2xx) or `tcp` (a connect to HOST:PORT)."""
+
+    kind: str
+    target: str
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.target}"
+
+
+@dataclass(frozen=True)
 class NodeConfig:
     node_name: str
     node_ips: tuple[str, ...] = ()  # canonical; at most one primary per family is used
@@ -160,6 +172,9 @@ class NodeConfig:
     min_sync_period: float = 1.0  # seconds
     sync_period: float = 30.0
     full_sync_period: float = 3600.0
+    # watch: checks after each new revision's apply; failing = rolled back (issue 11)
+    health_checks: tuple[HealthCheck, ...] = ()
+    health_check_timeout: float = 30.0  # seconds
     source: Source = field(default=Source("<defaults>"), compare=False)
 
 

@@ -368,6 +368,11 @@ class Libnftables:
         if len(tx):
             self._worker.call(lambda: self._cmd(tx.text(), dry_run=True))
 
+    def run_script(self, script: str) -> None:
+        """Run an `nft -f` script as one transaction (a confirmed apply's rollback restores
+        listings, which are blocks, not the one-command-per-line of a Transaction)."""
+        self._worker.call(lambda: self._cmd(script))
+
     def list_table(self, family: str, table: str) -> str | None:
         cmd = table_cmd("list", Table(family, table))
         try:
