@@ -17,10 +17,10 @@ ClientIP affinity, a quarter of the NodePort/LoadBalancer Services externalTraff
 Local; 100 Services per file, 100 EndpointSlices per file):
 
   P   the parse floor: PyYAML's libyaml loader (yaml.load_all, CSafeLoader) reading every
-      manifest once, in a fresh process (wall of that process);
+      manifest once, in a fresh process (wall of that process; median of --reps runs);
   K   kube-proxy's current layout for the same Services (`nftrec render`, with
       `layout: kube-proxy` when the node config schema has that key) through `nft -f`
-      into an empty namespace;
+      into an empty namespace (median of --reps loads, each in a new namespace);
   classic  kube-proxy's classic layout (vmap + one chain per endpoint), derived by
       bench/scale.py's layout emitter from the same compiled Services, `nft -f`, for
       reference;
@@ -288,6 +288,7 @@ class Ctx:
     def __init__(self, args, nss: Namespaces, tmp: Path, n: int, m: int):
         self.args, self.nss, self.tmp, self.n, self.m = args, nss, tmp, n, m
         self.to = args.timeout * max(1.0, n / 10000)   # per subprocess, scaled with the size
+        self.reps = args.reps if n <= 10000 else 1      # P and K: median of this many runs
         self.root = tmp / "m"
         self.cfg = tmp / "node.yaml"
         self.kp_cfg = tmp / "node-kp.yaml"
@@ -315,10 +316,17 @@ print(docs, time.perf_counter() - t)
 
 
 def measure_parse_floor(c: Ctx) -> dict:
-    """P: PyYAML's libyaml loader reads every manifest once, in a fresh process."""
-    r = check(run([sys.executable, "-c", PARSE, c.root], c.to), "parse floor")
-    docs, inproc = r["stdout"].split()
-    return {"wall": r["wall"], "in_process": float(inproc), "documents": int(docs)}
+    """P: PyYAML's libyaml loader reads every manifest once, in a fresh process (the
+    median of --reps such processes: P divides every ratio, so it is the one figure
+    taken more than once)."""
+    runs = []
+    for _ in range(c.reps):
+        r = check(run([sys.executable, "-c", PARSE, c.root], c.to), "parse floor")
+        docs, inproc = r["stdout"].split()
+        runs.append({"wall": r["wall"], "in_process": float(inproc), "documents": int(docs)})
+    out = dict(sorted(runs, key=lambda x: x["wall"])[len(runs) // 2])
+    out["walls"] = [x["wall"] for x in runs]
+    return out
 
 
 def nft_load(c: Ctx, script: Path, tag: str) -> dict:
@@ -335,7 +343,9 @@ def measure_kube_proxy(c: Ctx, state: Path) -> dict:
     r = c.nftrec(state, "render", c.root, "--config", c.kp_cfg, what="render (K)")
     script = c.tmp / "kube-proxy.nft"
     script.write_text(r["stdout"])
-    out = nft_load(c, script, "kp")
+    runs = [nft_load(c, script, "kp") for _ in range(c.reps)]  # median of --reps loads, like P
+    out = dict(sorted(runs, key=lambda x: x["wall"])[len(runs) // 2])
+    out["walls"] = [x["wall"] for x in runs]
     out["render_s"] = r["wall"]
     out["lines"] = r["stdout"].count("\n")
     return out
@@ -638,9 +648,11 @@ def table(R: dict, results: dict[int, dict]) -> str:
         return f"<= {fac} MB" if base == "MB" else f"<= {fac}x the 10k figure" if base == "x" else f"<= {fac} {base}"
 
     row("P: PyYAML CSafeLoader, all manifests, fresh process", "", P,
-        note=f"({R['P']['documents']} docs; {R['P']['in_process']:.2f} s in process)")
-    row(f"K: kube-proxy layout via `nft -f`, empty netns", "", K,
-        note=f"(user {R['K']['user']:.2f} / sys {R['K']['sys']:.2f}; {R['K']['lines']} lines)")
+        note=f"({R['P']['documents']} docs; {R['P']['in_process']:.2f} s in process; median of "
+             f"{', '.join(f'{x:.2f}' for x in R['P']['walls'])})")
+    row("K: kube-proxy layout via `nft -f`, empty netns", "", K,
+        note=f"(user {R['K']['user']:.2f} / sys {R['K']['sys']:.2f}; {R['K']['lines']} lines; median of "
+             f"{', '.join(f'{x:.2f}' for x in R['K']['walls'])})")
     cl = R.get("classic")
     if cl is not None:
         row("classic layout (vmap + endpoint chains) via `nft -f` (reference)", "", cl.get("wall"),
@@ -691,6 +703,8 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=3, help="discarded watch edits first (default %(default)s)")
     ap.add_argument("--timeout", type=float, default=300,
                     help="per subprocess at <= 10k Services, scaled up with the size (s, default %(default)s)")
+    ap.add_argument("--reps", type=int, default=3,
+                    help="runs of P and of K (median) up to 10k Services; 1 above (default %(default)s)")
     ap.add_argument("--no-watch", action="store_true", help="skip the watch measurements")
     ap.add_argument("--no-classic", action="store_true", help="skip the classic layout reference")
     ap.add_argument("--json", help="also write the raw numbers to this file")
