@@ -23,7 +23,7 @@ Local; 100 Services per file, 100 EndpointSlices per file):
       into an empty namespace (median of --reps loads, each in a new namespace);
   classic  kube-proxy's classic layout (vmap + one chain per endpoint), derived by
       bench/scale.py's layout emitter from the same compiled Services, `nft -f`, for
-      reference;
+      reference (up to --classic-up-to Services);
   nftrec, each command a subprocess, fresh namespace, fresh --state-dir (empty intake
       cache): cold `apply`; `plan --detailed-exitcode` (no-op); the same with --refresh;
       one endpoint of one EndpointSlice moved → `apply`; peak RSS of each (/usr/bin/time -v);
@@ -575,7 +575,7 @@ def bench_size(args, nss: Namespaces, n: int) -> dict:
         log(f"K: {k_how} → nft -f, fresh namespace")
         R["K"] = measure_kube_proxy(c, tmp / "state-render")
         log(f"  {R['K']['wall']:.2f} s ({R['K']['lines']} lines)")
-        if not args.no_classic:
+        if not args.no_classic and n <= args.classic_up_to:
             log("classic layout (bench/scale.py vmap emitter) → nft -f, fresh namespace")
             R["classic"] = measure_classic(c, tmp / "state-classic")
             log(f"  {R['classic'].get('wall', 0):.2f} s {R['classic'].get('error', '')}")
@@ -707,6 +707,9 @@ def main(argv=None) -> int:
                     help="runs of P and of K (median) up to 10k Services; 1 above (default %(default)s)")
     ap.add_argument("--no-watch", action="store_true", help="skip the watch measurements")
     ap.add_argument("--no-classic", action="store_true", help="skip the classic layout reference")
+    ap.add_argument("--classic-up-to", type=int, default=10000, metavar="N",
+                    help="measure the classic layout only up to N Services (its load is quadratic; "
+                         "default %(default)s)")
     ap.add_argument("--json", help="also write the raw numbers to this file")
     args = ap.parse_args(argv)
     sizes = [1000] if args.quick else [int(s) for s in args.sizes.split(",") if s.strip()]
