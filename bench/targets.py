@@ -33,6 +33,10 @@ Local; 100 Services per file, 100 EndpointSlices per file):
       from the swap until `nft monitor` in the namespace prints the new address, minus the
       debounce; a few warm-up edits discarded; p50/p95; the daemon's peak RSS (VmHWM).
 
+  latency  (--latency) first-packet latency: client ns → node ns → backend ns, TCP
+      connect() to one ClusterIP through the N-Service node (nftrec's one-shot namespace)
+      and through a node with the first 100 of the same Services, interleaved rounds.
+
 Every figure is also printed as its ratio to P and K, next to its target and met/missed.
 """
 
@@ -70,6 +74,8 @@ NODE_PORT_BASE = 30000   # one node port per NodePort/LoadBalancer Service, coun
 HEALTH_PORT_BASE = 60000  # healthCheckNodePort of the eTP Local LoadBalancers
 PER_FILE = 100            # Services per file (and EndpointSlices per file)
 NODE = "bench-node"
+PROBE_SVC = 5             # --latency: the ClusterIP Service probed (no affinity)
+SMALL = 100               # --latency: the small node's Service count
 DEBOUNCE = 0.2            # the watch's --debounce (its default), subtracted from the latency
 INSTALL_HINT = "PyYAML is missing: pip install -e '.[bench]'  (the parse floor P uses its libyaml loader)"
 
@@ -411,11 +417,152 @@ def measure_oneshot(c: Ctx) -> dict:
         R["apply_edit"]["operations"] = int(mt.group(1)) if mt else None
         log(f"  one-edit apply {R['apply_edit']['wall']:.2f} s, {R['apply_edit']['operations']} operations")
         write_slice_file(c.root, k, c.n, c.m)  # back to the generated manifests
+        if c.args.latency:
+            log(f"  first-packet latency: {SMALL} vs {c.n} Services, {c.args.rounds} interleaved rounds")
+            R["latency"] = measure_latency(c, ns)
     finally:
         c.nss.delete(ns)
     for v in R.values():
         v.pop("stdout", None)
     return R
+
+
+def sh(ns: str, cmd: str) -> None:
+    subprocess.run(["ip", "netns", "exec", ns, "sh", "-c", cmd], check=True, timeout=60)
+
+
+def median(xs):
+    return statistics.median(xs) if xs else None
+
+
+
+# ---------------------------------------------------------------------------------------
+# first-packet latency (--latency): 100-Service node vs N-Service node
+# ---------------------------------------------------------------------------------------
+
+SERVER = r"""
+import socket, threading
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", 8080)); s.listen(4096)
+print("ready", flush=True)
+while True:
+    c, _ = s.accept(); c.close()
+"""
+
+CLIENT = r"""
+import socket, sys, json, time
+ip, port, n, warm = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+out, errors = [], 0
+for i in range(warm + n):
+    s = socket.socket(); s.settimeout(2)
+    t0 = time.perf_counter_ns()
+    try:
+        s.connect((ip, port))
+        if i >= warm:
+            out.append((time.perf_counter_ns() - t0) / 1000)
+    except OSError:
+        errors += 1
+    s.close()
+print(json.dumps({"us": out, "errors": errors}))
+"""
+
+
+def topology(nss: Namespaces, node: str, tag: str, td: Path, m: int) -> dict:
+    """client ns → `node` (holds the ruleset) → backend ns with the probe Service's
+    endpoint addresses on lo and a TCP server on :8080. Returns the client ns + server."""
+    cl, be = nss.add(f"{tag}c"), nss.add(f"{tag}b")
+    a, b = f"nb{os.getpid() % 100000}{tag}a", f"nb{os.getpid() % 100000}{tag}b"
+    subprocess.run(["ip", "link", "add", a, "netns", cl, "type", "veth", "peer", "name",
+                    a + "p", "netns", node], check=True, timeout=30)
+    subprocess.run(["ip", "link", "add", b, "netns", be, "type", "veth", "peer", "name",
+                    b + "p", "netns", node], check=True, timeout=30)
+    sh(cl, f"ip link set lo up; ip link set {a} up; ip addr add 10.99.1.2/24 dev {a}; "
+           f"ip route add default via 10.99.1.1")
+    sh(node, f"ip link set lo up; ip link set {a}p up; ip link set {b}p up; "
+             f"ip addr add 10.99.1.1/24 dev {a}p; ip addr add 10.99.2.1/24 dev {b}p; "
+             f"ip route add {EP_NET} via 10.99.2.2; sysctl -qw net.ipv4.ip_forward=1")
+    sh(be, f"ip link set lo up; ip link set {b} up; ip addr add 10.99.2.2/24 dev {b}; "
+           f"ip route add default via 10.99.2.1; "
+           + "; ".join(f"ip addr add {ip}/32 dev lo" for ip in ep_ips(PROBE_SVC, m)))
+    srv = subprocess.Popen(["ip", "netns", "exec", be, sys.executable,
+                            str(td / "server.py")],
+                           stdout=subprocess.PIPE)
+    if srv.stdout.readline().strip() != b"ready":
+        raise RuntimeError("latency server did not start")
+    return {"client": cl, "server": srv}
+
+
+def connects(client_ns: str, td: Path, n: int, warm: int = 2) -> dict:
+    ip = str(ipaddress.ip_address(int(SVC_NET.network_address) + 10 + PROBE_SVC))
+    p = subprocess.run(["ip", "netns", "exec", client_ns, sys.executable,
+                        str(td / "client.py"),
+                        ip, "80", str(n), str(warm)], capture_output=True, text=True, timeout=n * 2 + 30)
+    if p.returncode:
+        raise RuntimeError(f"latency client failed: {p.stderr[-500:]}")
+    return json.loads(p.stdout)
+
+
+def latency(nss: Namespaces, big_node: str, small_node: str, td: Path, m: int,
+            total: int, rounds: int) -> dict:
+    (td / "server.py").write_text(SERVER)
+    (td / "client.py").write_text(CLIENT)
+    tops = {}
+    try:
+        tops["small"] = topology(nss, small_node, "ls", td, m)
+        tops["big"] = topology(nss, big_node, "lb", td, m)
+        for t in tops.values():  # warm-up: ARP, routes, caches; discarded
+            connects(t["client"], td, 20)
+        per = max(1, total // rounds)
+        res = {k: {"us": [], "round_medians": [], "errors": 0} for k in tops}
+        for r in range(rounds):  # interleaved so that machine noise hits both sizes alike
+            for k in (("small", "big") if r % 2 == 0 else ("big", "small")):
+                c = connects(tops[k]["client"], td, per)
+                res[k]["us"] += c["us"]
+                res[k]["errors"] += c["errors"]
+                if c["us"]:
+                    res[k]["round_medians"].append(median(c["us"]))
+        for v in res.values():
+            us = sorted(v["us"])
+            v["mean_round_median_us"] = statistics.fmean(v["round_medians"])
+            v["n"] = len(us)
+            v["median_us"] = median(us)
+            v["p10_us"] = us[len(us) // 10] if us else None
+            v["p90_us"] = us[len(us) * 9 // 10] if us else None
+            del v["us"]
+        return res
+    finally:
+        for t in tops.values():
+            t["server"].kill()
+            t["server"].wait(timeout=10)
+
+
+def lat_noise(s: dict, b: dict) -> float:
+    """Two standard errors of the difference of the mean round medians (each round is a
+    fresh client process; rounds alternate between the sizes, so slow phases of the
+    machine hit both); at least 5 % of the small size's median. Per-process latency is
+    bimodal here (~25 or ~40 µs for a whole process, whatever the ruleset), so rounds,
+    not single connects, are the independent samples."""
+    def se(x):
+        rm = x["round_medians"]
+        return statistics.stdev(rm) / len(rm) ** 0.5 if len(rm) > 1 else 0.0
+    return max(2 * (se(s) ** 2 + se(b) ** 2) ** 0.5, 0.05 * s["median_us"])
+
+
+
+
+def measure_latency(c: Ctx, big_ns: str) -> dict:
+    """TCP connect() to one ClusterIP through the N-Service node (`big_ns`, nftrec's
+    one-shot namespace) and through a node with only the first 100 of the same Services."""
+    small = c.tmp / "m-small"
+    generate(small, SMALL, c.m)
+    small_ns = c.nss.add("small")
+    try:
+        c.nftrec(c.tmp / "state-small", "apply", small, "--config", c.cfg, ns=small_ns, what="apply (100 Services)")
+        return latency(c.nss, big_ns, small_ns, c.tmp, c.m, c.args.connects, c.args.rounds)
+    finally:
+        for tag in ("lsc", "lsb", "lbc", "lbb"):
+            c.nss.delete(f"{NS_PREFIX}{tag}-{os.getpid()}")
+        c.nss.delete(small_ns)
 
 
 # ---------------------------------------------------------------------------------------
@@ -675,6 +822,17 @@ def table(R: dict, results: dict[int, dict]) -> str:
     row("one-shot peak RSS, max of `apply`/`plan`", "oneshot_rss", max(rss.values()), "MB",
         note=f"(cold apply {rss['apply_cold']:.0f}, edit apply {rss['apply_edit']:.0f}, "
              f"plan {rss['plan']:.0f}, --refresh {rss['plan_refresh']:.0f})")
+    lat = R.get("latency")
+    if lat:
+        s, b = lat["small"], lat["big"]
+        d = b["mean_round_median_us"] - s["mean_round_median_us"]
+        noise = lat_noise(s, b)
+        flat = abs(d) <= noise and not s["errors"] and not b["errors"]
+        rows.append((f"first-packet latency, TCP connect() to a ClusterIP: {SMALL} vs {n} Services",
+                     f"median {s['median_us']:.0f} vs {b['median_us']:.0f} µs; mean of round medians "
+                     f"{s['mean_round_median_us']:.1f} vs {b['mean_round_median_us']:.1f} "
+                     f"(Δ {d:+.1f}, noise ±{noise:.1f})", "", "", "flat" if n in (1000, 10000) else "",
+                     ("met" if flat else "**missed**") if n in (1000, 10000) else ""))
     if n == 30000:
         r10 = results.get(10000)
         if r10:
@@ -710,6 +868,10 @@ def main(argv=None) -> int:
     ap.add_argument("--classic-up-to", type=int, default=10000, metavar="N",
                     help="measure the classic layout only up to N Services (its load is quadratic; "
                          "default %(default)s)")
+    ap.add_argument("--latency", action="store_true",
+                    help="also first-packet latency: TCP connect() to a ClusterIP, 100-Service vs N-Service node")
+    ap.add_argument("--connects", type=int, default=200, help="--latency: connects per size (default %(default)s)")
+    ap.add_argument("--rounds", type=int, default=40, help="--latency: interleaved rounds (default %(default)s)")
     ap.add_argument("--json", help="also write the raw numbers to this file")
     args = ap.parse_args(argv)
     sizes = [1000] if args.quick else [int(s) for s in args.sizes.split(",") if s.strip()]
