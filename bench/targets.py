@@ -880,6 +880,9 @@ def main(argv=None) -> int:
         yaml.CSafeLoader  # noqa: B018
     except (ImportError, AttributeError):
         raise SystemExit(INSTALL_HINT) from None
+    if not Path(sys.executable).with_name("nftrec").exists():
+        raise SystemExit(f"no nftrec next to {sys.executable}: run this with the venv's Python "
+                         f"(scripts/setup, then .venv/bin/python bench/targets.py)")
     if os.geteuid() != 0:
         raise SystemExit("needs root (network namespaces); the host ruleset is never touched")
     signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))  # run the finally blocks
