@@ -8,7 +8,7 @@ CLI in one run, optionally against an older checkout for "before".
 
 `--before DIR`: a checkout of an older nftrec (e.g. `git archive <commit> | tar -x -C DIR`),
 run with PYTHONPATH=DIR and the same interpreter, against the same netns and state.
-Manifests: bench/targets.py's generator (N Services x 5 endpoints, 100 files).
+Manifests: bench/targets.py's generator (N Services x 5 endpoints, the realistic mix, 100 per file).
 Every kernel operation runs in a throwaway namespace `nftrec-bench-cache-<pid>`.
 """
 

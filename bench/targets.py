@@ -1,27 +1,43 @@
 #!/usr/bin/env python3
-"""SPEC §7 performance targets, measured with the real `nftrec` commands, as one table.
+"""SPEC §7 / issue 8 targets: nftrec's real commands against two baselines measured in the
+same run, one table per size.
 
-    sudo /work/venv/bin/python bench/targets.py                 # 10,000 Services x 5 endpoints
-    sudo /work/venv/bin/python bench/targets.py --quick         # 1,000 x 5
-    sudo /work/venv/bin/python bench/targets.py --services 5000 --endpoints 3 --json out.json
+    sudo .venv/bin/python bench/targets.py --quick                  # 1,000 Services x 5 (~1 min)
+    sudo .venv/bin/python bench/targets.py --sizes 1000,10000       # (~10-20 min)
+    sudo .venv/bin/python bench/targets.py --sizes 1000,10000,30000 --json out.json
 
-What it does (root; the host's ruleset is never touched: every kernel operation happens in
-a throwaway network namespace `nftrec-bench-<what>-<pid>`, deleted in a `finally`):
+Needs root (network namespaces) and PyYAML for the parse floor:
+`pip install -e '.[bench]'`. The host's ruleset is never touched: every kernel operation
+happens in a throwaway namespace `nftrec-bench-<what>-<pid>`, deleted in a `finally` (also
+on SIGTERM); every subprocess has a timeout (--timeout).
 
- 1. writes a manifest directory: N Services (~80 % ClusterIP, ~15 % NodePort, ~5 %
-    LoadBalancer, one TCP port each) in 50 files and their EndpointSlices (M ready
-    endpoints each) in 50 files, plus a node config; and the first 100 Services the same
-    way (for the latency comparison);
- 2. baseline: `nftrec render DIR` (nftrec emits kube-proxy's current layout) loaded with
-    `nft -f` into a fresh namespace, timed; then `nft list table` there, and later the
-    one-Service transaction nftrec computed for the edit (step 3) through `nft -f` there;
- 3. nftrec as subprocesses in a fresh namespace: cold `apply` (wall, peak RSS by
-    /usr/bin/time -v), `plan --detailed-exitcode` (fast path) and with `--refresh`,
-    `status`, one EndpointSlice edited (+1 endpoint) → `apply` (wall, operations),
-    `validate` and `render` alone (intake; intake + compile + render);
- 4. first-packet latency: client ns → node ns (ruleset) → backend ns (TCP server); TCP
-    connect() to one ClusterIP, 100-Service node vs N-Service node, interleaved rounds;
- 5. prints one table (metric | target | measured | ratio to baseline | met?).
+Per size N (Services x 5 endpoints, the realistic mix: 70 % ClusterIP, 20 % NodePort,
+10 % LoadBalancer, half of those with loadBalancerSourceRanges, every tenth Service
+ClientIP affinity, a quarter of the NodePort/LoadBalancer Services externalTrafficPolicy
+Local; 100 Services per file, 100 EndpointSlices per file):
+
+  P   the parse floor: PyYAML's libyaml loader (yaml.load_all, CSafeLoader) reading every
+      manifest once, in a fresh process (wall of that process; median of --reps runs);
+  K   kube-proxy's current layout for the same Services (`nftrec render`, with
+      `layout: kube-proxy` when the node config schema has that key) through `nft -f`
+      into an empty namespace (median of --reps loads, each in a new namespace);
+  classic  kube-proxy's classic layout (vmap + one chain per endpoint), derived by
+      bench/scale.py's layout emitter from the same compiled Services, `nft -f`, for
+      reference (up to --classic-up-to Services);
+  nftrec, each command a subprocess, fresh namespace, fresh --state-dir (empty intake
+      cache): cold `apply`; `plan --detailed-exitcode` (no-op); the same with --refresh;
+      one endpoint of one EndpointSlice moved → `apply`; peak RSS of each (/usr/bin/time -v);
+  watch  `nftrec watch` on a git-sync layout (`current -> rev-<sha>`, a new worktree
+      directory per revision, an atomic symlink swap), fresh namespace and state dir:
+      first full sync; then one endpoint moved per revision, back to back; latency = time
+      from the swap until `nft monitor` in the namespace prints the new address, minus the
+      debounce; a few warm-up edits discarded; p50/p95; the daemon's peak RSS (VmHWM).
+
+  latency  (--latency) first-packet latency: client ns → node ns → backend ns, TCP
+      connect() to one ClusterIP through the N-Service node (nftrec's one-shot namespace)
+      and through a node with the first 100 of the same Services, interleaved rounds.
+
+Every figure is also printed as its ratio to P and K, next to its target and met/missed.
 """
 
 from __future__ import annotations
@@ -29,6 +45,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import json
+import math
 import os
 import re
 import resource
@@ -38,6 +55,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -48,13 +66,18 @@ NFT = shutil.which("nft") or "/usr/sbin/nft"
 GNU_TIME = "/usr/bin/time"
 T0 = time.perf_counter()
 
-SVC_NET = ipaddress.ip_network("172.30.0.0/16")     # serviceCIDRs
+SVC_NET = ipaddress.ip_network("172.30.0.0/16")     # serviceCIDRs (ClusterIPs)
 EP_NET = ipaddress.ip_network("10.128.0.0/9")       # clusterCIDRs; endpoints from here
 LB_NET = ipaddress.ip_network("198.18.0.0/15")      # LoadBalancer ingress IPs
-NODE_PORT_MIN, NODE_PORT_MAX = 30000, 32767
-FILES = 50                                          # per kind: 50 + 50 = 100 files
-PROBE_SVC = 5                                       # the ClusterIP Service the latency probe hits
-SMALL = 100                                         # the small size of the latency comparison
+NODE_PORT_BASE = 30000   # one node port per NodePort/LoadBalancer Service, counting up;
+                         # past 32767 at N > ~9,200 (nftrec accepts any port number)
+HEALTH_PORT_BASE = 60000  # healthCheckNodePort of the eTP Local LoadBalancers
+PER_FILE = 100            # Services per file (and EndpointSlices per file)
+NODE = "bench-node"
+PROBE_SVC = 5             # --latency: the ClusterIP Service probed (no affinity)
+SMALL = 100               # --latency: the small node's Service count
+DEBOUNCE = 0.2            # the watch's --debounce (its default), subtracted from the latency
+INSTALL_HINT = "PyYAML is missing: pip install -e '.[bench]'  (the parse floor P uses its libyaml loader)"
 
 
 def log(msg: str) -> None:
@@ -67,12 +90,33 @@ def nftrec_bin() -> str:
 
 
 # ---------------------------------------------------------------------------------------
-# 1. manifests
+# manifests: the realistic mix
 # ---------------------------------------------------------------------------------------
 
 def svc_type(i: int) -> str:
-    r = i % 20
-    return "LoadBalancer" if r == 0 else "NodePort" if r in (1, 2, 3) else "ClusterIP"
+    r = i % 10
+    return "LoadBalancer" if r == 9 else "NodePort" if r >= 7 else "ClusterIP"
+
+
+def external_index(i: int) -> int:
+    """The position of NodePort/LoadBalancer Service i among those Services (its node port)."""
+    return i // 10 * 3 + i % 10 - 7
+
+
+def has_affinity(i: int) -> bool:
+    return i % 10 == (i // 10) % 10           # every tenth Service, spread over the types
+
+
+def has_local_policy(i: int) -> bool:
+    return svc_type(i) != "ClusterIP" and (i // 10) % 4 == 1
+
+
+def has_source_ranges(i: int) -> bool:
+    return svc_type(i) == "LoadBalancer" and (i // 10) % 2 == 0
+
+
+def cluster_ip(i: int) -> str:
+    return str(ipaddress.ip_address(int(SVC_NET.network_address) + 10 + i))
 
 
 def ep_ips(i: int, m: int) -> list[str]:
@@ -80,100 +124,125 @@ def ep_ips(i: int, m: int) -> list[str]:
     return [str(ipaddress.ip_address(base + j)) for j in range(m)]
 
 
+def fresh_ip(n: int, m: int, k: int) -> str:
+    """The k-th address never used by the generator (edits move endpoints here)."""
+    return str(ipaddress.ip_address(int(EP_NET.network_address) + 1 + n * m + 1000 + k))
+
+
 def service_doc(i: int) -> str:
     typ = svc_type(i)
-    node_port = ""
+    extra, ports_extra, status = "", "", ""
     if typ != "ClusterIP":
-        # NodePort and LoadBalancer Services, numbered in order: i//20*4 + position
-        k = i // 20 * 4 + (i % 20 if i % 20 else 0)
-        port = NODE_PORT_MIN + k
-        if port > NODE_PORT_MAX:
-            typ = "ClusterIP"  # the node-port range is exhausted (N > ~13,000)
-        else:
-            node_port = f"\n      nodePort: {port}"
-    lb = ""
+        ports_extra = f"\n      nodePort: {NODE_PORT_BASE + external_index(i)}"
+    if has_local_policy(i):
+        extra += "  externalTrafficPolicy: Local\n"
+        if typ == "LoadBalancer":
+            extra += f"  healthCheckNodePort: {HEALTH_PORT_BASE + i // 10 // 4}\n"
+    if has_source_ranges(i):
+        extra += "  loadBalancerSourceRanges: [192.168.50.0/24, 203.0.113.0/24]\n"
+    if has_affinity(i):
+        extra += "  sessionAffinity: ClientIP\n  sessionAffinityConfig: {clientIP: {timeoutSeconds: 600}}\n"
     if typ == "LoadBalancer":
-        lb = (f"status:\n  loadBalancer:\n    ingress:\n"
-              f"      - ip: {ipaddress.ip_address(int(LB_NET.network_address) + 1 + i)}\n")
+        status = (f"status:\n  loadBalancer:\n    ingress:\n"
+                  f"      - ip: {ipaddress.ip_address(int(LB_NET.network_address) + 1 + i)}\n")
     return (f"apiVersion: v1\nkind: Service\nmetadata:\n  name: svc-{i}\n"
             f"  namespace: ns-{i // 500}\n  labels: {{app: svc-{i}}}\nspec:\n  type: {typ}\n"
-            f"  clusterIP: {ipaddress.ip_address(int(SVC_NET.network_address) + 10 + i)}\n"
-            f"  selector: {{app: svc-{i}}}\n  ports:\n    - name: http\n      protocol: TCP\n"
-            f"      port: 80\n      targetPort: 8080{node_port}\n{lb}")
+            f"  clusterIP: {cluster_ip(i)}\n  selector: {{app: svc-{i}}}\n{extra}"
+            f"  ports:\n    - name: http\n      protocol: TCP\n      port: 80\n"
+            f"      targetPort: 8080{ports_extra}\n{status}")
 
 
-def slice_doc(i: int, m: int, extra: list[str] = ()) -> str:
+def slice_doc(i: int, ips: list[str]) -> str:
     eps = "".join(f"  - addresses: [{ip}]\n    conditions: {{ready: true, serving: true, "
-                  f"terminating: false}}\n    nodeName: node-{j % 7}\n"
-                  for j, ip in enumerate(ep_ips(i, m) + list(extra)))
+                  f"terminating: false}}\n    nodeName: {NODE if j == 0 else f'node-{j}'}\n"
+                  for j, ip in enumerate(ips))
     return (f"apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n"
             f"  name: svc-{i}-abcde\n  namespace: ns-{i // 500}\n  labels:\n"
             f"    kubernetes.io/service-name: svc-{i}\naddressType: IPv4\nports:\n"
             f"  - name: http\n    protocol: TCP\n    port: 8080\nendpoints:\n{eps}")
 
 
-def file_of(i: int, n: int) -> int:
-    per = -(-n // FILES)
-    return i // per
+def slice_file(root: Path, i: int) -> Path:
+    """The file holding Service i's EndpointSlice."""
+    return root / "endpointslices" / f"eps-{i // PER_FILE:04d}.yaml"
 
 
-def slice_file(root: Path, f: int) -> Path:
-    return root / "endpointslices" / f"eps-{f:03d}.yaml"
-
-
-def write_slice_file(root: Path, f: int, n: int, m: int, extra: dict[int, list[str]] = {}):
-    per = -(-n // FILES)
-    idx = range(f * per, min(n, (f + 1) * per))
-    slice_file(root, f).write_text("---\n".join(slice_doc(i, m, extra.get(i, ())) for i in idx))
+def write_slice_file(root: Path, i: int, n: int, m: int, moved: dict[int, list[str]] = {}) -> Path:
+    """(Re)write the EndpointSlice file holding Service i; `moved`: Service → its addresses."""
+    f = i // PER_FILE
+    idx = range(f * PER_FILE, min(n, (f + 1) * PER_FILE))
+    p = slice_file(root, i)
+    p.write_text("---\n".join(slice_doc(k, moved.get(k) or ep_ips(k, m)) for k in idx))
+    return p
 
 
 def generate(root: Path, n: int, m: int) -> None:
-    if n + 10 > SVC_NET.num_addresses - 2 or n * m + 10 > EP_NET.num_addresses - 2:
+    """N Services x M endpoints, 100 per file (also used by bench/cache_noop.py)."""
+    if n + 10 > SVC_NET.num_addresses - 2 or n * m + 10_000 > EP_NET.num_addresses - 2:
         raise SystemExit("too many Services/endpoints for the synthetic address plan")
     (root / "services").mkdir(parents=True)
     (root / "endpointslices").mkdir()
-    per = -(-n // FILES)
-    for f in range(FILES):
-        idx = range(f * per, min(n, (f + 1) * per))
-        if not idx:
-            continue
-        (root / "services" / f"svc-{f:03d}.yaml").write_text(
-            "---\n".join(service_doc(i) for i in idx))
-        write_slice_file(root, f, n, m)
+    for f in range(math.ceil(n / PER_FILE)):
+        idx = range(f * PER_FILE, min(n, (f + 1) * PER_FILE))
+        (root / "services" / f"svc-{f:04d}.yaml").write_text("---\n".join(service_doc(i) for i in idx))
+        write_slice_file(root, f * PER_FILE, n, m)
+
+
+def mix(n: int) -> dict:
+    types = [svc_type(i) for i in range(n)]
+    return {"ClusterIP": types.count("ClusterIP"), "NodePort": types.count("NodePort"),
+            "LoadBalancer": types.count("LoadBalancer"),
+            "sourceRanges": sum(map(has_source_ranges, range(n))),
+            "affinity": sum(map(has_affinity, range(n))),
+            "etpLocal": sum(map(has_local_policy, range(n)))}
 
 
 NODE_CONFIG = f"""\
 apiVersion: nftrec/v1alpha1
 kind: NodeConfig
-nodeName: bench-node
+nodeName: {NODE}
 nodeIPs: [192.168.99.2]
 clusterCIDRs: [{EP_NET}]
 serviceCIDRs: [{SVC_NET}]
 nodePortAddresses: [primary]
 tableName: nftrec
+minSyncPeriod: 0s
+syncPeriod: 1s
+fullSyncPeriod: 1h
 """
 
 
+def kube_proxy_config() -> tuple[str, str]:
+    """(node config for K, how K was produced): `layout: kube-proxy` when the schema has
+    the key, else the default render output (which is then kube-proxy's layout)."""
+    schema = json.loads((REPO / "schemas" / "nodeconfig.json").read_text())
+    if "layout" in schema.get("properties", {}):
+        return NODE_CONFIG + "layout: kube-proxy\n", "`nftrec render` with `layout: kube-proxy`"
+    return NODE_CONFIG, "`nftrec render` (default output = kube-proxy's layout)"
+
+
 # ---------------------------------------------------------------------------------------
-# subprocess helpers
+# subprocesses and namespaces
 # ---------------------------------------------------------------------------------------
 
 class Timeout(Exception):
     pass
 
 
-def run(argv, timeout: float, *, rss: bool = False, stdout=subprocess.PIPE) -> dict:
-    """Run argv; wall, child user/sys CPU, rc, output; peak RSS (KiB) when rss=True."""
+def run(argv, timeout: float, *, rss: bool = False, stdout=subprocess.PIPE, env=None) -> dict:
+    """Run argv: wall, child user/sys CPU, rc, output; peak RSS (KiB) when rss=True."""
+    argv = [str(a) for a in argv]
     rssfile = None
     if rss and os.access(GNU_TIME, os.X_OK):
-        rssfile = tempfile.NamedTemporaryFile("r", prefix="nftrec-bench-time-", delete=False)
-        argv = [GNU_TIME, "-v", "-o", rssfile.name, *argv]
+        fd, rssfile = tempfile.mkstemp(prefix="nftrec-bench-time-")
+        os.close(fd)
+        argv = [GNU_TIME, "-v", "-o", rssfile, *argv]
     r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     try:
-        p = subprocess.run(argv, stdout=stdout, stderr=subprocess.PIPE, timeout=timeout)
+        p = subprocess.run(argv, stdout=stdout, stderr=subprocess.PIPE, timeout=timeout, env=env)
     except subprocess.TimeoutExpired as e:
-        raise Timeout(f"{' '.join(map(str, argv[:6]))}… timed out after {timeout:.0f} s") from e
+        raise Timeout(f"{' '.join(argv[:8])}… timed out after {timeout:.0f} s") from e
     wall = time.perf_counter() - t0
     r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     out = {"wall": wall, "user": r1.ru_utime - r0.ru_utime, "sys": r1.ru_stime - r0.ru_stime,
@@ -182,21 +251,18 @@ def run(argv, timeout: float, *, rss: bool = False, stdout=subprocess.PIPE) -> d
            "stderr": p.stderr.decode(errors="replace")[-3000:]}
     if rss:
         if rssfile is not None:
-            txt = Path(rssfile.name).read_text()
-            os.unlink(rssfile.name)
+            txt = Path(rssfile).read_text()
+            os.unlink(rssfile)
             mt = re.search(r"Maximum resident set size \(kbytes\): (\d+)", txt)
-            out["rss_kib"] = int(mt.group(1)) if mt else None
-            out["rss_source"] = "/usr/bin/time -v"
+            out["rss_mb"] = int(mt.group(1)) * 1024 / 1e6 if mt else None
         else:  # max over every child reaped so far: an upper bound
-            out["rss_kib"] = r1.ru_maxrss
-            out["rss_source"] = "getrusage(RUSAGE_CHILDREN)"
+            out["rss_mb"] = r1.ru_maxrss * 1024 / 1e6
     return out
 
 
 def check(res: dict, what: str, ok=(0,)) -> dict:
     if res["rc"] not in ok:
-        raise RuntimeError(f"{what}: exit {res['rc']}\n{res['stderr'][-1500:]}"
-                           f"\n{res['stdout'][-1500:]}")
+        raise RuntimeError(f"{what}: exit {res['rc']}\n{res['stderr'][-1500:]}\n{res['stdout'][-1500:]}")
     return res
 
 
@@ -222,6 +288,145 @@ class Namespaces:
             self.delete(name)
 
 
+class Ctx:
+    """One size's inputs: manifest dir, configs, temp dir, namespaces, options."""
+
+    def __init__(self, args, nss: Namespaces, tmp: Path, n: int, m: int):
+        self.args, self.nss, self.tmp, self.n, self.m = args, nss, tmp, n, m
+        self.to = args.timeout * max(1.0, n / 10000)   # per subprocess, scaled with the size
+        self.reps = args.reps if n <= 10000 else 1      # P and K: median of this many runs
+        self.root = tmp / "m"
+        self.cfg = tmp / "node.yaml"
+        self.kp_cfg = tmp / "node-kp.yaml"
+
+    def nftrec(self, state: Path, *a, ns=None, rss=False, ok=(0,), what=None) -> dict:
+        argv = [nftrec_bin(), "--state-dir", state, *a]
+        if ns:
+            argv += ["--netns", ns]
+        return check(run(argv, self.to, rss=rss), what or " ".join(map(str, a[:2])), ok)
+
+
+# ---------------------------------------------------------------------------------------
+# baselines
+# ---------------------------------------------------------------------------------------
+
+PARSE = r"""
+import sys, time, pathlib, yaml
+t = time.perf_counter()
+docs = 0
+for p in sorted(pathlib.Path(sys.argv[1]).rglob("*.yaml")):
+    with open(p, "rb") as f:
+        docs += sum(1 for _ in yaml.load_all(f, Loader=yaml.CSafeLoader))
+print(docs, time.perf_counter() - t)
+"""
+
+
+def measure_parse_floor(c: Ctx) -> dict:
+    """P: PyYAML's libyaml loader reads every manifest once, in a fresh process (the
+    median of --reps such processes: P divides every ratio, so it is the one figure
+    taken more than once)."""
+    runs = []
+    for _ in range(c.reps):
+        r = check(run([sys.executable, "-c", PARSE, c.root], c.to), "parse floor")
+        docs, inproc = r["stdout"].split()
+        runs.append({"wall": r["wall"], "in_process": float(inproc), "documents": int(docs)})
+    out = dict(sorted(runs, key=lambda x: x["wall"])[len(runs) // 2])
+    out["walls"] = [x["wall"] for x in runs]
+    return out
+
+
+def nft_load(c: Ctx, script: Path, tag: str) -> dict:
+    """`nft -f script` into an empty, fresh namespace (deleted right after)."""
+    ns = c.nss.add(tag)
+    try:
+        return check(run(["ip", "netns", "exec", ns, NFT, "-f", script], c.to, rss=True), f"nft -f ({tag})")
+    finally:
+        c.nss.delete(ns)
+
+
+def measure_kube_proxy(c: Ctx, state: Path) -> dict:
+    """K: kube-proxy's current layout for the same Services, through `nft -f`."""
+    r = c.nftrec(state, "render", c.root, "--config", c.kp_cfg, what="render (K)")
+    script = c.tmp / "kube-proxy.nft"
+    script.write_text(r["stdout"])
+    runs = [nft_load(c, script, "kp") for _ in range(c.reps)]  # median of --reps loads, like P
+    out = dict(sorted(runs, key=lambda x: x["wall"])[len(runs) // 2])
+    out["walls"] = [x["wall"] for x in runs]
+    out["render_s"] = r["wall"]
+    out["lines"] = r["stdout"].count("\n")
+    return out
+
+
+EMIT_CLASSIC = r"""
+import sys
+from pathlib import Path
+sys.path[:0] = [sys.argv[4], sys.argv[5]]
+from reconciler.engine.desired import load_desired
+import scale
+d = load_desired(Path(sys.argv[1]), Path(sys.argv[2]), interfaces=False)
+rs, _ = scale.make_layout(d.ruleset, "vmap")
+Path(sys.argv[3]).write_text(scale.render_layout(rs))
+"""
+
+
+def measure_classic(c: Ctx, state: Path) -> dict:
+    """kube-proxy's classic layout (vmap + endpoint chains), bench/scale.py's emitter."""
+    script = c.tmp / "classic.nft"
+    env = {**os.environ, "NFTREC_STATE_DIR": str(state)}
+    try:
+        check(run([sys.executable, "-c", EMIT_CLASSIC, c.root, c.kp_cfg, script, HERE, REPO], c.to, env=env),
+              "classic layout emitter (bench/scale.py)")
+    except RuntimeError as e:
+        return {"error": str(e).splitlines()[-1][:200]}
+    return nft_load(c, script, "classic")
+
+
+# ---------------------------------------------------------------------------------------
+# nftrec one-shot commands
+# ---------------------------------------------------------------------------------------
+
+def edit_service(n: int) -> int:
+    """A ClusterIP Service without affinity from the middle of the table."""
+    k = n // 2
+    while svc_type(k) != "ClusterIP" or has_affinity(k):
+        k += 1
+    return k
+
+
+def measure_oneshot(c: Ctx) -> dict:
+    """Cold apply (empty cache and kernel), no-op plan, plan --refresh, one-edit apply."""
+    R: dict = {}
+    state = c.tmp / "state-oneshot"
+    ns = c.nss.add("apply")
+    try:
+        R["apply_cold"] = c.nftrec(state, "apply", c.root, "--config", c.cfg, ns=ns, rss=True, what="cold apply")
+        log(f"  cold apply {R['apply_cold']['wall']:.2f} s, {R['apply_cold']['rss_mb']:.0f} MB")
+        R["plan"] = c.nftrec(state, "plan", c.root, "--config", c.cfg, "--detailed-exitcode", ns=ns, rss=True,
+                             ok=(0, 2), what="plan")
+        log(f"  no-op plan {R['plan']['wall']:.2f} s (exit {R['plan']['rc']})")
+        R["plan_refresh"] = c.nftrec(state, "plan", c.root, "--config", c.cfg, "--detailed-exitcode",
+                                     "--refresh", ns=ns, rss=True, ok=(0, 2), what="plan --refresh")
+        log(f"  no-op plan --refresh {R['plan_refresh']['wall']:.2f} s (exit {R['plan_refresh']['rc']})")
+        k = edit_service(c.n)
+        ips = ep_ips(k, c.m)
+        ips[0] = fresh_ip(c.n, c.m, 0)
+        write_slice_file(c.root, k, c.n, c.m, {k: ips})
+        R["apply_edit"] = c.nftrec(state, "apply", c.root, "--config", c.cfg, ns=ns, rss=True,
+                                   what="one-edit apply")
+        mt = re.search(r"Apply complete: (\d+) operations", R["apply_edit"]["stdout"])
+        R["apply_edit"]["operations"] = int(mt.group(1)) if mt else None
+        log(f"  one-edit apply {R['apply_edit']['wall']:.2f} s, {R['apply_edit']['operations']} operations")
+        write_slice_file(c.root, k, c.n, c.m)  # back to the generated manifests
+        if c.args.latency:
+            log(f"  first-packet latency: {SMALL} vs {c.n} Services, {c.args.rounds} interleaved rounds")
+            R["latency"] = measure_latency(c, ns)
+    finally:
+        c.nss.delete(ns)
+    for v in R.values():
+        v.pop("stdout", None)
+    return R
+
+
 def sh(ns: str, cmd: str) -> None:
     subprocess.run(["ip", "netns", "exec", ns, "sh", "-c", cmd], check=True, timeout=60)
 
@@ -230,8 +435,9 @@ def median(xs):
     return statistics.median(xs) if xs else None
 
 
+
 # ---------------------------------------------------------------------------------------
-# 4. first-packet latency
+# first-packet latency (--latency): 100-Service node vs N-Service node
 # ---------------------------------------------------------------------------------------
 
 SERVER = r"""
@@ -330,151 +536,6 @@ def latency(nss: Namespaces, big_node: str, small_node: str, td: Path, m: int,
             t["server"].wait(timeout=10)
 
 
-# ---------------------------------------------------------------------------------------
-# the run
-# ---------------------------------------------------------------------------------------
-
-def facts() -> dict:
-    def out(argv):
-        try:
-            return subprocess.run(argv, capture_output=True, text=True, timeout=10,
-                                  cwd=REPO).stdout.strip()
-        except (OSError, subprocess.TimeoutExpired):
-            return "?"
-    return {"nproc": os.cpu_count(), "kernel": os.uname().release,
-            "nft": out([NFT, "--version"]), "nftrec": out([nftrec_bin(), "--version"]),
-            "commit": out(["git", "rev-parse", "--short", "HEAD"]),
-            "dirty": bool(out(["git", "status", "--porcelain", "--untracked-files=no"])),
-            "date": time.strftime("%Y-%m-%d %H:%M %Z"),
-            "rss_tool": GNU_TIME if os.access(GNU_TIME, os.X_OK) else "getrusage"}
-
-
-def bench(args, nss: Namespaces, tmp: Path) -> dict:
-    n, m = (1000, 5) if args.quick else (args.services, args.endpoints)
-    to = args.timeout
-    R: dict = {"services": n, "endpoints": m, "facts": facts()}
-    nftrec = nftrec_bin()
-    state = tmp / "state"
-    cfg = tmp / "node.yaml"
-    cfg.write_text(NODE_CONFIG)
-    big, small = tmp / "manifests", tmp / "manifests-small"
-
-    log(f"generating {n} Services x {m} endpoints (+ {SMALL} for the latency comparison)")
-    t = time.perf_counter()
-    generate(big, n, m)
-    generate(small, min(SMALL, n), m)
-    R["generate_s"] = time.perf_counter() - t
-    R["files"] = sum(1 for _ in big.rglob("*.yaml"))
-    R["manifest_bytes"] = sum(p.stat().st_size for p in big.rglob("*.yaml"))
-
-    def nr(*a, ns=None, rss=False, ok=(0,), what=None):
-        argv = [nftrec, "--state-dir", str(state), *a]
-        if ns:
-            argv += ["--netns", ns]
-        return check(run(argv, to, rss=rss), what or " ".join(a[:2]), ok)
-
-    log("nftrec validate (intake alone)")
-    R["validate"] = nr("validate", str(big), "--config", str(cfg), rss=True)
-    log(f"  {R['validate']['wall']:.2f} s")
-    log("nftrec render (intake + compile + render) → baseline script")
-    R["render"] = nr("render", str(big), "--config", str(cfg), rss=True)
-    script = tmp / "full.nft"
-    script.write_text(R["render"].pop("stdout"))
-    R["script_lines"] = script.read_text().count("\n")
-    log(f"  {R['render']['wall']:.2f} s, {R['script_lines']} lines")
-
-    # 2. baseline: kube-proxy's layout via nft -f
-    base_ns = nss.add("base")
-    log(f"baseline: nft -f (kube-proxy layout) into {base_ns}")
-    R["baseline_load"] = check(run(["ip", "netns", "exec", base_ns, NFT, "-f", str(script)],
-                                   to, rss=True), "baseline nft -f")
-    log(f"  {R['baseline_load']['wall']:.2f} s (user {R['baseline_load']['user']:.2f}, "
-        f"sys {R['baseline_load']['sys']:.2f})")
-    R["baseline_list"] = check(run(["ip", "netns", "exec", base_ns, NFT, "list", "table", "ip",
-                                    "nftrec"], to, stdout=subprocess.DEVNULL), "nft list")
-    log(f"  nft list table ip nftrec: {R['baseline_list']['wall']:.2f} s")
-
-    # 3. nftrec
-    ns = nss.add("nftrec")
-    log(f"nftrec apply (cold) into {ns}")
-    R["apply_cold"] = nr("apply", str(big), "--config", str(cfg), ns=ns, rss=True)
-    R["apply_cold"].pop("stdout")
-    log(f"  {R['apply_cold']['wall']:.2f} s, peak RSS {R['apply_cold']['rss_kib'] / 1024:.0f} MiB")
-    log("nftrec plan --detailed-exitcode (nothing to change, fast path)")
-    R["plan_fast"] = nr("plan", str(big), "--config", str(cfg), "--detailed-exitcode", ns=ns,
-                        rss=True, ok=(0, 2))
-    log(f"  {R['plan_fast']['wall']:.2f} s rc={R['plan_fast']['rc']}")
-    log("nftrec plan --detailed-exitcode --refresh")
-    R["plan_refresh"] = nr("plan", str(big), "--config", str(cfg), "--detailed-exitcode",
-                           "--refresh", ns=ns, rss=True, ok=(0, 2))
-    log(f"  {R['plan_refresh']['wall']:.2f} s rc={R['plan_refresh']['rc']}")
-    log("nftrec status")
-    R["status"] = nr("status", "--config", str(cfg), ns=ns, ok=(0, 2))
-    log(f"  {R['status']['wall']:.2f} s rc={R['status']['rc']}")
-
-    # one EndpointSlice edited: one endpoint added to one Service's slice
-    k = n // 2
-    while svc_type(k) != "ClusterIP":
-        k += 1
-    new_ip = str(ipaddress.ip_address(int(EP_NET.network_address) + 1 + n * m + 1))
-    f = file_of(k, n)
-    write_slice_file(big, f, n, m, {k: [new_ip]})
-    R["edit"] = {"service": f"ns-{k // 500}/svc-{k}", "file": str(slice_file(big, f).relative_to(big)),
-                 "endpoint": new_ip}
-    log(f"edit: +{new_ip} in {R['edit']['service']} ({R['edit']['file']}); plan -o json")
-    pj = nr("plan", str(big), "--config", str(cfg), "-o", "json", ns=ns)
-    plan = json.loads(pj["stdout"])
-    R["edit"]["plan_s"] = pj["wall"]
-    R["edit"]["plan_services"] = [s["service"] for s in plan["services"]]
-    R["edit"]["plan_shared"] = len(plan["shared"])
-    R["edit"]["plan_operations"] = plan["summary"]["operations"]
-    fwd = plan["transaction"]
-    log("nftrec apply (one EndpointSlice edited)")
-    ap = nr("apply", str(big), "--config", str(cfg), ns=ns, rss=True)
-    mt = re.search(r"Apply complete: (\d+) operations", ap["stdout"])
-    R["apply_edit"] = {**{k2: ap[k2] for k2 in ("wall", "user", "sys", "rc", "rss_kib")},
-                       "operations": int(mt.group(1)) if mt else None,
-                       "stdout": ap["stdout"][-800:]}
-    log(f"  {ap['wall']:.2f} s, {R['apply_edit']['operations']} operations")
-    # the same Service change's transaction alone, through nft -f, on the baseline table
-    write_slice_file(big, f, n, m)  # revert the file
-    back = json.loads(nr("plan", str(big), "--config", str(cfg), "-o", "json", ns=ns)
-                      ["stdout"])["transaction"]
-    (tmp / "fwd.nft").write_text("\n".join(fwd) + "\n")
-    (tmp / "back.nft").write_text("\n".join(back) + "\n")
-    log(f"the edit's transaction ({len(fwd)} ops) via nft -f on the baseline table, "
-        f"{args.reps}x forward/back")
-    tf, tb = [], []
-    for _ in range(args.reps):
-        a = check(run(["ip", "netns", "exec", base_ns, NFT, "-f", str(tmp / "fwd.nft")], to),
-                  "nft -f fwd")
-        b = check(run(["ip", "netns", "exec", base_ns, NFT, "-f", str(tmp / "back.nft")], to),
-                  "nft -f back")
-        tf.append(a["wall"])
-        tb.append(b["wall"])
-    R["tx_nft"] = {"fwd_s": tf, "back_s": tb, "median_s": median(tf), "ops": len(fwd)}
-    log(f"  median {median(tf) * 1000:.0f} ms")
-    nss.delete(base_ns)  # free the kernel memory before the latency run
-
-    # 4. latency
-    if args.no_latency:
-        R["latency"] = None
-    else:
-        small_ns = nss.add("small")
-        log(f"latency: nftrec apply ({min(SMALL, n)} Services) into {small_ns}")
-        nr("apply", str(small), "--config", str(cfg), ns=small_ns)
-        log(f"latency: {args.connects} connects per size, {args.rounds} interleaved rounds")
-        R["latency"] = latency(nss, ns, small_ns, tmp, m, args.connects, args.rounds)
-        log(f"  100: {R['latency']['small']['median_us']:.0f} us, "
-            f"{n}: {R['latency']['big']['median_us']:.0f} us")
-
-    return R
-
-
-# ---------------------------------------------------------------------------------------
-# 5. the table
-# ---------------------------------------------------------------------------------------
-
 def lat_noise(s: dict, b: dict) -> float:
     """Two standard errors of the difference of the mean round medians (each round is a
     fresh client process; rounds alternate between the sizes, so slow phases of the
@@ -487,118 +548,359 @@ def lat_noise(s: dict, b: dict) -> float:
     return max(2 * (se(s) ** 2 + se(b) ** 2) ** 0.5, 0.05 * s["median_us"])
 
 
-def table(R: dict) -> str:
-    n, m, f = R["services"], R["endpoints"], R["facts"]
-    bl = R["baseline_load"]["wall"]
+
+
+def measure_latency(c: Ctx, big_ns: str) -> dict:
+    """TCP connect() to one ClusterIP through the N-Service node (`big_ns`, nftrec's
+    one-shot namespace) and through a node with only the first 100 of the same Services."""
+    small = c.tmp / "m-small"
+    generate(small, SMALL, c.m)
+    small_ns = c.nss.add("small")
+    try:
+        c.nftrec(c.tmp / "state-small", "apply", small, "--config", c.cfg, ns=small_ns, what="apply (100 Services)")
+        return latency(c.nss, big_ns, small_ns, c.tmp, c.m, c.args.connects, c.args.rounds)
+    finally:
+        for tag in ("lsc", "lsb", "lbc", "lbb"):
+            c.nss.delete(f"{NS_PREFIX}{tag}-{os.getpid()}")
+        c.nss.delete(small_ns)
+
+
+# ---------------------------------------------------------------------------------------
+# nftrec watch on a git-sync layout
+# ---------------------------------------------------------------------------------------
+
+class Monitor:
+    """`nft monitor` in a namespace; records when a line first mentions the awaited address."""
+
+    def __init__(self, ns: str):
+        self.proc = subprocess.Popen(["ip", "netns", "exec", ns, NFT, "monitor"], stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, text=True)
+        self.lock = threading.Lock()
+        self.pattern: re.Pattern | None = None
+        self.seen: float | None = None
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            with self.lock:
+                if self.pattern is not None and self.seen is None and self.pattern.search(line):
+                    self.seen = time.monotonic()
+
+    def expect(self, ip: str) -> None:
+        with self.lock:
+            self.pattern, self.seen = re.compile(re.escape(ip) + r"(?![0-9])"), None
+
+    def wait(self, timeout: float) -> float | None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self.lock:
+                if self.seen is not None:
+                    return self.seen
+            time.sleep(0.002)
+        return None
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+
+def vm_kb(pid: int, key: str) -> int | None:
+    try:
+        mt = re.search(rf"^{key}:\s+(\d+) kB", Path(f"/proc/{pid}/status").read_text(), re.M)
+    except OSError:
+        return None
+    return int(mt.group(1)) if mt else None
+
+
+def percentile(xs: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100)."""
+    s = sorted(xs)
+    return s[max(0, math.ceil(q / 100 * len(s)) - 1)]
+
+
+def new_revision(gs: Path, prev: Path, r: int) -> Path:
+    """git-sync's new worktree for revision r: a full copy of the previous one."""
+    d = gs / f"rev-{r + 1:040x}"
+    shutil.copytree(prev, d)
+    return d
+
+
+def swap(gs: Path, target: Path) -> float:
+    """git-sync's atomic symlink swap (`ln -s` + `mv -T`); the time of the swap."""
+    tmp_link = gs / "tmp-link"
+    tmp_link.symlink_to(target.name)
+    t = time.monotonic()
+    os.replace(tmp_link, gs / "current")
+    return t
+
+
+def measure_watch(c: Ctx) -> dict:
+    """First full sync, then one endpoint moved per revision: swap → kernel, minus debounce."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from watchproc import Watch  # the daemon driver tests/test_watch.py uses
+
+    gs = c.tmp / "gitsync"
+    gs.mkdir()
+    rev = gs / f"rev-{0:040x}"
+    shutil.copytree(c.root, rev)
+    (gs / "current").symlink_to(rev.name)
+    ns = c.nss.add("watch")
+    mon = Monitor(ns)
+    w = None
+    R: dict = {"edits": [], "warmup": c.args.warmup}
+    try:
+        t0 = time.monotonic()
+        w = Watch(ns, gs / "current", c.cfg, c.tmp / "state-watch", "--debounce", str(DEBOUNCE), metrics=False)
+        first = w.wait_event("sync", 0, timeout=c.to * 3, kind="full")
+        R["first_sync_s"] = time.monotonic() - t0
+        R["first_sync_ms"] = first.get("durationMs")
+        R["rss_after_first_mb"] = (vm_kb(w.proc.pid, "VmRSS") or 0) * 1024 / 1e6
+        log(f"  watch first full sync {R['first_sync_s']:.2f} s (sync log {first.get('durationMs')} ms)")
+        moved: dict[int, list[str]] = {}
+        total = c.args.warmup + c.args.edits
+        for r in range(total):
+            k = (c.n // 3 + 7919 * r) % c.n               # a different Service each time
+            ips = moved.get(k) or ep_ips(k, c.m)
+            ips = list(ips)
+            ips[r % c.m] = new_ip = fresh_ip(c.n, c.m, 100 + r)
+            moved[k] = ips
+            prev = rev
+            rev = new_revision(gs, prev, r)
+            write_slice_file(rev, k, c.n, c.m, moved)
+            mark = len(w.lines)
+            mon.expect(new_ip)
+            t_swap = swap(gs, rev)
+            seen = mon.wait(c.to)
+            if seen is None:
+                raise RuntimeError(f"watch edit {r}: {new_ip} never reached the kernel")
+            s = w.wait_event("sync", mark, timeout=c.to, revision=rev.name[4:])
+            shutil.rmtree(prev)                           # git-sync removes the old worktree
+            e = {"ms": 1000 * (seen - t_swap - DEBOUNCE), "kernelMs": s.get("kernelMs"),
+                 "durationMs": s.get("durationMs"), "kind": s.get("kind"), "operations": s.get("operations")}
+            R["edits"].append(e)
+            log(f"  watch edit {r}{' (warm-up)' if r < c.args.warmup else ''}: {e['ms']:.0f} ms after the "
+                f"debounce (sync: kernel after {e['kernelMs']} ms, {e['durationMs']} ms, {e['kind']})")
+            time.sleep(0.05)
+        xs = [e["ms"] for e in R["edits"][c.args.warmup:]]
+        R["p50_ms"], R["p95_ms"], R["n"] = percentile(xs, 50), percentile(xs, 95), len(xs)
+        ks = [e["kernelMs"] for e in R["edits"][c.args.warmup:] if e["kernelMs"] is not None]
+        R["kernelMs_p50"] = percentile(ks, 50) if ks else None
+        R["rss_mb"] = (vm_kb(w.proc.pid, "VmRSS") or 0) * 1024 / 1e6
+        R["peak_rss_mb"] = (vm_kb(w.proc.pid, "VmHWM") or 0) * 1024 / 1e6
+    finally:
+        if w is not None:
+            w.stop()
+        mon.stop()
+        c.nss.delete(ns)
+    return R
+
+
+# ---------------------------------------------------------------------------------------
+# one size
+# ---------------------------------------------------------------------------------------
+
+def bench_size(args, nss: Namespaces, n: int) -> dict:
+    m = args.endpoints
+    tmp = Path(tempfile.mkdtemp(prefix=f"nftrec-targets-{n}-"))
+    try:
+        c = Ctx(args, nss, tmp, n, m)
+        log(f"=== {n} Services x {m} endpoints: writing manifests")
+        generate(c.root, n, m)
+        c.cfg.write_text(NODE_CONFIG)
+        kp_text, k_how = kube_proxy_config()
+        c.kp_cfg.write_text(kp_text)
+        files = sorted(c.root.rglob("*.yaml"))
+        R: dict = {"services": n, "endpoints": m, "files": len(files), "mix": mix(n), "k_how": k_how,
+                   "bytes": sum(p.stat().st_size for p in files)}
+        log("P: PyYAML CSafeLoader, fresh process")
+        R["P"] = measure_parse_floor(c)
+        log(f"  {R['P']['wall']:.2f} s ({R['P']['documents']} documents, {R['P']['in_process']:.2f} s in process)")
+        log(f"K: {k_how} → nft -f, fresh namespace")
+        R["K"] = measure_kube_proxy(c, tmp / "state-render")
+        log(f"  {R['K']['wall']:.2f} s ({R['K']['lines']} lines)")
+        if not args.no_classic and n <= args.classic_up_to:
+            log("classic layout (bench/scale.py vmap emitter) → nft -f, fresh namespace")
+            R["classic"] = measure_classic(c, tmp / "state-classic")
+            log(f"  {R['classic'].get('wall', 0):.2f} s {R['classic'].get('error', '')}")
+        log("nftrec one-shot commands, fresh namespace and state dir")
+        R.update(measure_oneshot(c))
+        if not args.no_watch:
+            log("nftrec watch, git-sync layout, fresh namespace and state dir")
+            R["watch"] = measure_watch(c)
+        return R
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------
+# the table
+# ---------------------------------------------------------------------------------------
+
+# metric → size → (baseline, factor): the SPEC §7 targets ("x10k": × the 10k cold apply)
+TARGETS = {
+    "apply_cold": {1000: ("P", 2), 10000: ("K", 0.5)},
+    "plan": {1000: ("P", 0.5), 10000: ("P", 0.1)},
+    "plan_refresh": {10000: ("P", 1)},
+    "apply_edit": {1000: ("P", 1), 10000: ("P", 0.3)},
+    "watch_p95": {1000: ("P", 0.05), 10000: ("P", 0.03)},
+    "watch_rss": {10000: ("MB", 300)},
+    "oneshot_rss": {10000: ("MB", 250)},
+    "linearity": {30000: ("x", 3.5)},
+}
+
+
+def facts() -> str:
+    def out(*a):
+        try:
+            return subprocess.run(a, capture_output=True, text=True, timeout=10, cwd=REPO).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return "?"
+    load = os.getloadavg()[0]
+    return (f"{time.strftime('%Y-%m-%d %H:%M %Z')}, commit {out('git', 'rev-parse', '--short', 'HEAD')}"
+            f"{' (dirty)' if out('git', 'status', '--porcelain', '--untracked-files=no') else ''}, "
+            f"nproc {os.cpu_count()}, load {load:.1f}, kernel {os.uname().release}, {out(NFT, '--version')}")
+
+
+def table(R: dict, results: dict[int, dict]) -> str:
+    n = R["services"]
+    P, K = R["P"]["wall"], R["K"]["wall"]
     rows = []
 
-    def row(metric, target, measured, ratio="", met=""):
-        rows.append((metric, target, measured, ratio, met))
+    def row(metric, key, value, unit="s", note=""):
+        """value in seconds (unit s/ms) or MB; ratios for times; target + met from TARGETS."""
+        if value is None:
+            rows.append((metric, "n/a " + note, "", "", target_text(key), "-"))
+            return
+        secs = value / 1000 if unit == "ms" else value
+        shown = (f"{value:.0f} ms" if unit == "ms" else f"{value:.2f} s" if unit == "s" else f"{value:.0f} MB")
+        rp = f"{secs / P:.3f}" if unit != "MB" else ""
+        rk = f"{secs / K:.3f}" if unit != "MB" else ""
+        t = TARGETS.get(key, {}).get(n)
+        met = ""
+        if t:
+            base, fac = t
+            limit = {"P": P * fac, "K": K * fac, "MB": fac}[base]
+            met = "met" if value <= limit else "**missed**"
+        rows.append((metric, shown + (f" {note}" if note else ""), rp, rk, target_text(key, n), met))
 
-    def yes(b):
-        return "yes" if b else "**no**"
+    def target_text(key, n=n):
+        t = TARGETS.get(key, {}).get(n)
+        if not t:
+            return ""
+        base, fac = t
+        return f"<= {fac} MB" if base == "MB" else f"<= {fac}x the 10k figure" if base == "x" else f"<= {fac} {base}"
 
-    ac = R["apply_cold"]
-    row("cold `apply` from empty kernel (parse, validate, compile, commit, verify)", "≤ 5 s",
-        f"{ac['wall']:.2f} s", f"{ac['wall'] / bl:.2f}× baseline load", yes(ac["wall"] <= 5))
-    pf = R["plan_fast"]
-    row("`plan --detailed-exitcode`, nothing to change (generation fast path)", "≤ 1 s",
-        f"{pf['wall']:.2f} s (exit {pf['rc']})", "", yes(pf["wall"] <= 1 and pf["rc"] == 0))
-    pr = R["plan_refresh"]
-    bls = R["baseline_list"]["wall"]
-    row("`plan --detailed-exitcode --refresh` (lists the kernel)", "≤ 1 s",
-        f"{pr['wall']:.2f} s (exit {pr['rc']})", f"{pr['wall'] / bls:.2f}× baseline list",
-        yes(pr["wall"] <= 1 and pr["rc"] == 0))
-    e, ae, tx = R["edit"], R["apply_edit"], R["tx_nft"]
-    only = e["plan_services"] == [e["service"]] and e["plan_shared"] == 0
-    row("1 EndpointSlice edited → `apply` (one-shot CLI; the daemon's own latency: tests/test_watch.py logs)",
-        "≤ 100 ms after debounce", f"{ae['wall']:.2f} s, {ae['operations']} ops",
-        f"{ae['wall'] / tx['median_s']:.0f}× baseline change", yes(ae["wall"] <= 0.1))
-    row("  … baseline: that transaction alone via `nft -f` on the kp-layout table (median)",
-        "≤ 100 ms", f"{tx['median_s'] * 1000:.0f} ms, {tx['ops']} ops", "1.00",
-        yes(tx["median_s"] <= 0.1))
-    row("  … transaction touches only that Service's objects", "yes",
-        f"{'yes' if only else 'no'}: Services {e['plan_services']}, shared {e['plan_shared']}",
-        "", yes(only))
-    def mb(k):
-        return f"{(R[k].get('rss_kib') or 0) * 1024 / 1e6:.0f}"
-    rss = max(R[k]["rss_kib"] or 0 for k in ("apply_cold", "apply_edit", "plan_fast",
-                                               "plan_refresh"))
-    row("peak RSS, max over apply/plan (one-shot commands, not the watch daemon)", "≤ 300 MB",
-        f"{rss * 1024 / 1e6:.0f} MB (cold apply {mb('apply_cold')}, edit apply "
-        f"{mb('apply_edit')}, plan {mb('plan_fast')} / --refresh {mb('plan_refresh')}, "
-        f"validate {mb('validate')}, render {mb('render')})",
-        f"{R['apply_cold']['rss_kib'] / max(1, R['baseline_load']['rss_kib'] or 0):.1f}× "
-        f"baseline `nft -f` ({mb('baseline_load')} MB)", yes(rss * 1024 <= 300e6))
+    row("P: PyYAML CSafeLoader, all manifests, fresh process", "", P,
+        note=f"({R['P']['documents']} docs; {R['P']['in_process']:.2f} s in process; median of "
+             f"{', '.join(f'{x:.2f}' for x in R['P']['walls'])})")
+    row("K: kube-proxy layout via `nft -f`, empty netns", "", K,
+        note=f"(user {R['K']['user']:.2f} / sys {R['K']['sys']:.2f}; {R['K']['lines']} lines; median of "
+             f"{', '.join(f'{x:.2f}' for x in R['K']['walls'])})")
+    cl = R.get("classic")
+    if cl is not None:
+        row("classic layout (vmap + endpoint chains) via `nft -f` (reference)", "", cl.get("wall"),
+            note=cl.get("error", f"(user {cl.get('user', 0):.2f} / sys {cl.get('sys', 0):.2f})"))
+    ac, pl, pr, ae = R["apply_cold"], R["plan"], R["plan_refresh"], R["apply_edit"]
+    row("cold `apply` (empty state dir and kernel)", "apply_cold", ac["wall"])
+    row("`plan`, nothing to change", "plan", pl["wall"], note=f"(exit {pl['rc']})")
+    row("`plan --refresh`, nothing to change", "plan_refresh", pr["wall"], note=f"(exit {pr['rc']})")
+    row("one EndpointSlice edited (1 endpoint moved), `apply`", "apply_edit", ae["wall"],
+        note=f"({ae.get('operations')} ops)")
+    w = R.get("watch")
+    if w:
+        row(f"watch: edit → kernel after the debounce, p50 (n={w['n']})", "watch_p50", w["p50_ms"], "ms",
+            note=f"(sync log kernelMs p50 {w['kernelMs_p50']})")
+        row(f"watch: edit → kernel after the debounce, p95 (n={w['n']})", "watch_p95", w["p95_ms"], "ms")
+        row("watch: first full sync (empty state dir and kernel)", "", w["first_sync_s"])
+        row("watch RSS (peak VmHWM; steady VmRSS in brackets)", "watch_rss", w["peak_rss_mb"], "MB",
+            note=f"({w['rss_mb']:.0f} MB)")
+    rss = {k: R[k].get("rss_mb") or 0 for k in ("apply_cold", "apply_edit", "plan", "plan_refresh")}
+    row("one-shot peak RSS, max of `apply`/`plan`", "oneshot_rss", max(rss.values()), "MB",
+        note=f"(cold apply {rss['apply_cold']:.0f}, edit apply {rss['apply_edit']:.0f}, "
+             f"plan {rss['plan']:.0f}, --refresh {rss['plan_refresh']:.0f})")
     lat = R.get("latency")
     if lat:
         s, b = lat["small"], lat["big"]
         d = b["mean_round_median_us"] - s["mean_round_median_us"]
         noise = lat_noise(s, b)
-        row(f"first-packet latency, TCP connect() to a ClusterIP: {SMALL} vs {n} Services",
-            "same within noise",
-            f"median {s['median_us']:.0f} vs {b['median_us']:.0f} µs; mean of "
-            f"{len(s['round_medians'])} round medians {s['mean_round_median_us']:.1f} vs "
-            f"{b['mean_round_median_us']:.1f} (Δ {d:+.1f}, noise ±{noise:.1f})",
-            f"{b['mean_round_median_us'] / s['mean_round_median_us']:.2f}×",
-            yes(abs(d) <= noise and not s["errors"] and not b["errors"]))
-    else:
-        row("first-packet latency", "same within noise", "not measured (--no-latency)", "", "-")
-    row("baseline: kube-proxy layout (`nftrec render`) via `nft -f` (user/sys)", "(reference)",
-        f"{bl:.2f} s ({R['baseline_load']['user']:.2f}/{R['baseline_load']['sys']:.2f})",
-        "1.00", "")
-    row("baseline: `nft list table ip nftrec`", "(reference)", f"{bls:.2f} s", "", "")
-    row("`validate DIR` (intake: load + schema + cross checks)", "-",
-        f"{R['validate']['wall']:.2f} s", "", "")
-    row("`render DIR` (intake + compile + render, no kernel)", "-",
-        f"{R['render']['wall']:.2f} s", "", "")
-    row("`status` (lists the kernel, drift check)", "-",
-        f"{R['status']['wall']:.2f} s (exit {R['status']['rc']})", "", "")
-
-    head = ("metric", "target (SPEC §7)", "measured", "ratio to baseline", "met?")
-    out = [f"nftrec SPEC §7 targets — {n} Services x {m} endpoints "
-           f"({R['files']} manifest files, {R['manifest_bytes'] / 1e6:.1f} MB; "
-           f"{R['script_lines']} script lines)",
-           f"machine: nproc {f['nproc']}, kernel {f['kernel']}, {f['nft']}, {f['nftrec']}, "
-           f"commit {f['commit']}{' (dirty)' if f['dirty'] else ''}, {f['date']}; "
-           f"RSS via {f['rss_tool']}", "",
+        flat = abs(d) <= noise and not s["errors"] and not b["errors"]
+        rows.append((f"first-packet latency, TCP connect() to a ClusterIP: {SMALL} vs {n} Services",
+                     f"median {s['median_us']:.0f} vs {b['median_us']:.0f} µs; mean of round medians "
+                     f"{s['mean_round_median_us']:.1f} vs {b['mean_round_median_us']:.1f} "
+                     f"(Δ {d:+.1f}, noise ±{noise:.1f})", "", "", "flat" if n in (1000, 10000) else "",
+                     ("met" if flat else "**missed**") if n in (1000, 10000) else ""))
+    if n == 30000:
+        r10 = results.get(10000)
+        if r10:
+            lin = ac["wall"] / r10["apply_cold"]["wall"]
+            rows.append(("linearity: cold `apply` 30k / 10k", f"{lin:.2f}x", "", "", "<= 3.5x",
+                         "met" if lin <= 3.5 else "**missed**"))
+        else:
+            rows.append(("linearity: cold `apply` 30k / 10k", "n/a (10k not in this run)", "", "", "<= 3.5x", "-"))
+    mx = R["mix"]
+    head = ("metric", "measured", "x P", "x K", "target (SPEC §7)", "met?")
+    out = [f"### {n:,} Services x {R['endpoints']} endpoints",
+           f"{R['files']} files, {R['bytes'] / 1e6:.1f} MB; {mx['ClusterIP']} ClusterIP, {mx['NodePort']} NodePort, "
+           f"{mx['LoadBalancer']} LoadBalancer ({mx['sourceRanges']} with source ranges), {mx['affinity']} ClientIP "
+           f"affinity, {mx['etpLocal']} eTP Local. K = {R['k_how']}.", "",
            "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     out += ["| " + " | ".join(r) + " |" for r in rows]
     return "\n".join(out)
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--services", type=int, default=10000)
-    ap.add_argument("--endpoints", type=int, default=5)
-    ap.add_argument("--quick", action="store_true", help="1000 x 5")
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="1000,10000,30000", help="comma-separated Service counts (default %(default)s)")
+    ap.add_argument("--quick", action="store_true", help="1000 only")
+    ap.add_argument("--endpoints", type=int, default=5, help="endpoints per Service (default %(default)s)")
+    ap.add_argument("--edits", type=int, default=20, help="measured watch edits per size (default %(default)s)")
+    ap.add_argument("--warmup", type=int, default=3, help="discarded watch edits first (default %(default)s)")
+    ap.add_argument("--timeout", type=float, default=300,
+                    help="per subprocess at <= 10k Services, scaled up with the size (s, default %(default)s)")
+    ap.add_argument("--reps", type=int, default=3,
+                    help="runs of P and of K (median) up to 10k Services; 1 above (default %(default)s)")
+    ap.add_argument("--no-watch", action="store_true", help="skip the watch measurements")
+    ap.add_argument("--no-classic", action="store_true", help="skip the classic layout reference")
+    ap.add_argument("--classic-up-to", type=int, default=10000, metavar="N",
+                    help="measure the classic layout only up to N Services (its load is quadratic; "
+                         "default %(default)s)")
+    ap.add_argument("--latency", action="store_true",
+                    help="also first-packet latency: TCP connect() to a ClusterIP, 100-Service vs N-Service node")
+    ap.add_argument("--connects", type=int, default=200, help="--latency: connects per size (default %(default)s)")
+    ap.add_argument("--rounds", type=int, default=40, help="--latency: interleaved rounds (default %(default)s)")
     ap.add_argument("--json", help="also write the raw numbers to this file")
-    ap.add_argument("--timeout", type=float, default=150, help="per subprocess (s)")
-    ap.add_argument("--reps", type=int, default=3, help="repetitions of the nft -f change")
-    ap.add_argument("--connects", type=int, default=200, help="connects per size")
-    ap.add_argument("--rounds", type=int, default=40, help="interleaved latency rounds")
-    ap.add_argument("--no-latency", action="store_true")
     args = ap.parse_args(argv)
+    sizes = [1000] if args.quick else [int(s) for s in args.sizes.split(",") if s.strip()]
+    try:
+        import yaml
+        yaml.CSafeLoader  # noqa: B018
+    except (ImportError, AttributeError):
+        raise SystemExit(INSTALL_HINT) from None
+    if not Path(sys.executable).with_name("nftrec").exists():
+        raise SystemExit(f"no nftrec next to {sys.executable}: run this with the venv's Python "
+                         f"(scripts/setup, then .venv/bin/python bench/targets.py)")
     if os.geteuid() != 0:
         raise SystemExit("needs root (network namespaces); the host ruleset is never touched")
     signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))  # run the finally blocks
     nss = Namespaces()
-    tmp = Path(tempfile.mkdtemp(prefix="nftrec-targets-"))
+    results: dict[int, dict] = {}
+    header = facts()
     try:
-        R = bench(args, nss, tmp)
+        for n in sizes:
+            results[n] = bench_size(args, nss, n)
+            print(table(results[n], results), "\n", flush=True)
     except (RuntimeError, Timeout) as e:
         log(f"FAILED: {e}")
         return 1
     finally:
-        log("cleaning up namespaces")
         nss.cleanup()
-        shutil.rmtree(tmp, ignore_errors=True)
-    R["total_s"] = time.perf_counter() - T0
-    print(table(R))
-    print(f"\n(total run {R['total_s']:.0f} s)")
-    if args.json:
-        Path(args.json).write_text(json.dumps(R, indent=1, default=str))
+        if args.json:
+            Path(args.json).write_text(json.dumps({"facts": header, "sizes": results}, indent=1, default=str))
+    print(f"({header}; total {time.perf_counter() - T0:.0f} s)")
     return 0
 
 
