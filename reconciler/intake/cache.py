@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from reconciler import logs
+from reconciler import logs, progress
 from reconciler.atomic import atomic_write
 from reconciler.intake import digests, load, model
 from reconciler.intake.inventory import InventoryResult, build_inventory, model_objects, read_inventory
@@ -392,6 +392,11 @@ def read_inventory_cached(root: str | Path, cache_dir: Path | str | None, *, str
     results from the cache in `cache_dir` (None: no cache, the same code path)."""
     if is_stdin(root):  # read once, nothing to key a cache on
         return read_inventory(root, strict=strict)
+    with progress.step(f"reading manifests from {root}"):
+        return _read_inventory_cached(root, cache_dir, strict=strict)
+
+
+def _read_inventory_cached(root: str | Path, cache_dir: Path | str | None, *, strict: bool) -> InventoryResult:
     cache = Cache(cache_dir) if cache_dir is not None else None
     resolved, paths, problems = digests.walk(root)
     hasher = hashlib.sha256()
