@@ -63,6 +63,19 @@ def check_type(type_: str) -> str:
     return type_
 
 
+# `typeof` expressions: only the exact ones the compiler writes (compile/layout.py).
+TYPEOF_EXPRESSIONS = frozenset({
+    "numgen random mod 1", "verdict",
+    *(f"{fam} daddr . {proto} dport" for fam in ("ip", "ip6") for proto in ("tcp", "udp", "sctp")),
+})
+
+
+def check_typeof(expr: str) -> str:
+    if expr not in TYPEOF_EXPRESSIONS:
+        raise NftSyntaxError(f"not a known nft typeof expression: {expr!r}")
+    return expr
+
+
 def _check_word(value: str, allowed: frozenset, what: str) -> str:
     if value not in allowed:
         raise NftSyntaxError(f"not a known nft {what}: {value!r}")
@@ -123,6 +136,9 @@ class NamedSet:
     timeout: int | None = None  # seconds
     comment: str | None = None
     elements: dict[tuple[str, ...], Element] = field(default_factory=dict)
+    # True: `type`/`value_type` are nft expressions written as `typeof KEY : VALUE`
+    # (the sharded endpoint maps: `typeof numgen random mod 1 : ip daddr . tcp dport`).
+    typeof: bool = False
 
     @property
     def is_map(self) -> bool:
@@ -202,7 +218,10 @@ def set_cmd(verb: str, family: str, table: str, s: NamedSet) -> str:
     text = f"{verb} {kind} {_obj(family, table)} {check_name(s.name)}"
     if verb != "add":
         return text
-    parts = [f"type {check_type(s.type)}" + (f" : {check_type(s.value_type)}" if s.is_map else "")]
+    if s.typeof:
+        parts = [f"typeof {check_typeof(s.type)}" + (f" : {check_typeof(s.value_type)}" if s.is_map else "")]
+    else:
+        parts = [f"type {check_type(s.type)}" + (f" : {check_type(s.value_type)}" if s.is_map else "")]
     if s.flags:
         parts.append("flags " + ",".join(_check_word(f, _FLAGS, "set flag") for f in s.flags))
     if s.timeout is not None:

@@ -21,7 +21,8 @@ from typing import Iterator
 
 from reconciler.kernel import OTHER_KINDS, canonical, chain_policy, table_flags, table_others
 from reconciler.kernel import Transaction
-from reconciler.compile import Chain, Element, NamedSet, NftSyntaxError, Ruleset, Table, chain_id, check_name, element_id, set_id
+from reconciler.compile import Chain, Element, NamedSet, NftSyntaxError, Ruleset, Table, chain_id, chain_range, check_name, \
+    element_id, set_id
 
 # --- the result ----------------------------------------------------------------------------
 
@@ -123,12 +124,17 @@ class _Owners:
     def __init__(self, desired: Ruleset, live: Ruleset):
         self.known = desired.owners
         self.by_ip: dict[str, str] = {}  # service/endpoint IP → owner, for plain set keys
+        self.by_index: dict[tuple[str, str, str], str] = {}  # (family, map, index) → owner (layout sharded)
         for rs in (desired, live):
             for fam, t in rs.tables.items():
                 for name, c in t.chains.items():
                     o = owner_of_name(name)
                     if not o:
                         continue
+                    r = chain_range(c)
+                    if r is not None:
+                        for i in range(r[1], r[1] + r[2]):
+                            self.by_index.setdefault((fam, r[0], str(i)), o)
                     m = _EP_IP.search(name)
                     if m:
                         self.by_ip.setdefault(m.group(1).replace(".", ":") if fam == "ip6" else m.group(1), o)
@@ -140,6 +146,10 @@ class _Owners:
                         o = self._from_value(e)
                         if o:
                             self.by_ip.setdefault(e.key[0], o)
+                        elif e.value and " . " in e.value:  # endpoint map (layout sharded): DNAT targets
+                            o = self.by_index.get((fam, s.name, e.key[0]))
+                            if o:
+                                self.by_ip.setdefault(e.value.split(" . ")[0], o)
 
     @staticmethod
     def _from_value(e: Element) -> str | None:
@@ -158,14 +168,15 @@ class _Owners:
         return self.known.get(set_id(fam, name)) or owner_of_name(name)
 
     def element(self, fam: str, set_name: str, e: Element) -> str | None:
-        return self.known.get(element_id(fam, set_name, e.key)) or self._from_value(e) or self.by_ip.get(e.key[0])
+        return (self.known.get(element_id(fam, set_name, e.key)) or self._from_value(e)
+                or self.by_index.get((fam, set_name, e.key[0])) or self.by_ip.get(e.key[0]))
 
 
 # --- diff ----------------------------------------------------------------------------------
 
 
 def _set_def(s: NamedSet) -> tuple:
-    return (s.type, s.value_type, tuple(sorted(s.flags)), s.timeout, s.comment)
+    return (s.type, s.value_type, tuple(sorted(s.flags)), s.timeout, s.comment, s.typeof)
 
 
 def _refs_set(chain: Chain, set_name: str) -> bool:
@@ -249,7 +260,8 @@ def _diff_table(fc: FamilyChanges, d: Table, l: Table, who: _Owners) -> None:
             fc.sets_added.append(Change("add", fam, "set", name, owner=who.set(fam, name), reason="new set", new=s))
             _elements_added(fc, s, s.elements.values(), who)
         elif _set_def(s) != _set_def(ls):
-            fields = [n for n, a, b in zip(("type", "value type", "flags", "timeout", "comment"), _set_def(s), _set_def(ls)) if a != b]
+            fields = [n for n, a, b in zip(("type", "value type", "flags", "timeout", "comment", "typeof"),
+                                           _set_def(s), _set_def(ls)) if a != b]
             fc.sets_changed.append(
                 Change("change", fam, "set", name, owner=who.set(fam, name),
                        reason=f"{', '.join(fields)} changed: re-created", old=ls, new=s)  # fmt: skip

@@ -588,7 +588,10 @@ class Fake:
             if not whole and name not in (sets or ()):
                 continue
             out.append(f"\t{s.kind} {name} {{")
-            out.append(f"\t\ttype {s.spec['type']}")
+            if "typeof" in s.spec:
+                out.append(f"\t\ttypeof {s.spec['typeof']}")
+            else:
+                out.append(f"\t\ttype {s.spec['type']}")
             for k in ("flags", "timeout"):
                 if s.spec.get(k):
                     out.append(f"\t\t{k} {s.spec[k]}")
@@ -726,7 +729,7 @@ class Fake:
             old = t.sets.get(name)
             if old is None:
                 t.sets[name] = _FSet(kind, spec)
-            elif old.kind != kind or any(old.spec.get(k) != spec.get(k) for k in ("type", "flags", "timeout")):
+            elif old.kind != kind or any(old.spec.get(k) != spec.get(k) for k in ("type", "typeof", "flags", "timeout")):
                 raise NftError("File exists")  # a definition cannot change in place
             return
         s = t.sets.get(name)
