@@ -679,7 +679,9 @@ def _compile_port(service: Service, port: ServicePort, cluster_ip: str,
     sharded = ctx.layout == "sharded"
 
     def policy_rules(chain: str, eps: Sequence[EndpointInfo]) -> tuple[Rule, ...]:
-        if len(eps) > 1 and sharded:
+        # kube-proxy writes an anonymous map for N > 1 endpoints, and for ClientIP
+        # affinity an anonymous vmap for any N: each becomes an index range here
+        if sharded and (len(eps) > 1 or affinity):
             if affinity:
                 pick = layout.vmap_pick(fam, chain, tuple(
                     f"goto {check_name(naming.endpoint_chain(ep_base(e)))}" for e in eps))
