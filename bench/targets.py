@@ -12,7 +12,7 @@ a throwaway network namespace `nftrec-bench-<what>-<pid>`, deleted in a `finally
     LoadBalancer, one TCP port each) in 50 files and their EndpointSlices (M ready
     endpoints each) in 50 files, plus a node config; and the first 100 Services the same
     way (for the latency comparison);
- 2. baseline: `nftrec render DIR` (nftrec emits kube-proxy's current layout) loaded with
+ 2. baseline: `nftrec render DIR` with `layout: kube-proxy` (kube-proxy's current layout) loaded with
     `nft -f` into a fresh namespace, timed; then `nft list table` there, and later the
     one-Service transaction nftrec computed for the edit (step 3) through `nft -f` there;
  3. nftrec as subprocesses in a fresh namespace: cold `apply` (wall, peak RSS by
@@ -357,6 +357,8 @@ def bench(args, nss: Namespaces, tmp: Path) -> dict:
     state = tmp / "state"
     cfg = tmp / "node.yaml"
     cfg.write_text(NODE_CONFIG)
+    cfg_kp = tmp / "node-kube-proxy.yaml"  # the baseline K: kube-proxy's shape, not nftrec's default
+    cfg_kp.write_text(NODE_CONFIG + "layout: kube-proxy\n")
     big, small = tmp / "manifests", tmp / "manifests-small"
 
     log(f"generating {n} Services x {m} endpoints (+ {SMALL} for the latency comparison)")
@@ -377,7 +379,7 @@ def bench(args, nss: Namespaces, tmp: Path) -> dict:
     R["validate"] = nr("validate", str(big), "--config", str(cfg), rss=True)
     log(f"  {R['validate']['wall']:.2f} s")
     log("nftrec render (intake + compile + render) → baseline script")
-    R["render"] = nr("render", str(big), "--config", str(cfg), rss=True)
+    R["render"] = nr("render", str(big), "--config", str(cfg_kp), rss=True)
     script = tmp / "full.nft"
     script.write_text(R["render"].pop("stdout"))
     R["script_lines"] = script.read_text().count("\n")
@@ -436,12 +438,18 @@ def bench(args, nss: Namespaces, tmp: Path) -> dict:
                        "operations": int(mt.group(1)) if mt else None,
                        "stdout": ap["stdout"][-800:]}
     log(f"  {ap['wall']:.2f} s, {R['apply_edit']['operations']} operations")
-    # the same Service change's transaction alone, through nft -f, on the baseline table
-    write_slice_file(big, f, n, m)  # revert the file
-    back = json.loads(nr("plan", str(big), "--config", str(cfg), "-o", "json", ns=ns)
-                      ["stdout"])["transaction"]
+    # the same Service change as kube-proxy's shape needs it (nftrec's own transaction is
+    # for the sharded layout): planned by nftrec with `layout: kube-proxy` against the
+    # baseline table, then run alone through nft -f
+    fwd = json.loads(nr("plan", str(big), "--config", str(cfg_kp), "-o", "json", ns=base_ns)
+                     ["stdout"])["transaction"]
     (tmp / "fwd.nft").write_text("\n".join(fwd) + "\n")
+    check(run(["ip", "netns", "exec", base_ns, NFT, "-f", str(tmp / "fwd.nft")], to), "nft -f fwd")
+    write_slice_file(big, f, n, m)  # revert the file
+    back = json.loads(nr("plan", str(big), "--config", str(cfg_kp), "-o", "json", ns=base_ns)
+                      ["stdout"])["transaction"]
     (tmp / "back.nft").write_text("\n".join(back) + "\n")
+    check(run(["ip", "netns", "exec", base_ns, NFT, "-f", str(tmp / "back.nft")], to), "nft -f back")
     log(f"the edit's transaction ({len(fwd)} ops) via nft -f on the baseline table, "
         f"{args.reps}x forward/back")
     tf, tb = [], []

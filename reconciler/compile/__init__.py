@@ -8,7 +8,8 @@ elements as plain data, each checked so that no input can inject nft syntax. `na
 is kube-proxy's chain and set names; `serialize` turns a Ruleset into JSON and back (state,
 saved plans); `incremental` recompiles only the Services that changed (`nftrec watch`);
 `topology` is which hints kube-proxy follows, and the hints nftrec derives from
-`trafficDistribution` where no EndpointSlice controller writes them.
+`trafficDistribution` where no EndpointSlice controller writes them; `layout` is the
+default sharded endpoint maps (`layout: kube-proxy` keeps kube-proxy's anonymous maps).
 """
 
 from reconciler import lazy_exports

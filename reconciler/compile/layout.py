@@ -31,7 +31,7 @@ import hashlib
 import re
 from dataclasses import dataclass, replace
 
-from reconciler.compile.ruleset import Chain, Element, NamedSet, Rule, Ruleset, chain_id, element_id
+from reconciler.compile.ruleset import Chain, Element, NamedSet, Rule, Ruleset, chain_id, element_id, set_id
 
 LAYOUTS = ("sharded", "kube-proxy")
 DEFAULT_LAYOUT = "sharded"
@@ -178,6 +178,14 @@ def place(rs: Ruleset, picks: list[Pick], owners: dict[tuple[str, str], str],
         t = rs.tables[fam]
         if name not in t.sets:
             t.sets[name] = map_for(fam, name)
+    for fam in {p.family for p in picks}:
+        # Declared before the Services' own (affinity) sets: the kernel finds a set by
+        # walking the table's set list in creation order, once per element message.
+        t = rs.tables[fam]
+        owned = [n for n in t.sets if set_id(fam, n) in rs.owners]
+        if owned:
+            t.sets = {**{n: s for n, s in t.sets.items() if set_id(fam, n) not in rs.owners},
+                      **{n: t.sets[n] for n in owned}}
     alloc: Allocation = {}
     for p in picks:
         k = offsets[(p.family, p.chain)]

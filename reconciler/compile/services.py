@@ -5,7 +5,9 @@ Pipeline position: model → **compile** → ruleset → render / diff.
 The output is kube-proxy's current nftables layout (reference §2-§7 plus §12 items 1-5
 and 7): one table per family, the static skeleton (base chains, jump chains, the shared
 sets/maps), and per Service port its policy/external/firewall chains, affinity endpoint
-chains, and elements in the shared sets/maps.
+chains, and elements in the shared sets/maps. With `layout: sharded` (the default) the
+endpoint choice of a policy chain is an index range of a shared map instead of an
+anonymous map (compile/layout.py); everything else is the same.
 
 Pure and deterministic: no I/O, Services and slices are processed in sorted order, so the
 same input in any order gives the identical Ruleset. The whole ruleset is
