@@ -187,19 +187,21 @@ def place(rs: Ruleset, picks: list[Pick], owners: dict[tuple[str, str], str],
             t.sets = {**{n: s for n, s in t.sets.items() if set_id(fam, n) not in rs.owners},
                       **{n: t.sets[n] for n in owned}}
     alloc: Allocation = {}
-    for p in picks:
+    out_owners = rs.owners
+    for p in picks:  # the hot loop of a 10,000-Service compile: no dataclasses.replace
         k = offsets[(p.family, p.chain)]
         t = rs.tables[p.family]
-        c = t.chains[p.chain]
         if k:
-            t.chains[p.chain] = replace(c, rules=c.rules[:-1] + (pick_rule(p, k),))
-        m = t.sets[p.map]
+            c = t.chains[p.chain]
+            t.chains[p.chain] = Chain(c.name, c.rules[:-1] + (pick_rule(p, k),), c.base, c.comment)
+        elems = t.sets[p.map].elements
         owner = owners.get((p.family, p.chain))
+        prefix = element_id(p.family, p.map, ("",))  # + the index: element_id of a one-part key
         for i, v in enumerate(p.values):
-            key = (str(k + i),)
-            m.add(Element(key, v))
+            idx = str(k + i)
+            elems[(idx,)] = Element((idx,), v)
             if owner:
-                rs.owners[element_id(p.family, p.map, key)] = owner
+                out_owners[prefix + idx] = owner
         alloc[(p.family, p.chain)] = (p.map, k, len(p.values))
     return alloc
 
