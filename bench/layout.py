@@ -151,7 +151,7 @@ def run_layout(layout: str, inv: Inventory, changed: dict[str, Inventory], tmp: 
     path.write_text(script)
     t4 = desired.tables["ip"]
     R["objects"] = {"chains": len(t4.chains), "rules": sum(len(c.rules) for c in t4.chains.values()),
-                    "named sets": len(t4.sets), "anonymous sets": script.count("map {") + script.count("vmap {"),
+                    "named sets": len(t4.sets), "anonymous sets": script.count("map {"),
                     "elements": sum(len(s.elements) for s in t4.sets.values()), "script lines": script.count("\n")}
     print(f"[{layout}] compile {R['compile_s']:.2f} s, render {R['render_s']:.2f} s, {R['objects']}", file=sys.stderr)
 
@@ -183,9 +183,10 @@ def run_layout(layout: str, inv: Inventory, changed: dict[str, Inventory], tmp: 
         for what, inv2 in changed.items():
             fwd_s, back_s, plan_s = [], [], []
             ops = None
+            compiled = {"fwd": compile_ruleset(inv2, cfg), "back": desired}  # not timed: what changes is
             for _ in range(reps):
-                for direction, target in (("fwd", inv2), ("back", inv)):
-                    d = compile_ruleset(target, cfg)
+                for direction in ("fwd", "back"):
+                    d = compiled[direction]
                     t = time.perf_counter()
                     live = read_live(nft, TABLE)
                     d = relocate(d, live)  # as apply does
@@ -246,17 +247,24 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--timeout", type=float, default=300)
     ap.add_argument("--json")
+    ap.add_argument("--layouts", default="kube-proxy,sharded", help="comma-separated, in run order")
+    ap.add_argument("--affinity", choices=("sharded", "kube-proxy"), default="sharded",
+                    help="layout sharded: ClientIP affinity through shared vmaps (default) or kube-proxy's")
     args = ap.parse_args(argv)
     if os.geteuid() != 0:
         raise SystemExit("needs root (network namespaces)")
     n, m = args.services, args.endpoints
     inv = inventory(n, m)
     changed = edits(inv, n, m)
-    R = {"services": n, "endpoints": m, "reps": args.reps}
+    import reconciler.compile.layout as layout_mod
+
+    layout_mod.SHARD_AFFINITY = args.affinity == "sharded"
+    R = {"services": n, "endpoints": m, "reps": args.reps, "affinity": args.affinity}
     with tempfile.TemporaryDirectory(prefix="nftrec-bench-layout-") as tmp:
-        for layout in ("kube-proxy", "sharded"):
+        for layout in args.layouts.split(","):
             R[layout] = run_layout(layout, inv, changed, Path(tmp), args.reps, args.timeout)
-    print(table(R))
+    if "kube-proxy" in R and "sharded" in R:
+        print(table(R))
     if args.json:
         Path(args.json).write_text(json.dumps(R, indent=2))
     return 0

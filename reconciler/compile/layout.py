@@ -34,6 +34,10 @@ from dataclasses import dataclass, replace
 from reconciler.compile.ruleset import Chain, Element, NamedSet, Rule, Ruleset, chain_id, element_id, set_id
 
 LAYOUTS = ("sharded", "kube-proxy")
+# ClientIP affinity Services: their endpoint choice as a range of a shared verdict map
+# (True) or kube-proxy's anonymous vmap (False). A module switch for bench/layout.py
+# (`--affinity`); see docs/kube-proxy-behaviours.md deviation 14 for the measurements.
+SHARD_AFFINITY = True
 DEFAULT_LAYOUT = "sharded"
 SHARDS = 64
 PROTOCOLS = ("tcp", "udp", "sctp")

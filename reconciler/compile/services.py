@@ -683,7 +683,7 @@ def _compile_port(service: Service, port: ServicePort, cluster_ip: str,
     def policy_rules(chain: str, eps: Sequence[EndpointInfo]) -> tuple[Rule, ...]:
         # kube-proxy writes an anonymous map for N > 1 endpoints, and for ClientIP
         # affinity an anonymous vmap for any N: each becomes an index range here
-        if sharded and (len(eps) > 1 or affinity):
+        if sharded and (affinity and layout.SHARD_AFFINITY or not affinity and len(eps) > 1):
             if affinity:
                 pick = layout.vmap_pick(fam, chain, tuple(
                     f"goto {check_name(naming.endpoint_chain(ep_base(e)))}" for e in eps))
