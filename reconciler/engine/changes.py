@@ -125,6 +125,7 @@ class _Owners:
         self.known = desired.owners
         self.by_ip: dict[str, str] = {}  # service/endpoint IP → owner, for plain set keys
         self.by_index: dict[tuple[str, str, str], str] = {}  # (family, map, index) → owner (layout sharded)
+        self.map_users: dict[tuple[str, str], set[str]] = {}  # (family, map) → its Services, both sides
         for rs in (desired, live):
             for fam, t in rs.tables.items():
                 for name, c in t.chains.items():
@@ -133,6 +134,7 @@ class _Owners:
                         continue
                     r = chain_range(c)
                     if r is not None:
+                        self.map_users.setdefault((fam, r[0]), set()).add(o)
                         for i in range(r[1], r[1] + r[2]):
                             self.by_index.setdefault((fam, r[0], str(i)), o)
                     m = _EP_IP.search(name)
@@ -165,7 +167,14 @@ class _Owners:
         return self.known.get(chain_id(fam, name)) or owner_of_name(name)
 
     def set(self, fam: str, name: str) -> str | None:
-        return self.known.get(set_id(fam, name)) or owner_of_name(name)
+        o = self.known.get(set_id(fam, name)) or owner_of_name(name)
+        if o is None and name.startswith("endpoint-"):
+            # a shared endpoint map (layout sharded) used by one Service only: created for
+            # its first user or removed with its last one, that Service's change
+            users = self.map_users.get((fam, name), set())
+            if len(users) == 1:
+                return next(iter(users))
+        return o
 
     def element(self, fam: str, set_name: str, e: Element) -> str | None:
         return (self.known.get(element_id(fam, set_name, e.key)) or self._from_value(e)
