@@ -7,6 +7,7 @@ that nothing differs afterwards.
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 import pytest
@@ -146,13 +147,17 @@ def test_operation_counts_like_kube_proxy(layout):
         assert sorted(ops) == sorted(["flush chain"] * 2 + ["add rule"] * 2 + ["delete map"] * 2)  # elements go with it
     sync(f, compiled(BASE, layout))
     # an endpoint more (3 → capacity 4 holds it, sharded): kube-proxy rewrites the rule
-    # with its anonymous map; sharded adds one element and rewrites the rule (`mod 3`)
+    # with its anonymous map; sharded adds one element per port, written as its map's
+    # declaration (no nft cache fill: ruleset.map_elements_cmd), and rewrites the rule
     _, tx = sync(f, compiled(EDITS["endpoint added"][1], layout))
     ops = [" ".join(op.split()[:2]) for op in tx]
     if layout == "kube-proxy":
         assert ops == ["flush chain"] * 2 + ["add rule"] * 2
     else:
-        assert sorted(ops) == sorted(["flush chain"] * 2 + ["add element"] * 2 + ["add rule"] * 2)
+        assert sorted(ops) == sorted(["flush chain"] * 2 + ["add map"] * 2 + ["add rule"] * 2)
+        adds = [op for op in tx if op.startswith("add map")]
+        assert all(re.search(r"typeof numgen random mod 1 : ip daddr \. (udp|sctp) dport ; comment \"[^\"]+\" ; "
+                             r"elements = \{ 2 : 10\.180\.0\.9 \. \d+ \} ; \}$", op) for op in adds), adds
     sync(f, compiled(BASE, layout))
     # a new ClusterIP Service with one endpoint: chain + rule + cluster-ips + service-ips
     inv = add_service(BASE, svc("ns9", "c", cips=("172.30.0.98",), ports=[sp(80)]), sl("ns9", "c", [ep("10.180.9.5")], [epp(80)]))

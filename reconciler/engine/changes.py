@@ -22,7 +22,7 @@ from typing import Iterator
 from reconciler.kernel import OTHER_KINDS, canonical, chain_policy, table_flags, table_others
 from reconciler.kernel import Transaction
 from reconciler.compile import Chain, Element, NamedSet, NftSyntaxError, Ruleset, Table, chain_id, chain_range, check_name, \
-    element_id, set_id
+    element_id, map_elements_cmd, set_id
 
 # --- the result ----------------------------------------------------------------------------
 
@@ -371,8 +371,15 @@ def transaction_for(changes: Changes, desired: Ruleset) -> Transaction:
         # 4. Elements: deletes before adds (a changed value is delete + add).
         for c in fc.elements_removed + fc.elements_changed:
             tx.delete(fam, T, c.old, set=d.sets[c.name])
+        batched: dict[str, list[Element]] = {}  # typeof maps (layout sharded): one declaration each
         for c in fc.elements_changed + fc.elements_added:
-            tx.add(fam, T, c.new, set=d.sets[c.name])
+            s = d.sets[c.name]
+            if s.typeof and s.is_map and c.new.comment is None:
+                batched.setdefault(c.name, []).append(c.new)
+            else:
+                tx.add(fam, T, c.new, set=s)
+        for name, elems in batched.items():
+            tx.raw(map_elements_cmd(fam, T, d.sets[name], elems))
         # 5. Rules of new and rewritten chains (everything they reference exists now).
         for c in fc.chains_added + fc.chains_changed:
             for r in d.chains[c.name].rules:

@@ -721,9 +721,12 @@ class Fake:
     def _set(t: _FTable, verb: str, kind: str, name: str, rest: str) -> None:
         if verb == "add":
             spec = {}
+            elements = None
             for part in rest.strip().strip("{}").split(";"):
                 part = part.strip()
-                if part:
+                if part.startswith("elements = {"):  # map_elements_cmd: elements in the declaration
+                    elements = part[len("elements = {"):].rstrip().rstrip("}").split(",")
+                elif part:
                     k, _, v = part.partition(" ")
                     spec[k] = v.strip('"') if k == "comment" else v
             old = t.sets.get(name)
@@ -731,6 +734,8 @@ class Fake:
                 t.sets[name] = _FSet(kind, spec)
             elif old.kind != kind or any(old.spec.get(k) != spec.get(k) for k in ("type", "typeof", "flags", "timeout")):
                 raise NftError("File exists")  # a definition cannot change in place
+            for e in elements or ():
+                Fake._element(t, "add", name, "{ " + e.strip() + " }")
             return
         s = t.sets.get(name)
         if s is None or s.kind != kind:
