@@ -119,7 +119,7 @@ def synth_inventory(n: int, m: int, *, ep_base: ipaddress.IPv4Address | None = N
 def bench_config(node_ip: str = "192.168.99.2") -> NodeConfig:
     return NodeConfig(node_name=NODE_NAME, node_ips=(node_ip,),
                       cluster_cidrs=("10.128.0.0/9",), service_cidrs=(str(SVC_NET),),
-                      table_name=TABLE)
+                      table_name=TABLE, layout="kube-proxy")  # the layouts below rewrite kp's rules
 
 
 # ---------------------------------------------------------------------------------------

@@ -179,13 +179,20 @@ _SVC_CHAIN = re.compile(r"^(?:service|external|local|firewall|endpoint|affinity)
 _OWNER_REF = re.compile(r"(?:service|external|local|firewall|endpoint|affinity)-[A-Z2-7]{8}-([^/\s]+/[^/\s]+)/")
 
 
-def op_owners(op: str, ips: dict[str, set[str]]) -> set[str]:
+_LAYOUT_MAP = re.compile(r"endpoint-(?:dnat-(?:tcp|udp|sctp)|vmap)-[0-9a-f]{2}$")
+
+
+def op_owners(op: str, ips: dict[str, set[str]], plan: dict | None = None) -> set[str]:
     """The Services an nft operation touches, from chain names, goto/jump targets,
     element comments ("ns/name:port") and IPs in element keys/values. An empty set
-    means a shared object (table, base chain, helper chain, static set definition)."""
+    means a shared object (table, base chain, helper chain, static set definition).
+    An operation on a shared endpoint map (layout sharded) names only an index or the
+    map: its owners are the Services whose plan objects are in that map."""
     m = _OP.match(op)
     assert m, f"unexpected operation {op!r}"
     verb, kind, _fam, name, rest = m.groups()
+    if plan is not None and _LAYOUT_MAP.match(name or ""):
+        return {s["service"] for s in plan["services"] for o in s["objects"] if o.get("name") == name}
     if kind in ("chain", "rule", "set", "map"):
         own = _SVC_CHAIN.match(name or "")
         return {own.group(1)} if own else set()
@@ -207,7 +214,7 @@ def assert_only(plan: dict, svc: str, ips: dict[str, set[str]], action: str) -> 
     assert plan["shared"] == [], plan["shared"]
     assert plan["transaction"], "an edit must produce a transaction"
     for op in plan["transaction"]:
-        assert op_owners(op, ips) == {svc}, f"operation touches {op_owners(op, ips) or 'shared objects'}: {op}"
+        assert op_owners(op, ips, plan) == {svc}, f"operation touches {op_owners(op, ips, plan) or 'shared objects'}: {op}"
     assert plan["summary"]["operations"] == len(plan["transaction"])
 
 

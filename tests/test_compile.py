@@ -34,7 +34,10 @@ from reconciler.compile.render import render_script
 from reconciler.compile.ruleset import NftSyntaxError, chain_id, element_id, set_id
 
 NODE = "test-node"
-CFG = NodeConfig(NODE, node_ips=("192.168.0.2", "2001:db8::1"), cluster_cidrs=("10.0.0.0/8", "fd00:10::/64"),
+# These tests check kube-proxy's exact rule texts (reference §3-§7): layout kube-proxy.
+# The default layout (sharded) is checked against it in tests/test_layout.py.
+KP = "kube-proxy"
+CFG = NodeConfig(NODE, layout=KP, node_ips=("192.168.0.2", "2001:db8::1"), cluster_cidrs=("10.0.0.0/8", "fd00:10::/64"),
                  service_cidrs=("172.30.0.0/16", "fd00:10:96::/112"),
                  node_port_addresses=("192.168.0.2/32", "2001:db8::1/128"))
 MARK = "0x00004000"
@@ -338,7 +341,7 @@ def test_etp_local_with_local_endpoint_goes_to_local_chain():
 
 
 def test_etp_local_without_detector_has_no_pod_short_circuit():
-    cfg = NodeConfig(NODE, node_ips=("192.168.0.2",), node_port_addresses=("primary",))
+    cfg = NodeConfig(NODE, layout=KP, node_ips=("192.168.0.2",), node_port_addresses=("primary",))
     text = _etp_local(ep("10.180.0.2"), config=cfg)
     rules = chain_rules(text, "ip", "external-42NFTM6N-ns2/svc2/tcp/p80")
     assert not any("short-circuit pod traffic" in r for r in rules)
@@ -436,7 +439,7 @@ add element ip nftrec service-ips { 172.30.0.41 . tcp . 80 : goto local-ULMVA6XW
 # --- masquerade ---------------------------------------------------------------------------
 
 def test_masquerade_all_and_bit():
-    cfg = NodeConfig(NODE, node_ips=("192.168.0.2",), cluster_cidrs=("10.0.0.0/8",), masquerade_all=True,
+    cfg = NodeConfig(NODE, layout=KP, node_ips=("192.168.0.2",), cluster_cidrs=("10.0.0.0/8",), masquerade_all=True,
                      masquerade_bit=0)
     text = script(config=cfg)
     assert chain_rules(text, "ip", "services")[0] == \
@@ -446,7 +449,7 @@ def test_masquerade_all_and_bit():
 
 
 def test_multiple_cluster_cidrs_use_anonymous_set():
-    cfg = NodeConfig(NODE, node_ips=("192.168.0.2",), cluster_cidrs=("10.0.0.0/8", "100.64.0.0/10"))
+    cfg = NodeConfig(NODE, layout=KP, node_ips=("192.168.0.2",), cluster_cidrs=("10.0.0.0/8", "100.64.0.0/10"))
     s = svc("ns2", "svc2", "NodePort", ports=(ServicePort("p80", "TCP", 80, 80, 3001),), external_traffic_policy="Local")
     text = script([s], [eps("ns2", "svc2", ep("10.1.0.1"))], config=cfg)
     assert chain_rules(text, "ip", "services")[0] == (
@@ -505,7 +508,7 @@ def test_serving_terminating_fallback():
 
 def test_topology_zone_hints():
     s = svc("ns1", "svc1")
-    cfg = NodeConfig(NODE, node_ips=("192.168.0.2",), cluster_cidrs=("10.0.0.0/8",), zone="zone-a")
+    cfg = NodeConfig(NODE, layout=KP, node_ips=("192.168.0.2",), cluster_cidrs=("10.0.0.0/8",), zone="zone-a")
     hinted = [ep("10.180.0.1", hint_zones=("zone-a",), node="n1"), ep("10.180.0.2", hint_zones=("zone-b",), node="n2"),
               ep("10.180.0.3", hint_zones=("zone-a", "zone-c"), node="n3")]
     text = script([s], [eps("ns1", "svc1", *hinted)], config=cfg)
@@ -515,7 +518,7 @@ def test_topology_zone_hints():
     text = script([s], [eps("ns1", "svc1", *hinted, ep("10.180.0.4", node="n4"))], config=cfg)
     assert "mod 4 map" in chain_rules(text, "ip", "service-ULMVA6XW-ns1/svc1/tcp/p80")[0]
     # no endpoint hinted for our zone → hints ignored
-    cfg_z = NodeConfig(NODE, node_ips=("192.168.0.2",), zone="zone-z")
+    cfg_z = NodeConfig(NODE, layout=KP, node_ips=("192.168.0.2",), zone="zone-z")
     text = script([s], [eps("ns1", "svc1", *hinted)], config=cfg_z)
     assert "mod 3 map" in chain_rules(text, "ip", "service-ULMVA6XW-ns1/svc1/tcp/p80")[0]
 
@@ -654,14 +657,14 @@ def test_headless_and_externalname_produce_nothing():
 
 
 def test_both_tables_always_present():
-    text = script(config=NodeConfig(NODE))
+    text = script(config=NodeConfig(NODE, layout=KP))
     assert "add table ip nftrec" in text and "add table ip6 nftrec" in text
 
 
 # --- nodePortAddresses and service CIDRs --------------------------------------------------
 
 def test_nodeport_match_all():
-    cfg = NodeConfig(NODE, node_ips=("192.168.0.2",), node_port_addresses=("0.0.0.0/0", "::/0"))
+    cfg = NodeConfig(NODE, layout=KP, node_ips=("192.168.0.2",), node_port_addresses=("0.0.0.0/0", "::/0"))
     text = script(config=cfg)
     assert "nodeport-ips" not in text
     assert chain_rules(text, "ip", "services")[-1] == \
@@ -671,7 +674,7 @@ def test_nodeport_match_all():
 
 
 def test_nodeport_cidrs_pick_node_ips():
-    cfg = NodeConfig(NODE, node_ips=("192.168.0.2", "192.168.1.2", "10.9.9.9", "127.0.0.1", "2001:db8::1"),
+    cfg = NodeConfig(NODE, layout=KP, node_ips=("192.168.0.2", "192.168.1.2", "10.9.9.9", "127.0.0.1", "2001:db8::1"),
                      node_port_addresses=("192.168.0.0/16", "127.0.0.0/8"))
     text = script(config=cfg)
     assert lines(text, "add element ip nftrec nodeport-ips") == [
@@ -681,7 +684,7 @@ def test_nodeport_cidrs_pick_node_ips():
 
 
 def test_nodeport_primary():
-    cfg = NodeConfig(NODE, node_ips=("192.168.0.2", "192.168.1.2"), node_port_addresses=("primary",))
+    cfg = NodeConfig(NODE, layout=KP, node_ips=("192.168.0.2", "192.168.1.2"), node_port_addresses=("primary",))
     text = script(config=cfg)
     assert lines(text, "add element ip nftrec nodeport-ips") == ["add element ip nftrec nodeport-ips { 192.168.0.2 }"]
     # primary with no IPv6 node IP: empty set (no IPv6 NodePorts), not match-all
@@ -691,12 +694,12 @@ def test_nodeport_primary():
 
 
 def test_service_cidrs_from_config_and_objects():
-    cfg = NodeConfig(NODE, service_cidrs=("172.30.0.0/16",))
+    cfg = NodeConfig(NODE, layout=KP, service_cidrs=("172.30.0.0/16",))
     text = script(config=cfg, cidrs=[ServiceCIDR("b", ("10.96.0.0/12", "fd00:96::/112")), ServiceCIDR("a", ("172.30.0.0/17",))])
     assert chain_rules(text, "ip", "cluster-ips-check")[1] == \
         'ip daddr { 10.96.0.0/12,172.30.0.0/16 } drop comment "Drop traffic to unallocated ClusterIPs"'
     assert chain_rules(text, "ip6", "cluster-ips-check")[1].startswith("ip6 daddr { fd00:96::/112 } drop")
-    assert len(chain_rules(script(config=NodeConfig(NODE)), "ip", "cluster-ips-check")) == 1
+    assert len(chain_rules(script(config=NodeConfig(NODE, layout=KP)), "ip", "cluster-ips-check")) == 1
 
 
 # --- categorize_endpoints ----------------------------------------------------------------

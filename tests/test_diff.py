@@ -7,6 +7,7 @@ that nothing differs afterwards.
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 import pytest
@@ -29,6 +30,7 @@ from reconciler.engine.changes import Changes, diff, owner_of_name, transaction_
 from reconciler.kernel.live import read_live
 from reconciler.kernel.nft import Fake, Libnftables, Transaction
 from reconciler.compile.ruleset import BaseHook, Ruleset
+from reconciler.compile.layout import is_layout_map, relocate
 
 TABLE = CONFIG.table_name
 
@@ -47,18 +49,23 @@ def backend(request):
 
 
 def sync(nft, desired: Ruleset) -> tuple[Changes, Transaction]:
-    changes = diff(desired, read_live(nft, TABLE))
+    """As plan/apply do: read the kernel, keep its endpoint index ranges (layout sharded),
+    diff, commit."""
+    live = read_live(nft, TABLE)
+    desired = relocate(desired, live)
+    changes = diff(desired, live)
     tx = transaction_for(changes, desired)
     nft.run(tx)
     return changes, tx
 
 
-def compiled(inv) -> Ruleset:
-    return compile_ruleset(inv, CONFIG)
+def compiled(inv, layout: str = "sharded") -> Ruleset:
+    return compile_ruleset(inv, replace(CONFIG, layout=layout))
 
 
 def assert_in_sync(nft, desired: Ruleset) -> None:
-    left = diff(desired, read_live(nft, TABLE))
+    live = read_live(nft, TABLE)
+    left = diff(relocate(desired, live), live)
     assert [(c.action, c.family, c.kind, c.name, c.key, c.reason) for c in left] == []
 
 
@@ -94,42 +101,70 @@ EDITS = {
 }
 
 
+def _owners(changes: Changes) -> set:
+    """Owners of the changes; a shared endpoint map of the sharded layout created or
+    removed (its first user came or its last one left) counts as none."""
+    return {c.owner for c in changes if not (c.owner is None and c.kind == "set" and is_layout_map(c.name))}
+
+
+@pytest.mark.parametrize("layout", ["sharded", "kube-proxy"])
 @pytest.mark.parametrize("edit", list(EDITS))
-def test_single_edit_touches_only_that_service(backend, edit):
+def test_single_edit_touches_only_that_service(backend, edit, layout):
     key, inv = EDITS[edit]
-    base = compiled(BASE)
+    base = compiled(BASE, layout)
     sync(backend, base)
-    desired = compiled(inv)
+    desired = compiled(inv, layout)
     changes, tx = sync(backend, desired)
     assert len(tx) > 0
-    assert {c.owner for c in changes} == {key}, [(c.kind, c.name, c.key, c.owner) for c in changes if c.owner != key]
+    assert _owners(changes) == {key}, [(c.kind, c.name, c.key, c.owner) for c in changes if c.owner != key]
+    if layout == "kube-proxy":
+        assert {c.owner for c in changes} == {key}
     # every chain/set the transaction names belongs to that Service, or is a shared set
-    # whose elements (owned by it, checked above) were edited
+    # whose elements (owned by it, checked above) were edited, or a created/removed map
     shared = set(base.tables["ip"].sets) - {s for s in base.tables["ip"].sets if s.startswith("affinity-")}
     for op in tx:
         name = op.split()[4]
-        assert owner_of_name(name) == key or name in shared, op
+        assert owner_of_name(name) == key or name in shared or (layout == "sharded" and is_layout_map(name)), op
     assert_in_sync(backend, desired)
     # and back again
     changes, _ = sync(backend, base)
-    assert {c.owner for c in changes} == {key}
+    assert _owners(changes) == {key}, [(c.kind, c.name, c.key, c.owner) for c in changes if c.owner != key]
     assert_in_sync(backend, base)
 
 
-def test_operation_counts_like_kube_proxy():
+@pytest.mark.parametrize("layout", ["sharded", "kube-proxy"])
+def test_operation_counts_like_kube_proxy(layout):
     f = Fake()
-    sync(f, compiled(BASE))
+    sync(f, compiled(BASE, layout))
     # one endpoint fewer in a two-port Service without affinity: per port the policy chain
-    # is flushed and its one DNAT rule re-added; no element changes.
-    _, tx = sync(f, compiled(EDITS["endpoint removed"][1]))
-    assert [op.split()[:2] for op in tx] == [["flush", "chain"]] * 2 + [["add", "rule"]] * 2
-    sync(f, compiled(BASE))
+    # is flushed and its one DNAT rule re-added; kube-proxy: no element changes; sharded:
+    # the port's two map elements and (last user gone) its map are deleted.
+    _, tx = sync(f, compiled(EDITS["endpoint removed"][1], layout))
+    ops = [" ".join(op.split()[:2]) for op in tx]
+    if layout == "kube-proxy":
+        assert ops == ["flush chain"] * 2 + ["add rule"] * 2
+    else:
+        assert sorted(ops) == sorted(["flush chain"] * 2 + ["add rule"] * 2 + ["delete map"] * 2)  # elements go with it
+    sync(f, compiled(BASE, layout))
+    # an endpoint more (3 → capacity 4 holds it, sharded): kube-proxy rewrites the rule
+    # with its anonymous map; sharded adds one element per port, written as its map's
+    # declaration (no nft cache fill: ruleset.map_elements_cmd), and rewrites the rule
+    _, tx = sync(f, compiled(EDITS["endpoint added"][1], layout))
+    ops = [" ".join(op.split()[:2]) for op in tx]
+    if layout == "kube-proxy":
+        assert ops == ["flush chain"] * 2 + ["add rule"] * 2
+    else:
+        assert sorted(ops) == sorted(["flush chain"] * 2 + ["add map"] * 2 + ["add rule"] * 2)
+        adds = [op for op in tx if op.startswith("add map")]
+        assert all(re.search(r"typeof numgen random mod 1 : ip daddr \. (udp|sctp) dport ; comment \"[^\"]+\" ; "
+                             r"elements = \{ 2 : 10\.180\.0\.9 \. \d+ \} ; \}$", op) for op in adds), adds
+    sync(f, compiled(BASE, layout))
     # a new ClusterIP Service with one endpoint: chain + rule + cluster-ips + service-ips
     inv = add_service(BASE, svc("ns9", "c", cips=("172.30.0.98",), ports=[sp(80)]), sl("ns9", "c", [ep("10.180.9.5")], [epp(80)]))
-    _, tx = sync(f, compiled(inv))
+    _, tx = sync(f, compiled(inv, layout))
     assert len(tx) == 4
     # removing it again: 2 element deletes + flush + delete of the chain
-    _, tx = sync(f, compiled(BASE))
+    _, tx = sync(f, compiled(BASE, layout))
     assert sorted(op.split()[0] for op in tx) == ["delete", "delete", "delete", "flush"]
 
 

@@ -7,6 +7,7 @@ and review the diff against the kube-proxy reference before committing it."""
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,9 +19,11 @@ HERE = Path(__file__).resolve().parent
 EXAMPLES = HERE.parent / "examples"
 GOLDEN = HERE / "golden"
 CASES = ["edge-small", "dual-stack"]
+# `layout: kube-proxy` keeps kube-proxy's exact shape: its golden is `<name>.kube-proxy.nft`
+LAYOUTS = {"sharded": "", "kube-proxy": ".kube-proxy"}
 
 
-def _render(name: str) -> str:
+def _render(name: str, layout: str = "sharded") -> str:
     from reconciler.intake.config import load_node_config
     from reconciler.intake.inventory import read_inventory
 
@@ -30,13 +33,15 @@ def _render(name: str) -> str:
     cfg_path = EXAMPLES / f"{name}.config.yaml"
     config, problems = load_node_config(str(cfg_path), discover=False)
     assert not [p for p in problems if getattr(p, "severity", "") == "error"], problems
-    return render_script(compile_ruleset(result.inventory, config))
+    assert config.layout == "sharded"  # the default: the example configs do not set it
+    return render_script(compile_ruleset(result.inventory, replace(config, layout=layout)))
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("name", CASES)
-def test_golden(name):
-    got = _render(name)
-    path = GOLDEN / f"{name}.nft"
+def test_golden(name, layout):
+    got = _render(name, layout)
+    path = GOLDEN / f"{name}{LAYOUTS[layout]}.nft"
     if os.environ.get("NFTREC_UPDATE_GOLDEN") == "1":
         GOLDEN.mkdir(exist_ok=True)
         path.write_text(got)

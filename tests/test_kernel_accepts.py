@@ -124,6 +124,7 @@ def configs(draw):
         masquerade_bit=draw(st.integers(0, 31)),
         zone=draw(st.sampled_from(["", "z1", "z2"])),
         derive_topology_hints=draw(st.booleans()),
+        layout=draw(st.sampled_from(["sharded", "kube-proxy"])),
     )
 
 

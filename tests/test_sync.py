@@ -81,8 +81,10 @@ def test_only_the_objects_the_transaction_wrote_are_read_back(applied):
     assert nft.full_listings == 0
     touched = touched_objects(plan)
     assert touched["ip"][0] == ["service-SUSTUHLJ-default/web/tcp/http"]
-    assert [s.name for s in touched["ip"][1]] == ["hairpin-connections"]
-    assert nft.object_listings == [("ip", ("service-SUSTUHLJ-default/web/tcp/http",), ("hairpin-connections",))]
+    # layout sharded: the new endpoint's element went into the port's shared map too
+    assert [s.name for s in touched["ip"][1]] == ["endpoint-dnat-tcp-12", "hairpin-connections"]
+    assert nft.object_listings == [("ip", ("service-SUSTUHLJ-default/web/tcp/http",),
+                                    ("endpoint-dnat-tcp-12", "hairpin-connections"))]
 
 
 def test_a_touched_object_that_differs_is_an_error(applied):

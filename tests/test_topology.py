@@ -22,6 +22,7 @@ from reconciler.compile.topology import derive_hints, derive_slice, derived_topo
 from reconciler.compile import derived_topology_hints as exported_derived_topology_hints
 from reconciler.engine.plan import format_text, make_plan, to_json
 from reconciler.compile.ruleset import Ruleset
+from reconciler.compile.layout import chain_range
 from reconciler.intake.config import load_node_config
 from reconciler.intake.inventory import read_inventory
 from reconciler.intake.model import Endpoint, EndpointPort, EndpointSlice, Inventory, NodeConfig, Service, ServicePort
@@ -46,14 +47,27 @@ def slc(*endpoints, name="svc1-abc", family="IPv4"):
 
 
 def targets(services, slices, config=CFG) -> list[str]:
-    """The endpoint IPs the service chain DNATs to (sorted), [] when it rejects."""
-    text = render_script(compile_ruleset(Inventory(tuple(services), tuple(slices)), config))
+    """The endpoint IPs the service chain DNATs to (sorted), [] when it rejects; the
+    same in both layouts (sharded: through the chain's index range of its map)."""
+    inv = Inventory(tuple(services), tuple(slices))
+    text = render_script(compile_ruleset(inv, replace(config, layout="kube-proxy")))
     prefix = f"add rule ip nftrec {CHAIN} "
     rules = [l[len(prefix):] for l in text.splitlines() if l.startswith(prefix)]
     if not rules:
-        return []
-    (rule,) = [r for r in rules if "dnat" in r]
-    return sorted(set(re.findall(r"(10\.180\.0\.\d+)", rule)))
+        got = []
+    else:
+        (rule,) = [r for r in rules if "dnat" in r]
+        got = sorted(set(re.findall(r"(10\.180\.0\.\d+)", rule)))
+    sharded = compile_ruleset(inv, replace(config, layout="sharded")).tables["ip"]
+    chain = sharded.chains.get(CHAIN)
+    rng = chain_range(chain) if chain is not None else None
+    if rng is not None:
+        m, k, n = rng
+        values = [sharded.sets[m].elements[(str(i),)].value for i in range(k, k + n)]
+        assert sorted(set(v.split(" . ")[0] for v in values)) == got
+    else:
+        assert got == [] or len(got) == 1 and chain is not None and chain.rules[-1].body.endswith(f"dnat to {got[0]}:80")
+    return got
 
 
 # --- topologyModeFromHints ------------------------------------------------------------------

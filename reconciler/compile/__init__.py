@@ -8,19 +8,21 @@ elements as plain data, each checked so that no input can inject nft syntax. `na
 is kube-proxy's chain and set names; `serialize` turns a Ruleset into JSON and back (state,
 saved plans); `incremental` recompiles only the Services that changed (`nftrec watch`);
 `topology` is which hints kube-proxy follows, and the hints nftrec derives from
-`trafficDistribution` where no EndpointSlice controller writes them.
+`trafficDistribution` where no EndpointSlice controller writes them; `layout` is the
+default sharded endpoint maps (`layout: kube-proxy` keeps kube-proxy's anonymous maps).
 """
 
 from reconciler import lazy_exports
 
 __all__, __getattr__ = lazy_exports(__name__, {
     "incremental": ("Compiled", "changed_services", "compile_incremental", "project"),
+    "layout": ("LAYOUTS", "allocation_of", "chain_range", "relocate"),
     "naming": ("join_host_port",),
     "nodeports": ("NodePortSelection", "describe_view_change", "node_address_view", "select_nodeport_ips"),
     "probes": ("ProbeTarget", "probe_targets", "with_probe_results"),
     "render": ("render_header", "render_script"),
     "ruleset": ("FAMILIES", "BaseHook", "Chain", "Element", "NamedSet", "NftSyntaxError", "Rule", "Ruleset",
-                "Table", "chain_cmd", "chain_id", "check_name", "element_cmd", "element_id", "rule_cmd",
+                "Table", "chain_cmd", "chain_id", "check_name", "element_cmd", "element_id", "map_elements_cmd", "rule_cmd",
                 "set_cmd", "set_id", "table_cmd"),
     "serialize": ("SerializeError", "canonical_json", "digest", "ruleset_from_json", "ruleset_to_json"),
     "topology": ("derived_topology_hints",),

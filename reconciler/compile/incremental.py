@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from reconciler.compile import layout
 from reconciler.compile.ruleset import Ruleset, Table, chain_id, element_id, set_id
-from reconciler.compile.services import FAMILIES, NODEPORT_IPS, assemble, compile_service, compile_static, family_context, \
-    slices_by_service
+from reconciler.compile.services import FAMILIES, NODEPORT_IPS, assemble_placed, compile_service, compile_static, \
+    family_context, slices_by_service
 from reconciler.intake import Inventory, NodeConfig
 
 STATIC_FILLED = frozenset({NODEPORT_IPS})  # sets whose elements only the static part writes
@@ -30,6 +31,11 @@ class Compiled:
     inputs: dict[str, tuple] = field(default_factory=dict)  # Service key -> (Service, slices)
     fragments: dict[str, object] = field(default_factory=dict)  # Service key -> ServiceFragment
     recompiled: int = 0
+    # layout "sharded": the index ranges placed ((family, chain) -> (map, offset, N)), the
+    # `previous` of the next compile; and the Services whose fragment was reused but
+    # whose ranges moved anyway (a shard compacted): changed_services counts them.
+    allocation: dict = field(default_factory=dict)
+    moved: frozenset = frozenset()
 
 
 def _static_key(config: NodeConfig, inventory: Inventory) -> tuple:
@@ -43,10 +49,13 @@ def _uses_node_ip(svc) -> bool:
     return bool(svc.load_balancer_source_ranges)  # the firewall's "node IP in a range" check
 
 
-def compile_incremental(inventory: Inventory, config: NodeConfig, prev: Compiled | None) -> Compiled:
-    """compile.compile_ruleset(inventory, config), re-using `prev`'s fragment of every
-    Service whose Service object and slices are unchanged (same node config and service
-    CIDRs). Equal to compile_ruleset's result (tests/test_watch.py checks)."""
+def compile_incremental(inventory: Inventory, config: NodeConfig, prev: Compiled | None,
+                        previous: Ruleset | None = None) -> Compiled:
+    """compile.compile_ruleset(inventory, config, previous=prev.ruleset), re-using
+    `prev`'s fragment of every Service whose Service object and slices are unchanged
+    (same node config and service CIDRs). Equal to compile_ruleset's result
+    (tests/test_watch.py checks). Index ranges (layout "sharded") are kept from `prev`,
+    or without `prev` from `previous` (e.g. the last applied ruleset)."""
     static_key = _static_key(config, inventory)
     reuse = prev is not None and prev.static_key == static_key
     contexts = {f: family_context(config, f) for f in FAMILIES}
@@ -63,8 +72,16 @@ def compile_incremental(inventory: Inventory, config: NodeConfig, prev: Compiled
             frag = compile_service(svc, inp[1], config, contexts)
             n += 1
         inputs[key], fragments[key] = inp, frag
-    ruleset = assemble(compile_static(config, inventory), fragments.values())
-    return Compiled(inventory, config, ruleset, static_key, node_key, inputs, fragments, n)
+    before = prev.allocation if prev is not None else layout.allocation_of(previous)
+    ruleset, alloc = assemble_placed(compile_static(config, inventory), fragments.values(), before)
+    moved = set()
+    if reuse:
+        for key, frag in fragments.items():
+            if prev.fragments.get(key) is frag and any(
+                    alloc.get((p.family, p.chain)) != before.get((p.family, p.chain))
+                    for ff in frag.families.values() for p in ff.picks):
+                moved.add(key)
+    return Compiled(inventory, config, ruleset, static_key, node_key, inputs, fragments, n, alloc, frozenset(moved))
 
 
 def changed_services(old: Compiled, new: Compiled) -> set[str] | None:
@@ -72,7 +89,7 @@ def changed_services(old: Compiled, new: Compiled) -> set[str] | None:
     if old.static_key != new.static_key:
         return None
     keys = set(old.fragments) | set(new.fragments)
-    return {k for k in keys if old.fragments.get(k) is not new.fragments.get(k)}
+    return {k for k in keys if old.fragments.get(k) is not new.fragments.get(k)} | set(new.moved)
 
 
 def project(rs: Ruleset, static: Ruleset, fragments: list) -> Ruleset:
@@ -97,6 +114,14 @@ def project(rs: Ruleset, static: Ruleset, fragments: list) -> Ruleset:
             whole_sets.update(ff.sets)
             for set_name, key in ff.elements:
                 keys.setdefault(set_name, set()).add(key)
+            # layout "sharded": the map is fixed by the chain name; the keys are the
+            # range the chain has in *this* ruleset
+            for p in ff.picks:
+                want = keys.setdefault(p.map, set())
+                c = t.chains.get(p.chain)
+                r = layout.chain_range(c) if c is not None else None
+                if r is not None:
+                    want.update((str(i),) for i in range(r[1], r[1] + r[2]))
         table = Table(t.family, t.name, t.comment)
         for name in chains:
             c = t.chains.get(name)

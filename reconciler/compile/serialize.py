@@ -16,6 +16,7 @@ Format (formatVersion 1; keys are camelCase, like every nftrec file)::
          "sets": [                                  # creation order (Table.sets order)
            {"name": "service-ips", "type": "ipv4_addr . inet_proto . inet_service",
             "valueType": "verdict" | null, "flags": [], "timeout": null, "comment": null,
+            "typeof": true,                         # only when type/valueType are typeof exprs
             "elements": [                           # sorted by key: sets are unordered
               {"key": ["172.30.0.41", "tcp", "80"], "value": "goto service-…",
                "comment": null}]}]}],
@@ -74,6 +75,7 @@ def _set_to_json(s: NamedSet) -> dict:
         "flags": list(s.flags),
         "timeout": s.timeout,
         "comment": s.comment,
+        **({"typeof": True} if s.typeof else {}),  # absent: old state files stay readable
         "elements": [{"key": list(e.key), "value": e.value, "comment": e.comment} for e in elements],
     }
 
@@ -171,6 +173,7 @@ def _set_from_json(d: Any, where: str) -> NamedSet:
         flags=_str_list(d, "flags", where),
         timeout=_field(d, "timeout", int, where, nullable=True),
         comment=_field(d, "comment", str, where, nullable=True),
+        typeof=d.get("typeof", False) is True,
     )
     for i, e in enumerate(_field(d, "elements", list, where)):
         w = f"{where}.elements[{i}]"

@@ -5,7 +5,9 @@ Pipeline position: model → **compile** → ruleset → render / diff.
 The output is kube-proxy's current nftables layout (reference §2-§7 plus §12 items 1-5
 and 7): one table per family, the static skeleton (base chains, jump chains, the shared
 sets/maps), and per Service port its policy/external/firewall chains, affinity endpoint
-chains, and elements in the shared sets/maps.
+chains, and elements in the shared sets/maps. With `layout: sharded` (the default) the
+endpoint choice of a policy chain is an index range of a shared map instead of an
+anonymous map (compile/layout.py); everything else is the same.
 
 Pure and deterministic: no I/O, Services and slices are processed in sorted order, so the
 same input in any order gives the identical Ruleset. The whole ruleset is
@@ -24,7 +26,7 @@ import ipaddress
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from reconciler.compile import naming
+from reconciler.compile import layout, naming
 from reconciler.compile.nodeports import NodePortAddressesError, select_nodeport_ips
 from reconciler.compile.topology import available_for_topology, derive_hints, topology_mode
 from reconciler.intake import Endpoint, EndpointSlice, Inventory, NodeConfig, Service, ServicePort
@@ -144,6 +146,7 @@ class FamilyContext:
     mark: str  # "0x00004000"
     nodeport_match_all: bool
     nodeport_ips: tuple[str, ...]  # elements of nodeport-ips (when not match-all)
+    layout: str = layout.DEFAULT_LAYOUT  # "sharded" | "kube-proxy" (compile/layout.py)
 
     @property
     def addr_type(self) -> str:
@@ -211,7 +214,15 @@ def family_context(config: NodeConfig, family: str) -> FamilyContext:
         mark="0x%08x" % (1 << config.masquerade_bit),
         nodeport_match_all=match_all,
         nodeport_ips=nodeport_ips,
+        layout=_layout(config),
     )
+
+
+def _layout(config: NodeConfig) -> str:
+    value = getattr(config, "layout", layout.DEFAULT_LAYOUT)
+    if value not in layout.LAYOUTS:
+        raise CompileError(f"layout must be one of {', '.join(layout.LAYOUTS)}, got {value!r}")
+    return value
 
 
 # --- the static part ---------------------------------------------------------------------
@@ -481,6 +492,9 @@ class FamilyFragment:
     sets: dict[str, NamedSet] = field(default_factory=dict)  # affinity sets
     # (static set/map name, element key) → element
     elements: dict[tuple[str, tuple[str, ...]], Element] = field(default_factory=dict)
+    # layout "sharded": endpoint selections by index range, placed by `assemble`
+    # (the chain holds the offset-0 rule text until then)
+    picks: list[layout.Pick] = field(default_factory=list)
 
     def add_chain(self, chain: Chain) -> None:
         check_name(chain.name)
@@ -664,15 +678,29 @@ def _compile_port(service: Service, port: ServicePort, cluster_ip: str,
                 Rule(f"meta l4proto {proto} dnat to {check_atom(ep.string)}"),
             )))
 
-    def policy_rules(eps: Sequence[EndpointInfo]) -> tuple[Rule, ...]:
+    sharded = ctx.layout == "sharded"
+
+    def policy_rules(chain: str, eps: Sequence[EndpointInfo]) -> tuple[Rule, ...]:
+        # kube-proxy writes an anonymous map for N > 1 endpoints, and for ClientIP
+        # affinity an anonymous vmap for any N: each becomes an index range here
+        if sharded and (affinity and layout.SHARD_AFFINITY or not affinity and len(eps) > 1):
+            if affinity:
+                pick = layout.vmap_pick(fam, chain, tuple(
+                    f"goto {check_name(naming.endpoint_chain(ep_base(e)))}" for e in eps))
+                jumps = _affinity_jumps(fam, eps, ep_base)[:-1]
+            else:
+                pick = layout.dnat_pick(fam, chain, proto, tuple(f"{check_atom(e.ip)} . {e.port}" for e in eps))
+                jumps = ()
+            ff.picks.append(pick)
+            return jumps + (layout.pick_rule(pick, 0),)
         if affinity:
             return _affinity_jumps(fam, eps, ep_base)
         return (_dnat_rule(fam, proto, eps),)
 
     if uses_cluster_chain:
-        ff.add_chain(Chain(cluster_chain, policy_rules(cluster_eps)))
+        ff.add_chain(Chain(cluster_chain, policy_rules(cluster_chain, cluster_eps)))
     if uses_local_chain:
-        ff.add_chain(Chain(local_chain, policy_rules(local_eps)))
+        ff.add_chain(Chain(local_chain, policy_rules(local_chain, local_eps)))
     if uses_ext_chain:
         rules: list[Rule] = []
         if not etp_local:
@@ -765,22 +793,39 @@ def slices_by_service(slices: Iterable[EndpointSlice]) -> dict[str, list[Endpoin
     return out
 
 
-def assemble(static: Ruleset, fragments: Iterable[ServiceFragment]) -> Ruleset:
-    """static part + union of fragments (merged in Service-key order). `static` is
-    modified in place and returned."""
+def assemble(static: Ruleset, fragments: Iterable[ServiceFragment],
+             previous: layout.Allocation | None = None) -> Ruleset:
+    """static part + union of fragments (merged in Service-key order), then the index
+    ranges of the sharded layout placed, keeping `previous`'s where they fit
+    (layout.allocate; None: from scratch). `static` is modified in place and returned."""
+    return assemble_placed(static, fragments, previous)[0]
+
+
+def assemble_placed(static: Ruleset, fragments: Iterable[ServiceFragment],
+                    previous: layout.Allocation | None = None) -> tuple[Ruleset, layout.Allocation]:
+    """assemble(), also returning the allocation made."""
+    picks: list[layout.Pick] = []
+    owners: dict[tuple[str, str], str] = {}
     for frag in sorted(fragments, key=lambda f: f.service_key):
         add_fragment(static, frag)
+        for ff in frag.families.values():
+            for p in ff.picks:
+                picks.append(p)
+                owners[(p.family, p.chain)] = frag.service_key
+    alloc = layout.place(static, picks, owners, previous or {}) if picks else {}
     _check_references(static)
-    return static
+    return static, alloc
 
 
-def compile_ruleset(inventory: Inventory, config: NodeConfig) -> Ruleset:
-    """The whole desired ruleset: both tables, always (see docs for why)."""
+def compile_ruleset(inventory: Inventory, config: NodeConfig, previous: Ruleset | None = None) -> Ruleset:
+    """The whole desired ruleset: both tables, always (see docs for why). `previous`
+    (layout "sharded"): a ruleset whose index ranges are kept where they fit, e.g. the
+    last applied one; None allocates from scratch (a pure function of the input)."""
     contexts = {f: family_context(config, f) for f in FAMILIES}
     by_svc = slices_by_service(inventory.endpoint_slices)
     fragments = [compile_service(svc, by_svc.get(svc.key, ()), config, contexts)
                  for svc in sorted(inventory.services, key=lambda s: (s.namespace, s.name))]
-    return assemble(compile_static(config, inventory), fragments)
+    return assemble(compile_static(config, inventory), fragments, layout.allocation_of(previous))
 
 
 def _check_references(ruleset: Ruleset) -> None:

@@ -24,8 +24,8 @@ from typing import Callable
 
 from reconciler import logs
 from reconciler.compile import (
-    Compiled, NftSyntaxError, Ruleset, changed_services, compile_incremental, compile_static, describe_view_change,
-    node_address_view, project,
+    Compiled, NftSyntaxError, Ruleset, allocation_of, changed_services, compile_incremental, compile_static,
+    describe_view_change, node_address_view, project, relocate,
 )
 from reconciler.daemon.runner import Fatal, SyncFailed
 from reconciler.engine import (
@@ -238,7 +238,9 @@ class Daemon:
         compiled, message = None, None
         if snap.ok:
             try:
-                compiled = compile_incremental(self._with_probes(snap.inventory), self.config, self.desired)
+                # the first compile keeps the last applied ruleset's endpoint index ranges
+                previous = self._last_applied_ruleset() if self.desired is None else None
+                compiled = compile_incremental(self._with_probes(snap.inventory), self.config, self.desired, previous)
             except NftSyntaxError as e:  # defence in depth: validation should have refused it
                 message = f"refusing input that would reach nft unsafely: {e}"
         else:
@@ -291,6 +293,10 @@ class Daemon:
         try:
             if full:
                 live = read_live(nft, self.target.table)
+                relocated = relocate(desired.ruleset, live)  # keep the kernel's index ranges
+                if relocated is not desired.ruleset:
+                    desired = replace(desired, ruleset=relocated, allocation=allocation_of(relocated))
+                    self.desired = desired
                 old = self._last_applied_ruleset()
                 if old is not None:
                     drift = diff(old, live)

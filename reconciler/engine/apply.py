@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TextIO
 
 from reconciler import logs
-from reconciler.compile import Ruleset, digest
+from reconciler.compile import Ruleset, digest, relocate
 from reconciler.engine import confirm as confirm_window
 from reconciler.engine import planfile
 from reconciler.engine.changes import diff
@@ -55,6 +55,15 @@ def read_live_state(nft: Libnftables, target: Target, *, refresh: bool) -> tuple
     return read_live(nft, target.table), False
 
 
+def _keep_ranges(desired, live: Ruleset):
+    """Layout "sharded": the desired ruleset with the kernel's endpoint index ranges kept
+    where they still fit (compile.relocate), so a plan touches only changed Services."""
+    from dataclasses import replace
+
+    ruleset = relocate(desired.ruleset, live)
+    return desired if ruleset is desired.ruleset else replace(desired, ruleset=ruleset)
+
+
 def _derived_hints(desired) -> dict:
     """The Services whose topology hints nftrec derived (shown by plan and apply)."""
     from reconciler.compile import derived_topology_hints
@@ -72,6 +81,7 @@ def run_plan(desired, target: Target, *, verbose: bool, output: str, detailed: b
     try:
         token = kernel_token(nft) if out is not None else None  # before listing (see verify_applied)
         live, _fast = read_live_state(nft, target, refresh=refresh or out is not None)
+        desired = _keep_ranges(desired, live)
         services = {s.key: s for s in desired.inventory.services}
         plan = make_plan(desired.ruleset, live, services, _derived_hints(desired))
         context = {"netns": target.netns, "table": target.table, "revision": desired.revision,
@@ -155,6 +165,7 @@ def run_apply(target: Target, *, desired=None, plan_path: Path | None = None,
             print(logs.escape(f"Rolling back to revision {short_revision(revision)} applied at {entry.applied_at}."),
                   file=out_stream)
         else:
+            desired = _keep_ranges(desired, live)
             ruleset, revision = desired.ruleset, desired.revision
             services = {s.key: s for s in desired.inventory.services}
             plan = make_plan(ruleset, live, services, _derived_hints(desired))

@@ -21,7 +21,8 @@ from typing import Iterator
 
 from reconciler.kernel import OTHER_KINDS, canonical, chain_policy, table_flags, table_others
 from reconciler.kernel import Transaction
-from reconciler.compile import Chain, Element, NamedSet, NftSyntaxError, Ruleset, Table, chain_id, check_name, element_id, set_id
+from reconciler.compile import Chain, Element, NamedSet, NftSyntaxError, Ruleset, Table, chain_id, chain_range, check_name, \
+    element_id, map_elements_cmd, set_id
 
 # --- the result ----------------------------------------------------------------------------
 
@@ -123,12 +124,19 @@ class _Owners:
     def __init__(self, desired: Ruleset, live: Ruleset):
         self.known = desired.owners
         self.by_ip: dict[str, str] = {}  # service/endpoint IP → owner, for plain set keys
+        self.by_index: dict[tuple[str, str, str], str] = {}  # (family, map, index) → owner (layout sharded)
+        self.map_users: dict[tuple[str, str], set[str]] = {}  # (family, map) → its Services, both sides
         for rs in (desired, live):
             for fam, t in rs.tables.items():
                 for name, c in t.chains.items():
                     o = owner_of_name(name)
                     if not o:
                         continue
+                    r = chain_range(c)
+                    if r is not None:
+                        self.map_users.setdefault((fam, r[0]), set()).add(o)
+                        for i in range(r[1], r[1] + r[2]):
+                            self.by_index.setdefault((fam, r[0], str(i)), o)
                     m = _EP_IP.search(name)
                     if m:
                         self.by_ip.setdefault(m.group(1).replace(".", ":") if fam == "ip6" else m.group(1), o)
@@ -140,6 +148,10 @@ class _Owners:
                         o = self._from_value(e)
                         if o:
                             self.by_ip.setdefault(e.key[0], o)
+                        elif e.value and " . " in e.value:  # endpoint map (layout sharded): DNAT targets
+                            o = self.by_index.get((fam, s.name, e.key[0]))
+                            if o:
+                                self.by_ip.setdefault(e.value.split(" . ")[0], o)
 
     @staticmethod
     def _from_value(e: Element) -> str | None:
@@ -155,17 +167,25 @@ class _Owners:
         return self.known.get(chain_id(fam, name)) or owner_of_name(name)
 
     def set(self, fam: str, name: str) -> str | None:
-        return self.known.get(set_id(fam, name)) or owner_of_name(name)
+        o = self.known.get(set_id(fam, name)) or owner_of_name(name)
+        if o is None and name.startswith("endpoint-"):
+            # a shared endpoint map (layout sharded) used by one Service only: created for
+            # its first user or removed with its last one, that Service's change
+            users = self.map_users.get((fam, name), set())
+            if len(users) == 1:
+                return next(iter(users))
+        return o
 
     def element(self, fam: str, set_name: str, e: Element) -> str | None:
-        return self.known.get(element_id(fam, set_name, e.key)) or self._from_value(e) or self.by_ip.get(e.key[0])
+        return (self.known.get(element_id(fam, set_name, e.key)) or self._from_value(e)
+                or self.by_index.get((fam, set_name, e.key[0])) or self.by_ip.get(e.key[0]))
 
 
 # --- diff ----------------------------------------------------------------------------------
 
 
 def _set_def(s: NamedSet) -> tuple:
-    return (s.type, s.value_type, tuple(sorted(s.flags)), s.timeout, s.comment)
+    return (s.type, s.value_type, tuple(sorted(s.flags)), s.timeout, s.comment, s.typeof)
 
 
 def _refs_set(chain: Chain, set_name: str) -> bool:
@@ -249,7 +269,8 @@ def _diff_table(fc: FamilyChanges, d: Table, l: Table, who: _Owners) -> None:
             fc.sets_added.append(Change("add", fam, "set", name, owner=who.set(fam, name), reason="new set", new=s))
             _elements_added(fc, s, s.elements.values(), who)
         elif _set_def(s) != _set_def(ls):
-            fields = [n for n, a, b in zip(("type", "value type", "flags", "timeout", "comment"), _set_def(s), _set_def(ls)) if a != b]
+            fields = [n for n, a, b in zip(("type", "value type", "flags", "timeout", "comment", "typeof"),
+                                           _set_def(s), _set_def(ls)) if a != b]
             fc.sets_changed.append(
                 Change("change", fam, "set", name, owner=who.set(fam, name),
                        reason=f"{', '.join(fields)} changed: re-created", old=ls, new=s)  # fmt: skip
@@ -350,8 +371,15 @@ def transaction_for(changes: Changes, desired: Ruleset) -> Transaction:
         # 4. Elements: deletes before adds (a changed value is delete + add).
         for c in fc.elements_removed + fc.elements_changed:
             tx.delete(fam, T, c.old, set=d.sets[c.name])
+        batched: dict[str, list[Element]] = {}  # typeof maps (layout sharded): one declaration each
         for c in fc.elements_changed + fc.elements_added:
-            tx.add(fam, T, c.new, set=d.sets[c.name])
+            s = d.sets[c.name]
+            if s.typeof and s.is_map and c.new.comment is None:
+                batched.setdefault(c.name, []).append(c.new)
+            else:
+                tx.add(fam, T, c.new, set=s)
+        for name, elems in batched.items():
+            tx.raw(map_elements_cmd(fam, T, d.sets[name], elems))
         # 5. Rules of new and rewritten chains (everything they reference exists now).
         for c in fc.chains_added + fc.chains_changed:
             for r in d.chains[c.name].rules:

@@ -15,7 +15,7 @@ from reconciler.engine.changes import Change, Changes, diff, transaction_for
 from reconciler.intake import Service
 from reconciler.compile import join_host_port
 from reconciler.kernel import Transaction
-from reconciler.compile import Ruleset, chain_id, element_id, set_id
+from reconciler.compile import Ruleset, chain_id, chain_range, element_id, set_id
 
 PLAN_JSON_VERSION = 1
 
@@ -67,6 +67,14 @@ def _endpoints_by_owner(rs: Ruleset, owners: set[str]) -> dict[str, set[str]]:
                     eps.add(f"{ip}:{port}")
                 for ip, port in _DNAT_MAP.findall(rule.body):
                     eps.add(f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}")
+            rng = chain_range(chain)  # layout sharded: the chain's index range of a shared map
+            if rng is not None and rng[0] in t.sets:
+                elems = t.sets[rng[0]].elements
+                for i in range(rng[1], rng[1] + rng[2]):
+                    e = elems.get((str(i),))
+                    if e is not None and e.value and " . " in e.value:
+                        ip, port = e.value.split(" . ", 1)
+                        eps.add(f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}")
     return out
 
 
@@ -103,6 +111,8 @@ def _describe_change(changes: list[Change], old_eps: set[str], new_eps: set[str]
     chains: list[str] = []
     for c in changes:
         sign = {"add": "+", "remove": "-", "change": "~"}[c.action]
+        if (added or removed) and c.kind == "element" and c.name.startswith("endpoint-dnat-"):
+            continue  # the shared endpoint maps (layout sharded): the endpoint delta says it
         if c.kind == "element":
             by_set.setdefault(c.name, []).append(sign)
         elif c.kind in ("chain", "set"):

@@ -63,7 +63,7 @@ def run_diff(old: str, new: str, *, git: Path | None = None, merge_base: bool = 
              detailed: bool = False, verbose: bool = False, out_stream: TextIO | None = None) -> int:
     """Plan NEW against OLD; print it as text, json or markdown. 0, or 2 with `detailed`
     when something changes; 1 when either side (or the node config) is invalid."""
-    from reconciler.compile import derived_topology_hints
+    from reconciler.compile import derived_topology_hints, relocate
     from reconciler.intake import GitError, display_root, load_node_config, read_inventory, read_revision, resolve
     from reconciler.intake import merge_base as git_merge_base
     from reconciler.kernel import canonical
@@ -100,6 +100,9 @@ def run_diff(old: str, new: str, *, git: Path | None = None, merge_base: bool = 
     inv = new_side.inventory
     hints = derived_topology_hints(inv.services, inv.endpoint_slices, config)
     with progress.step("comparing"):
+        # layout "sharded": the new side keeps the old side's index ranges where they fit,
+        # as apply keeps the kernel's (compile.relocate)
+        new_side.ruleset = relocate(new_side.ruleset, old_side.ruleset)
         plan = make_plan(new_side.ruleset, canonical(old_side.ruleset), services, hints)
     if output == "json":
         doc = to_json(plan, old=old_side.to_json(), new=new_side.to_json(), table=config.table_name)

@@ -185,6 +185,7 @@ def load_node_config(
         masquerade_all=data.get("masqueradeAll", False),
         masquerade_bit=data.get("masqueradeBit", 14),
         table_name=data.get("tableName", "nftrec"),
+        layout=data.get("layout", "sharded"),
         zone=data.get("zone", ""),
         derive_topology_hints=data.get("deriveTopologyHints", True),
         min_sync_period=periods["minSyncPeriod"],

@@ -167,6 +167,9 @@ class NodeConfig:
     masquerade_all: bool = False
     masquerade_bit: int = 14
     table_name: str = "nftrec"
+    # How a Service port picks its endpoint: "sharded" (shared index-range maps, nftrec's
+    # default) or "kube-proxy" (kube-proxy's anonymous map per Service port); compile/layout.py
+    layout: str = "sharded"
     zone: str = ""
     derive_topology_hints: bool = True  # trafficDistribution + slices without hints: derive them
     min_sync_period: float = 1.0  # seconds

@@ -338,8 +338,9 @@ def _parse_set(name: str, kind: str, body: list[str]) -> NamedSet:
     while j < len(body):
         line = body[j]
         j += 1
-        if line.startswith("type "):
-            t = line[5:]
+        if line.startswith(("type ", "typeof ")):
+            s.typeof = line.startswith("typeof ")
+            t = line[7:] if s.typeof else line[5:]
             if kind == "map":
                 s.type, _, s.value_type = (x.strip() for x in t.partition(" : "))
             else:

@@ -593,7 +593,10 @@ class Fake:
             if not whole and name not in (sets or ()):
                 continue
             out.append(f"\t{s.kind} {name} {{")
-            out.append(f"\t\ttype {s.spec['type']}")
+            if "typeof" in s.spec:
+                out.append(f"\t\ttypeof {s.spec['typeof']}")
+            else:
+                out.append(f"\t\ttype {s.spec['type']}")
             for k in ("flags", "timeout"):
                 if s.spec.get(k):
                     out.append(f"\t\t{k} {s.spec[k]}")
@@ -723,16 +726,21 @@ class Fake:
     def _set(t: _FTable, verb: str, kind: str, name: str, rest: str) -> None:
         if verb == "add":
             spec = {}
+            elements = None
             for part in rest.strip().strip("{}").split(";"):
                 part = part.strip()
-                if part:
+                if part.startswith("elements = {"):  # map_elements_cmd: elements in the declaration
+                    elements = part[len("elements = {"):].rstrip().rstrip("}").split(",")
+                elif part:
                     k, _, v = part.partition(" ")
                     spec[k] = v.strip('"') if k == "comment" else v
             old = t.sets.get(name)
             if old is None:
                 t.sets[name] = _FSet(kind, spec)
-            elif old.kind != kind or any(old.spec.get(k) != spec.get(k) for k in ("type", "flags", "timeout")):
+            elif old.kind != kind or any(old.spec.get(k) != spec.get(k) for k in ("type", "typeof", "flags", "timeout")):
                 raise NftError("File exists")  # a definition cannot change in place
+            for e in elements or ():
+                Fake._element(t, "add", name, "{ " + e.strip() + " }")
             return
         s = t.sets.get(name)
         if s is None or s.kind != kind:

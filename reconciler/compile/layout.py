@@ -1,0 +1,261 @@
+"""The `sharded` endpoint-selection layout (nftrec's default; `layout: kube-proxy` turns
+it off). Study and measurements: bench/README.md, docs/kube-proxy-behaviours.md.
+
+kube-proxy picks a Service port's endpoint with one *anonymous* map per Service port
+(`numgen random mod N map { 0 : A , 1 : B … }`, and for ClientIP affinity an anonymous
+verdict map `numgen random mod N vmap { 0 : goto endpoint-… }`). The kernel's cost of
+anonymous sets is quadratic in their number (naming `__map%d` and every set lookup walk
+the table's set list). Here the same uniform draw indexes a range of a *shared* map:
+
+    meta l4proto tcp dnat ip addr . port to numgen random mod 5 offset 40 map @endpoint-dnat-tcp-2a
+    numgen random mod 3 offset 8 vmap @endpoint-vmap-11          (ClientIP affinity)
+
+with elements `40 : 10.0.0.1 . 8080 … 44 : …` / `8 : goto endpoint-… …`. A Service port's
+map is one of 64 shards chosen by a hash of its chain name (stateless), one set of shards
+per protocol (`typeof numgen random mod 1 : ip daddr . tcp dport`: nft 1.0.6 refuses a
+udp rule on a tcp-typed map, and a `th dport` map for any rule added in a later
+transaction: "conflicting protocols specified"); its offset is
+allocated (`allocate`): an existing range is kept while the endpoints still fit its
+capacity (next power of two >= N), new and grown ranges go to the shard's high-water
+mark, so a change touches only the changed Service's elements and rule. Offset 0 is
+written without `offset` (nft omits it when listing).
+
+The allocation is not stored anywhere: it is read back from a ruleset's rule texts
+(`allocation_of`, works on the compiler's texts and on nft's listing) and passed to the
+next compile (`services.assemble(previous=…)`) or applied afterwards (`relocate`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, replace
+
+from reconciler.compile.ruleset import Chain, Element, NamedSet, Rule, Ruleset, chain_id, element_id, set_id
+
+LAYOUTS = ("sharded", "kube-proxy")
+# ClientIP affinity Services: their endpoint choice as a range of a shared verdict map
+# (True) or kube-proxy's anonymous vmap (False). A module switch for bench/layout.py
+# (`--affinity`); see docs/kube-proxy-behaviours.md deviation 14 for the measurements.
+SHARD_AFFINITY = True
+DEFAULT_LAYOUT = "sharded"
+SHARDS = 64
+PROTOCOLS = ("tcp", "udp", "sctp")
+DNAT_PREFIX = "endpoint-dnat-"
+VMAP_PREFIX = "endpoint-vmap-"
+# Offsets stay far below 2^32 (numgen + offset is a 32-bit register); a shard whose
+# high-water mark passes this (leaked ranges of moved Services) is re-allocated from 0.
+COMPACT_AT = 1 << 24
+
+# The tail of a Service chain's last rule in this layout, in our text and in nft's
+# listing (`dnat ip addr . port to` lists as `dnat ip to`; the tail is the same).
+_PICK_RE = re.compile(r"numgen random mod (\d+)(?: offset (\d+))? (v?map) "
+                      r"@(endpoint-(?:dnat-(?:tcp|udp|sctp)|vmap)-[0-9a-f]{2})$")
+
+
+@dataclass(frozen=True)
+class Pick:
+    """One chain's endpoint selection by index range: the chain's last rule is
+    `<head>numgen random mod N [offset K] <map|vmap> @<map>`, values in index order."""
+
+    family: str
+    chain: str
+    map: str
+    head: str  # "meta l4proto tcp dnat ip addr . port to " | "" (vmap)
+    values: tuple[str, ...]  # "10.0.0.1 . 8080" | "goto endpoint-…"
+
+    @property
+    def verb(self) -> str:
+        return "vmap" if self.map.startswith(VMAP_PREFIX) else "map"
+
+
+def capacity(n: int) -> int:
+    """Indices reserved for n endpoints: the next power of two >= n."""
+    return 1 << max(0, n - 1).bit_length()
+
+
+def shard(chain: str) -> str:
+    """Two hex digits: which of the 64 maps a Service port's chain uses."""
+    return "%02x" % (int.from_bytes(hashlib.sha256(chain.encode()).digest()[:4], "big") % SHARDS)
+
+
+def dnat_pick(family: str, chain: str, proto: str, values: tuple[str, ...]) -> Pick:
+    if proto not in PROTOCOLS:
+        raise ValueError(f"no endpoint map for protocol {proto!r}")
+    return Pick(family, chain, f"{DNAT_PREFIX}{proto}-{shard(chain)}",
+                f"meta l4proto {proto} dnat {family} addr . port to ", values)
+
+
+def vmap_pick(family: str, chain: str, values: tuple[str, ...]) -> Pick:
+    return Pick(family, chain, VMAP_PREFIX + shard(chain), "", values)
+
+
+def pick_rule(p: Pick, offset: int) -> Rule:
+    off = f" offset {offset}" if offset else ""
+    return Rule(f"{p.head}numgen random mod {len(p.values)}{off} {p.verb} @{p.map}")
+
+
+def map_for(family: str, name: str) -> NamedSet:
+    if name.startswith(DNAT_PREFIX):
+        proto = name[len(DNAT_PREFIX):].split("-")[0]
+        return NamedSet(name, "numgen random mod 1", f"{family} daddr . {proto} dport", typeof=True,
+                        comment="endpoint address . port by Service index range")
+    return NamedSet(name, "numgen random mod 1", "verdict", typeof=True,
+                    comment="endpoint chain by Service index range (ClientIP affinity)")
+
+
+def is_layout_map(name: str) -> bool:
+    return name.startswith((DNAT_PREFIX, VMAP_PREFIX))
+
+
+# --- reading an allocation back -------------------------------------------------------
+
+
+def chain_range(chain: Chain) -> tuple[str, int, int] | None:
+    """(map, offset, N) of a chain whose last rule selects by index range, else None."""
+    if not chain.rules:
+        return None
+    m = _PICK_RE.search(chain.rules[-1].body)
+    if m is None:
+        return None
+    return m.group(4), int(m.group(2) or 0), int(m.group(1))
+
+
+Allocation = dict  # (family, chain) -> (map, offset, N)
+
+
+def allocation_of(rs: Ruleset | None) -> Allocation:
+    """The index ranges in use in `rs` (desired or live)."""
+    out: Allocation = {}
+    if rs is None:
+        return out
+    for fam, t in rs.tables.items():
+        for name, c in t.chains.items():
+            if "/" not in name:
+                continue
+            r = chain_range(c)
+            if r is not None:
+                out[(fam, name)] = r
+    return out
+
+
+# --- allocating -------------------------------------------------------------------------
+
+
+def allocate(picks: list[Pick], previous: Allocation) -> dict[tuple[str, str], int]:
+    """Offsets for `picks`: a previous range in the same map is kept while N fits its
+    capacity and it overlaps no range kept before it (chains in name order); the rest go
+    to the map's high-water mark, in name order. Deterministic in (picks, previous)."""
+    by_map: dict[tuple[str, str], list[Pick]] = {}
+    for p in picks:
+        by_map.setdefault((p.family, p.map), []).append(p)
+    out: dict[tuple[str, str], int] = {}
+    for (fam, _m), group in by_map.items():
+        group.sort(key=lambda p: p.chain)
+        kept: list[tuple[int, int]] = []
+        rest: list[Pick] = []
+        for p in group:
+            prev = previous.get((fam, p.chain))
+            if prev is not None and prev[0] == p.map and len(p.values) <= capacity(prev[2]):
+                lo, hi = prev[1], prev[1] + capacity(prev[2])
+                if all(hi <= a or b <= lo for a, b in kept):
+                    kept.append((lo, hi))
+                    out[(fam, p.chain)] = lo
+                    continue
+            rest.append(p)
+        hwm = max((b for _a, b in kept), default=0)
+        if hwm + sum(capacity(len(p.values)) for p in rest) > COMPACT_AT:
+            hwm, rest = 0, group  # compaction: every range of this map moves once
+        for p in rest:
+            out[(fam, p.chain)] = hwm
+            hwm += capacity(len(p.values))
+    return out
+
+
+def place(rs: Ruleset, picks: list[Pick], owners: dict[tuple[str, str], str],
+          previous: Allocation) -> Allocation:
+    """Write the picks into `rs` (in place): each chain's last rule gets its offset, the
+    maps (only those used, in name order) get the elements, owned by the chain's Service
+    (`owners`: (family, chain) -> Service key). Returns the allocation made."""
+    offsets = allocate(picks, previous)
+    for fam, name in sorted({(p.family, p.map) for p in picks}):
+        t = rs.tables[fam]
+        if name not in t.sets:
+            t.sets[name] = map_for(fam, name)
+    for fam in {p.family for p in picks}:
+        # Declared before the Services' own (affinity) sets: the kernel finds a set by
+        # walking the table's set list in creation order, once per element message.
+        t = rs.tables[fam]
+        owned = [n for n in t.sets if set_id(fam, n) in rs.owners]
+        if owned:
+            t.sets = {**{n: s for n, s in t.sets.items() if set_id(fam, n) not in rs.owners},
+                      **{n: t.sets[n] for n in owned}}
+    alloc: Allocation = {}
+    out_owners = rs.owners
+    for p in picks:  # the hot loop of a 10,000-Service compile: no dataclasses.replace
+        k = offsets[(p.family, p.chain)]
+        t = rs.tables[p.family]
+        if k:
+            c = t.chains[p.chain]
+            t.chains[p.chain] = Chain(c.name, c.rules[:-1] + (pick_rule(p, k),), c.base, c.comment)
+        elems = t.sets[p.map].elements
+        owner = owners.get((p.family, p.chain))
+        prefix = element_id(p.family, p.map, ("",))  # + the index: element_id of a one-part key
+        for i, v in enumerate(p.values):
+            idx = str(k + i)
+            elems[(idx,)] = Element((idx,), v)
+            if owner:
+                out_owners[prefix + idx] = owner
+        alloc[(p.family, p.chain)] = (p.map, k, len(p.values))
+    return alloc
+
+
+def picks_of(rs: Ruleset) -> list[Pick]:
+    """The picks of a placed ruleset (its chains' index ranges and their elements)."""
+    out = []
+    for fam, t in rs.tables.items():
+        for name, c in t.chains.items():
+            r = chain_range(c) if "/" in name else None
+            if r is None:
+                continue
+            m, k, n = r
+            elems = t.sets[m].elements
+            body = c.rules[-1].body
+            head = body[: body.index("numgen random mod ")]
+            out.append(Pick(fam, name, m, head, tuple(elems[(str(k + i),)].value for i in range(n))))
+    return out
+
+
+def relocate(rs: Ruleset, previous: Ruleset | None) -> Ruleset:
+    """`rs` with its index ranges re-allocated to keep `previous`'s (the live ruleset, or
+    the last applied one) where they still fit: the same packets, and a diff against
+    `previous` that touches only the Services that changed. Returns `rs` itself when
+    nothing moves; never modifies `rs`."""
+    picks = picks_of(rs)
+    if not picks:
+        return rs
+    current = allocation_of(rs)
+    prev = allocation_of(previous)
+    offsets = allocate(picks, prev)
+    if all(offsets[(p.family, p.chain)] == current[(p.family, p.chain)][1] for p in picks):
+        return rs
+    out = Ruleset(owners=dict(rs.owners))
+    owners: dict[tuple[str, str], str] = {}
+    for fam, t in rs.tables.items():
+        sets = {}
+        for name, s in t.sets.items():
+            if is_layout_map(name):
+                for key in s.elements:
+                    out.owners.pop(element_id(fam, name, key), None)
+                s = replace(s, elements={})
+            sets[name] = s
+        out.tables[fam] = replace(t, chains=dict(t.chains), sets=sets)
+    for p in picks:
+        o = rs.owners.get(chain_id(p.family, p.chain))
+        if o:
+            owners[(p.family, p.chain)] = o
+        # back to offset 0 text; place() writes the new offset
+        c = out.tables[p.family].chains[p.chain]
+        out.tables[p.family].chains[p.chain] = replace(c, rules=c.rules[:-1] + (pick_rule(p, 0),))
+    place(out, picks, owners, prev)
+    return out

@@ -1,0 +1,257 @@
+"""compile/layout.py: the sharded endpoint layout (nftrec's default) against kube-proxy's.
+
+* Same rules: for random inventories and node configs, the sharded ruleset with every
+  index range written back inline (`numgen random mod N map { 0 : … }`, `vmap { 0 : goto … }`)
+  is exactly the `layout: kube-proxy` ruleset: the same endpoints, in the same order, for
+  the same chains; nothing else differs.
+* Stable ranges: a compile that is given the previous ruleset keeps every unchanged
+  Service port's range; new and grown ranges go to the shard's high-water mark.
+* relocate (plan/apply) and compile_incremental (watch) agree with compile(previous=…).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+
+from hypothesis import HealthCheck, given, settings
+
+from _nft_samples import CONFIG, add_service, ep, epp, rich_inventory, sl, sp, svc, with_endpoints, with_service
+from test_kernel_accepts import configs, inventories
+from reconciler.compile.layout import (
+    COMPACT_AT, Pick, allocate, allocation_of, capacity, chain_range, is_layout_map, relocate, shard,
+)
+from reconciler.compile.ruleset import Rule, Ruleset, Table, element_id
+from reconciler.compile.services import compile_ruleset
+from reconciler.compile.incremental import changed_services, compile_incremental
+from reconciler.engine.changes import diff
+from reconciler.kernel.live import canonical
+
+KP = replace(CONFIG, layout="kube-proxy")
+SH = replace(CONFIG, layout="sharded")
+
+
+def inline(rs: Ruleset) -> Ruleset:
+    """The sharded ruleset written the way kube-proxy writes it: each range back into an
+    anonymous map in its rule, the shared maps (and their owners) gone."""
+    out = Ruleset(owners={k: v for k, v in rs.owners.items()
+                          if not any(k.startswith(f"{f} element endpoint-") and is_layout_map(k.split()[2])
+                                     for f in ("ip", "ip6"))})
+    for fam, t in rs.tables.items():
+        chains = {}
+        for name, c in t.chains.items():
+            r = chain_range(c)
+            if r is not None:
+                m, k, n = r
+                values = [t.sets[m].elements[(str(k + i),)].value for i in range(n)]
+                body = c.rules[-1].body
+                head = body[: body.index("numgen random mod ")]
+                verb = "vmap" if m.startswith("endpoint-vmap-") else "map"
+                inline_map = " , ".join(f"{i} : {v}" for i, v in enumerate(values))
+                c = replace(c, rules=c.rules[:-1] + (Rule(f"{head}numgen random mod {n} {verb} {{ {inline_map} }}"),))
+            chains[name] = c
+        sets = {n: s for n, s in t.sets.items() if not is_layout_map(n)}
+        out.tables[fam] = Table(t.family, t.name, t.comment, chains, sets)
+    return out
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(inventories(), configs())
+def test_sharded_is_kube_proxys_ruleset_with_the_maps_inlined(inventory, config):
+    kp = compile_ruleset(inventory, replace(config, layout="kube-proxy"))
+    sharded = compile_ruleset(inventory, replace(config, layout="sharded"))
+    assert inline(sharded) == kp
+    # no anonymous map in the sharded layout, ranges never overlap within a map
+    for fam, t in sharded.tables.items():
+        used: dict[str, set[int]] = {}
+        for name, c in t.chains.items():
+            assert not re.search(r"v?map \{", " ".join(r.body for r in c.rules)), name
+            r = chain_range(c)
+            if r is not None:
+                idx = set(range(r[1], r[1] + r[2]))
+                assert not idx & used.setdefault(r[0], set())
+                used[r[0]] |= idx
+        for m, s in t.sets.items():
+            if is_layout_map(m):
+                assert {int(k[0]) for k in s.elements} == used[m]  # no stray element, none missing
+
+
+def test_only_services_with_more_than_one_endpoint_use_maps():
+    inv = rich_inventory()
+    rs = compile_ruleset(inv, SH)
+    one = rs.tables["ip"].chains["service-" + next(n.split("-", 1)[1] for n in rs.tables["ip"].chains
+                                                    if n.startswith("service-") and "ns1/one/" in n)]
+    assert chain_range(one) is None and one.rules[-1].body.startswith("meta l4proto tcp dnat to 10.180.0.1:")
+    kinds = {m.split("-")[2] if m.startswith("endpoint-dnat-") else "vmap" for m in rs.tables["ip"].sets
+             if is_layout_map(m)}
+    assert kinds == {"tcp", "udp", "sctp", "vmap"}  # one set of shards per protocol; vmaps: ClientIP affinity
+
+
+def test_rule_and_map_texts():
+    inv = rich_inventory()
+    rs = compile_ruleset(inv, SH)
+    t = rs.tables["ip"]
+    bodies = [c.rules[-1].body for n, c in t.chains.items() if chain_range(c)]
+    assert all(re.fullmatch(r"(meta l4proto (tcp|udp|sctp) dnat ip addr \. port to )?numgen random mod \d+"
+                            r"( offset [1-9]\d*)? (map @endpoint-dnat-(tcp|udp|sctp)|vmap @endpoint-vmap)-[0-9a-f]{2}", b)
+               for b in bodies), bodies
+    for name, s in t.sets.items():
+        if name.startswith("endpoint-dnat-"):
+            proto = name.split("-")[2]
+            assert (s.typeof, s.type, s.value_type) == (True, "numgen random mod 1", f"ip daddr . {proto} dport")
+        elif name.startswith("endpoint-vmap-"):
+            assert (s.typeof, s.type, s.value_type) == (True, "numgen random mod 1", "verdict")
+            assert all(e.value.startswith("goto endpoint-") for e in s.elements.values())
+
+
+# --- allocation ----------------------------------------------------------------------------
+
+
+def P(chain, n, m="endpoint-dnat-tcp-00"):
+    return Pick("ip", chain, m, "", tuple(f"10.0.0.{i} . 80" for i in range(n)))
+
+
+def test_capacity_is_the_next_power_of_two():
+    assert [capacity(n) for n in (1, 2, 3, 4, 5, 8, 9, 1000)] == [1, 2, 4, 4, 8, 8, 16, 1024]
+
+
+def test_allocate_from_scratch_is_a_running_sum_in_chain_order():
+    assert allocate([P("c", 2), P("a", 5), P("b", 3)], {}) == {("ip", "a"): 0, ("ip", "b"): 8, ("ip", "c"): 12}
+
+
+def test_allocate_keeps_ranges_that_still_fit_and_moves_grown_ones_to_the_high_water_mark():
+    prev = {("ip", "a"): ("endpoint-dnat-tcp-00", 0, 5), ("ip", "b"): ("endpoint-dnat-tcp-00", 8, 3),
+            ("ip", "c"): ("endpoint-dnat-tcp-00", 12, 2)}
+    # a shrinks (kept), b grows within 4 (kept), c grows past 2 (moved), "0new" is new: the
+    # mark is the end of the kept ranges (12; c's old [12, 14) is free again), then name order
+    got = allocate([P("a", 2), P("b", 4), P("c", 3), P("0new", 2)], prev)
+    assert got == {("ip", "a"): 0, ("ip", "b"): 8, ("ip", "0new"): 12, ("ip", "c"): 14}
+    # a range recorded for another map, or overlapping one kept before it, is re-allocated
+    prev2 = {("ip", "a"): ("endpoint-dnat-tcp-01", 0, 2), ("ip", "b"): ("endpoint-dnat-tcp-00", 0, 2),
+             ("ip", "c"): ("endpoint-dnat-tcp-00", 1, 2)}
+    assert allocate([P("a", 2), P("b", 2), P("c", 2)], prev2) == {("ip", "b"): 0, ("ip", "a"): 2, ("ip", "c"): 4}
+
+
+def test_allocate_compacts_a_shard_whose_high_water_mark_runs_away():
+    prev = {("ip", "a"): ("endpoint-dnat-tcp-00", COMPACT_AT - 2, 2)}
+    assert allocate([P("a", 2), P("b", 4)], prev) == {("ip", "a"): 0, ("ip", "b"): 2}
+
+
+def test_shard_is_two_hex_digits_fixed_by_the_chain_name():
+    assert shard("service-ULMVA6XW-ns1/svc1/tcp/p80") == shard("service-ULMVA6XW-ns1/svc1/tcp/p80")
+    assert len({shard(f"service-X-ns/s{i}/tcp/p") for i in range(2000)}) == 64
+
+
+# --- stability across compiles ------------------------------------------------------------
+
+
+def many(n: int, eps: int = 3):
+    """n one-port ClusterIP Services with `eps` endpoints each (several share a shard)."""
+    inv = rich_inventory()
+    for i in range(n):
+        inv = add_service(inv, svc("bulk", f"s{i:03d}", cips=(f"172.30.{1 + i // 250}.{1 + i % 250}",), ports=[sp(80)]),
+                          sl("bulk", f"s{i:03d}", [ep(f"10.181.{i // 250}.{(i % 250) * 0 + j + 1}") for j in range(eps)],
+                             [epp(8080)]))
+    return inv
+
+
+def ranges(rs: Ruleset) -> dict:
+    return allocation_of(rs)
+
+
+def test_given_the_previous_ruleset_only_the_changed_services_ranges_move():
+    base_inv = many(300)
+    base = compile_ruleset(base_inv, SH)
+    # one Service grows past its capacity (3 -> 5), one is added that sorts first ("bulk/a…"),
+    # one is removed
+    edited = with_endpoints(base_inv, "bulk/s100", "IPv4", [ep(f"10.182.0.{j}") for j in range(1, 6)])
+    edited = add_service(edited, svc("bulk", "a-first", cips=("172.30.9.9",), ports=[sp(80)]),
+                         sl("bulk", "a-first", [ep("10.183.0.1"), ep("10.183.0.2")], [epp(8080)]))
+    edited = with_service(edited, "bulk/s200", remove=True)
+    kept = compile_ruleset(edited, SH, previous=base)
+    before, after = ranges(base), ranges(kept)
+    moved = {k for k in before.keys() & after.keys() if before[k] != after[k]}
+    grown = {k for k in after if "bulk/s100/" in k[1]}
+    assert {k for k in moved if before[k][1] != after[k][1]} == grown
+    assert all(after[k][1] >= max(v[1] + capacity(v[2]) for v in before.values() if v[0] == after[k][0])
+               for k in grown)  # at the high-water mark of its shard
+    # the diff against the old ruleset touches only the three Services (and no other range)
+    owners = {c.owner for c in diff(kept, canonical(base))}
+    assert owners == {"bulk/s100", "bulk/a-first", "bulk/s200"}
+    # ... while a from-scratch compile shifts other Services' ranges (why the allocation is kept)
+    scratch = compile_ruleset(edited, SH)
+    assert len({c.owner for c in diff(scratch, canonical(base))}) > 3
+
+
+def test_relocate_equals_compiling_with_the_previous_ruleset_and_is_idempotent():
+    base_inv = many(200)
+    base = compile_ruleset(base_inv, SH)
+    edited = add_service(base_inv, svc("bulk", "a-first", cips=("172.30.9.9",), ports=[sp(80)]),
+                         sl("bulk", "a-first", [ep("10.183.0.1"), ep("10.183.0.2")], [epp(8080)]))
+    want = compile_ruleset(edited, SH, previous=base)
+    scratch = compile_ruleset(edited, SH)
+    assert scratch != want
+    got = relocate(scratch, canonical(base))  # the live side is canonical (kernel/live.py)
+    assert got == want and relocate(got, base) is got
+    assert relocate(base, None) is base  # nothing to keep: no move
+    # kube-proxy layout: nothing to relocate
+    kp = compile_ruleset(edited, KP)
+    assert relocate(kp, base) is kp
+
+
+def test_incremental_compile_keeps_ranges_and_equals_the_full_compile():
+    base_inv = many(120)
+    c1 = compile_incremental(base_inv, SH, None)
+    assert c1.ruleset == compile_ruleset(base_inv, SH)
+    edited = with_endpoints(base_inv, "bulk/s050", "IPv4", [ep(f"10.182.0.{j}") for j in range(1, 6)])
+    c2 = compile_incremental(edited, SH, c1)
+    assert c2.recompiled == 1 and c2.ruleset == compile_ruleset(edited, SH, previous=c1.ruleset)
+    assert changed_services(c1, c2) == {"bulk/s050"}
+    # the first compile of a daemon keeps the last applied ruleset's ranges
+    c0 = compile_incremental(edited, SH, None, previous=c1.ruleset)
+    assert c0.ruleset == c2.ruleset
+
+
+def test_a_compacted_shard_counts_its_reused_services_as_changed(monkeypatch):
+    import reconciler.compile.layout as layout
+
+    base_inv = many(60)
+    c1 = compile_incremental(base_inv, SH, None)
+    monkeypatch.setattr(layout, "COMPACT_AT", 0)  # every shard compacts on the next compile
+    edited = with_endpoints(base_inv, "bulk/s010", "IPv4", [ep(f"10.182.0.{j}") for j in range(1, 6)])
+    c2 = compile_incremental(edited, SH, c1)
+    assert c2.recompiled == 1 and len(changed_services(c1, c2)) > 1 and c2.moved
+
+
+def test_owners_of_map_elements_and_their_plan_line():
+    from reconciler.engine.plan import make_plan
+
+    inv = rich_inventory()
+    base = compile_ruleset(inv, SH)
+    for fam, t in base.tables.items():
+        for name, s in t.sets.items():
+            if is_layout_map(name):
+                assert all(base.owners.get(element_id(fam, name, k)) for k in s.elements)
+    # an endpoint removed from a 3-endpoint port: the plan names it like kube-proxy's layout
+    edited = with_endpoints(inv, "ns1/multi", "IPv4", [ep("10.180.0.3")])
+    plan = make_plan(compile_ruleset(edited, SH, previous=base), canonical(base))
+    plan_kp = make_plan(compile_ruleset(edited, KP), canonical(compile_ruleset(inv, KP)))
+    assert [(s.service, s.summary) for s in plan.services] == [(s.service, s.summary) for s in plan_kp.services]
+    # removed elements (live only: no desired owner) are still the Service's
+    live_only = compile_ruleset(with_service(inv, "ns1/multi", remove=True), SH, previous=base)
+    assert {c.owner for c in diff(live_only, canonical(base)) if not (c.kind == "set" and is_layout_map(c.name))} \
+        == {"ns1/multi"}
+
+
+def test_node_config_layout_key(tmp_path):
+    from reconciler.intake.config import load_node_config
+
+    p = tmp_path / "c.yaml"
+    p.write_text("apiVersion: nftrec/v1alpha1\nkind: NodeConfig\nnodeName: n\nlayout: kube-proxy\n")
+    cfg, problems = load_node_config(str(p), discover=False)
+    assert cfg.layout == "kube-proxy" and not problems
+    p.write_text("apiVersion: nftrec/v1alpha1\nkind: NodeConfig\nnodeName: n\n")
+    assert load_node_config(str(p), discover=False)[0].layout == "sharded"
+    p.write_text("apiVersion: nftrec/v1alpha1\nkind: NodeConfig\nnodeName: n\nlayout: vmap\n")
+    _cfg, problems = load_node_config(str(p), discover=False)
+    assert [pr.field for pr in problems if pr.severity == "error"] == ["layout"]
