@@ -253,6 +253,10 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if os.geteuid() != 0:
         raise SystemExit("needs root (network namespaces)")
+    import signal
+
+    # `timeout` sends SIGTERM: leave through the `finally`s, which delete the namespaces
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     n, m = args.services, args.endpoints
     inv = inventory(n, m)
     changed = edits(inv, n, m)
