@@ -149,13 +149,7 @@ def _hpack_int(value: int, prefix_bits: int, first: int = 0) -> bytes:
     limit = (1 << prefix_bits) - 1
     if value < limit:
         return bytes((first | value,))
-    out = bytearray((first | limit,))
-    value -= limit
-    while value >= 128:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
+    return bytes((first | limit,)) + _varint(value - limit)  # the rest: 7-bit groups, as protobuf's varint
 
 
 def _hpack_str(text: str) -> bytes:
