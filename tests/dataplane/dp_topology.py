@@ -143,8 +143,10 @@ def _result(item: dict) -> Result:
 class UdpSession:
     """probe.py --session as a child process (see Topology.udp_session)."""
 
-    def __init__(self, args: list[str], timeout: float):
+    def __init__(self, args: list[str], timeout: float, traced_send=None):
         self.timeout = timeout
+        self.traced_send = traced_send  # Topology's trace check around a fresh NAT decision
+        self.fresh = traced_send is not None
         self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True)
         first = self._line(10)
@@ -160,6 +162,17 @@ class UdpSession:
         return line
 
     def send(self, n: int = 1) -> list[Result]:
+        if self.fresh:
+            self.fresh = False
+            return self.traced_send(lambda: self._send(n))
+        return self._send(n)
+
+    def expect_fresh(self) -> None:
+        """The next datagram is a fresh NAT decision (the test deleted the socket's
+        conntrack entry): trace it against the ruleset in force then."""
+        self.fresh = self.traced_send is not None
+
+    def _send(self, n: int) -> list[Result]:
         self.proc.stdin.write(f"{n}\n")
         self.proc.stdin.flush()
         return [_result(item) for item in json.loads(self._line(n * (self.timeout + 0.5) + 10))]
@@ -206,9 +219,15 @@ class Topology:
         if src:
             args += ["--src", src]
         budget = count * (timeout + 0.5) + 10
+        return self.traced(role, dst, port, proto,
+                           lambda: [_result(item) for item in json.loads(nsx(self.ns[role], *args, timeout=budget).stdout)],
+                           src=src)
+
+    def traced(self, role: str, dst: str, port: int, proto: str, send, *, src: str | None = None) -> list[Result]:
+        """`send()` (fresh NAT decisions from namespace `role`, as a list of Result), checked
+        against nftrec's trace of the ruleset in force when it started (trace_check.py)."""
         before = self._traceable()
-        out = nsx(self.ns[role], *args, timeout=budget).stdout
-        results = [_result(item) for item in json.loads(out)]
+        results = send()
         self._check_trace(before, role, dst, port, proto, src, results)
         return results
 
@@ -277,10 +296,19 @@ class Topology:
 
     def udp_session(self, role: str, dst: str, port: int, timeout: float = 1.0) -> "UdpSession":
         """A UDP client in namespace `role` that keeps one socket (one source port) open:
-        `send(n)` makes n exchanges on it. Close it (a context manager)."""
+        `send(n)` makes n exchanges on it. Close it (a context manager).
+        Its first datagram is a fresh NAT decision, traced like a probe (the rest follow
+        its conntrack entry, whatever the ruleset says by then); `expect_fresh()` marks the
+        next one as fresh again (after the test deleted the socket's conntrack entry)."""
+        def traced_send(send) -> list[Result]:
+            before = self._traceable()  # the ruleset in force before the datagram leaves
+            results = send()
+            self._check_trace(before, role, dst, port, "udp", None, results[:1])
+            return results
+
         return UdpSession(nsx_args(self.ns[role], sys.executable, str(PROBE), "--proto", "udp",
                                    "--dst", dst, "--port", str(port), "--timeout", str(timeout),
-                                   "--session"), timeout)
+                                   "--session"), timeout, traced_send)
 
     # --- ruleset ----------------------------------------------------------------------
 

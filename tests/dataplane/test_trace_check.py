@@ -64,3 +64,11 @@ def test_enough_attempts_must_reach_every_predicted_endpoint():
     assert mismatches(TWO, only_one[:10], SRC) == []  # too few attempts to tell
     sticky = tr(("dnat", "10.244.1.10:8080", False, True), ("dnat", "10.244.1.11:8080", False, True))
     assert mismatches(sticky, only_one, SRC) == []  # affinity: one endpoint per client
+
+
+def test_an_sctp_reject_is_a_timeout_on_the_wire():
+    """sctp_raw.py's raw socket never sees the ICMP of a reject; for TCP it stays an error."""
+    sctp = Trace(Packet(SRC, VIP, 80, "sctp"), "ip", "desired",
+                 [Outcome(Fraction(1), "reject", None, False, False, [], None, None)], [])
+    assert mismatches(sctp, [err("timeout")], SRC) == []
+    assert mismatches(tr(("reject", None, False)), [err("timeout")], SRC)

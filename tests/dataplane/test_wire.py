@@ -25,7 +25,7 @@ import watchproc
 
 from dp_topology import (
     CLIENT_A4, CLUSTER_CIDR4, CLUSTER_CIDR6, EP4, NODE_BE4, NODE_IP4, NODE_IP6, NODE_NAME, POD4,
-    SERVICE_CIDR4, SERVICE_CIDR6, Reply, nsx, nsx_args,
+    SERVICE_CIDR4, SERVICE_CIDR6, Reply, Result, nsx, nsx_args,
 )
 from reconciler.intake.model import Endpoint, EndpointPort, EndpointSlice, Inventory, NodeConfig, Service, ServicePort
 
@@ -135,6 +135,7 @@ def test_udp_flow_stays_on_removed_endpoint_without_cleanup(dp):
     """The failure mode the cleanup exists for, and the cleanup itself (library call):
     a reload without the endpoint leaves the live flow on it; `cleanup_udp` in the node
     namespace moves the very next datagram of the same socket to a remaining endpoint."""
+    traced = dp.trace_checks
     from reconciler.kernel.conntrack import cleanup_udp
 
     dp.load(dns_inventory(EP4), config())
@@ -148,15 +149,18 @@ def test_udp_flow_stays_on_removed_endpoint_without_cleanup(dp):
         # ... but the live flow still reaches the removed endpoint: conntrack pins it.
         assert set(answered_by(s.send(5))) == {pinned}
         assert cleanup_udp(dp.node, dns_inventory(rest), config()) >= 1
+        s.expect_fresh()  # its entry is gone: the next datagram is DNATed (and traced) afresh
         after = answered_by(s.send(10))
         assert len(set(after)) == 1 and set(after) <= set(rest), after
         assert client_flows(dp, s) == set(after)
+    assert dp.trace_checks - traced == 3  # the session's first datagram, the fresh probe, the re-DNAT
 
 
 def test_watch_moves_live_udp_flow_off_removed_endpoint(dp, tmp_path):
     """`nftrec watch`: a new revision without the endpoint the client is pinned to; after
     the sync (and its conntrack cleanup) the same client socket's next datagram is
     answered by a remaining endpoint, and stays there."""
+    traced = dp.trace_checks
     manifests = tmp_path / "m"
     manifests.mkdir()
     (manifests / "service.yaml").write_text(SERVICE_YAML)
@@ -175,10 +179,12 @@ def test_watch_moves_live_udp_flow_off_removed_endpoint(dp, tmp_path):
             assert sync["servicesChanged"] == ["~default/dns"], sync
             ct = w.wait_event("conntrack", since)
             assert ct["deleted"] >= 1, ct
+            s.expect_fresh()
             after = answered_by(s.send(20))
             assert len(set(after)) == 1 and set(after) <= set(rest), \
                 f"pinned to {pinned}, after its removal answered by {after}"
             assert client_flows(dp, s) == set(after)
+            assert dp.trace_checks - traced == 2  # first datagram and re-DNAT, traced against the live table
     finally:
         w.stop()
     assert not any("Traceback" in line for line in w.raw), "".join(w.raw)
@@ -187,6 +193,7 @@ def test_watch_moves_live_udp_flow_off_removed_endpoint(dp, tmp_path):
 def test_apply_moves_live_udp_flow_off_removed_endpoint(dp, tmp_path):
     """`nftrec apply` cleans conntrack as kube-proxy does after every sync: the same
     client socket moves off the endpoint that the applied revision removed."""
+    traced = dp.trace_checks
     manifests = tmp_path / "m"
     manifests.mkdir()
     (manifests / "service.yaml").write_text(SERVICE_YAML)
@@ -208,10 +215,12 @@ def test_apply_moves_live_udp_flow_off_removed_endpoint(dp, tmp_path):
         (manifests / "slice.yaml").write_text(slice_yaml(rest))
         events = [x for x in apply() if x.get("event") == "conntrack"]
         assert events and events[0]["deleted"] >= 1, events
+        s.expect_fresh()
         after = answered_by(s.send(20))
         assert len(set(after)) == 1 and set(after) <= set(rest), \
             f"pinned to {pinned}, after its removal answered by {after}"
         assert client_flows(dp, s) == set(after)
+    assert dp.trace_checks - traced == 2  # first datagram and re-DNAT, traced against the live table
 
 
 # --- SCTP ---------------------------------------------------------------------------------------
@@ -241,9 +250,18 @@ def sctp_unsupported(dp) -> str | None:
 
 
 def sctp_probe(dp, role: str, dst: str, port: int, count: int) -> list[tuple]:
-    out = nsx(dp.ns[role], sys.executable, str(SCTP_RAW), "probe", "--dst", dst, "--port", str(port),
-              "--count", str(count), "--timeout", "1", timeout=count * 1.5 + 10).stdout
-    return [(Reply.parse(x["reply"]), x["from"]) if "reply" in x else x["error"] for x in json.loads(out)]
+    """`count` SCTP INITs from namespace `role`: (Reply, INIT ACK source) or an error each.
+    Each is also checked against nftrec's trace of the loaded ruleset (dp.traced)."""
+    raw: list[dict] = []
+
+    def send() -> list[Result]:
+        out = nsx(dp.ns[role], sys.executable, str(SCTP_RAW), "probe", "--dst", dst, "--port", str(port),
+                  "--count", str(count), "--timeout", "1", timeout=count * 1.5 + 10).stdout
+        raw.extend(json.loads(out))
+        return [Result(Reply.parse(x["reply"]), None) if "reply" in x else Result(None, x["error"]) for x in raw]
+
+    dp.traced(role, dst, port, "sctp", send)
+    return [(Reply.parse(x["reply"]), x["from"]) if "reply" in x else x["error"] for x in raw]
 
 
 def sctp_service(protocol: str = "SCTP") -> Inventory:
@@ -284,6 +302,7 @@ def test_sctp_clusterip_and_nodeport(dp, sctp_server):
     from the frontend address (un-DNAT); traffic from outside clusterCIDRs masqueraded, from
     a pod not; conntrack holds SCTP entries. Control: the same port declared TCP does not
     carry SCTP."""
+    traced = dp.trace_checks
     dp.load(sctp_service(), config())
     res = sctp_probe(dp, "clientA", SCTP_VIP, SCTP_PORT, 30)
     assert all(isinstance(r, tuple) for r in res), res
@@ -306,3 +325,4 @@ def test_sctp_clusterip_and_nodeport(dp, sctp_server):
 
     dp.load(sctp_service("TCP"), config())
     assert set(sctp_probe(dp, "clientA", SCTP_VIP, SCTP_PORT, 3)) == {"timeout"}
+    assert dp.trace_checks - traced == 4  # every sctp_probe above agreed with nftrec trace
