@@ -376,8 +376,7 @@ def test_git_sync_swap_is_one_revision(netns, tmp_path):
         assert s["servicesChanged"] == ["~shop/api"], s
         assert not w.find("invalid", mark) and not [x for x in w.lines[mark:] if x.get("level") == "error"]
         assert "/tls" in listing(netns)
-        st = json.loads(run("status", "-o", "json", state=w.state, ns=netns, config=w.config).stdout)
-        assert st["lastAppliedRevision"] == "b" * 40
+        st = w.status(lambda st: st["lastAppliedRevision"] == "b" * 40)
         # git-sync removes the old worktree; nothing happens
         shutil.rmtree(root / REV_A)
         time.sleep(0.5)
@@ -403,7 +402,7 @@ def test_invalid_revision_keeps_last_good_and_metrics(watched):
     problems = [x for x in w.lines[mark:] if x.get("severity") == "error"]
     assert problems and problems[0]["file"].endswith("services.yaml") and problems[0]["line"] > 0
     assert listing(w.ns) == before  # the last good ruleset stays
-    st = json.loads(run("status", "-o", "json", state=w.state, ns=w.ns, config=w.config).stdout)
+    st = w.status(lambda st: st["lastAttemptedRevision"] == bad["revision"])
     assert st["lastAttemptedRevision"] == bad["revision"] != st["lastAppliedRevision"]
     code, body = w.http("/healthz")
     assert code == 503 and "invalid" in body
@@ -417,7 +416,7 @@ def test_invalid_revision_keeps_last_good_and_metrics(watched):
     assert s["servicesChanged"] == ["~default/web"]
     code, body = w.http("/healthz")
     assert code == 200, body
-    st = json.loads(run("status", "-o", "json", state=w.state, ns=w.ns, config=w.config).stdout)
+    st = w.status(lambda st: st["lastAppliedRevision"] == s["revision"])
     assert st["lastAttemptedRevision"] == st["lastAppliedRevision"] == s["revision"]
 
     _, m = w.http("/metrics")
@@ -513,7 +512,7 @@ def test_same_content_revision_is_recorded(netns, tmp_path):
         os.replace(root / "tmp-link", root / "current")
         s = w.wait_sync(mark, revision="b" * 40)
         assert s["operations"] == 0 and s["servicesChanged"] == []
-        st = json.loads(run("status", "-o", "json", state=w.state, ns=netns, config=w.config).stdout)
+        st = w.status(lambda st: st["lastAppliedRevision"] == "b" * 40)
         assert st["lastAppliedRevision"] == st["lastAttemptedRevision"] == "b" * 40
         assert w.stop() == 0
     finally:

@@ -80,6 +80,9 @@ class Daemon:
         self.started = clock()
         self.on_root: Callable[[str], None] | None = None  # the watcher follows the resolved root
         self.store_error: str | None = None  # the last state-store write error (logged once)
+        # daemon/statewriter.StateWriter (main sets it): state writes after the sync line,
+        # on their own thread; None: written in place (in-process tests)
+        self.writer = None
         self.netns_id: tuple | None = None  # (st_dev, st_ino) of --netns when entered
         # node addresses (nodePortAddresses, the primary): set by the address watcher's
         # thread when the ruleset depends on what changed, taken by sync()
@@ -251,7 +254,8 @@ class Daemon:
                            f"it was not applied and the last good ruleset stays in the kernel. "
                            f"Run `nftrec validate {self.intake.shown}` for the full report.",
                            extra={"fields": {"event": "invalid", "revision": snap.revision, "errors": snap.errors}})
-            self._record(self.store.record_attempt, snap.revision, f"invalid input: {message}")
+            revision = snap.revision
+            self._write(lambda: self._record(self.store.record_attempt, revision, f"invalid input: {message}"))
             self._set_revisions()
             return
         self.invalid = None
@@ -280,6 +284,8 @@ class Daemon:
         nft = self.nft
         reason = "" if full else None
         why, self._sync_reason = self._sync_reason, None
+        if self.writer is not None and self.config.health_checks:
+            self.writer.flush()  # the confirm protocol reads and writes the state in place
         try:
             token = kernel_token(nft)
         except NftError as e:
@@ -335,12 +341,17 @@ class Daemon:
         if full:
             self.last_full = start
         self.last_success = kernel_done
-        live_fp = fingerprint(verified_live if verified_live is not None else canonical(desired.ruleset))
-        if self._record(self.store.record_applied, desired.inventory.revision, desired.ruleset, live_fp, after):
-            if self.invalid is not None:  # still the newest revision read: keep it visible
-                self._record(self.store.record_attempt, self.invalid[0], f"invalid input: {self.invalid[1]}")
-            elif self.rejected is not None:  # likewise a revision rolled back after its health checks
-                self._record(self.store.record_attempt, self.rejected[0], f"rolled back: {self.rejected[1]}")
+        invalid, rejected = self.invalid, self.rejected
+
+        def record() -> None:  # serializes the whole ruleset: off the sync path (statewriter.py)
+            live_fp = fingerprint(verified_live if verified_live is not None else canonical(desired.ruleset))
+            if self._record(self.store.record_applied, desired.inventory.revision, desired.ruleset, live_fp, after):
+                if invalid is not None:  # still the newest revision read: keep it visible
+                    self._record(self.store.record_attempt, invalid[0], f"invalid input: {invalid[1]}")
+                elif rejected is not None:  # likewise a revision rolled back after its health checks
+                    self._record(self.store.record_attempt, rejected[0], f"rolled back: {rejected[1]}")
+
+        self._write(record, supersedes="applied")
         health.finish(self, pending)
         self._set_revisions()
         drifted = len(drift) if drift is not None else 0
@@ -373,6 +384,17 @@ class Daemon:
                               "driftObjects": drifted, "recompiled": desired.recompiled, "addresses": why,
                               "filesParsed": self.intake.parsed}})
         self._conntrack(previous, desired, plan)
+
+    def _write(self, write: Callable[[], object], supersedes: str | None = None) -> None:
+        """Run a state write: on the writer's thread when there is one. With healthChecks
+        the confirm protocol orders state writes around the commit (pending-confirm.json,
+        roll_back, status): those syncs write in place, after what is queued."""
+        if self.writer is None or (self.config is not None and self.config.health_checks):
+            if self.writer is not None:
+                self.writer.flush()
+            write()
+        else:
+            self.writer.submit(write, supersedes=supersedes)
 
     def _record(self, fn, *args) -> bool:
         """A state-store write. The kernel is what matters: a write that fails (state dir
@@ -427,7 +449,8 @@ class Daemon:
         logs.log.error(f"sync {'full' if full else 'partial'} of revision {short_revision(desired.inventory.revision)} "
                        f"failed: {message}; retrying in {self.config.sync_period:g}s",
                        extra={"fields": {"event": "sync", "ok": False, "revision": desired.inventory.revision}})
-        self._record(self.store.record_attempt, desired.inventory.revision, message)
+        revision = desired.inventory.revision
+        self._write(lambda: self._record(self.store.record_attempt, revision, message))
         if self.metrics is not None:
             self.metrics.observe_sync("full" if full else "partial", self.clock() - start, False)
             self.metrics.set_revisions(self.applied.inventory.revision if self.applied else None,

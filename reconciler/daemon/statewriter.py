@@ -1,0 +1,77 @@
+"""State-store writes off the sync path (issue 8 item 6).
+
+Recording an applied revision serializes the whole ruleset (status.json, a history
+entry): at 10,000 Services that is seconds of Python. The kernel does not wait for it:
+the daemon commits, logs its sync line, and hands the write to this thread, which runs
+the writes in the order they were submitted.
+
+A write always describes something already in the kernel (it is submitted after the
+commit), so a crash can only leave the state behind the kernel, never ahead of it; the
+next start's full sync lists the kernel and records it again. When an applied revision
+is still waiting while a newer one is submitted, the older one is dropped: in a burst of
+revisions the history keeps the newest, as it would after a crash.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable
+
+from reconciler import logs
+
+
+class StateWriter:
+    """One thread running submitted writes in order (module doc)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._queue: list[tuple[str | None, Callable[[], object]]] = []
+        self._busy = False
+        self._closed = False
+        self.dropped = 0  # superseded writes (for tests)
+        self._thread = threading.Thread(target=self._loop, name="nftrec-state", daemon=True)
+        self._thread.start()
+
+    def submit(self, write: Callable[[], object], *, supersedes: str | None = None) -> None:
+        """Queue `write`. A queued write with the same `supersedes` tag that has not
+        started yet is dropped (only the newest applied revision needs recording)."""
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("the state writer is closed")
+            if supersedes is not None:
+                before = len(self._queue)
+                self._queue = [q for q in self._queue if q[0] != supersedes]
+                self.dropped += before - len(self._queue)
+            self._queue.append((supersedes, write))
+            self._cond.notify_all()
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every submitted write ran; False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._queue and not self._busy, timeout)
+
+    def close(self, timeout: float = 60.0) -> None:
+        """Run what is queued (a stop records the last revision), then end the thread."""
+        if not self.flush(timeout):
+            logs.log.warning(f"state writes still running after {timeout:g}s at exit; `nftrec status` may be stale")
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join(timeout=1.0)
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._queue or self._closed)
+                if not self._queue:
+                    return
+                _, write = self._queue.pop(0)
+                self._busy = True
+            try:
+                write()
+            except Exception as e:  # the write functions log their own errors; never kill the thread
+                logs.log.exception(f"state write crashed: {e}")
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
