@@ -382,7 +382,7 @@ class Daemon:
                               "durationMs": round(1000 * (end - start), 1),
                               "kernelMs": round(1000 * (kernel_done - start), 1),
                               "driftObjects": drifted, "recompiled": desired.recompiled, "addresses": why,
-                              "filesParsed": self.intake.parsed}})
+                              "filesParsed": self.intake.parsed, "documentsChecked": self.intake.checked}})
         self._conntrack(previous, desired, plan)
 
     def _write(self, write: Callable[[], object], supersedes: str | None = None) -> None:
