@@ -10,8 +10,10 @@ that as its oracle), with caches for a long-running reader such as `nftrec watch
   granularity, as git's "racy" files);
 - validation: per-document checks are cached per parsed document, and by the document's
   content (file, position, data): a file of 100 EndpointSlices with one edited re-checks
-  one document. Only the checks across documents (`validate.check_tree`) run over
-  everything;
+  one document. The checks across documents (`validate.check_tree`) run over everything,
+  except when the only documents that changed are clean EndpointSlices whose endpoints
+  alone changed (the common revision: endpoints move): the cross checks read no
+  endpoint, so their result stands, with the new slices' objects in place (`_endpoints_only`);
 - model: model objects are cached per document (and with the content-keyed checks);
 - the tree digest (sha256 over every file, as load computes it) resumes from the hash
   state saved before the first file that changed.
@@ -47,6 +49,27 @@ class _Recorder:
 
     def update(self, b: bytes) -> None:
         self.parts.append(b)
+
+
+def _cross_key(doc) -> bytes:
+    """What the checks across documents read of an EndpointSlice: all but its endpoints
+    (validate._cross: identity, service label, addressType, ports; the duplicate check:
+    identity)."""
+    data = {k: v for k, v in doc.data.items() if k != "endpoints"}
+    return hashlib.blake2b(pickle.dumps((doc.file, doc.index, doc.path, doc.source, data), 5),
+                           digest_size=20).digest()
+
+
+@dataclass
+class _Tree:
+    """The last check_tree run, for _endpoints_only."""
+
+    documents: list
+    load_problems: list
+    problems: list
+    objects: list
+    position: dict  # id(doc) -> index in `objects`
+    problem_files: set
 
 
 def _content_key(doc) -> bytes:
@@ -99,6 +122,8 @@ class Intake:
         self._clean: dict[bytes, tuple] = {}  # content key -> (doc, DocumentCheck) without problems
         self._models: dict[int, tuple] = {}  # id(doc) -> (doc, [model objects])
         self._hashed: list[tuple[bytes, object]] = []  # (chunk, sha256 state after it), last read's order
+        self._tree: _Tree | None = None
+        self.cross = False  # the last read re-ran the checks across documents (for logs and tests)
         self.parsed = 0  # files parsed by the last read (for logs and tests)
         self.checked = 0  # documents checked (check_document) by the last read
         self.compared = 0  # files read to compare with the cached bytes by the last read
@@ -157,6 +182,7 @@ class Intake:
 
     def _read(self, resolved: Path) -> Snapshot:
         self.parsed = self.checked = self.compared = 0
+        self.cross = False
         problems: list[Problem] = []
         if resolved.is_file():
             paths = [(self.shown, resolved)]
@@ -228,8 +254,45 @@ class Intake:
             results.append(res)
         self._checked = cache
         self._clean = clean
+        fast = self._endpoints_only(load_problems, documents, results)
+        self.cross = fast is None
+        if fast is not None:
+            return fast
         checked = check_tree(load_problems, documents, results, strict=self.strict)
+        position: dict[int, int] = {}
+        for i, o in enumerate(checked.objects):
+            position[id(o.doc)] = i
+        self._tree = _Tree(documents, list(load_problems), checked.problems, checked.objects, position,
+                           {p.file for p in checked.problems})
         return checked.problems, checked.objects
+
+    def _endpoints_only(self, load_problems: list[Problem], documents: list, results: list):
+        """check_tree's result without running it, when every document that changed
+        since its last run is a clean EndpointSlice whose endpoints alone changed, in a
+        file none of its problems are in (module doc). None: run check_tree."""
+        tree = self._tree
+        if tree is None or len(documents) != len(tree.documents) or load_problems != tree.load_problems:
+            return None
+        swaps = []
+        for i, doc in enumerate(documents):
+            old = tree.documents[i]
+            if doc is old:
+                continue
+            res = results[i]
+            if (res.obj is None or res.problems or res.obj.kind != "EndpointSlice" or doc.file in tree.problem_files
+                    or id(old) not in tree.position or _cross_key(doc) != _cross_key(old)):
+                return None
+            swaps.append((tree.position[id(old)], replace(res.obj)))
+        if not swaps:
+            return tree.problems, tree.objects
+        objects = list(tree.objects)
+        position = dict(tree.position)
+        for i, o in swaps:
+            del position[id(objects[i].doc)]
+            objects[i] = o
+            position[id(o.doc)] = i
+        self._tree = _Tree(documents, tree.load_problems, tree.problems, objects, position, tree.problem_files)
+        return tree.problems, objects
 
     def _inventory(self, objs: list, revision: str) -> Inventory:
         """inventory.build_inventory, with model objects cached per document."""
