@@ -626,6 +626,7 @@ def test_unwritable_state_dir_and_deleted_namespace(watched):
     an orphaned namespace."""
     w = watched
     w.wait_sync(0, kind="full")
+    w.status(lambda st: st.get("lastAppliedRevision"))  # recorded after the sync line (statewriter.py)
     tables = next(w.state.rglob("tables"))
     shutil.rmtree(tables)
     tables.write_text("not a directory")  # root ignores modes: make writes fail another way
@@ -635,6 +636,8 @@ def test_unwritable_state_dir_and_deleted_namespace(watched):
         p.write_text(re.sub(r"10\.244\.0\.(12|7\d)\]", ip + "]", p.read_text()))
         w.wait_sync(mark, kind="partial")
         w.wait(lambda: ip in listing(w.ns), what=f"{ip} in the kernel")
+    w.wait(lambda: w.find("state"), what="the failed state write")
+    time.sleep(1.5)  # any further write (deferred while idle < statewriter.IDLE) is not logged again
     errors = [x for x in w.lines if x.get("event") == "state" and x.get("ok") is False]
     assert len(errors) == 1 and "cannot record the state" in errors[0]["msg"], errors
     tables.unlink()

@@ -129,7 +129,7 @@ def run_watch(directory: Path, config_path: Path | None, target: Target, *, stri
 
         runner = Runner(sync, cfg.min_sync_period, cfg.sync_period, cfg.full_sync_period)
         daemon.prober = start_probes(daemon, metrics, runner.run)  # issue 10: readiness probes
-        watcher = Watcher(directory, runner.run, debounce=debounce)
+        watcher = Watcher(directory, runner.run, debounce=debounce, activity=daemon.writer.active)
         daemon.on_root = watcher.follow
         try:
             watcher.follow(str(Path(directory).resolve()))

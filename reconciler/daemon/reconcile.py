@@ -185,6 +185,15 @@ class Daemon:
     # -- the sync function (runs on the runner's thread)
 
     def sync(self) -> float | None:
+        if self.writer is not None:
+            self.writer.active()  # state writes wait while syncs run (statewriter.py)
+        try:
+            return self._sync_once()
+        finally:
+            if self.writer is not None:
+                self.writer.active()
+
+    def _sync_once(self) -> float | None:
         start = self.clock()
         self._check_netns()
         if self.reload_config:

@@ -26,10 +26,11 @@ class Watcher:
     (the link swap); relevant events are debounced into `trigger()`."""
 
     def __init__(self, directory: Path, trigger: Callable[[], None], *, debounce: float = DEBOUNCE,
-                 debounce_max: float = DEBOUNCE_MAX):
+                 debounce_max: float = DEBOUNCE_MAX, activity: Callable[[], None] | None = None):
         self.link = os.path.abspath(directory)
         self.parent = os.path.dirname(self.link) or "/"
         self.trigger, self.debounce, self.debounce_max = trigger, debounce, debounce_max
+        self.activity = activity  # told of every relevant event (the state writer waits)
         self._suffixes = SUFFIXES
         self._cond = threading.Condition()
         self._first: float | None = None  # first event of the current burst
@@ -101,6 +102,8 @@ class Watcher:
     def _event(self, event) -> None:
         if not self._relevant(event):
             return
+        if self.activity is not None:
+            self.activity()
         now = time.monotonic()
         with self._cond:
             self.events += 1
