@@ -20,7 +20,7 @@ from pathlib import Path
 
 from reconciler import logs
 from reconciler.daemon.probing import start_probes
-from reconciler.daemon.reconcile import Daemon
+from reconciler.daemon.reconcile import Daemon, trim_heap
 from reconciler.daemon.runner import Fatal, Runner
 from reconciler.daemon.statewriter import StateWriter
 from reconciler.daemon.watcher import DEBOUNCE, Watcher
@@ -112,7 +112,7 @@ def run_watch(directory: Path, config_path: Path | None, target: Target, *, stri
         except (CommandError, OSError) as e:
             logs.log.error(f"{e}; not starting")
             return 1
-        daemon.writer = StateWriter()  # closed before the lock is released (finally)
+        daemon.writer = StateWriter(after_write=trim_heap)  # closed before the lock is released (finally)
         daemon.stopping = lambda: "nftrec watch was asked to stop" if stop_requested.is_set() else None
         fatal = []
 

@@ -15,6 +15,7 @@ An invalid revision is logged and recorded as attempted; the last good ruleset s
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import os
 import threading
@@ -61,6 +62,25 @@ def settle_heap() -> None:
     gc.unfreeze()
     gc.collect()
     gc.freeze()
+    trim_heap()
+
+
+def trim_heap() -> None:
+    """Give the memory a full sync (listing, plan) or a state write (the ruleset as JSON)
+    freed back to the system: glibc keeps freed heap pages otherwise (measured at 10,000
+    Services: VmRSS 731 -> 433 MB after the first full sync). ctypes drops the GIL for
+    the call. A libc without malloc_trim (musl): nothing to do."""
+    global _malloc_trim
+    if _malloc_trim is None:
+        try:
+            _malloc_trim = ctypes.CDLL(None).malloc_trim
+        except (OSError, AttributeError):
+            _malloc_trim = False
+    if _malloc_trim:
+        _malloc_trim(0)
+
+
+_malloc_trim = None
 
 
 def _counts(rs: Ruleset) -> dict[str, tuple[int, int]]:
@@ -96,6 +116,7 @@ class Daemon:
         # daemon/statewriter.StateWriter (main sets it): state writes after the sync line,
         # on their own thread; None: written in place (in-process tests)
         self.writer = None
+        self._settle = False  # a full sync just ended: settle_heap()
         self.netns_id: tuple | None = None  # (st_dev, st_ino) of --netns when entered
         # node addresses (nodePortAddresses, the primary): set by the address watcher's
         # thread when the ruleset depends on what changed, taken by sync()
@@ -203,6 +224,9 @@ class Daemon:
         try:
             return self._sync_once()
         finally:
+            if self._settle:  # here, once the full sync's listing and plan are out of scope
+                self._settle = False
+                settle_heap()
             if self.writer is not None:
                 self.writer.active()
 
@@ -364,10 +388,13 @@ class Daemon:
             self.last_full = start
         self.last_success = kernel_done
         invalid, rejected = self.invalid, self.rejected
+        # a full sync's listing is let go now (not held until the write): settle_heap below
+        live_fp = fingerprint(verified_live) if verified_live is not None else None
+        verified_live = None
 
         def record() -> None:  # serializes the whole ruleset: off the sync path (statewriter.py)
-            live_fp = fingerprint(verified_live if verified_live is not None else canonical(desired.ruleset))
-            if self._record(self.store.record_applied, desired.inventory.revision, desired.ruleset, live_fp, after):
+            fp = live_fp if live_fp is not None else fingerprint(canonical(desired.ruleset))
+            if self._record(self.store.record_applied, desired.inventory.revision, desired.ruleset, fp, after):
                 if invalid is not None:  # still the newest revision read: keep it visible
                     self._record(self.store.record_attempt, invalid[0], f"invalid input: {invalid[1]}")
                 elif rejected is not None:  # likewise a revision rolled back after its health checks
@@ -406,8 +433,7 @@ class Daemon:
                               "driftObjects": drifted, "recompiled": desired.recompiled, "addresses": why,
                               "filesParsed": self.intake.parsed, "documentsChecked": self.intake.checked}})
         self._conntrack(previous, desired, plan)
-        if full and self.writer is not None:  # the daemon (main sets the writer), not in-process tests
-            settle_heap()
+        self._settle = full and self.writer is not None  # the daemon (main sets the writer), not in-process tests
 
     def _write(self, write: Callable[[], object], supersedes: str | None = None) -> None:
         """Run a state write: on the writer's thread when there is one. With healthChecks

@@ -31,8 +31,10 @@ MAX_DELAY = 30.0  # ... unless the oldest one has waited this long (revisions ba
 class StateWriter:
     """One thread running submitted writes in order (module doc)."""
 
-    def __init__(self, *, idle: float = IDLE, max_delay: float = MAX_DELAY) -> None:
+    def __init__(self, *, idle: float = IDLE, max_delay: float = MAX_DELAY,
+                 after_write: Callable[[], object] | None = None) -> None:
         self.idle, self.max_delay = idle, max_delay
+        self.after_write = after_write  # e.g. reconcile.trim_heap: a write frees the ruleset's JSON
         self._cond = threading.Condition()
         self._queue: list[tuple[str | None, Callable[[], object]]] = []
         self._busy = False
@@ -105,6 +107,8 @@ class StateWriter:
                 self._busy = True
             try:
                 write()
+                if self.after_write is not None:
+                    self.after_write()
             except Exception as e:  # the write functions log their own errors; never kill the thread
                 logs.log.exception(f"state write crashed: {e}")
             finally:
