@@ -3,11 +3,11 @@
 Recording an applied revision serializes the whole ruleset (status.json, a history
 entry): at 10,000 Services that is seconds of Python. The kernel does not wait for it:
 the daemon commits, logs its sync line, and hands the write to this thread, which runs
-the writes in the order they were submitted, once the daemon has been idle for IDLE
-seconds (or a write has waited MAX_DELAY): a write is seconds of CPU at 10,000
-Services, and with the GIL a write running during the next sync slows that sync
-(measured at 1,000: the kernel updates of back-to-back revisions came ~2x later).
-flush() writes now.
+the writes in the order they were submitted, once the daemon has been idle (no sync,
+no file event) for IDLE seconds or as long as the last write took, whichever is longer
+(or a write has waited MAX_DELAY): a write is seconds of CPU at 10,000 Services, and
+with the GIL a write running during the next sync slows that sync (measured at 1,000:
+the kernel updates of back-to-back revisions came ~2x later). flush() writes now.
 
 A write always describes something already in the kernel (it is submitted after the
 commit), so a crash can only leave the state behind the kernel, never ahead of it; the
@@ -42,6 +42,7 @@ class StateWriter:
         self._flushing = 0
         self._active = time.monotonic()  # the last sync's start or end
         self._oldest: float | None = None  # when the oldest queued write was submitted
+        self._cost = 0.0  # how long the last write took: a write waits for that much idle time
         self.dropped = 0  # superseded writes (for tests)
         self._thread = threading.Thread(target=self._loop, name="nftrec-state", daemon=True)
         self._thread.start()
@@ -91,7 +92,10 @@ class StateWriter:
         if self._flushing or self._closed:
             return 0.0
         now = time.monotonic()
-        return min(self._active + self.idle, (self._oldest or now) + self.max_delay) - now
+        # Idle for as long as a write takes: revisions that came faster than that are
+        # likely to come again while it runs (at 10,000 Services a write is seconds).
+        quiet = max(self.idle, self._cost)
+        return min(self._active + quiet, (self._oldest or now) + self.max_delay) - now
 
     def _loop(self) -> None:
         while True:
@@ -105,6 +109,7 @@ class StateWriter:
                 if not self._queue:
                     self._oldest = None
                 self._busy = True
+            began = time.monotonic()
             try:
                 write()
                 if self.after_write is not None:
@@ -113,5 +118,6 @@ class StateWriter:
                 logs.log.exception(f"state write crashed: {e}")
             finally:
                 with self._cond:
+                    self._cost = time.monotonic() - began
                     self._busy = False
                     self._cond.notify_all()
