@@ -388,7 +388,7 @@ class Daemon:
             self.last_full = start
         self.last_success = kernel_done
         invalid, rejected = self.invalid, self.rejected
-        # a full sync's listing is let go now (not held until the write): settle_heap below
+        # a full sync's listing is let go now, not held until the write (settle_heap, in sync())
         live_fp = fingerprint(verified_live) if verified_live is not None else None
         verified_live = None
 
