@@ -361,6 +361,38 @@ def test_git_sync_swap_rereads_only_changed_files_and_equals_the_oracle(tmp_path
     assert len(intake._files) == snap.files and swaps >= 3
 
 
+def test_swap_falls_back_where_elements_are_shared(tmp_path):
+    """Two Services on one ClusterIP (other ports) share elements of the static sets (the
+    first Service in key order owns them): editing them, or moving the owner to another
+    IP, is assembled whole, and equals the oracle; unshared edits are swapped."""
+    from reconciler.intake import Intake
+
+    d = tmp_path / "m"
+    d.mkdir()
+    svcs = [_svc_doc(i) for i in range(4)] + [_svc_doc(0).replace("name: s0", "name: t0").replace("port: 80", "port: 81")]
+    (d / "svc.yaml").write_text("---\n".join(svcs))
+    slices = [_slice_doc(i) for i in range(4)] + [_slice_doc(0).replace("s0-a", "t0-a").replace("name: s0", "name: t0")
+                                                  .replace("service-name: s0", "service-name: t0")]
+    (d / "eps.yaml").write_text("---\n".join(slices))
+    cfg = _cfg()
+    intake = Intake(d)
+    snap, c = _step(intake, d, cfg, None)
+    assert snap.ok and c.shared, "the two Services on 10.96.0.1 share elements"
+    eps = d / "eps.yaml"
+    eps.write_text(eps.read_text().replace("10.245.0.1]", "10.245.0.7]"))  # every slice: s0 and t0 too
+    snap, c2 = _step(intake, d, cfg, c)
+    assert c2.recompiled == 5 and not c2.swapped
+    text = eps.read_text().split("---\n")
+    text[2] = text[2].replace("10.245.0.7]", "10.245.0.8]")  # s2 alone: nothing shared
+    eps.write_text("---\n".join(text))
+    snap, c3 = _step(intake, d, cfg, c2)
+    assert c3.recompiled == 1 and c3.swapped
+    svc = d / "svc.yaml"
+    svc.write_text("---\n".join([svcs[0].replace("10.96.0.1", "10.96.9.9")] + svcs[1:]))
+    snap, c4 = _step(intake, d, cfg, c3)  # s0 moves away: t0 alone keeps 10.96.0.1's elements
+    assert not c4.swapped and not c4.shared
+
+
 # --- the daemon as a process ----------------------------------------------------------------
 
 
