@@ -121,10 +121,10 @@ def _cfg():
     return cfg
 
 
-def _same_as_read_inventory(intake, d: Path):
+def _same_as_read_inventory(intake, d: Path, changed: set[str] | None = None):
     from reconciler.intake.inventory import read_inventory
 
-    snap = intake.read()
+    snap = intake.read(changed)
     ref = read_inventory(d)
     assert snap.problems == ref.problems
     assert snap.inventory == ref.inventory
@@ -359,6 +359,30 @@ def test_git_sync_swap_rereads_only_changed_files_and_equals_the_oracle(tmp_path
         swaps += c.swapped
         shutil.rmtree(prev)
     assert len(intake._files) == snap.files and swaps >= 3
+
+
+def test_changed_paths_look_at_those_files_only(tmp_path, monkeypatch):
+    """The watcher's changed paths: no walk, no stat of the other files; a new file
+    comes with a walk (the watcher passes None), and the results equal the oracle."""
+    import reconciler.intake.incremental as incremental
+    from reconciler.intake import Intake
+
+    monkeypatch.setattr(incremental, "RACY_SECONDS", 0.0)  # freshly written files count as settled
+    d = tmp_path / "m"
+    d.mkdir()
+    _gitsync_tree(d, 40, 10)
+    intake = Intake(d)
+    _same_as_read_inventory(intake, d)
+    assert intake.looked == 8
+    f = d / "slices" / "eps-0010.yaml"
+    f.write_text(f.read_text().replace("10.244.0.12]", "10.244.0.99]"))
+    _same_as_read_inventory(intake, d, {str(f)})
+    assert intake.looked == 1 and intake.parsed == 1 and intake.checked == 1
+    _same_as_read_inventory(intake, d, set())
+    assert intake.looked == 0 and intake.parsed == 0
+    (d / "more.yaml").write_text(_svc_doc(99))
+    snap = _same_as_read_inventory(intake, d, None)
+    assert intake.looked == 9 and len(snap.inventory.services) == 41
 
 
 def test_swap_falls_back_where_elements_are_shared(tmp_path):

@@ -131,6 +131,7 @@ def run_watch(directory: Path, config_path: Path | None, target: Target, *, stri
         daemon.prober = start_probes(daemon, metrics, runner.run)  # issue 10: readiness probes
         watcher = Watcher(directory, runner.run, debounce=debounce, activity=daemon.writer.active)
         daemon.on_root = watcher.follow
+        daemon.changes = watcher.take_changes
         try:
             watcher.follow(str(Path(directory).resolve()))
         except OSError:

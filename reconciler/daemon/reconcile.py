@@ -117,6 +117,9 @@ class Daemon:
         # on their own thread; None: written in place (in-process tests)
         self.writer = None
         self._settle = False  # a full sync just ended: settle_heap()
+        # watcher.take_changes (main sets it): the files written since the last read; a
+        # partial sync then reads only those (no walk of the tree)
+        self.changes: Callable[[], set[str] | None] | None = None
         self.netns_id: tuple | None = None  # (st_dev, st_ino) of --netns when entered
         # node addresses (nodePortAddresses, the primary): set by the address watcher's
         # thread when the ruleset depends on what changed, taken by sync()
@@ -244,7 +247,10 @@ class Daemon:
         if (self.need_full or full_due) and self.last_full is not None:
             self.refresh_addresses()
         self._take_addresses()
-        snap = self.intake.read()
+        changed = self.changes() if self.changes is not None else None
+        if self.need_full or full_due:
+            changed = None  # a full sync walks the tree: the safety net for a missed event
+        snap = self.intake.read(changed)
         if self.on_root is not None:
             self.on_root(snap.root)
         if (snap.digest, snap.revision) != self.last_digest:
@@ -431,7 +437,8 @@ class Daemon:
                               "durationMs": round(1000 * (end - start), 1),
                               "kernelMs": round(1000 * (kernel_done - start), 1),
                               "driftObjects": drifted, "recompiled": desired.recompiled, "addresses": why,
-                              "filesParsed": self.intake.parsed, "documentsChecked": self.intake.checked}})
+                              "filesParsed": self.intake.parsed, "filesLooked": self.intake.looked,
+                              "documentsChecked": self.intake.checked}})
         self._conntrack(previous, desired, plan)
         self._settle = full and self.writer is not None  # the daemon (main sets the writer), not in-process tests
 

@@ -18,6 +18,10 @@ that as its oracle), with caches for a long-running reader such as `nftrec watch
 - the tree digest (sha256 over every file, as load computes it) resumes from the hash
   state saved before the first file that changed.
 
+`read(changed)`: the watcher's changed paths since the last read (None: unknown). With
+them, and the same resolved directory as last time, the tree is not walked again and only
+the changed files (and racy ones) are looked at; the others' cached entries stand.
+
 git-sync publishes a revision by swapping a symlink (`current -> rev-<sha>`). Every read
 resolves the link once and reads all files from that one directory; if the link moved
 during the read, the read is repeated, so a snapshot never mixes two revisions.
@@ -123,20 +127,24 @@ class Intake:
         self._models: dict[int, tuple] = {}  # id(doc) -> (doc, [model objects])
         self._hashed: list[tuple[bytes, object]] = []  # (chunk, sha256 state after it), last read's order
         self._tree: _Tree | None = None
+        self._walked: tuple | None = None  # (resolved dir, [(display, real)], walk problems) of the last walk
+        self.looked = 0  # files stat'ed or read by the last read (for tests)
         self.cross = False  # the last read re-ran the checks across documents (for logs and tests)
         self.parsed = 0  # files parsed by the last read (for logs and tests)
         self.checked = 0  # documents checked (check_document) by the last read
         self.compared = 0  # files read to compare with the cached bytes by the last read
 
-    def read(self) -> Snapshot:
-        for _ in range(5):
+    def read(self, changed: set[str] | None = None) -> Snapshot:
+        """The snapshot; `changed`: the absolute paths that changed since the last read
+        (module doc), None to walk the tree."""
+        for attempt in range(5):
             try:
                 resolved = self.path.resolve(strict=True)
             except (OSError, RuntimeError):
                 p = Problem(self.shown, 0, 0, "", "", "", "this manifest directory does not exist (or is a dangling "
                             "link); check the path", ERROR)
                 return Snapshot(Inventory(), [p], "", hashlib.sha256().hexdigest(), 0, self.shown)
-            snap = self._read(resolved)
+            snap = self._read(resolved, changed if attempt == 0 else None)
             try:
                 again = self.path.resolve(strict=True)
             except (OSError, RuntimeError):
@@ -180,23 +188,33 @@ class Intake:
     def _racy(st: os.stat_result) -> bool:
         return time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) < RACY_SECONDS * 1e9
 
-    def _read(self, resolved: Path) -> Snapshot:
-        self.parsed = self.checked = self.compared = 0
+    def _read(self, resolved: Path, changed: set[str] | None = None) -> Snapshot:
+        self.parsed = self.checked = self.compared = self.looked = 0
         self.cross = False
         problems: list[Problem] = []
-        if resolved.is_file():
-            paths = [(self.shown, resolved)]
-        elif resolved.is_dir():
-            paths = load.manifest_files(resolved, self.shown, problems)
+        walked = self._walked
+        if changed is not None and walked is not None and walked[0] == resolved:
+            paths = walked[1]
+            problems.extend(walked[2])
         else:
-            problems.append(Problem(self.shown, 0, 0, "", "", "", "this is neither a directory nor a file; point "
-                                    "nftrec at the manifest directory", ERROR))
-            paths = []
+            changed = None
+            if resolved.is_file():
+                paths = [(self.shown, resolved)]
+            elif resolved.is_dir():
+                paths = load.manifest_files(resolved, self.shown, problems)
+            else:
+                problems.append(Problem(self.shown, 0, 0, "", "", "", "this is neither a directory nor a file; point "
+                                        "nftrec at the manifest directory", ERROR))
+                paths = []
+            self._walked = (resolved, paths, tuple(problems))
         docs: list = []
         chunks: list[bytes] = []
         seen: set[str] = set()
         for display, real in paths:
-            e = self._file(display, real)
+            e = self._files.get(display)
+            if changed is None or e is None or e.racy or str(real) in changed:
+                self.looked += 1
+                e = self._file(display, real)
             seen.add(display)
             chunks.append(e.chunk)
             problems.extend(e.problems)
