@@ -79,6 +79,16 @@ class Watch:
     def wait_sync(self, since: int, **match) -> dict:
         return self.wait_event("sync", since, timeout=15, **match)
 
+    def status(self, until=lambda st: True, timeout: float = 15) -> dict:
+        """`nftrec status -o json`, polled until `until(status)` holds: the daemon records a
+        revision on its state-writer thread after the sync line (daemon/statewriter.py)."""
+        def read():
+            p = subprocess.run([NFTREC, "--state-dir", str(self.state), "status", "-o", "json", "--netns", self.ns,
+                                "--config", str(self.config)], capture_output=True, text=True, timeout=60)
+            st = json.loads(p.stdout) if p.returncode == 0 and p.stdout.strip() else None
+            return st if st is not None and until(st) else None
+        return self.wait(read, timeout, what="the state recorded", step=0.1)
+
     def http(self, path: str) -> tuple[int, str]:
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=5) as r:

@@ -828,21 +828,41 @@ def compile_ruleset(inventory: Inventory, config: NodeConfig, previous: Ruleset 
     return assemble(compile_static(config, inventory), fragments, layout.allocation_of(previous))
 
 
+def check_fragment_references(ruleset: Ruleset, fragment: ServiceFragment) -> None:
+    """_check_references for one Service's chains and elements in an assembled ruleset
+    (an incremental assembly: the rest was checked when it was assembled)."""
+    for family, ff in fragment.families.items():
+        table = ruleset.tables[family]
+        _check_chains(table, [table.chains[n] for n in ff.chains])
+        for (set_name, key), _e in ff.elements.items():
+            e = table.sets[set_name].elements.get(key)
+            if e is not None and e.value and e.value.startswith("goto ") and e.value[5:] not in table.chains:
+                raise CompileError(f"{table.family} {set_name}: goto missing chain {e.value[5:]}")
+        for p in ff.picks:
+            for v in p.values:
+                if v.startswith("goto ") and v[5:] not in table.chains:
+                    raise CompileError(f"{table.family} {p.map}: goto missing chain {v[5:]}")
+
+
+def _check_chains(table, chains) -> None:
+    for chain in chains:
+        for rule in chain.rules:
+            words = rule.body.replace("{", " ").replace("}", " ").split()
+            for i, w in enumerate(words[:-1]):
+                if w in ("goto", "jump") and words[i + 1] not in table.chains:
+                    raise CompileError(f"{table.family} chain {chain.name}: "
+                                       f"{w} to missing chain {words[i + 1]}")
+            for w in words:
+                if w.startswith("@") and w[1:] not in table.sets:
+                    raise CompileError(f"{table.family} chain {chain.name}: "
+                                       f"missing set {w}")
+
+
 def _check_references(ruleset: Ruleset) -> None:
     """Every jump/goto target and every @set in a rule must exist: catches compiler bugs
     before nft does (a dangling goto would fail the whole transaction)."""
     for table in ruleset.tables.values():
-        for chain in table.chains.values():
-            for rule in chain.rules:
-                words = rule.body.replace("{", " ").replace("}", " ").split()
-                for i, w in enumerate(words[:-1]):
-                    if w in ("goto", "jump") and words[i + 1] not in table.chains:
-                        raise CompileError(f"{table.family} chain {chain.name}: "
-                                           f"{w} to missing chain {words[i + 1]}")
-                for w in words:
-                    if w.startswith("@") and w[1:] not in table.sets:
-                        raise CompileError(f"{table.family} chain {chain.name}: "
-                                           f"missing set {w}")
+        _check_chains(table, table.chains.values())
         for s in table.sets.values():
             for e in s.elements.values():
                 if e.value and e.value.startswith("goto ") and e.value[5:] not in table.chains:

@@ -20,8 +20,9 @@ from pathlib import Path
 
 from reconciler import logs
 from reconciler.daemon.probing import start_probes
-from reconciler.daemon.reconcile import Daemon
+from reconciler.daemon.reconcile import Daemon, trim_heap
 from reconciler.daemon.runner import Fatal, Runner
+from reconciler.daemon.statewriter import StateWriter
 from reconciler.daemon.watcher import DEBOUNCE, Watcher
 from reconciler.engine import LockHeld
 from reconciler.engine import CommandError, Target, recover_locked
@@ -111,6 +112,7 @@ def run_watch(directory: Path, config_path: Path | None, target: Target, *, stri
         except (CommandError, OSError) as e:
             logs.log.error(f"{e}; not starting")
             return 1
+        daemon.writer = StateWriter(after_write=trim_heap)  # closed before the lock is released (finally)
         daemon.stopping = lambda: "nftrec watch was asked to stop" if stop_requested.is_set() else None
         fatal = []
 
@@ -127,8 +129,9 @@ def run_watch(directory: Path, config_path: Path | None, target: Target, *, stri
 
         runner = Runner(sync, cfg.min_sync_period, cfg.sync_period, cfg.full_sync_period)
         daemon.prober = start_probes(daemon, metrics, runner.run)  # issue 10: readiness probes
-        watcher = Watcher(directory, runner.run, debounce=debounce)
+        watcher = Watcher(directory, runner.run, debounce=debounce, activity=daemon.writer.active)
         daemon.on_root = watcher.follow
+        daemon.changes = watcher.take_changes
         try:
             watcher.follow(str(Path(directory).resolve()))
         except OSError:
@@ -158,6 +161,8 @@ def run_watch(directory: Path, config_path: Path | None, target: Target, *, stri
             server.close()
         if daemon.nft is not None:
             daemon.nft.close()
+        if daemon.writer is not None:
+            daemon.writer.close()  # the last revision recorded before the lock goes
         if lock is not None:
             lock.release()
         for s, h in old.items():

@@ -4,6 +4,9 @@ The manifest directory is watched recursively, and its parent non-recursively: g
 publishes a revision by swapping a symlink (`current -> rev-<sha>`), which is an event in
 the parent. An editor's write-temp-then-rename save is a burst of events; bursts are
 debounced (DEBOUNCE seconds of quiet, at most DEBOUNCE_MAX of delay) into one trigger.
+`take_changes()` hands the daemon the files written since it last asked, so the next read
+looks at those files only; anything else (a file created, removed or renamed, a
+directory event, the link swap) asks for a walk of the tree.
 """
 
 from __future__ import annotations
@@ -26,10 +29,11 @@ class Watcher:
     (the link swap); relevant events are debounced into `trigger()`."""
 
     def __init__(self, directory: Path, trigger: Callable[[], None], *, debounce: float = DEBOUNCE,
-                 debounce_max: float = DEBOUNCE_MAX):
+                 debounce_max: float = DEBOUNCE_MAX, activity: Callable[[], None] | None = None):
         self.link = os.path.abspath(directory)
         self.parent = os.path.dirname(self.link) or "/"
         self.trigger, self.debounce, self.debounce_max = trigger, debounce, debounce_max
+        self.activity = activity  # told of every relevant event (the state writer waits)
         self._suffixes = SUFFIXES
         self._cond = threading.Condition()
         self._first: float | None = None  # first event of the current burst
@@ -37,6 +41,8 @@ class Watcher:
         self._stopped = False
         self._root: str | None = None
         self._root_watch = None
+        self._changed: set[str] = set()  # files written in place since take_changes()
+        self._rescan = True  # something else happened: the tree must be walked
         self.events = 0
         from watchdog.events import FileSystemEventHandler
         from watchdog.observers import Observer
@@ -101,13 +107,27 @@ class Watcher:
     def _event(self, event) -> None:
         if not self._relevant(event):
             return
+        if self.activity is not None:
+            self.activity()
         now = time.monotonic()
         with self._cond:
+            if event.event_type in ("modified", "closed") and not event.is_directory:
+                self._changed.add(os.fsdecode(event.src_path))
+            else:
+                self._rescan = True
             self.events += 1
             self._last = now
             if self._first is None:
                 self._first = now
             self._cond.notify_all()
+
+    def take_changes(self) -> set[str] | None:
+        """The files written in place since the last call, or None when the tree must be
+        walked (module doc); resets both."""
+        with self._cond:
+            out = None if self._rescan else self._changed
+            self._changed, self._rescan = set(), False
+            return out
 
     def _debounce_loop(self) -> None:
         while True:

@@ -3,12 +3,24 @@
 `Intake.read()` returns what `inventory.read_inventory` would (tests/test_watch.py uses
 that as its oracle), with caches for a long-running reader such as `nftrec watch`:
 - files: parsed documents are cached per file, keyed by its stat (path, inode, size,
-  mtime, ctime) and, when the stat changed, by the hash of its bytes (a git-sync revision
-  re-uses the parse of every file it did not change). Files modified within RACY_SECONDS
-  of a read are re-hashed next time (mtime granularity, as git's "racy" files);
-- validation: per-document checks are cached per parsed document; only the checks across
-  documents (`validate.check_tree`) run over everything;
-- model: model objects are cached per document.
+  mtime, ctime) and, when the stat changed, by its bytes (a git-sync revision is a new
+  worktree: every file's stat is new, so each is read and compared with the bytes of the
+  same display path in the old one, and only files whose bytes differ are parsed). Files
+  modified within RACY_SECONDS of a read are compared again next time (mtime
+  granularity, as git's "racy" files);
+- validation: per-document checks are cached per parsed document, and by the document's
+  content (file, position, data): a file of 100 EndpointSlices with one edited re-checks
+  one document. The checks across documents (`validate.check_tree`) run over everything,
+  except when the only documents that changed are clean EndpointSlices whose endpoints
+  alone changed (the common revision: endpoints move): the cross checks read no
+  endpoint, so their result stands, with the new slices' objects in place (`_endpoints_only`);
+- model: model objects are cached per document (and with the content-keyed checks);
+- the tree digest (sha256 over every file, as load computes it) resumes from the hash
+  state saved before the first file that changed.
+
+`read(changed)`: the watcher's changed paths since the last read (None: unknown). With
+them, and the same resolved directory as last time, the tree is not walked again and only
+the changed files (and racy ones) are looked at; the others' cached entries stand.
 
 git-sync publishes a revision by swapping a symlink (`current -> rev-<sha>`). Every read
 resolves the link once and reads all files from that one directory; if the link moved
@@ -19,15 +31,16 @@ from __future__ import annotations
 
 import hashlib
 import os
+import pickle
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from reconciler.intake import load
 from reconciler.intake.inventory import build_inventory, model_objects
 from reconciler.intake.model import Inventory
 from reconciler.intake.problems import ERROR, Problem
-from reconciler.intake.validate import check_document, check_tree
+from reconciler.intake.validate import DocumentCheck, check_document, check_tree
 
 RACY_SECONDS = 2.0  # files modified this recently are re-hashed on the next read
 
@@ -42,10 +55,38 @@ class _Recorder:
         self.parts.append(b)
 
 
+def _cross_key(doc) -> bytes:
+    """What the checks across documents read of an EndpointSlice: all but its endpoints
+    (validate._cross: identity, service label, addressType, ports; the duplicate check:
+    identity)."""
+    data = {k: v for k, v in doc.data.items() if k != "endpoints"}
+    return hashlib.blake2b(pickle.dumps((doc.file, doc.index, doc.path, doc.source, data), 5),
+                           digest_size=20).digest()
+
+
+@dataclass
+class _Tree:
+    """The last check_tree run, for _endpoints_only."""
+
+    documents: list
+    load_problems: list
+    problems: list
+    objects: list
+    position: dict  # id(doc) -> index in `objects`
+    problem_files: set
+
+
+def _content_key(doc) -> bytes:
+    """What check_document's result depends on: the document's data (pickle keeps the
+    types: a YAML 1.1 boolean is a str subclass that validates differently), its file
+    and its position there (problems carry positions)."""
+    return hashlib.blake2b(pickle.dumps((doc.file, doc.index, doc.path, doc.source, doc.data), 5),
+                           digest_size=20).digest()
+
+
 @dataclass
 class _FileEntry:
     stat: tuple
-    sha: str  # of `chunk`
     chunk: bytes  # what load_manifests feeds its digest for this file
     docs: list
     problems: list
@@ -81,19 +122,29 @@ class Intake:
         self.path = Path(os.path.abspath(directory))
         self.strict = strict
         self._files: dict[str, _FileEntry] = {}
-        self._checked: dict[int, tuple] = {}  # id(doc) -> (doc, obj or None, problems, unknown kind)
+        self._checked: dict[int, tuple] = {}  # id(doc) -> (doc, DocumentCheck, content key)
+        self._clean: dict[bytes, tuple] = {}  # content key -> (doc, DocumentCheck) without problems
         self._models: dict[int, tuple] = {}  # id(doc) -> (doc, [model objects])
+        self._hashed: list[tuple[bytes, object]] = []  # (chunk, sha256 state after it), last read's order
+        self._tree: _Tree | None = None
+        self._walked: tuple | None = None  # (resolved dir, [(display, real)], walk problems) of the last walk
+        self.looked = 0  # files stat'ed or read by the last read (for tests)
+        self.cross = False  # the last read re-ran the checks across documents (for logs and tests)
         self.parsed = 0  # files parsed by the last read (for logs and tests)
+        self.checked = 0  # documents checked (check_document) by the last read
+        self.compared = 0  # files read to compare with the cached bytes by the last read
 
-    def read(self) -> Snapshot:
-        for _ in range(5):
+    def read(self, changed: set[str] | None = None) -> Snapshot:
+        """The snapshot; `changed`: the absolute paths that changed since the last read
+        (module doc), None to walk the tree."""
+        for attempt in range(5):
             try:
                 resolved = self.path.resolve(strict=True)
             except (OSError, RuntimeError):
                 p = Problem(self.shown, 0, 0, "", "", "", "this manifest directory does not exist (or is a dangling "
                             "link); check the path", ERROR)
                 return Snapshot(Inventory(), [p], "", hashlib.sha256().hexdigest(), 0, self.shown)
-            snap = self._read(resolved)
+            snap = self._read(resolved, changed if attempt == 0 else None)
             try:
                 again = self.path.resolve(strict=True)
             except (OSError, RuntimeError):
@@ -117,9 +168,10 @@ class Intake:
                 raw = real.read_bytes()
             except OSError:
                 raw = None
-            if raw is not None:
-                chunk = display.encode("utf-8", "surrogateescape") + b"\0" + raw + b"\0"
-                if hashlib.sha256(chunk).hexdigest() == e.sha:
+            self.compared += 1
+            if raw is not None and len(raw) + len(display) + 2 == len(e.chunk):
+                # the same bytes (a git-sync worktree's unchanged file): a compare, no hash
+                if e.chunk == display.encode("utf-8", "surrogateescape") + b"\0" + raw + b"\0":
                     e.stat, e.racy = key, self._racy(st)
                     return e
         problems: list = []
@@ -128,8 +180,7 @@ class Intake:
         load.read_file(display, real, problems, docs, rec)
         chunk = b"".join(rec.parts)
         self.parsed += 1
-        e = _FileEntry(key or (), hashlib.sha256(chunk).hexdigest(), chunk, docs, problems,
-                       key is None or self._racy(st))
+        e = _FileEntry(key or (), chunk, docs, problems, key is None or self._racy(st))
         self._files[display] = e
         return e
 
@@ -137,48 +188,129 @@ class Intake:
     def _racy(st: os.stat_result) -> bool:
         return time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) < RACY_SECONDS * 1e9
 
-    def _read(self, resolved: Path) -> Snapshot:
-        self.parsed = 0
+    def _read(self, resolved: Path, changed: set[str] | None = None) -> Snapshot:
+        self.parsed = self.checked = self.compared = self.looked = 0
+        self.cross = False
         problems: list[Problem] = []
-        if resolved.is_file():
-            paths = [(self.shown, resolved)]
-        elif resolved.is_dir():
-            paths = load.manifest_files(resolved, self.shown, problems)
+        walked = self._walked
+        if changed is not None and walked is not None and walked[0] == resolved:
+            paths = walked[1]
+            problems.extend(walked[2])
         else:
-            problems.append(Problem(self.shown, 0, 0, "", "", "", "this is neither a directory nor a file; point "
-                                    "nftrec at the manifest directory", ERROR))
-            paths = []
-        hasher = hashlib.sha256()
+            changed = None
+            if resolved.is_file():
+                paths = [(self.shown, resolved)]
+            elif resolved.is_dir():
+                paths = load.manifest_files(resolved, self.shown, problems)
+            else:
+                problems.append(Problem(self.shown, 0, 0, "", "", "", "this is neither a directory nor a file; point "
+                                        "nftrec at the manifest directory", ERROR))
+                paths = []
+            self._walked = (resolved, paths, tuple(problems))
         docs: list = []
+        chunks: list[bytes] = []
         seen: set[str] = set()
         for display, real in paths:
-            e = self._file(display, real)
+            e = self._files.get(display)
+            if changed is None or e is None or e.racy or str(real) in changed:
+                self.looked += 1
+                e = self._file(display, real)
             seen.add(display)
-            hasher.update(e.chunk)
+            chunks.append(e.chunk)
             problems.extend(e.problems)
             docs.extend(e.docs)
         for gone in set(self._files) - seen:
             del self._files[gone]
-        digest = hasher.hexdigest()
+        digest = self._digest(chunks)
         base = resolved if resolved.is_dir() else resolved.parent
         revision = load.find_revision(base) or f"sha256:{digest}"
         checked_problems, objs = self._check(problems, docs)
         inventory = self._inventory(objs, revision)
         return Snapshot(inventory, checked_problems, revision, digest, len(paths), str(resolved))
 
+    def _digest(self, chunks: list[bytes]) -> str:
+        """sha256 over the chunks in order (== load's digest), resuming from the state
+        saved after the longest unchanged prefix (chunks are compared by identity: an
+        unchanged file keeps its cached chunk)."""
+        old = self._hashed
+        i = 0
+        while i < len(chunks) and i < len(old) and old[i][0] is chunks[i]:
+            i += 1
+        hasher = old[i - 1][1].copy() if i else hashlib.sha256()
+        hashed = old[:i]
+        for c in chunks[i:]:
+            hasher.update(c)
+            hashed.append((c, hasher.copy()))
+        self._hashed = hashed
+        return hasher.hexdigest()
+
     def _check(self, load_problems: list[Problem], documents: list) -> tuple[list[Problem], list]:
-        """validate.check, with the per-document part cached per parsed document."""
+        """validate.check, with the per-document part cached per parsed document, and for
+        a re-parsed file per document content (module doc)."""
         cache: dict[int, tuple] = {}
+        clean: dict[bytes, tuple] = {}
         results = []
         for doc in documents:
             entry = self._checked.get(id(doc))
             if entry is None or entry[0] is not doc:
-                entry = (doc, check_document(doc))
+                key = _content_key(doc)
+                same = self._clean.get(key)
+                if same is not None:
+                    # equal data at the same place: the same (clean) result, bound to this document
+                    before, res = same
+                    entry = (doc, DocumentCheck(replace(res.obj, doc=doc), (), None), key)
+                    models = self._models.get(id(before))
+                    if models is not None and models[0] is before:
+                        self._models[id(doc)] = (doc, models[1])
+                else:
+                    self.checked += 1
+                    entry = (doc, check_document(doc), key)
             cache[id(doc)] = entry
-            results.append(entry[1])
+            res = entry[1]
+            if res.obj is not None and not res.problems and res.unknown_kind is None:
+                clean[entry[2]] = (doc, res)
+            results.append(res)
         self._checked = cache
+        self._clean = clean
+        fast = self._endpoints_only(load_problems, documents, results)
+        self.cross = fast is None
+        if fast is not None:
+            return fast
         checked = check_tree(load_problems, documents, results, strict=self.strict)
+        position: dict[int, int] = {}
+        for i, o in enumerate(checked.objects):
+            position[id(o.doc)] = i
+        self._tree = _Tree(documents, list(load_problems), checked.problems, checked.objects, position,
+                           {p.file for p in checked.problems})
         return checked.problems, checked.objects
+
+    def _endpoints_only(self, load_problems: list[Problem], documents: list, results: list):
+        """check_tree's result without running it, when every document that changed
+        since its last run is a clean EndpointSlice whose endpoints alone changed, in a
+        file none of its problems are in (module doc). None: run check_tree."""
+        tree = self._tree
+        if tree is None or len(documents) != len(tree.documents) or load_problems != tree.load_problems:
+            return None
+        swaps = []
+        for i, doc in enumerate(documents):
+            old = tree.documents[i]
+            if doc is old:
+                continue
+            res = results[i]
+            if (res.obj is None or res.problems or res.obj.kind != "EndpointSlice" or doc.file in tree.problem_files
+                    or id(old) not in tree.position or _cross_key(doc) != _cross_key(old)):
+                return None
+            swaps.append((tree.position[id(old)], replace(res.obj)))
+        if not swaps:
+            return tree.problems, tree.objects
+        objects = list(tree.objects)
+        position = dict(tree.position)
+        for i, o in swaps:
+            del position[id(objects[i].doc)]
+            objects[i] = o
+            position[id(o.doc)] = i
+        self._tree = _Tree(documents, tree.load_problems, tree.problems, objects, position, tree.problem_files)
+        return tree.problems, objects
 
     def _inventory(self, objs: list, revision: str) -> Inventory:
         """inventory.build_inventory, with model objects cached per document."""
