@@ -77,6 +77,8 @@ def _field_kinds(cls) -> tuple[tuple[str, int, str], ...]:
 
 _KINDS = {name: _field_kinds(c) for name, c in _MODEL_TYPES.items()}
 _SOURCED = {name for name, c in _MODEL_TYPES.items() if any(f.name == "source" for f in fields(c))}
+_HOWS = {name: tuple(how for _, how, _ in kinds) for name, kinds in _KINDS.items()}
+_FLAT = {name for name, hows in _HOWS.items() if not any(hows)}
 
 
 class _Unfit(Exception):
@@ -273,25 +275,18 @@ def _model_in(v: list, display: str):
     cls = _MODEL_TYPES.get(name) if type(name) is str else None
     if cls is None:
         raise _Corrupt(f"unknown model type {name!r}")
-    kinds = _KINDS[name]
-    at = 1
-    kwargs = {}
-    if name in _SOURCED:
-        kwargs["source"] = model.Source(display, v[1], v[2])
-        at = 3
-    if len(v) - at != len(kinds):
-        raise _Corrupt(f"a {name} has {len(v) - at} fields, not {len(kinds)}")
-    args = []
-    for (_, how, _), x in zip(kinds, v[at:]):
-        if how == 0:
-            args.append(x)
-        elif how == 1:
-            args.append(None if x is None else tuple(x))
-        elif how == 2:
-            args.append(tuple([_model_in(y, display) for y in x]))
-        else:
-            args.append(None if x is None else _model_in(x, display))
-    return cls(*args, **kwargs)
+    hows = _HOWS[name]
+    sourced = name in _SOURCED
+    values = v[3:] if sourced else v[1:]
+    if len(values) != len(hows):
+        raise _Corrupt(f"a {name} has {len(values)} fields, not {len(hows)}")
+    if name in _FLAT:  # scalars only: the values are the arguments
+        args = values
+    else:
+        args = [x if how == 0 or x is None and how != 2 else tuple(x) if how == 1
+                else tuple([_model_in(y, display) for y in x]) if how == 2 else _model_in(x, display)
+                for how, x in zip(hows, values)]
+    return cls(*args, source=model.Source(display, v[1], v[2])) if sourced else cls(*args)
 
 
 def _encode(res: _FileResult, display: str) -> dict:

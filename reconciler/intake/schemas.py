@@ -46,6 +46,13 @@ def parse_ip(value: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None
     IPv6 (::ffff:10.0.0.1: Kubernetes counts it as IPv4, nft as IPv6)."""
     if not isinstance(value, str) or not value or value.strip() != value or "%" in value:
         return None
+    return _parse_ip(str(value))  # str(): a Yaml11Bool is never an IP, but keep the key plain
+
+
+# The schema's format check, the per-kind checks and the model each parse the same address
+# in turn (three times per endpoint); the objects are immutable, so a small memo serves.
+@lru_cache(maxsize=4096)
+def _parse_ip(value: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     try:
         ip = ipaddress.ip_address(value)  # Python >= 3.9.5 refuses IPv4 leading zeros
     except ValueError:
