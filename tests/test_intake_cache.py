@@ -402,7 +402,11 @@ def test_no_children_for_few_files_one_core_or_other_threads(monkeypatch):
     assert warm.split(jobs[:warm.MIN_FILES - 1])[1] == []
     assert warm.split(jobs, workers=1) == (jobs, [])
     main, shares = warm.split(jobs, workers=3)
-    assert main + [j for s in shares for j in s] == jobs and len(shares) == 2 and len(main) < len(shares[0])
+    assert sorted(main + [j for s in shares for j in s]) == sorted(jobs) and len(shares) == 2
+    assert len(main) < len(shares[0]) and all(s == sorted(s, key=jobs.index) for s in [main] + shares)
+    sized = [(str(i), Path(str(i)), b"x" * (900 if i < 10 else 100), str(i)) for i in range(20)]
+    main, (child,) = warm.split(sized, workers=2)
+    assert 0.35 < sum(len(j[2]) for j in main) / 10_000 < 0.5  # by bytes, not by count
     import threading
 
     stop = threading.Event()

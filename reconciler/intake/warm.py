@@ -25,6 +25,8 @@ import threading
 from pathlib import Path
 from typing import Callable
 
+from reconciler import logs
+
 MIN_FILES = 8  # below this a cold read is short, and a fork would not pay for itself
 # The main process also decodes the children's entries (a few ms a file),
 # so it takes a smaller share than a child.
@@ -50,15 +52,29 @@ def _fork_is_safe() -> bool:
 
 
 def split(jobs: list[Job], workers: int | None = None) -> tuple[list[Job], list[list[Job]]]:
-    """(the main process' share, one share per child). No children when there are few
-    jobs, one core, or forking is not safe here; `workers` overrides the core count."""
+    """(the main process' share, one share per child), each in `jobs` order. No children
+    when there are few jobs, one core, or forking is not safe here; `workers` overrides
+    the core count. Shares are balanced by bytes (parsing and checking cost about the
+    same per byte; Services and EndpointSlices differ in size and sort apart)."""
     n = cores() if workers is None else workers
-    if n < 2 or (workers is None and len(jobs) < MIN_FILES) or not jobs or not _fork_is_safe():
+    if n < 2 or (workers is None and len(jobs) < MIN_FILES) or not jobs:
         return jobs, []
-    children = n - 1
-    per_child = len(jobs) / (children + MAIN_WEIGHT)
-    cut = [round(len(jobs) - per_child * (children - i)) for i in range(children + 1)]
-    return jobs[:cut[0]], [jobs[a:b] for a, b in zip(cut, cut[1:]) if b > a]
+    if not _fork_is_safe():
+        logs.log.debug(f"intake: reading {len(jobs)} files in one process (other threads run: "
+                       f"{', '.join(t.name for t in threading.enumerate())})")
+        return jobs, []
+    weights = [MAIN_WEIGHT] + [1.0] * (n - 1)
+    loads = [0.0] * n
+    owner = {}
+    size = [len(job[2]) + 1 for job in jobs]
+    for i in sorted(range(len(jobs)), key=lambda i: -size[i]):  # biggest first, then in order
+        share = min(range(n), key=lambda k: (loads[k] + size[i]) / weights[k])
+        loads[share] += size[i]
+        owner[i] = share
+    shares: list[list[Job]] = [[] for _ in range(n)]
+    for i, job in enumerate(jobs):
+        shares[owner[i]].append(job)
+    return shares[0], [s for s in shares[1:] if s]
 
 
 def start(shares: list[list[Job]], work: Callable[[Job], None]) -> list[int]:
