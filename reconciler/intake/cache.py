@@ -3,6 +3,8 @@ the state directory (`<state-dir>/cache/intake/`) so that one-shot runs (`valida
 `render`, `plan`, `apply`) re-use them across runs and across git-sync's worktree paths.
 
 Pipeline position: load -> validate -> model, each skipped for a file whose entry exists.
+On a cold read the files without an entry are shared with forked children (warm.py),
+which write their entries; the main process then reads those like any other entry.
 
 Key: `digests.file_key` = sha256 of the file's bytes, the parser (suffix) and the code
 digest (nftrec version, sources, JSON Schemas). Never the path or the stat: the same bytes

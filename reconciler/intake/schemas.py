@@ -279,7 +279,7 @@ def _lean_descend(self, instance, schema, path=None, schema_path=None, resolver=
             yield error
             failed = True
     if kind in _SCALARS and not failed:
-        if len(_VALID_LEAVES) >= 100_000:  # bounded: watch runs for days
+        if len(_VALID_LEAVES) >= 16_384:  # bounded (~2 MB): names and IPs are unique; "TCP", 80, true recur
             _VALID_LEAVES.clear()
         _VALID_LEAVES.add(memo)
 
