@@ -417,3 +417,14 @@ def test_no_children_for_few_files_one_core_or_other_threads(monkeypatch):
     finally:
         stop.set()
         t.join()
+
+
+def test_no_children_when_the_cache_cannot_be_written(tmp_path, monkeypatch):
+    from reconciler.intake import warm
+
+    root = tmp_path / "m"
+    _tree(root, 12)
+    blocker = tmp_path / "c"
+    blocker.write_text("a file where the cache directory should be")
+    monkeypatch.setattr(warm, "start", lambda *a: pytest.fail("forked although nothing could be cached"))
+    same(read_inventory_cached(root, blocker / "intake", workers=2), read_inventory(root))

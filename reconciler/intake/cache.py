@@ -129,6 +129,14 @@ class Cache:
         self.used.append(path)
         return payload
 
+    def writable(self) -> bool:
+        """Whether entries can be written here (children are useful only then)."""
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            return False
+        return os.access(self.dir, os.W_OK)
+
     def put(self, key: str, payload: dict) -> None:
         why = self.write(key, payload)
         if why is not None:
@@ -441,7 +449,7 @@ def _read_files(paths: list[tuple[str, Path]], cache: Cache | None, workers: int
                     job = (display, real, raw, key)
                     where[id(job)] = i
                     jobs.append(job)
-        _, shares = warm.split(jobs, workers)
+        _, shares = warm.split(jobs, workers) if jobs and cache.writable() else (jobs, [])
         if shares:
             pids = warm.start(shares, lambda job: _warm(cache, job))
             # the files of children that could not be started stay with the main process
