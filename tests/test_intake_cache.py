@@ -376,20 +376,20 @@ def test_a_child_that_fails_leaves_its_files_to_the_main_process(tmp_path, monke
     main = os.getpid()
     real = intake_cache._parse_file
 
-    def broken_in_children(*a):
+    def broken_in_children(*a, **kw):
         if os.getpid() != main:
             raise RuntimeError("a bug in a child")
-        return real(*a)
+        return real(*a, **kw)
 
     monkeypatch.setattr(intake_cache, "_parse_file", broken_in_children)
     res = read_inventory_cached(root, tmp_path / "c", workers=2)
     same(res, read_inventory(root))
     assert len(entries(tmp_path / "c")) == 12  # the main process wrote the children's too
 
-    def child_dies(*a):
+    def child_dies(*a, **kw):
         if os.getpid() != main:
             os._exit(9)
-        return real(*a)
+        return real(*a, **kw)
 
     monkeypatch.setattr(intake_cache, "_parse_file", child_dies)
     same(read_inventory_cached(root, tmp_path / "c2", workers=2), read_inventory(root))

@@ -364,9 +364,10 @@ def _key(raw: bytes, real: Path) -> str:
     return digests.file_key(raw, "json" if real.name.endswith(".json") else "yaml")
 
 
-def _parse_file(display: str, real: Path, raw: bytes) -> tuple[_FileResult, list[bytes], dict | None]:
+def _parse_file(display: str, real: Path, raw: bytes, *, quiet: bool = False) -> tuple[_FileResult, list[bytes], dict | None]:
     """Parse one file whose bytes were read as `raw`: its result, what it feeds the
-    hasher, and its cache payload (None when it must not be stored)."""
+    hasher, and its cache payload (None when it must not be stored). `quiet`: log
+    nothing (a forked child; the main process logs when it parses the file again)."""
     rec = _Recorder()
     res = _parse(display, real, rec)
     # Store only what was parsed from exactly the bytes the key was made of (the file may
@@ -376,7 +377,8 @@ def _parse_file(display: str, real: Path, raw: bytes) -> tuple[_FileResult, list
     try:
         return res, rec.parts, _encode(res, display)
     except _Unfit:
-        logs.log.debug(f"intake cache: {display}: its result names its path; not cached")
+        if not quiet:
+            logs.log.debug(f"intake cache: {display}: its result names its path; not cached")
         return res, rec.parts, None
 
 
@@ -384,7 +386,7 @@ def _warm(cache: Cache, job: warm.Job) -> None:
     """A forked child's work for one file: parse it and store the entry (warm.py)."""
     display, real, raw, key = job
     try:
-        _, _, payload = _parse_file(display, real, raw)
+        _, _, payload = _parse_file(display, real, raw, quiet=True)
     except Exception:  # the main process parses it again and reports what goes wrong
         return
     if payload is not None:
