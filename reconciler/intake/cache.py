@@ -42,7 +42,7 @@ from pathlib import Path
 from reconciler import logs, progress
 from reconciler.atomic import atomic_write
 from reconciler.intake import digests, load, model, warm
-from reconciler.intake.inventory import InventoryResult, build_inventory, model_objects, read_inventory
+from reconciler.intake.inventory import InventoryResult, build_inventory, model_objects, no_cyclic_gc, read_inventory
 from reconciler.intake.sources import is_stdin
 from reconciler.intake.load import Document, SourceFile
 from reconciler.intake.problems import Problem
@@ -431,7 +431,7 @@ def read_inventory_cached(root: str | Path, cache_dir: Path | str | None, *, str
     there are enough of them; see warm.py)."""
     if is_stdin(root):  # read once, nothing to key a cache on
         return read_inventory(root, strict=strict)
-    with progress.step(f"reading manifests from {root}"):
+    with progress.step(f"reading manifests from {root}"), no_cyclic_gc():
         return _read_inventory_cached(root, cache_dir, strict=strict, workers=workers)
 
 
