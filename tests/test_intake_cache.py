@@ -313,3 +313,118 @@ def test_file_key_ignores_path_and_stat_but_not_bytes_or_parser():
     assert digests.file_key(b"a: 1\n", "yaml") == digests.file_key(b"a: 1\n", "yaml")
     assert digests.file_key(b"a: 1\n", "yaml") != digests.file_key(b"a: 2\n", "yaml")
     assert digests.file_key(b"{}", "yaml") != digests.file_key(b"{}", "json")
+
+
+# --- both cores: forked children fill the cache (intake/warm.py) -----------------------------
+
+
+def _spread(root: Path, layout, garbage) -> None:
+    """The damaged tree, and each document once more in a file of its own, so that a
+    child gets several files (the split gives the main process the first ones)."""
+    write_tree(root, layout, garbage)
+    k = 0
+    for _, part, _ in layout:
+        for doc in part:
+            dump(root, f"one/d{k:03d}.yaml", [doc])
+            k += 1
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(damaged(), st.integers(2, 3))
+def test_a_cold_read_shared_with_forked_children_equals_the_plain_read(case, workers):
+    layout, garbage, strict = case
+    with tempfile.TemporaryDirectory() as d:
+        d = Path(d)
+        root = d / "rev-1"
+        _spread(root, layout, garbage)
+        expected = read_inventory(root, strict=strict)
+        serial = read_inventory_cached(root, d / "serial", strict=strict, workers=1)
+        shared = read_inventory_cached(root, d / "shared", strict=strict, workers=workers)
+        same(shared, expected)
+        same(serial, expected)
+        # the children wrote what the main process would have written
+        assert [p.read_bytes() for p in entries(d / "shared")] == [p.read_bytes() for p in entries(d / "serial")]
+        same(read_inventory_cached(root, d / "shared", strict=strict, workers=workers), expected)
+
+
+def _tree(root: Path, n: int) -> None:
+    for i in range(n):
+        dump(root, f"f{i:02d}.yaml", [
+            {"apiVersion": "v1", "kind": "Service", "metadata": {"name": f"s{i}"},
+             "spec": {"clusterIP": f"10.96.0.{i + 1}", "ports": [{"name": "http", "port": 80}]}},
+            {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+             "metadata": {"name": f"s{i}-a", "labels": {"kubernetes.io/service-name": f"s{i}"}},
+             "addressType": "IPv4", "ports": [{"name": "http", "port": 8080}],
+             "endpoints": [{"addresses": [f"10.244.0.{i + 1}"]}]}])
+
+
+def test_children_parse_their_share_and_the_main_process_only_reads_it(tmp_path, monkeypatch):
+    root = tmp_path / "m"
+    _tree(root, 12)
+    parsed = []  # appended to in the main process only: a child's memory is its own
+    real_parse = intake_cache._parse
+    monkeypatch.setattr(intake_cache, "_parse", lambda *a: parsed.append(a[0]) or real_parse(*a))
+    res = read_inventory_cached(root, tmp_path / "c", workers=2)
+    same(res, read_inventory(root))
+    assert 0 < len(parsed) < 12  # the main process parsed its share, not the children's
+    assert len(entries(tmp_path / "c")) == 12
+
+
+def test_a_child_that_fails_leaves_its_files_to_the_main_process(tmp_path, monkeypatch):
+    root = tmp_path / "m"
+    _tree(root, 12)
+    main = os.getpid()
+    real = intake_cache._parse_file
+
+    def broken_in_children(*a, **kw):
+        if os.getpid() != main:
+            raise RuntimeError("a bug in a child")
+        return real(*a, **kw)
+
+    monkeypatch.setattr(intake_cache, "_parse_file", broken_in_children)
+    res = read_inventory_cached(root, tmp_path / "c", workers=2)
+    same(res, read_inventory(root))
+    assert len(entries(tmp_path / "c")) == 12  # the main process wrote the children's too
+
+    def child_dies(*a, **kw):
+        if os.getpid() != main:
+            os._exit(9)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(intake_cache, "_parse_file", child_dies)
+    same(read_inventory_cached(root, tmp_path / "c2", workers=2), read_inventory(root))
+
+
+def test_no_children_for_few_files_one_core_or_other_threads(monkeypatch):
+    from reconciler.intake import warm
+
+    jobs = [(str(i), Path(str(i)), b"", str(i)) for i in range(20)]
+    assert warm.split(jobs[:warm.MIN_FILES - 1])[1] == []
+    assert warm.split(jobs, workers=1) == (jobs, [])
+    main, shares = warm.split(jobs, workers=3)
+    assert sorted(main + [j for s in shares for j in s]) == sorted(jobs) and len(shares) == 2
+    assert len(main) < len(shares[0]) and all(s == sorted(s, key=jobs.index) for s in [main] + shares)
+    sized = [(str(i), Path(str(i)), b"x" * (900 if i < 10 else 100), str(i)) for i in range(20)]
+    main, (child,) = warm.split(sized, workers=2)
+    assert 0.35 < sum(len(j[2]) for j in main) / 10_000 < 0.5  # by bytes, not by count
+    import threading
+
+    stop = threading.Event()
+    t = threading.Thread(target=stop.wait, name="someone-else")
+    t.start()
+    try:
+        assert warm.split(jobs, workers=2) == (jobs, [])
+    finally:
+        stop.set()
+        t.join()
+
+
+def test_no_children_when_the_cache_cannot_be_written(tmp_path, monkeypatch):
+    from reconciler.intake import warm
+
+    root = tmp_path / "m"
+    _tree(root, 12)
+    blocker = tmp_path / "c"
+    blocker.write_text("a file where the cache directory should be")
+    monkeypatch.setattr(warm, "start", lambda *a: pytest.fail("forked although nothing could be cached"))
+    same(read_inventory_cached(root, blocker / "intake", workers=2), read_inventory(root))

@@ -418,3 +418,71 @@ def test_cli_validate_with_missing_config_is_a_clean_error(tmp_path):
                        capture_output=True, text=True)
     assert r.returncode == 1 and "Traceback" not in r.stderr + r.stdout, r.stderr
     assert f"{tmp_path}/nope.yaml: NodeConfig: cannot read the node config" in r.stdout
+
+
+# --- the lean validator (schemas._LeanValidator) is jsonschema's, faster -----------------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from test_intake_cache import damaged  # noqa: E402
+
+
+def _errors(v, data) -> list:
+    return [(e.message, list(e.absolute_path), list(e.absolute_schema_path), e.validator, repr(e.validator_value),
+             repr(e.instance), [c.message for c in e.context]) for e in v.iter_errors(data)]
+
+
+_JUNK = st.recursive(st.none() | st.booleans() | st.integers(-5, 70000) | st.sampled_from(
+    ["", "x", "None", "TCP", "IPv4", "10.0.0.1", "10.0.0.01", "::1", "fe80::1", "127.0.0.1", "10.0.0.0/8", "a" * 70]),
+    lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.sampled_from(["name", "port", "x"]), kids, max_size=3),
+    max_leaves=6)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(damaged(), st.data())
+def test_the_lean_validator_reports_exactly_what_jsonschema_reports(case, data):
+    """Same errors (message, paths, keyword, value, context) as the plain validator class,
+    on generated objects with random damage, twice (the second with the memo warm)."""
+    from reconciler.intake.load import Yaml11Bool
+    from reconciler.intake.schemas import FORMATS, _LeanValidator, _Validator, load_schema, validator
+    layout, _, _ = case
+    docs = [d for _, part, _ in layout for d in part]
+    for doc in docs:
+        for _ in range(data.draw(st.integers(0, 3))):  # more damage, anywhere
+            node = doc
+            while True:
+                keys = sorted(node) if isinstance(node, dict) else list(range(len(node))) if isinstance(node, list) else []
+                if not keys:
+                    break
+                k = data.draw(st.sampled_from(keys))
+                if not isinstance(node[k], (dict, list)) or data.draw(st.booleans()):
+                    node[k] = data.draw(_JUNK | st.sampled_from([Yaml11Bool("yes"), Yaml11Bool("off")]))
+                    break
+                node = node[k]
+        kind = doc.get("kind") if doc.get("kind") in ("Service", "EndpointSlice", "Endpoints", "ServiceCIDR") else "Service"
+        lean = validator(kind)
+        assert isinstance(lean, _LeanValidator)
+        plain = _Validator(load_schema(kind), format_checker=FORMATS)
+        expected = _errors(plain, doc)
+        assert _errors(lean, doc) == expected
+        assert _errors(lean, doc) == expected
+
+
+def test_the_lean_validators_memo_tells_true_from_1_and_yes_from_a_string():
+    from reconciler.intake.load import Yaml11Bool
+    from reconciler.intake.schemas import validator
+
+    def svc(port, affinity=None):
+        spec = {"clusterIP": "10.96.0.1", "ports": [{"port": port, "targetPort": port}]}
+        return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "a"}, "spec": spec}
+
+    v = validator("Service")
+    assert list(v.iter_errors(svc(1))) == []
+    assert [e.message for e in v.iter_errors(svc(True))] == ["True is not of type 'integer'", "True is not of type 'integer', 'string'"]
+    slice_ = {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "metadata": {
+        "name": "a", "labels": {"kubernetes.io/service-name": "a"}}, "addressType": "IPv4",
+        "endpoints": [{"addresses": ["10.0.0.1"], "conditions": {"ready": "yes"}}]}
+    es = validator("EndpointSlice")
+    assert [e.validator for e in es.iter_errors(slice_)] == ["type"]
+    slice_["endpoints"][0]["conditions"]["ready"] = Yaml11Bool("yes")  # equal to "yes", not the same type
+    assert [(e.validator, type(e.instance)) for e in es.iter_errors(slice_)] == [("type", Yaml11Bool)]

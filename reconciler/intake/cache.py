@@ -3,6 +3,8 @@ the state directory (`<state-dir>/cache/intake/`) so that one-shot runs (`valida
 `render`, `plan`, `apply`) re-use them across runs and across git-sync's worktree paths.
 
 Pipeline position: load -> validate -> model, each skipped for a file whose entry exists.
+On a cold read the files without an entry are shared with forked children (warm.py),
+which write their entries; the main process then reads those like any other entry.
 
 Key: `digests.file_key` = sha256 of the file's bytes, the parser (suffix) and the code
 digest (nftrec version, sources, JSON Schemas). Never the path or the stat: the same bytes
@@ -39,8 +41,8 @@ from pathlib import Path
 
 from reconciler import logs, progress
 from reconciler.atomic import atomic_write
-from reconciler.intake import digests, load, model
-from reconciler.intake.inventory import InventoryResult, build_inventory, model_objects, read_inventory
+from reconciler.intake import digests, load, model, warm
+from reconciler.intake.inventory import InventoryResult, build_inventory, model_objects, no_cyclic_gc, read_inventory
 from reconciler.intake.sources import is_stdin
 from reconciler.intake.load import Document, SourceFile
 from reconciler.intake.problems import Problem
@@ -77,6 +79,8 @@ def _field_kinds(cls) -> tuple[tuple[str, int, str], ...]:
 
 _KINDS = {name: _field_kinds(c) for name, c in _MODEL_TYPES.items()}
 _SOURCED = {name for name, c in _MODEL_TYPES.items() if any(f.name == "source" for f in fields(c))}
+_HOWS = {name: tuple(how for _, how, _ in kinds) for name, kinds in _KINDS.items()}
+_FLAT = {name for name, hows in _HOWS.items() if not any(hows)}
 
 
 class _Unfit(Exception):
@@ -125,24 +129,37 @@ class Cache:
         self.used.append(path)
         return payload
 
+    def writable(self) -> bool:
+        """Whether entries can be written here (children are useful only then)."""
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            return False
+        return os.access(self.dir, os.W_OK)
+
     def put(self, key: str, payload: dict) -> None:
+        why = self.write(key, payload)
+        if why is not None:
+            logs.log.debug(f"intake cache: {why}")
+
+    def write(self, key: str, payload: dict) -> str | None:
+        """Store one entry; why not, or None. Logs nothing (a forked child calls it)."""
         from reconciler import __version__
 
         try:
             body = json.dumps(payload, ensure_ascii=True, separators=(",", ":"), allow_nan=True).encode("ascii")
         except (TypeError, ValueError, RecursionError) as e:  # a value JSON cannot hold
-            logs.log.debug(f"intake cache: not caching an entry ({e})")
-            return
+            return f"not caching an entry ({e})"
         header = json.dumps({"formatVersion": FORMAT_VERSION, "nftrec": str(__version__), "key": key,
                              "sha256": hashlib.sha256(body).hexdigest()}, separators=(",", ":")).encode()
         path = self.path(key)
         try:
             atomic_write(path, header + b"\n" + body, durable=False)
         except OSError as e:  # a read-only or full state directory: run without the cache
-            logs.log.debug(f"intake cache: cannot write {path} ({e.strerror or e}); continuing without it")
-            return
+            return f"cannot write {path} ({e.strerror or e}); continuing without it"
         self.used.append(path)
         self.written += 1
+        return None
 
     def touch_and_prune(self, files_read: int) -> None:
         """Refresh the mtime of the entries this run used; prune when this run wrote."""
@@ -268,25 +285,18 @@ def _model_in(v: list, display: str):
     cls = _MODEL_TYPES.get(name) if type(name) is str else None
     if cls is None:
         raise _Corrupt(f"unknown model type {name!r}")
-    kinds = _KINDS[name]
-    at = 1
-    kwargs = {}
-    if name in _SOURCED:
-        kwargs["source"] = model.Source(display, v[1], v[2])
-        at = 3
-    if len(v) - at != len(kinds):
-        raise _Corrupt(f"a {name} has {len(v) - at} fields, not {len(kinds)}")
-    args = []
-    for (_, how, _), x in zip(kinds, v[at:]):
-        if how == 0:
-            args.append(x)
-        elif how == 1:
-            args.append(None if x is None else tuple(x))
-        elif how == 2:
-            args.append(tuple([_model_in(y, display) for y in x]))
-        else:
-            args.append(None if x is None else _model_in(x, display))
-    return cls(*args, **kwargs)
+    hows = _HOWS[name]
+    sourced = name in _SOURCED
+    values = v[3:] if sourced else v[1:]
+    if len(values) != len(hows):
+        raise _Corrupt(f"a {name} has {len(values)} fields, not {len(hows)}")
+    if name in _FLAT:  # scalars only: the values are the arguments
+        args = values
+    else:
+        args = [x if how == 0 or x is None and how != 2 else tuple(x) if how == 1
+                else tuple([_model_in(y, display) for y in x]) if how == 2 else _model_in(x, display)
+                for how, x in zip(hows, values)]
+    return cls(*args, source=model.Source(display, v[1], v[2])) if sourced else cls(*args)
 
 
 def _encode(res: _FileResult, display: str) -> dict:
@@ -350,13 +360,47 @@ def _parse(display: str, real: Path, hasher) -> _FileResult:
     return _FileResult(problems, docs, checks, models)
 
 
-def read_file_cached(display: str, real: Path, cache: Cache | None, hasher) -> _FileResult:
+def _key(raw: bytes, real: Path) -> str:
+    return digests.file_key(raw, "json" if real.name.endswith(".json") else "yaml")
+
+
+def _parse_file(display: str, real: Path, raw: bytes, *, quiet: bool = False) -> tuple[_FileResult, list[bytes], dict | None]:
+    """Parse one file whose bytes were read as `raw`: its result, what it feeds the
+    hasher, and its cache payload (None when it must not be stored). `quiet`: log
+    nothing (a forked child; the main process logs when it parses the file again)."""
+    rec = _Recorder()
+    res = _parse(display, real, rec)
+    # Store only what was parsed from exactly the bytes the key was made of (the file may
+    # have changed between our read and load's).
+    if rec.parts != [digests.chunk(display, raw)]:
+        return res, rec.parts, None
+    try:
+        return res, rec.parts, _encode(res, display)
+    except _Unfit:
+        if not quiet:
+            logs.log.debug(f"intake cache: {display}: its result names its path; not cached")
+        return res, rec.parts, None
+
+
+def _warm(cache: Cache, job: warm.Job) -> None:
+    """A forked child's work for one file: parse it and store the entry (warm.py)."""
+    display, real, raw, key = job
+    try:
+        _, _, payload = _parse_file(display, real, raw, quiet=True)
+    except Exception:  # the main process parses it again and reports what goes wrong
+        return
+    if payload is not None:
+        cache.write(key, payload)
+
+
+def read_file_cached(display: str, real: Path, cache: Cache | None, hasher, raw: bytes | None = None) -> _FileResult:
     """One file's load + per-document checks + models, from the cache when its bytes'
-    entry exists; feeds `hasher` what load.read_file would."""
-    raw = digests.read_bytes(real) if cache is not None else None
-    if raw is None:
+    entry exists; feeds `hasher` what load.read_file would. `raw`: the bytes, if read."""
+    if raw is None and cache is not None:
+        raw = digests.read_bytes(real)
+    if raw is None or cache is None:
         return _parse(display, real, hasher)
-    key = digests.file_key(raw, "json" if real.name.endswith(".json") else "yaml")
+    key = _key(raw, real)
     payload = cache.get(key)
     if payload is not None:
         try:
@@ -371,40 +415,74 @@ def read_file_cached(display: str, real: Path, cache: Cache | None, hasher) -> _
             hasher.update(digests.chunk(display, raw))
             return res
     cache.misses += 1
-    rec = _Recorder()
-    res = _parse(display, real, rec)
-    for part in rec.parts:
+    res, parts, payload = _parse_file(display, real, raw)
+    for part in parts:
         hasher.update(part)
-    # Store only what was parsed from exactly the bytes the key was made of (the file may
-    # have changed between our read and load's).
-    if rec.parts == [digests.chunk(display, raw)]:
-        try:
-            payload = _encode(res, display)
-        except _Unfit:
-            logs.log.debug(f"intake cache: {display}: its result names its path; not cached")
-        else:
-            cache.put(key, payload)
+    if payload is not None:
+        cache.put(key, payload)
     return res
 
 
-def read_inventory_cached(root: str | Path, cache_dir: Path | str | None, *, strict: bool = False) -> InventoryResult:
+def read_inventory_cached(root: str | Path, cache_dir: Path | str | None, *, strict: bool = False,
+                          workers: int | None = None) -> InventoryResult:
     """What inventory.read_inventory returns (same problems, same model), with per-file
-    results from the cache in `cache_dir` (None: no cache, the same code path)."""
+    results from the cache in `cache_dir` (None: no cache, the same code path).
+    `workers`: processes for the files missing from the cache (None: one per core, when
+    there are enough of them; see warm.py)."""
     if is_stdin(root):  # read once, nothing to key a cache on
         return read_inventory(root, strict=strict)
-    with progress.step(f"reading manifests from {root}"):
-        return _read_inventory_cached(root, cache_dir, strict=strict)
+    with progress.step(f"reading manifests from {root}"), no_cyclic_gc():
+        return _read_inventory_cached(root, cache_dir, strict=strict, workers=workers)
 
 
-def _read_inventory_cached(root: str | Path, cache_dir: Path | str | None, *, strict: bool) -> InventoryResult:
+def _read_files(paths: list[tuple[str, Path]], cache: Cache | None, workers: int | None) -> list[tuple[_FileResult, list[bytes]]]:
+    """(result, what it feeds the hasher) per file, in `paths` order. Files missing from
+    the cache are shared with forked children (warm.py) when that pays."""
+    raws: list[bytes | None] = [None] * len(paths)
+    mine = set(range(len(paths)))
+    pids: list[int] = []
+    if cache is not None:
+        jobs, where = [], {}
+        for i, (display, real) in enumerate(paths):
+            raw = raws[i] = digests.read_bytes(real)
+            if raw is not None:
+                key = _key(raw, real)
+                if not cache.path(key).exists():
+                    job = (display, real, raw, key)
+                    where[id(job)] = i
+                    jobs.append(job)
+        _, shares = warm.split(jobs, workers) if jobs and cache.writable() else (jobs, [])
+        if shares:
+            pids = warm.start(shares, lambda job: _warm(cache, job))
+            # the files of children that could not be started stay with the main process
+            for share in shares[:len(pids)]:
+                for job in share:
+                    mine.discard(where[id(job)])
+    out: list = [None] * len(paths)
+    try:
+        for i in sorted(mine):  # the main process' share first, while the children work
+            rec = _Recorder()
+            out[i] = (read_file_cached(*paths[i], cache, rec, raws[i]), rec.parts)
+    finally:
+        warm.wait(pids)
+    for i in range(len(paths)):  # then the children's: cache hits, or misses parsed here
+        if out[i] is None:
+            rec = _Recorder()
+            out[i] = (read_file_cached(*paths[i], cache, rec, raws[i]), rec.parts)
+    return out
+
+
+def _read_inventory_cached(root: str | Path, cache_dir: Path | str | None, *, strict: bool,
+                           workers: int | None = None) -> InventoryResult:
     cache = Cache(cache_dir) if cache_dir is not None else None
     resolved, paths, problems = digests.walk(root)
     hasher = hashlib.sha256()
     docs: list[Document] = []
     checks: list[DocumentCheck] = []
     models: dict[int, list] = {}
-    for display, real in paths:
-        res = read_file_cached(display, real, cache, hasher)
+    for res, parts in _read_files(paths, cache, workers):
+        for part in parts:
+            hasher.update(part)
         problems.extend(res.problems)
         docs.extend(res.docs)
         checks.extend(res.checks)

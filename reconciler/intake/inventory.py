@@ -9,9 +9,11 @@ canonical text form (`ipaddress`), so equal values compare equal downstream.
 
 from __future__ import annotations
 
+import gc
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from reconciler.intake import model
 from reconciler.intake.load import Document, LoadResult, load_manifests
@@ -197,6 +199,22 @@ def inventory_from_load(loaded: LoadResult, *, strict: bool = False) -> Inventor
     return InventoryResult(inv, checked.problems, checked.documents, loaded.files, loaded.digest)
 
 
+@contextmanager
+def no_cyclic_gc() -> Iterator[None]:
+    """Python's cyclic garbage collector paused for a whole read. The read allocates
+    millions of objects that all stay alive (documents, their data, models) and form no
+    reference cycles worth collecting; each collection would scan them again, which at
+    10,000 Services took over half of a warm read (4.4 s vs 1.9 s) and a quarter of a
+    cold one. Reference counting still frees everything else at once."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def read_inventory(root: str | Path, *, strict: bool = False) -> InventoryResult:
     """load -> validate -> model for one manifest directory. Never raises for bad input:
     check `.ok` and `.problems`; `.inventory` holds only the objects that were valid.
@@ -204,5 +222,5 @@ def read_inventory(root: str | Path, *, strict: bool = False) -> InventoryResult
     from reconciler import progress
     from reconciler.intake.sources import display_root, is_stdin, load_stdin
 
-    with progress.step(f"reading manifests from {display_root(root)}"):
+    with progress.step(f"reading manifests from {display_root(root)}"), no_cyclic_gc():
         return inventory_from_load(load_stdin() if is_stdin(root) else load_manifests(root), strict=strict)

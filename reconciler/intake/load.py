@@ -333,6 +333,9 @@ def _dispose(loader) -> None:
         loader.dispose()
     except Exception:  # pragma: no cover - cleanup only
         pass
+    # ruamel's loader refers to itself (loader.loader, ._parser, ...): without this the
+    # loader, with the file's text, would wait for the cyclic GC, which intake pauses
+    vars(loader).clear()
 
 
 def check_shape(data, line: int, col: int) -> None:
@@ -460,7 +463,12 @@ def _construct_fast(root, loader):
             return [build(child, depth + 1) for child in node.value]
         raise _Slow
 
-    return build(root, 1)
+    try:
+        return build(root, 1)
+    finally:
+        # build's closure refers to build itself (and, through scalar, to the loader): a
+        # reference cycle, which only the cyclic GC would free, and intake pauses it
+        build = None  # noqa: F841 - clears the closure cell
 
 
 def _parse_yaml(text: str) -> list[tuple[object, int, int, list]]:

@@ -46,6 +46,13 @@ def parse_ip(value: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None
     IPv6 (::ffff:10.0.0.1: Kubernetes counts it as IPv4, nft as IPv6)."""
     if not isinstance(value, str) or not value or value.strip() != value or "%" in value:
         return None
+    return _parse_ip(str(value))  # str(): a Yaml11Bool is never an IP, but keep the key plain
+
+
+# The schema's format check, the per-kind checks and the model each parse the same address
+# in turn (three times per endpoint); the objects are immutable, so a small memo serves.
+@lru_cache(maxsize=4096)
+def _parse_ip(value: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     try:
         ip = ipaddress.ip_address(value)  # Python >= 3.9.5 refuses IPv4 leading zeros
     except ValueError:
@@ -216,7 +223,81 @@ _Validator = validators.extend(
     Draft202012Validator, type_checker=Draft202012Validator.TYPE_CHECKER.redefine("integer", _is_integer))
 
 
+# --- a lean descend for schemas without references ------------------------------------------
+#
+# jsonschema's descend() builds a new validator object for every subschema it enters, on
+# every instance (evolve(): attrs __init__, validator_for, and a referencing resolver for
+# the subresource): about 40 per Service, most of the cost of validating 10,000 documents.
+# For a schema that holds no reference ($ref, $dynamicRef, $anchor, nested $id), the
+# resolver is never consulted, so the validator for a subschema is the same object every
+# time: _LeanValidator builds it once and keeps it. Everything else (the keyword functions,
+# the errors and their paths) is jsonschema's own code, unchanged.
+
+_REF_KEYWORDS = frozenset({"$ref", "$dynamicRef", "$recursiveRef", "$anchor", "$dynamicAnchor", "$recursiveAnchor", "$id"})
+
+
+def _has_references(schema, top: bool = True) -> bool:
+    if isinstance(schema, dict):
+        if any(k in _REF_KEYWORDS and not (top and k == "$id") for k in schema):
+            return True
+        return any(_has_references(v, False) for v in schema.values())
+    if isinstance(schema, list):
+        return any(_has_references(v, False) for v in schema)
+    return False
+
+
+def _lean_descend(self, instance, schema, path=None, schema_path=None, resolver=None):
+    """Validator.descend (jsonschema 4.x) with the subschema's validator built once."""
+    if schema is True:
+        return
+    if schema is False or resolver is not None or self._ref_resolver is not None:
+        yield from _PLAIN_DESCEND(self, instance, schema, path, schema_path, resolver)
+        return
+    kind = type(instance)
+    if kind in _SCALARS:  # a leaf that this subschema accepted before: accepted again
+        memo = (id(schema), kind, instance)
+        if memo in _VALID_LEAVES:
+            return
+    entry = _EVOLVED.get(id(schema))
+    if entry is None or entry[0] is not schema or entry[1].format_checker is not self.format_checker:
+        evolved = self.evolve(schema=schema)
+        entry = _EVOLVED[id(schema)] = (schema, evolved, evolved._validators)
+    _, evolved, keywords = entry
+    failed = False
+    for validator, k, v in keywords:
+        errors = validator(evolved, v, instance, schema) or ()
+        for error in errors:
+            # as jsonschema's descend: set details if not already set by the called function
+            error._set(validator=k, validator_value=v, instance=instance, schema=schema,
+                       type_checker=evolved.TYPE_CHECKER)
+            if k not in {"if", "$ref"}:
+                error.schema_path.appendleft(k)
+            if path is not None:
+                error.path.appendleft(path)
+            if schema_path is not None:
+                error.schema_path.appendleft(schema_path)
+            yield error
+            failed = True
+    if kind in _SCALARS and not failed:
+        if len(_VALID_LEAVES) >= 16_384:  # bounded (~2 MB): names and IPs are unique; "TCP", 80, true recur
+            _VALID_LEAVES.clear()
+        _VALID_LEAVES.add(memo)
+
+
+_PLAIN_DESCEND = _Validator.descend
+# A scalar's result depends only on its subschema, its exact type (True == 1, and a
+# Yaml11Bool is a str subclass the schema must see) and its value; formats are pure.
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+_VALID_LEAVES: set[tuple] = set()  # (id(subschema), type, value) found valid
+_EVOLVED: dict[int, tuple] = {}  # id(subschema) -> (subschema, its validator, its keywords); schemas live forever
+_LeanValidator = validators.extend(_Validator)
+_LeanValidator.descend = _lean_descend
+
+
 @lru_cache(maxsize=None)
 def validator(kind: str) -> Draft202012Validator:
     """The one compiled validator for a kind (KeyError for kinds without a schema)."""
-    return _Validator(load_schema(kind), format_checker=FORMATS)
+    schema = load_schema(kind)
+    if _has_references(schema):
+        return _Validator(schema, format_checker=FORMATS)
+    return _LeanValidator(schema, format_checker=FORMATS)

@@ -266,9 +266,9 @@ def _cross(rep: Report, objs: list[Obj]) -> None:
                 if first and first[0] is not o:
                     other = first[0]
                     rep.add(o, path, f"{canon} port {k[2]}/{k[1]} is already claimed by Service {other.label} "
-                            f"({other.doc.file}:{locate(other.doc, ())[0]}, {first[1]}); give one of them another IP or port")
+                            f"({other.doc.file}:{locate(other.doc, ())[0]}, {field_path(first[1])}); give one of them another IP or port")
                 else:
-                    claimed.setdefault(k, (o, field_path(path)))
+                    claimed.setdefault(k, (o, path))  # a path, spelled out only for a message
         for i, p in enumerate(spec.get("ports") or []):
             if p.get("nodePort") and spec.get("type") in ("NodePort", "LoadBalancer"):
                 k = (p["nodePort"], p.get("protocol", "TCP"))
@@ -276,9 +276,9 @@ def _cross(rep: Report, objs: list[Obj]) -> None:
                 if first:
                     where = "this Service" if first[0] is o else f"Service {first[0].label}"
                     rep.add(o, ("spec", "ports", i, "nodePort"), f"nodePort {k[0]}/{k[1]} is already used by {where} "
-                            f"({first[1]}); every NodePort must be unique per protocol")
+                            f"({field_path(first[1])}); every NodePort must be unique per protocol")
                 else:
-                    node_ports[k] = (o, field_path(("spec", "ports", i, "nodePort")))
+                    node_ports[k] = (o, ("spec", "ports", i, "nodePort"))
     # slices -> Services, and every Service port's endpoints findable by port name
     slice_ports: dict[str, set[tuple[str, str]]] = defaultdict(set)
     for o in objs:
