@@ -69,7 +69,8 @@ def damaged(draw):
             docs.append(copy.deepcopy(doc))
         elif op == "unknown":
             docs.append({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d"}})
-        elif op == "nodeport" and doc.get("kind") == "Service":
+        elif op == "nodeport" and doc.get("kind") == "Service" and isinstance(doc.get("spec", {}), dict):
+            # (an earlier "set" may have made spec a scalar)
             doc.setdefault("spec", {}).setdefault("ports", [{}])
     files = draw(st.integers(1, 3))
     layout = []
