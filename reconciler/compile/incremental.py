@@ -8,12 +8,13 @@ skeleton, so a diff between them costs what the change costs, not what the table
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+import hashlib
+from dataclasses import dataclass, field, fields, replace
 
 from reconciler.compile import layout
-from reconciler.compile.ruleset import Ruleset, Table, chain_id, element_id, set_id
-from reconciler.compile.services import FAMILIES, NODEPORT_IPS, assemble_placed, compile_service, compile_static, \
-    family_context, slices_by_service
+from reconciler.compile.ruleset import Chain, Ruleset, Table, chain_id, element_id, set_id
+from reconciler.compile.services import FAMILIES, NODEPORT_IPS, FamilyFragment, ServiceFragment, assemble_placed, \
+    compile_service, compile_static, family_context, slices_by_service
 from reconciler.intake import Inventory, NodeConfig
 
 STATIC_FILLED = frozenset({NODEPORT_IPS})  # sets whose elements only the static part writes
@@ -148,4 +149,156 @@ def project(rs: Ruleset, static: Ruleset, fragments: list) -> Ruleset:
             if o:
                 out.owners[set_id(fam, name)] = o
         out.tables[fam] = table
+    return out
+
+
+# --- one-shot runs: reuse from the last applied ruleset -------------------------------------
+#
+# `nftrec plan`/`apply` start from nothing. What the last apply left is its ruleset (the
+# state's newest history entry, trusted while the kernel's generation token is unchanged)
+# and a memo (`compile_memo`, the state's compiled.json): a digest of what each Service
+# was compiled from. A Service whose digest is unchanged gets its objects back from that
+# ruleset (`fragments_of`) instead of being compiled again; the diff then looks only at
+# the changed Services' objects and the skeleton (`project`).
+
+MEMO_VERSION = 1
+
+
+def _plain(obj) -> tuple:
+    """A model object's compared fields (its `source`, a file position, is left out: a
+    Service moved within its file compiles to the same objects)."""
+    return tuple(getattr(obj, f.name) for f in fields(obj) if f.compare)
+
+
+def service_input_digest(svc, slices) -> str:
+    """What a Service's fragment is compiled from, besides the node config: the Service and
+    its EndpointSlices (in order). repr of frozen dataclasses of strings, ints, tuples and
+    None: deterministic across processes (no sets or dicts in the model)."""
+    text = repr((_plain(svc), tuple(_plain(s) for s in slices)))
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def memo_key(config_digest: str, inventory: Inventory) -> str:
+    """What every fragment depends on: the effective node config, --strict and the code
+    (`intake.config_digest`), and the service CIDRs."""
+    cidrs = tuple(_plain(c) for c in inventory.service_cidrs)
+    return hashlib.sha256(f"{MEMO_VERSION}|{config_digest}|{cidrs!r}".encode()).hexdigest()
+
+
+def fragments_of(rs: Ruleset) -> dict[str, ServiceFragment]:
+    """Every Service's fragment as it was before `assemble` placed it, read back from an
+    assembled ruleset by owner: its chains (a pick chain's last rule back at offset 0, its
+    values from the map's range), its own sets and its elements of the static sets.
+    Exact only for a ruleset whose elements each came from one Service (`_exact`)."""
+    out: dict[str, ServiceFragment] = {}
+
+    def ff_of(owner: str, fam: str) -> FamilyFragment:
+        frag = out.get(owner)
+        if frag is None:
+            frag = out[owner] = ServiceFragment(owner)
+        ff = frag.families.get(fam)
+        if ff is None:
+            ff = frag.families[fam] = FamilyFragment()
+        return ff
+
+    owners = rs.owners
+    for fam, t in rs.tables.items():
+        for name, c in t.chains.items():
+            o = owners.get(chain_id(fam, name))
+            if o is None:
+                continue
+            ff = ff_of(o, fam)
+            r = layout.chain_range(c) if "/" in name else None
+            if r is not None:
+                m, k, n = r
+                elems = t.sets[m].elements
+                body = c.rules[-1].body
+                p = layout.Pick(fam, name, m, body[: body.index("numgen random mod ")],
+                                tuple(elems[(str(k + i),)].value for i in range(n)))
+                ff.picks.append(p)
+                if k:
+                    c = Chain(c.name, c.rules[:-1] + (layout.pick_rule(p, 0),), c.base, c.comment)
+            ff.chains[name] = c
+        for name, s in t.sets.items():
+            o = owners.get(set_id(fam, name))
+            if o is not None:
+                ff_of(o, fam).sets[name] = s
+            elif not layout.is_layout_map(name):
+                prefix = f"{fam} element {name} "
+                for key, e in s.elements.items():
+                    o = owners.get(prefix + " . ".join(key))
+                    if o is not None:
+                        ff_of(o, fam).elements[(name, key)] = e
+    return out
+
+
+def _exact(rs: Ruleset, fragments) -> bool:
+    """Whether every element the fragments hold has its own owner entry in `rs`, i.e. no
+    two Services produced the same element (add_fragment keeps the first): only then does
+    `fragments_of` give each Service back exactly its fragment."""
+    held = sum(len(ff.elements) + sum(len(p.values) for p in ff.picks)
+               for frag in fragments for ff in frag.families.values())
+    return held == sum(1 for oid in rs.owners if " element " in oid)
+
+
+@dataclass
+class OneShot:
+    """A one-shot compile: the whole desired ruleset, and what changed since `applied`."""
+
+    ruleset: Ruleset
+    static: Ruleset  # the skeleton (for `project`)
+    memo: dict  # for the state's compiled.json
+    # Service keys whose objects may differ from `applied`'s; None: compare everything
+    changed: set[str] | None = None
+    old_fragments: list = field(default_factory=list)  # of the changed Services, in `applied`
+    new_fragments: list = field(default_factory=list)  # of the changed Services, now
+    recompiled: int = 0
+
+
+def compile_oneshot(inventory: Inventory, config: NodeConfig, config_digest: str | None,
+                    applied: Ruleset | None = None, memo: dict | None = None) -> OneShot:
+    """compile.compile_ruleset(inventory, config, previous=applied), re-using `applied`'s
+    objects of every Service whose input digest equals the one in `memo` (written with
+    `applied`: the caller checks that they belong together). Equal to compile_ruleset's
+    result (tests/test_oneshot_incremental.py checks with random edits)."""
+    key = memo_key(config_digest or "", inventory)
+    by_svc = slices_by_service(inventory.endpoint_slices)
+    services = sorted(inventory.services, key=lambda s: (s.namespace, s.name))
+    digests = {svc.key: service_input_digest(svc, by_svc.get(svc.key, ())) for svc in services}
+    old = None
+    if applied is not None and memo is not None and memo.get("key") == key and memo.get("exact") is True \
+            and isinstance(memo.get("services"), dict) and config_digest:
+        old = memo["services"]
+    extracted: dict[str, ServiceFragment] = {}
+    if old is not None:
+        try:
+            extracted = fragments_of(applied)
+        except (KeyError, ValueError):  # a range without its elements: not what we wrote
+            old = None
+    contexts = {f: family_context(config, f) for f in FAMILIES}
+    fragments: dict[str, ServiceFragment] = {}
+    n = 0
+    for svc in services:
+        k = svc.key
+        frag = extracted.get(k) if old is not None and old.get(k) == digests[k] else None
+        if frag is None:
+            frag = compile_service(svc, by_svc.get(k, ()), config, contexts)
+            n += 1
+        fragments[k] = frag
+    before = layout.allocation_of(applied)
+    ruleset, alloc = assemble_placed(compile_static(config, inventory), fragments.values(), before)
+    memo_out = {"version": MEMO_VERSION, "key": key, "exact": _exact(ruleset, fragments.values()),
+                "services": digests}
+    out = OneShot(ruleset, compile_static(config, inventory), memo_out, recompiled=n)
+    if old is None:
+        return out
+    changed = {k for k in digests if old.get(k) != digests[k] or k not in extracted} | (set(old) - set(digests))
+    for k, frag in fragments.items():  # ranges moved anyway (a shard compacted)
+        if k not in changed and any(alloc.get((p.family, p.chain)) != before.get((p.family, p.chain))
+                                    for ff in frag.families.values() for p in ff.picks):
+            changed.add(k)
+    changed |= set(extracted) - set(digests)  # objects of Services the memo does not name
+    out.changed = changed
+    out.old_fragments = [extracted[k] for k in sorted(changed) if k in extracted]
+    out.new_fragments = [fragments[k] for k in sorted(changed) if k in fragments]
     return out

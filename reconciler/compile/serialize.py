@@ -105,11 +105,15 @@ def canonical_json(obj: Any) -> bytes:
 
 def digest(rs: Ruleset) -> str:
     """sha256 hex of the canonical JSON of `rs` (chains and sets sorted by name)."""
-    doc = ruleset_to_json(rs)
-    for t in doc["tables"]:
-        t["chains"].sort(key=lambda c: c["name"])
-        t["sets"].sort(key=lambda s: s["name"])
-    return hashlib.sha256(canonical_json(doc)).hexdigest()
+    return digest_json(ruleset_to_json(rs))
+
+
+def digest_json(doc: dict) -> str:
+    """digest() of a ruleset already in its JSON form (`ruleset_to_json`), which is left
+    as it is (the state store writes the same document)."""
+    tables = [{**t, "chains": sorted(t["chains"], key=lambda c: c["name"]),
+               "sets": sorted(t["sets"], key=lambda s: s["name"])} for t in doc["tables"]]
+    return hashlib.sha256(canonical_json({**doc, "tables": tables})).hexdigest()
 
 
 # --- reading ---------------------------------------------------------------------------
