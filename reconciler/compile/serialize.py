@@ -109,11 +109,17 @@ def digest(rs: Ruleset) -> str:
 
 
 def digest_json(doc: dict) -> str:
-    """digest() of a ruleset already in its JSON form (`ruleset_to_json`), which is left
-    as it is (the state store writes the same document)."""
+    """digest() of a ruleset already in its JSON form (`ruleset_to_json`)."""
+    return hashlib.sha256(digest_form(doc)).hexdigest()
+
+
+def digest_form(doc: dict) -> bytes:
+    """The bytes a ruleset's digest is the sha256 of: its JSON form (left as it is) with
+    chains and sets sorted by name, as canonical_json. Also a valid serialised ruleset
+    (the state's history files hold exactly these bytes)."""
     tables = [{**t, "chains": sorted(t["chains"], key=lambda c: c["name"]),
                "sets": sorted(t["sets"], key=lambda s: s["name"])} for t in doc["tables"]]
-    return hashlib.sha256(canonical_json({**doc, "tables": tables})).hexdigest()
+    return canonical_json({**doc, "tables": tables})
 
 
 # --- reading ---------------------------------------------------------------------------
@@ -179,7 +185,12 @@ def _set_from_json(d: Any, where: str) -> NamedSet:
         comment=_field(d, "comment", str, where, nullable=True),
         typeof=d.get("typeof", False) is True,
     )
-    for i, e in enumerate(_field(d, "elements", list, where)):
+    elements = _field(d, "elements", list, where)
+    fast = _elements_fast(elements)
+    if fast is not None and len(fast) == len(elements):
+        s.elements = fast
+        return s
+    for i, e in enumerate(elements):
         w = f"{where}.elements[{i}]"
         el = Element(
             key=_str_list(e, "key", w),
@@ -190,6 +201,23 @@ def _set_from_json(d: Any, where: str) -> NamedSet:
             raise SerializeError(f"{w}: duplicate key {list(el.key)} in set {s.name!r}")
         s.add(el)
     return s
+
+
+def _elements_fast(elements: list) -> dict | None:
+    """The elements of a well-formed document (nftrec's own files: 100,000 elements at
+    10,000 Services) with one type check per field and no per-field error text; None
+    when anything is off, and the caller's checking loop names the bad field."""
+    out = {}
+    try:
+        for e in elements:
+            key, value, comment = tuple(e["key"]), e["value"], e["comment"]
+            if not (all(type(x) is str for x in key) and (value is None or type(value) is str)
+                    and (comment is None or type(comment) is str)) or len(e) != 3:
+                return None
+            out[key] = Element(key, value, comment)
+    except (KeyError, TypeError):
+        return None
+    return out
 
 
 def ruleset_from_json(d: Any) -> Ruleset:

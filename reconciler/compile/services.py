@@ -831,19 +831,42 @@ def compile_ruleset(inventory: Inventory, config: NodeConfig, previous: Ruleset 
 def _check_references(ruleset: Ruleset) -> None:
     """Every jump/goto target and every @set in a rule must exist: catches compiler bugs
     before nft does (a dangling goto would fail the whole transaction)."""
-    for table in ruleset.tables.values():
-        for chain in table.chains.values():
-            for rule in chain.rules:
-                words = rule.body.replace("{", " ").replace("}", " ").split()
-                for i, w in enumerate(words[:-1]):
-                    if w in ("goto", "jump") and words[i + 1] not in table.chains:
-                        raise CompileError(f"{table.family} chain {chain.name}: "
-                                           f"{w} to missing chain {words[i + 1]}")
-                for w in words:
-                    if w.startswith("@") and w[1:] not in table.sets:
-                        raise CompileError(f"{table.family} chain {chain.name}: "
-                                           f"missing set {w}")
-        for s in table.sets.values():
-            for e in s.elements.values():
-                if e.value and e.value.startswith("goto ") and e.value[5:] not in table.chains:
-                    raise CompileError(f"{table.family} {s.name}: goto missing chain {e.value[5:]}")
+    check_references(ruleset)
+
+
+def check_references(ruleset: Ruleset, fragments: Iterable[ServiceFragment] | None = None) -> None:
+    """_check_references, for the chains, elements and picks of `fragments` only (None:
+    everything): an incremental compile checks what it added."""
+    if fragments is None:
+        for table in ruleset.tables.values():
+            _check_table(table, table)
+        return
+    for frag in fragments:
+        for fam, ff in frag.families.items():
+            table = ruleset.tables[fam]
+            sets: dict[str, NamedSet] = {}
+            for (sn, k), e in ff.elements.items():
+                sets.setdefault(sn, NamedSet(sn, "")).add(e)
+            for i, p in enumerate(ff.picks):
+                sets.setdefault(p.map, NamedSet(p.map, "")).elements.update(
+                    {(str(i), str(j)): Element((str(j),), v) for j, v in enumerate(p.values)})
+            _check_table(Table(fam, table.name, None, {n: table.chains[n] for n in ff.chains}, sets), table)
+
+
+def _check_table(part: Table, table: Table) -> None:
+    """References from `part`'s chains and elements must exist in `table`."""
+    for chain in part.chains.values():
+        for rule in chain.rules:
+            words = rule.body.replace("{", " ").replace("}", " ").split()
+            for i, w in enumerate(words[:-1]):
+                if w in ("goto", "jump") and words[i + 1] not in table.chains:
+                    raise CompileError(f"{table.family} chain {chain.name}: "
+                                       f"{w} to missing chain {words[i + 1]}")
+            for w in words:
+                if w.startswith("@") and w[1:] not in table.sets:
+                    raise CompileError(f"{table.family} chain {chain.name}: "
+                                       f"missing set {w}")
+    for s in part.sets.values():
+        for e in s.elements.values():
+            if e.value and e.value.startswith("goto ") and e.value[5:] not in table.chains:
+                raise CompileError(f"{table.family} {s.name}: goto missing chain {e.value[5:]}")

@@ -76,7 +76,7 @@ def plan_desired(desired, nft: Libnftables, target: Target, *, refresh: bool):
     diffed against the listing."""
     from dataclasses import replace
 
-    from reconciler.compile import NftSyntaxError, compile_oneshot, project
+    from reconciler.compile import NftSyntaxError, compile_oneshot
 
     rec = None if refresh else recorded_state(nft, target)
     live = read_live(nft, target.table) if rec is None else None
@@ -88,14 +88,12 @@ def plan_desired(desired, nft: Libnftables, target: Target, *, refresh: bool):
         raise CommandError(f"refusing input that would reach nft unsafely: {e}") from None
     desired = replace(desired, ruleset=one.ruleset)
     services = {s.key: s for s in inv.services}
-    if one.changed is not None:
-        frags = one.old_fragments + one.new_fragments
-        plan = make_plan(project(one.ruleset, one.static, frags), canonical(project(applied, one.static, frags)),
-                         services, _derived_hints(desired))
+    if one.changed is not None:  # `applied` became one.ruleset: only its projection is left
+        plan = make_plan(one.desired_part, canonical(one.applied_part), services, _derived_hints(desired))
         plan = replace(plan, desired=one.ruleset)  # what commit and verify_touched read
         logs.log.debug(f"incremental plan: {one.recompiled} of {len(services)} Services compiled, "
                        f"{len(one.changed)} compared")
-    else:
+    else:  # compile_oneshot does not consume `applied` then
         plan = make_plan(one.ruleset, live if live is not None else canonical(applied), services,
                          _derived_hints(desired))
     return desired, plan, live, rec is not None, one.memo
@@ -255,7 +253,9 @@ def run_apply(target: Target, *, desired=None, plan_path: Path | None = None,
         recorded = []
 
         def record():
-            recorded[:] = [store.record_applied(revision, ruleset, fingerprint(after if after is not None else canonical(ruleset)),
+            # the fingerprint of a listing; none was read when only the touched objects
+            # were (canonicalising the whole ruleset for it cost seconds at 10,000 Services)
+            recorded[:] = [store.record_applied(revision, ruleset, fingerprint(after) if after is not None else None,
                                  token, plan_id,
                                  input_digest=desired.input_digest if from_dir else None,
                                  config_digest=desired.config_digest if from_dir else None,

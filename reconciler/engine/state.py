@@ -34,7 +34,7 @@ from typing import Any, Callable
 from reconciler import logs
 from reconciler.atomic import atomic_write, fsync_dir  # noqa: F401 - planfile and tests use them from here
 from reconciler.compile import Ruleset
-from reconciler.compile import SerializeError, digest, digest_json, ruleset_from_json, ruleset_to_json
+from reconciler.compile import SerializeError, digest, digest_form, ruleset_from_json, ruleset_to_json
 
 FORMAT_VERSION = 1
 HISTORY_KEEP = 5
@@ -293,11 +293,11 @@ def _read_header(path: Path) -> dict:
     return doc
 
 
-def _history_bytes(header: dict, ruleset_doc: dict) -> bytes:
+def _history_bytes(header: dict, body: bytes) -> bytes:
     """A history file: the header fields, `rulesetSha256` (of the ruleset's bytes, so a
-    read checks the ruleset with one hash instead of re-digesting it) and the ruleset,
-    compact (json's C encoder; indenting a 10,000-Service ruleset took seconds)."""
-    body = json.dumps(ruleset_doc, separators=(",", ":")).encode("ascii")
+    read checks the ruleset with one hash instead of re-digesting it) and the ruleset in
+    its digest form (`compile.digest_form`: compact, written by json's C encoder, and its
+    sha256 is the digest, so one encoding serves both)."""
     head = dict(header, rulesetSha256=hashlib.sha256(body).hexdigest())
     return json.dumps(head).encode("utf-8")[:-1] + b',\n"ruleset":' + body + b"}\n"
 
@@ -392,8 +392,8 @@ class StateStore:
         """
         st = self.status()
         now = self._clock()
-        rs_doc = ruleset_to_json(ruleset)  # once: for the digest and for the history file
-        d = digest_json(rs_doc)
+        body = digest_form(ruleset_to_json(ruleset))  # once: the digest and the history file
+        d = hashlib.sha256(body).hexdigest()
         # Sequence numbers come from file names only, so a damaged entry (which history()
         # reports) never blocks recording an apply that already reached the kernel.
         files = self._history_files()
@@ -409,8 +409,8 @@ class StateStore:
                 "digest": d,
                 "planId": plan_id,
             }
-            atomic_write(self.history_dir / f"{seq:06d}-{d[:12]}.json", _history_bytes(header, rs_doc))
-        del rs_doc
+            atomic_write(self.history_dir / f"{seq:06d}-{d[:12]}.json", _history_bytes(header, body))
+        del body
         st.last_applied_revision = st.last_attempted_revision = revision
         st.last_applied_at = st.last_attempted_at = now
         st.last_applied_plan_id = plan_id
