@@ -121,14 +121,15 @@ def project(rs: Ruleset, static: Ruleset, fragments: list) -> Ruleset:
             whole_sets.update(ff.sets)
             for set_name, key in ff.elements:
                 keys.setdefault(set_name, set()).add(key)
-            # layout "sharded": the map is fixed by the chain name; the keys are the
-            # range the chain has in *this* ruleset
+            # layout "sharded": the map and keys are the range the chain has in *this*
+            # ruleset (not necessarily the pick's map: a Service that gained ClientIP
+            # affinity moves from a dnat map to a vmap under the same chain name)
             for p in ff.picks:
-                want = keys.setdefault(p.map, set())
+                keys.setdefault(p.map, set())  # the same maps on both sides (old + new picks)
                 c = t.chains.get(p.chain)
                 r = layout.chain_range(c) if c is not None else None
                 if r is not None:
-                    want.update((str(i),) for i in range(r[1], r[1] + r[2]))
+                    keys.setdefault(r[0], set()).update((str(i),) for i in range(r[1], r[1] + r[2]))
         table = Table(t.family, t.name, t.comment)
         for name in chains:
             c = t.chains.get(name)
