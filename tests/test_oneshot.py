@@ -175,3 +175,17 @@ def test_incremental_apply_leaves_the_kernel_as_a_full_apply(netns, netns2, tmp_
     for i in (0, 1):
         assert strip(ran["incremental"][i]) == strip(ran["full"][i])
     assert ran["incremental"][2].split("revision")[0] == ran["full"][2].split("revision")[0]
+
+
+def test_digest_bytes_is_the_digest_form(world):
+    """The state store's streamed encoding is byte for byte the digest form."""
+    import hashlib
+
+    from reconciler.compile import digest_bytes, digest_form
+
+    inv, cfg, cd = world
+    rs = compile_oneshot(inv, cfg, cd).ruleset
+    body = digest_bytes(rs)
+    assert body == digest_form(ruleset_to_json(rs))
+    assert hashlib.sha256(body).hexdigest() == digest(rs)
+    assert ruleset_from_json(json.loads(body)) == rs

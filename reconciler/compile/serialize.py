@@ -113,6 +113,29 @@ def digest_json(doc: dict) -> str:
     return hashlib.sha256(digest_form(doc)).hexdigest()
 
 
+def digest_bytes(rs: Ruleset) -> bytes:
+    """digest_form(ruleset_to_json(rs)), byte for byte, without holding the whole JSON
+    document at once: each chain and set is encoded on its own and joined (canonical JSON
+    is compositional: sorted keys, no whitespace). At 10,000 Services the document held
+    ~150 MB while the bytes are ~25 MB; the state store writes these bytes."""
+    enc = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode
+    parts = [b'{"formatVersion":', enc(FORMAT_VERSION).encode("ascii"), b',"owners":',
+             enc(rs.owners).encode("ascii"), b',"tables":[']
+    for i, family in enumerate(sorted(rs.tables)):
+        t = rs.tables[family]
+        if t.family != family:
+            raise SerializeError(f"table {t.name!r} is filed under family {family!r} but says {t.family!r}")
+        parts.append(b"," if i else b"")
+        parts.append(b'{"chains":[')
+        parts.append(b",".join(enc(_chain_to_json(t.chains[n])).encode("ascii") for n in sorted(t.chains)))
+        parts.append(f'],"comment":{enc(t.comment)},"family":{enc(t.family)},"name":{enc(t.name)},"sets":['
+                     .encode("ascii"))
+        parts.append(b",".join(enc(_set_to_json(t.sets[n])).encode("ascii") for n in sorted(t.sets)))
+        parts.append(b"]}")
+    parts.append(b"]}")
+    return b"".join(parts)
+
+
 def digest_form(doc: dict) -> bytes:
     """The bytes a ruleset's digest is the sha256 of: its JSON form (left as it is) with
     chains and sets sorted by name, as canonical_json. Also a valid serialised ruleset

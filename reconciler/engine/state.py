@@ -34,7 +34,7 @@ from typing import Any, Callable
 from reconciler import logs
 from reconciler.atomic import atomic_write, fsync_dir  # noqa: F401 - planfile and tests use them from here
 from reconciler.compile import Ruleset
-from reconciler.compile import SerializeError, digest, digest_form, ruleset_from_json, ruleset_to_json
+from reconciler.compile import SerializeError, digest, digest_bytes, ruleset_from_json
 
 FORMAT_VERSION = 1
 HISTORY_KEEP = 5
@@ -392,7 +392,7 @@ class StateStore:
         """
         st = self.status()
         now = self._clock()
-        body = digest_form(ruleset_to_json(ruleset))  # once: the digest and the history file
+        body = digest_bytes(ruleset)  # once: the digest and the history file
         d = hashlib.sha256(body).hexdigest()
         # Sequence numbers come from file names only, so a damaged entry (which history()
         # reports) never blocks recording an apply that already reached the kernel.
@@ -514,10 +514,12 @@ class StateStore:
             body = raw[m.end():].rstrip()
             if not body.endswith(b"}") or hashlib.sha256(body[:-1]).hexdigest() != sha:
                 raise StateCorrupt(path, damaged)
+            del raw  # the bytes, the document and the Ruleset would all be alive at once
             try:
                 rs_doc = json.loads(body[:-1])
             except (UnicodeDecodeError, json.JSONDecodeError) as e:
                 raise StateCorrupt(path, f"is not valid JSON ({e})") from e
+            del body
         else:
             rs_doc = _read_json(path).get("ruleset")
         try:
