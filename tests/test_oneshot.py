@@ -189,3 +189,20 @@ def test_digest_bytes_is_the_digest_form(world):
     assert body == digest_form(ruleset_to_json(rs))
     assert hashlib.sha256(body).hexdigest() == digest(rs)
     assert ruleset_from_json(json.loads(body)) == rs
+
+
+def test_ruleset_from_text_reads_what_ruleset_from_json_reads(world):
+    from reconciler.compile import SerializeError, digest_bytes, ruleset_from_text
+
+    inv, cfg, cd = world
+    rs = compile_oneshot(inv, cfg, cd).ruleset
+    text = digest_bytes(rs).decode("ascii")
+    assert ruleset_from_text(text) == ruleset_from_json(json.loads(text)) == rs
+    indented = json.dumps(ruleset_to_json(rs), indent=2)  # any layout of the same document
+    assert ruleset_from_text(indented) == rs
+    with pytest.raises(SerializeError, match="expected str"):
+        ruleset_from_text(text.replace('"name":"nftrec"', '"name":7', 1))
+    with pytest.raises(ValueError):
+        ruleset_from_text(text[:-40])
+    with pytest.raises(SerializeError, match="formatVersion"):
+        ruleset_from_text(text.replace('"formatVersion":1', '"formatVersion":9', 1))

@@ -277,3 +277,104 @@ def ruleset_from_json(d: Any) -> Ruleset:
             raise SerializeError(f"ruleset.owners[{k!r}]: expected str, found {type(v).__name__}")
     rs.owners = dict(owners)
     return rs
+
+
+# --- reading big documents piecewise ---------------------------------------------------------
+
+_WS = " \t\n\r"
+
+
+class _Text:
+    """A cursor over JSON text for `ruleset_from_text`: objects and arrays are walked, every
+    other value (and each chain or set) is decoded on its own with json's C scanner."""
+
+    def __init__(self, text: str):
+        self.text, self.pos = text, 0
+        self.decode = json.JSONDecoder().raw_decode
+
+    def skip(self) -> str:
+        t, i = self.text, self.pos
+        while i < len(t) and t[i] in _WS:
+            i += 1
+        self.pos = i
+        return t[i] if i < len(t) else ""
+
+    def expect(self, ch: str) -> None:
+        if self.skip() != ch:
+            raise ValueError(f"expected {ch!r} at {self.pos}")
+        self.pos += 1
+
+    def value(self):
+        self.skip()
+        v, self.pos = self.decode(self.text, self.pos)
+        return v
+
+    def items(self, close: str):
+        """Yield once per member of the object/array just opened, until `close`."""
+        if self.skip() == close:
+            self.pos += 1
+            return
+        while True:
+            yield
+            c = self.skip()
+            self.pos += 1
+            if c == close:
+                return
+            if c != ",":
+                raise ValueError(f"expected ',' or {close!r} at {self.pos - 1}")
+
+
+def ruleset_from_text(text: str) -> Ruleset:
+    """ruleset_from_json(json.loads(text)), without the whole document in memory at once:
+    each chain and set is decoded and turned into its object before the next is read (a
+    10,000-Service document held ~140 MB). The same checks and errors."""
+    cur = _Text(text)
+    top: dict[str, Any] = {}
+    tables: list[Table] = []
+    cur.expect("{")
+    for _ in cur.items("}"):
+        key = cur.value()
+        cur.expect(":")
+        if key != "tables":
+            top[key] = cur.value()
+            continue
+        cur.expect("[")
+        for i in cur.items("]"):
+            where = f"ruleset.tables[{len(tables)}]"
+            fields_: dict[str, Any] = {}
+            chains: list[Chain] = []
+            sets: list[NamedSet] = []
+            cur.expect("{")
+            for _ in cur.items("}"):
+                k = cur.value()
+                cur.expect(":")
+                if k in ("chains", "sets"):
+                    cur.expect("[")
+                    for _ in cur.items("]"):
+                        if k == "chains":
+                            chains.append(_chain_from_json(cur.value(), f"{where}.chains[{len(chains)}]"))
+                        else:
+                            sets.append(_set_from_json(cur.value(), f"{where}.sets[{len(sets)}]"))
+                else:
+                    fields_[k] = cur.value()
+            table = Table(family=_field(fields_, "family", str, where), name=_field(fields_, "name", str, where),
+                          comment=_field(fields_, "comment", str, where, nullable=True))
+            for j, c in enumerate(chains):
+                if c.name in table.chains:
+                    raise SerializeError(f"{where}.chains[{j}]: duplicate chain {c.name!r}")
+                table.chains[c.name] = c
+            for j, named in enumerate(sets):
+                if named.name in table.sets:
+                    raise SerializeError(f"{where}.sets[{j}]: duplicate set {named.name!r}")
+                table.sets[named.name] = named
+            tables.append(table)
+    if cur.skip():
+        raise ValueError(f"extra data at {cur.pos}")
+    # the rest through the one checking reader (tables already built: an empty list there)
+    rs = ruleset_from_json({**top, "tables": []})
+    for table in tables:
+        if table.family in rs.tables:
+            raise SerializeError(f"ruleset: a second table for family {table.family!r}")
+        rs.tables[table.family] = table
+    return rs
+

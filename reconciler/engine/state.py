@@ -34,7 +34,7 @@ from typing import Any, Callable
 from reconciler import logs
 from reconciler.atomic import atomic_write, fsync_dir  # noqa: F401 - planfile and tests use them from here
 from reconciler.compile import Ruleset
-from reconciler.compile import SerializeError, digest, digest_bytes, ruleset_from_json
+from reconciler.compile import SerializeError, digest, digest_bytes, ruleset_from_json, ruleset_from_text
 
 FORMAT_VERSION = 1
 HISTORY_KEEP = 5
@@ -514,16 +514,17 @@ class StateStore:
             body = raw[m.end():].rstrip()
             if not body.endswith(b"}") or hashlib.sha256(body[:-1]).hexdigest() != sha:
                 raise StateCorrupt(path, damaged)
-            del raw  # the bytes, the document and the Ruleset would all be alive at once
-            try:
-                rs_doc = json.loads(body[:-1])
-            except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            del raw
+            try:  # chain by chain: the whole JSON document is never in memory (compile.ruleset_from_text)
+                text = body[:-1].decode("ascii")
+                del body
+                return ruleset_from_text(text)
+            except SerializeError as e:
+                raise StateCorrupt(path, f"holds a damaged ruleset ({e})") from e
+            except (UnicodeDecodeError, ValueError) as e:
                 raise StateCorrupt(path, f"is not valid JSON ({e})") from e
-            del body
-        else:
-            rs_doc = _read_json(path).get("ruleset")
         try:
-            rs = ruleset_from_json(rs_doc)
+            rs = ruleset_from_json(_read_json(path).get("ruleset"))
         except SerializeError as e:
             raise StateCorrupt(path, f"holds a damaged ruleset ({e})") from e
         if not isinstance(sha, str) and digest(rs) != entry.digest:
