@@ -7,7 +7,9 @@ desired (desired.load_desired, a saved plan, or a history entry for --rollback)
 Fast path: after every apply the state records the kernel's ruleset generation (bumped
 by ANY commit in the namespace). When it is unchanged, the kernel still holds exactly
 what we last applied, so `plan` can diff against that instead of listing the table
-(listing costs seconds at 10,000 Services). `--refresh` always lists.
+(listing costs seconds at 10,000 Services). `--refresh` always lists. On that path,
+`plan_desired` also compiles only the Services whose input changed since (the state's
+compiled.json) and diffs only their objects (compile.compile_oneshot).
 """
 
 from __future__ import annotations
