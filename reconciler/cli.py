@@ -205,15 +205,16 @@ def _target(config: Optional[Path], netns: Optional[str], recover: bool = True):
 
 
 def _desired(directory: Path, config: Optional[Path], netns: Optional[str], strict: bool,
-             target=None, interfaces: bool = True):
+             target=None, interfaces: bool = True, compile: bool = True):
     """The validated, compiled input; invalid input exits 1 (and, for apply, is recorded
-    as a failed attempt: status then shows lastAttemptedRevision != lastAppliedRevision)."""
+    as a failed attempt: status then shows lastAttemptedRevision != lastAppliedRevision).
+    compile=False: plan and apply compile it themselves, only what changed."""
     from reconciler import logs
     from reconciler.engine import InvalidInput, load_desired
 
     try:
         return load_desired(directory, config, strict=strict, netns=netns, interfaces=interfaces,
-                            cache_dir=_cache_dir())
+                            cache_dir=_cache_dir(), compile=compile)
     except InvalidInput as e:
         logs.log.error(str(e))
         if target is not None:
@@ -293,7 +294,7 @@ def plan(
             raise typer.Exit(rc)
     from reconciler.engine import run_plan  # imported late: the fast path never needs it
 
-    desired = _probed(_desired(directory, config, netns, strict), netns, probe)
+    desired = _probed(_desired(directory, config, netns, strict, compile=probe), netns, probe)
     raise typer.Exit(_guard(run_plan, desired, target, verbose=verbose, output=output,
                             detailed=detailed_exitcode, out=out, refresh=refresh))
 
@@ -342,7 +343,8 @@ def apply(
             rc = _guard(run_apply_noop, target, directory or Path("."), config, strict=strict)
             if rc is not None:
                 raise typer.Exit(rc)
-        desired = _probed(_desired(directory or Path("."), config, netns, strict, target=target), netns, probe)
+        desired = _probed(_desired(directory or Path("."), config, netns, strict, target=target, compile=probe),
+                          netns, probe)
     elif probe:
         raise typer.BadParameter("--probe needs a manifest directory (not --plan or --rollback)")
     raise typer.Exit(_guard(run_apply, target, desired=desired, plan_path=plan_file, rollback=rollback,

@@ -15,7 +15,7 @@ default sharded endpoint maps (`layout: kube-proxy` keeps kube-proxy's anonymous
 from reconciler import lazy_exports
 
 __all__, __getattr__ = lazy_exports(__name__, {
-    "incremental": ("Compiled", "changed_services", "compile_incremental", "project"),
+    "incremental": ("Compiled", "OneShot", "changed_services", "compile_incremental", "compile_oneshot", "project"),
     "layout": ("LAYOUTS", "allocation_of", "chain_range", "relocate"),
     "naming": ("join_host_port",),
     "nodeports": ("NodePortSelection", "describe_view_change", "node_address_view", "select_nodeport_ips"),
@@ -24,7 +24,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "ruleset": ("FAMILIES", "BaseHook", "Chain", "Element", "NamedSet", "NftSyntaxError", "Rule", "Ruleset",
                 "Table", "chain_cmd", "chain_id", "check_name", "element_cmd", "element_id", "map_elements_cmd", "rule_cmd",
                 "set_cmd", "set_id", "table_cmd"),
-    "serialize": ("SerializeError", "canonical_json", "digest", "ruleset_from_json", "ruleset_to_json"),
+    "serialize": ("SerializeError", "canonical_json", "digest", "digest_bytes", "digest_form", "digest_json", "ruleset_from_json", "ruleset_from_text", "ruleset_to_json"),
     "topology": ("derived_topology_hints",),
     "services": ("cluster_ip_for", "compile_ruleset", "compile_static", "endpoints_for_port", "ips_of_family",
                  "slices_by_service"),

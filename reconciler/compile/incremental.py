@@ -12,12 +12,14 @@ skeleton, so a diff between them costs what the change costs, not what the table
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+import hashlib
+from dataclasses import dataclass, field, fields, replace
+from operator import attrgetter
 
 from reconciler.compile import layout
-from reconciler.compile.ruleset import Chain, Element, Ruleset, Table, chain_id, element_id, set_id
-from reconciler.compile.services import FAMILIES, NODEPORT_IPS, assemble_placed, check_fragment_references, \
-    compile_service, compile_static, family_context, slices_by_service
+from reconciler.compile.ruleset import Chain, Element, NamedSet, Ruleset, Table, chain_id, element_id, set_id
+from reconciler.compile.services import FAMILIES, NODEPORT_IPS, FamilyFragment, ServiceFragment, assemble_placed, \
+    check_fragment_references, compile_service, compile_static, family_context, slices_by_service
 from reconciler.intake import Inventory, NodeConfig
 
 STATIC_FILLED = frozenset({NODEPORT_IPS})  # sets whose elements only the static part writes
@@ -253,6 +255,11 @@ def changed_services(old: Compiled, new: Compiled) -> set[str] | None:
     return {k for k in keys if old.fragments.get(k) is not new.fragments.get(k)} | set(new.moved)
 
 
+def _index_order(key: tuple[str, ...]) -> tuple:
+    """Element keys in a stable order, a map's numeric indexes by value."""
+    return tuple((0, int(k), "") if k.isdigit() else (1, 0, k) for k in key)
+
+
 def project(rs: Ruleset, static: Ruleset, fragments: list) -> Ruleset:
     """`rs` restricted to the static skeleton's objects and the objects of `fragments`
     (chains, affinity sets, and only those elements of shared sets). Diffing two
@@ -275,14 +282,15 @@ def project(rs: Ruleset, static: Ruleset, fragments: list) -> Ruleset:
             whole_sets.update(ff.sets)
             for set_name, key in ff.elements:
                 keys.setdefault(set_name, set()).add(key)
-            # layout "sharded": the map is fixed by the chain name; the keys are the
-            # range the chain has in *this* ruleset
+            # layout "sharded": the map and keys are the range the chain has in *this*
+            # ruleset (not necessarily the pick's map: a Service that gained ClientIP
+            # affinity moves from a dnat map to a vmap under the same chain name)
             for p in ff.picks:
-                want = keys.setdefault(p.map, set())
+                keys.setdefault(p.map, set())  # the same maps on both sides (old + new picks)
                 c = t.chains.get(p.chain)
                 r = layout.chain_range(c) if c is not None else None
                 if r is not None:
-                    want.update((str(i),) for i in range(r[1], r[1] + r[2]))
+                    keys.setdefault(r[0], set()).update((str(i),) for i in range(r[1], r[1] + r[2]))
         table = Table(t.family, t.name, t.comment)
         for name in chains:
             c = t.chains.get(name)
@@ -296,9 +304,11 @@ def project(rs: Ruleset, static: Ruleset, fragments: list) -> Ruleset:
                 table.sets[name] = s
             elif name in keys:
                 want = keys[name]
+                # in the set's own order (a plan's element lists must not depend on hashing)
                 table.sets[name] = replace(s, elements={k: e for k, e in s.elements.items() if k in want}
                                            if len(want) * 4 > len(s.elements) else
-                                           {k: s.elements[k] for k in want if k in s.elements})
+                                           {k: s.elements[k] for k in sorted(want, key=_index_order)
+                                            if k in s.elements})
                 for k in table.sets[name].elements:
                     o = rs.owners.get(element_id(fam, name, k))
                     if o:
@@ -310,3 +320,292 @@ def project(rs: Ruleset, static: Ruleset, fragments: list) -> Ruleset:
                 out.owners[set_id(fam, name)] = o
         out.tables[fam] = table
     return out
+
+
+# --- one-shot runs: reuse from the last applied ruleset -------------------------------------
+#
+# `nftrec plan`/`apply` start from nothing. What the last apply left is its ruleset (the
+# state's newest history entry, trusted while the kernel's generation token is unchanged)
+# and a memo (`compile_memo`, the state's compiled.json): a digest of what each Service
+# was compiled from. A Service whose digest is unchanged gets its objects back from that
+# ruleset (`fragments_of`) instead of being compiled again; the diff then looks only at
+# the changed Services' objects and the skeleton (`project`).
+
+MEMO_VERSION = 1
+
+
+_FIELDS: dict[type, object] = {}
+
+
+def _plain(obj) -> tuple:
+    """A model object's compared fields (its `source`, a file position, is left out: a
+    Service moved within its file compiles to the same objects)."""
+    get = _FIELDS.get(type(obj))
+    if get is None:
+        get = _FIELDS[type(obj)] = attrgetter(*[f.name for f in fields(obj) if f.compare])
+    return get(obj)
+
+
+def service_input_digest(svc, slices) -> str:
+    """What a Service's fragment is compiled from, besides the node config: the Service and
+    its EndpointSlices (in order). repr of frozen dataclasses of strings, ints, tuples and
+    None: deterministic across processes (no sets or dicts in the model)."""
+    text = repr((_plain(svc), tuple(_plain(s) for s in slices)))
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def memo_key(config_digest: str, inventory: Inventory) -> str:
+    """What every fragment depends on: the effective node config, --strict and the code
+    (`intake.config_digest`), and the service CIDRs."""
+    cidrs = tuple(_plain(c) for c in inventory.service_cidrs)
+    return hashlib.sha256(f"{MEMO_VERSION}|{config_digest}|{cidrs!r}".encode()).hexdigest()
+
+
+def fragments_of(rs: Ruleset, keys: set[str] | None = None) -> dict[str, ServiceFragment]:
+    """The fragments of the Services `keys` (None: all) as they were before `assemble`
+    placed them, read back from an assembled ruleset by owner: their chains (a pick
+    chain's last rule back at offset 0, its values from the map's range), their own sets
+    and their elements of the static sets. Exact only for a ruleset whose elements each
+    came from one Service (`_exact`)."""
+    out: dict[str, ServiceFragment] = {}
+
+    def ff_of(owner: str, fam: str) -> FamilyFragment | None:
+        if keys is not None and owner not in keys:
+            return None
+        frag = out.get(owner)
+        if frag is None:
+            frag = out[owner] = ServiceFragment(owner)
+        ff = frag.families.get(fam)
+        if ff is None:
+            ff = frag.families[fam] = FamilyFragment()
+        return ff
+
+    owners = rs.owners
+    for fam, t in rs.tables.items():
+        for name, c in t.chains.items():
+            o = owners.get(chain_id(fam, name))
+            ff = ff_of(o, fam) if o is not None else None
+            if ff is None:
+                continue
+            r = layout.chain_range(c) if "/" in name else None
+            if r is not None:
+                m, k, n = r
+                elems = t.sets[m].elements
+                body = c.rules[-1].body
+                p = layout.Pick(fam, name, m, body[: body.index("numgen random mod ")],
+                                tuple(elems[(str(k + i),)].value for i in range(n)))
+                ff.picks.append(p)
+                if k:
+                    c = Chain(c.name, c.rules[:-1] + (layout.pick_rule(p, 0),), c.base, c.comment)
+            ff.chains[name] = c
+        for name, s in t.sets.items():
+            o = owners.get(set_id(fam, name))
+            if o is not None:
+                ff = ff_of(o, fam)
+                if ff is not None:
+                    ff.sets[name] = s
+            elif not layout.is_layout_map(name):
+                prefix = f"{fam} element {name} "
+                for key, e in s.elements.items():
+                    o = owners.get(prefix + " . ".join(key))
+                    ff = ff_of(o, fam) if o is not None else None
+                    if ff is not None:
+                        ff.elements[(name, key)] = e
+    return out
+
+
+def _exact(rs: Ruleset, fragments) -> bool:
+    """Whether every element the fragments hold has its own owner entry in `rs`, i.e. no
+    two Services produced the same element (add_fragment keeps the first one's): only
+    then does `fragments_of` give each Service back exactly its fragment."""
+    held = sum(len(ff.elements) + sum(len(p.values) for p in ff.picks)
+               for frag in fragments for ff in frag.families.values())
+    return held == sum(1 for oid in rs.owners if " element " in oid)
+
+
+@dataclass
+class OneShot:
+    """A one-shot compile: the whole desired ruleset, and what changed since `applied`."""
+
+    ruleset: Ruleset
+    static: Ruleset  # the skeleton (for `project`)
+    memo: dict  # for the state's compiled.json
+    # Service keys whose objects may differ from `applied`'s; None: compare everything
+    changed: set[str] | None = None
+    # with `changed`: `applied` and `ruleset` cut down to the skeleton and the changed
+    # Services' objects (compile.project): diffing them is diffing the whole rulesets
+    applied_part: Ruleset | None = None
+    desired_part: Ruleset | None = None
+    recompiled: int = 0
+
+
+def compile_oneshot(inventory: Inventory, config: NodeConfig, config_digest: str | None,
+                    applied: Ruleset | None = None, memo: dict | None = None) -> OneShot:
+    """compile.compile_ruleset(inventory, config, previous=applied), compiling only the
+    Services whose input digest differs from `memo`'s (written with `applied`: the caller
+    checks that they belong together) and patching their objects into `applied`, which
+    is consumed (it becomes the result). Equal to compile_ruleset's result
+    (tests/test_oneshot.py checks with random edits). Without a usable memo, or when the
+    patch cannot be exact (an element two Services produce, a shard to compact),
+    everything is compiled and `changed` is None."""
+    key = memo_key(config_digest or "", inventory)
+    by_svc = slices_by_service(inventory.endpoint_slices)
+    services = sorted(inventory.services, key=lambda s: (s.namespace, s.name))
+    digests = {svc.key: service_input_digest(svc, by_svc.get(svc.key, ())) for svc in services}
+    memo_out = {"version": MEMO_VERSION, "key": key, "exact": False, "services": digests}
+    contexts = {f: family_context(config, f) for f in FAMILIES}
+    before = layout.allocation_of(applied)
+    old = None
+    if applied is not None and memo is not None and config_digest and memo.get("key") == key \
+            and memo.get("exact") is True and isinstance(memo.get("services"), dict):
+        old = memo["services"]
+    if old is not None:
+        changed = {k for k, d in digests.items() if old.get(k) != d} | (set(old) - set(digests))
+        by_key = {svc.key: svc for svc in services}
+        new_frags = [compile_service(by_key[k], by_svc.get(k, ()), config, contexts)
+                     for k in sorted(changed) if k in by_key]
+        try:
+            old_frags = list(fragments_of(applied, changed).values())
+        except (KeyError, ValueError):  # a range without its elements: not what we wrote
+            old_frags = None
+        static = compile_static(config, inventory)
+        if old_frags is not None and _patch_fits(applied, changed, new_frags):
+            offsets = _offsets(applied, before, old_frags, new_frags)
+            if offsets is not None:
+                frags = old_frags + new_frags
+                applied_part = project(applied, static, frags)  # before `applied` becomes the result
+                ruleset = _patch(applied, old_frags, new_frags, offsets)
+                memo_out["exact"] = True  # _patch_fits: no element shared, and `applied` was exact
+                return OneShot(ruleset, static, memo_out, changed, applied_part, project(ruleset, static, frags),
+                               recompiled=len(new_frags))
+    fragments = [compile_service(svc, by_svc.get(svc.key, ()), config, contexts) for svc in services]
+    ruleset, _alloc = assemble_placed(compile_static(config, inventory), fragments, before)
+    memo_out["exact"] = _exact(ruleset, fragments)
+    return OneShot(ruleset, compile_static(config, inventory), memo_out, recompiled=len(fragments))
+
+
+def _patch_fits(rs: Ruleset, changed: set[str], new_frags: list) -> bool:
+    """Whether the new fragments add no object that an unchanged Service (or another new
+    fragment) already has: then assemble would give each object the same owner."""
+    owners = rs.owners
+    seen: set[str] = set()
+    for frag in new_frags:
+        for fam, ff in frag.families.items():
+            t = rs.tables.get(fam)
+            if t is None:
+                return False
+            ids = [(set_id(fam, n), n in t.sets) for n in ff.sets]
+            ids += [(chain_id(fam, n), n in t.chains) for n in ff.chains]
+            for (sn, k) in ff.elements:
+                s = t.sets.get(sn)
+                if s is None:
+                    return False
+                ids.append((element_id(fam, sn, k), k in s.elements))
+            for oid, exists in ids:
+                if oid in seen or (exists and owners.get(oid) not in changed):
+                    return False
+                seen.add(oid)
+    return True
+
+
+def _offsets(rs: Ruleset, before: dict, old_frags: list, new_frags: list) -> dict | None:
+    """layout.allocate(every pick, before) for the new fragments' picks, without the
+    unchanged Services' picks: those keep their ranges (the ranges of a placed ruleset
+    are disjoint, so each is kept), a new pick keeps its chain's range while it fits, and
+    the rest go to the map's high-water mark over the kept ranges, in chain order. None
+    when the map would be compacted (then every range moves: compile everything)."""
+    picks = sorted((p for f in new_frags for ff in f.families.values() for p in ff.picks),
+                   key=lambda p: (p.family, p.map, p.chain))
+    if not picks:
+        return {}
+    gone = {(fam, c) for f in old_frags for fam, ff in f.families.items() for c in ff.chains}
+    new_chains = {(p.family, p.chain) for p in picks}
+    maps = {(p.family, p.map) for p in picks}
+    hwm: dict[tuple[str, str], int] = {}
+    for (fam, chain), (m, k, n) in before.items():  # the unchanged Services' ranges
+        if (fam, m) in maps and (fam, chain) not in gone and (fam, chain) not in new_chains:
+            hwm[(fam, m)] = max(hwm.get((fam, m), 0), k + layout.capacity(n))
+    out: dict[tuple[str, str], int] = {}
+    rest = []
+    for p in picks:
+        prev = before.get((p.family, p.chain))
+        if prev is not None and prev[0] == p.map and len(p.values) <= layout.capacity(prev[2]):
+            out[(p.family, p.chain)] = prev[1]
+            hwm[(p.family, p.map)] = max(hwm.get((p.family, p.map), 0), prev[1] + layout.capacity(prev[2]))
+        else:
+            rest.append(p)
+    for p in rest:
+        k = hwm.get((p.family, p.map), 0)
+        if k + layout.capacity(len(p.values)) > layout.COMPACT_AT:
+            return None
+        out[(p.family, p.chain)] = k
+        hwm[(p.family, p.map)] = k + layout.capacity(len(p.values))
+    return out
+
+
+def _patch(rs: Ruleset, old_frags: list, new_frags: list, offsets: dict) -> Ruleset:
+    """`rs` (changed in place) without the old fragments' objects and with the new ones,
+    placed at `offsets`: what assemble gives for the same fragments (`_patch_fits` and
+    `_offsets` said so). Sets that change are copied first (projections share them)."""
+    owners = rs.owners
+    copied: set[tuple[str, str]] = set()
+
+    def writable(fam: str, name: str) -> NamedSet:
+        t = rs.tables[fam]
+        if (fam, name) not in copied:
+            s = t.sets.get(name)
+            t.sets[name] = layout.map_for(fam, name) if s is None else replace(s, elements=dict(s.elements))
+            copied.add((fam, name))
+        return t.sets[name]
+
+    maps_touched: set[tuple[str, str]] = set()
+    for frag in old_frags:
+        for fam, ff in frag.families.items():
+            t = rs.tables[fam]
+            for name in ff.chains:
+                c = t.chains.pop(name)
+                owners.pop(chain_id(fam, name), None)
+                r = layout.chain_range(c) if "/" in name else None
+                if r is not None:
+                    m, k, n = r
+                    elems = writable(fam, m).elements
+                    for i in range(k, k + n):
+                        elems.pop((str(i),), None)
+                        owners.pop(element_id(fam, m, (str(i),)), None)
+                    maps_touched.add((fam, m))
+            for name in ff.sets:
+                t.sets.pop(name, None)
+                owners.pop(set_id(fam, name), None)
+            for (sn, key) in ff.elements:
+                writable(fam, sn).elements.pop(key, None)
+                owners.pop(element_id(fam, sn, key), None)
+    for frag in sorted(new_frags, key=lambda f: f.service_key):
+        owner = frag.service_key
+        for fam, ff in frag.families.items():
+            t = rs.tables[fam]
+            for name, st in ff.sets.items():
+                t.sets[name] = st
+                owners[set_id(fam, name)] = owner
+            for name, c in ff.chains.items():
+                t.chains[name] = c
+                owners[chain_id(fam, name)] = owner
+            for (sn, key), e in ff.elements.items():
+                writable(fam, sn).elements[key] = e
+                owners[element_id(fam, sn, key)] = owner
+            for p in ff.picks:
+                k = offsets[(p.family, p.chain)]
+                if k:
+                    c = t.chains[p.chain]
+                    t.chains[p.chain] = Chain(c.name, c.rules[:-1] + (layout.pick_rule(p, k),), c.base, c.comment)
+                elems = writable(fam, p.map).elements
+                for i, v in enumerate(p.values):
+                    idx = str(k + i)
+                    elems[(idx,)] = Element((idx,), v)
+                    owners[element_id(fam, p.map, (idx,))] = owner
+                maps_touched.add((fam, p.map))
+    for fam, m in maps_touched:  # assemble declares only the maps some pick uses
+        if not rs.tables[fam].sets[m].elements:
+            del rs.tables[fam].sets[m]
+    for frag in new_frags:
+        check_fragment_references(rs, frag)
+    return rs

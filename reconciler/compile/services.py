@@ -834,7 +834,7 @@ def check_fragment_references(ruleset: Ruleset, fragment: ServiceFragment) -> No
     for family, ff in fragment.families.items():
         table = ruleset.tables[family]
         _check_chains(table, [table.chains[n] for n in ff.chains])
-        for (set_name, key), _e in ff.elements.items():
+        for set_name, key in ff.elements:
             e = table.sets[set_name].elements.get(key)
             if e is not None and e.value and e.value.startswith("goto ") and e.value[5:] not in table.chains:
                 raise CompileError(f"{table.family} {set_name}: goto missing chain {e.value[5:]}")

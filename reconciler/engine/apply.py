@@ -7,7 +7,9 @@ desired (desired.load_desired, a saved plan, or a history entry for --rollback)
 Fast path: after every apply the state records the kernel's ruleset generation (bumped
 by ANY commit in the namespace). When it is unchanged, the kernel still holds exactly
 what we last applied, so `plan` can diff against that instead of listing the table
-(listing costs seconds at 10,000 Services). `--refresh` always lists.
+(listing costs seconds at 10,000 Services). `--refresh` always lists. On that path,
+`plan_desired` also compiles only the Services whose input changed since (the state's
+compiled.json) and diffs only their objects (compile.compile_oneshot).
 """
 
 from __future__ import annotations
@@ -39,20 +41,64 @@ def _color(stream: TextIO) -> bool:
     return stream.isatty() and not os.environ.get("NO_COLOR")
 
 
+def recorded_state(nft: Libnftables, target: Target) -> tuple[Ruleset, dict | None] | None:
+    """The fast path: (the last applied ruleset as recorded, its compile memo or None)
+    while the kernel's generation token says nobody committed since; else None."""
+    store = target.store()
+    st = read_status(store)
+    token = kernel_token(nft)
+    if st.kernel_generation is not None and token == st.kernel_generation:
+        entries = read_history(store)
+        if entries and entries[-1].digest == st.desired_digest:
+            try:
+                return store.load_ruleset(entries[-1]), store.read_compiled(st.desired_digest)
+            except StateCorrupt:
+                pass  # fall back to the kernel
+    return None
+
+
 def read_live_state(nft: Libnftables, target: Target, *, refresh: bool) -> tuple[Ruleset, bool]:
     """(live ruleset in canonical form, whether it came from the fast path)."""
-    store = target.store()
     if not refresh:
-        st = read_status(store)
-        token = kernel_token(nft)
-        if st.kernel_generation is not None and token == st.kernel_generation:
-            entries = read_history(store)
-            if entries and entries[-1].digest == st.desired_digest:
-                try:
-                    return canonical(store.load_ruleset(entries[-1])), True
-                except StateCorrupt:
-                    pass  # fall back to the kernel
+        rec = recorded_state(nft, target)
+        if rec is not None:
+            return canonical(rec[0]), True
     return read_live(nft, target.table), False
+
+
+def plan_desired(desired, nft: Libnftables, target: Target, *, refresh: bool):
+    """Compile `desired` (read with compile=False) against what the kernel holds, and plan:
+    (desired with its ruleset, plan, the live listing or None, whether the kernel was
+    not listed, the compile memo).
+
+    On the fast path the recorded ruleset stands in for the listing, and with its memo
+    only the Services whose input changed are compiled; the diff then covers their old
+    and new objects plus the skeleton (compile.project), so it costs what the change
+    costs. Otherwise everything is compiled, keeping the kernel's index ranges, and
+    diffed against the listing."""
+    from dataclasses import replace
+
+    from reconciler.compile import NftSyntaxError, compile_oneshot
+
+    rec = None if refresh else recorded_state(nft, target)
+    live = read_live(nft, target.table) if rec is None else None
+    applied, memo = rec if rec is not None else (live, None)
+    inv = desired.inventory
+    try:
+        one = compile_oneshot(inv, desired.config, desired.config_digest, applied, memo)
+    except NftSyntaxError as e:  # defence in depth: validation should have refused it
+        raise CommandError(f"refusing input that would reach nft unsafely: {e}") from None
+    desired = replace(desired, ruleset=one.ruleset)
+    services = {s.key: s for s in inv.services}
+    if one.changed is not None:  # `applied` became one.ruleset: only its projection is left
+        plan = make_plan(one.desired_part, canonical(one.applied_part), services, _derived_hints(desired))
+        plan = replace(plan, desired=one.ruleset)  # what commit and verify_touched read
+        logs.log.debug(f"incremental plan: {one.recompiled} of {len(services)} Services compiled, "
+                       f"{len(one.changed)} compared")
+    else:  # compile_oneshot does not consume `applied` then
+        plan = make_plan(one.ruleset, live if live is not None else canonical(applied), services,
+                         _derived_hints(desired))
+    return desired, plan, live, rec is not None, one.memo
 
 
 def _keep_ranges(desired, live: Ruleset):
@@ -80,10 +126,13 @@ def run_plan(desired, target: Target, *, verbose: bool, output: str, detailed: b
     nft = target.nft()
     try:
         token = kernel_token(nft) if out is not None else None  # before listing (see verify_applied)
-        live, _fast = read_live_state(nft, target, refresh=refresh or out is not None)
-        desired = _keep_ranges(desired, live)
-        services = {s.key: s for s in desired.inventory.services}
-        plan = make_plan(desired.ruleset, live, services, _derived_hints(desired))
+        if desired.ruleset is None:
+            desired, plan, live, _fast, _memo = plan_desired(desired, nft, target, refresh=refresh or out is not None)
+        else:
+            live, _fast = read_live_state(nft, target, refresh=refresh or out is not None)
+            desired = _keep_ranges(desired, live)
+            services = {s.key: s for s in desired.inventory.services}
+            plan = make_plan(desired.ruleset, live, services, _derived_hints(desired))
         context = {"netns": target.netns, "table": target.table, "revision": desired.revision,
                    "fastPath": False}
         if out is not None:
@@ -131,10 +180,14 @@ def run_apply(target: Target, *, desired=None, plan_path: Path | None = None,
         status = read_status(store)
         read_history(store)  # a damaged entry would block status and rollback later
         token_before = kernel_token(nft)  # before the kernel is read: see sync.verify_touched
-        # A saved plan is checked against a real listing (its fingerprint came from one);
-        # otherwise the unchanged-generation fast path saves one full listing.
-        live, fast = read_live_state(nft, target, refresh=plan_path is not None)
-        plan_id, services = None, {}
+        plan_id, services, memo = None, {}, None
+        compiled_here = desired is not None and desired.ruleset is None  # read with compile=False
+        if compiled_here:
+            desired, plan, _live, fast, memo = plan_desired(desired, nft, target, refresh=False)
+        else:
+            # A saved plan is checked against a real listing (its fingerprint came from one);
+            # otherwise the unchanged-generation fast path saves one full listing.
+            live, fast = read_live_state(nft, target, refresh=plan_path is not None)
         if plan_path is not None:
             try:
                 saved = planfile.load(plan_path)
@@ -164,6 +217,9 @@ def run_apply(target: Target, *, desired=None, plan_path: Path | None = None,
             plan = make_plan(ruleset, live)
             print(logs.escape(f"Rolling back to revision {short_revision(revision)} applied at {entry.applied_at}."),
                   file=out_stream)
+        elif compiled_here:
+            ruleset, revision = desired.ruleset, desired.revision
+            services = {s.key: s for s in desired.inventory.services}
         else:
             desired = _keep_ranges(desired, live)
             ruleset, revision = desired.ruleset, desired.revision
@@ -196,11 +252,16 @@ def run_apply(target: Target, *, desired=None, plan_path: Path | None = None,
 
         from_dir = desired is not None and plan_path is None and not rollback
 
+        recorded = []
+
         def record():
-            store.record_applied(revision, ruleset, fingerprint(after if after is not None else canonical(ruleset)),
+            # the fingerprint of a listing; none was read when only the touched objects
+            # were (canonicalising the whole ruleset for it cost seconds at 10,000 Services)
+            recorded[:] = [store.record_applied(revision, ruleset, fingerprint(after) if after is not None else None,
                                  token, plan_id,
                                  input_digest=desired.input_digest if from_dir else None,
-                                 config_digest=desired.config_digest if from_dir else None)
+                                 config_digest=desired.config_digest if from_dir else None,
+                                 compiled=memo if from_dir else None).desired_digest]
 
         if pending is not None:
             confirm_window.hold_window(nft, target, pending, confirm, record)  # CommandError: rolled back
@@ -211,7 +272,7 @@ def run_apply(target: Target, *, desired=None, plan_path: Path | None = None,
             # tell endpoints from frontends, so the next apply from manifests (or watch) does it
             clean_udp_conntrack(target.netns, desired.inventory, desired.config, plan)
         print(logs.escape(f"Apply complete: {len(plan.transaction)} operations in one transaction; "
-                          f"revision {short_revision(revision)} (digest {digest(ruleset)[:12]}) is live in "
+                          f"revision {short_revision(revision)} (digest {(recorded[0] if recorded else digest(ruleset))[:12]}) is live in "
                           f"{target.where}."), file=out_stream)
         return EXIT_OK
     finally:

@@ -16,7 +16,7 @@ from reconciler.compile import NftSyntaxError, Ruleset
 class Desired:
     inventory: Inventory
     config: NodeConfig
-    ruleset: Ruleset
+    ruleset: Ruleset | None  # None: read with compile=False, compiled by plan/apply (apply.plan_desired)
     input_digest: str | None = None  # content digest of the manifest tree read
     config_digest: str | None = None  # intake.config_digest of `config` (after discovery)
 
@@ -50,10 +50,11 @@ def node_ip_discovery(netns: str | None):
 
 
 def node_address_discovery(netns: str | None):
-    """List the node's interface addresses (nodePortAddresses) in the target namespace."""
-    from reconciler.intake import discover_host_addresses
+    """List the node's interface addresses (nodePortAddresses) in the target namespace
+    (kernel.host_addresses: intake.discover_host_addresses without pyroute2's import)."""
+    from reconciler.kernel import host_addresses
 
-    return _in_target(netns, discover_host_addresses)
+    return _in_target(netns, host_addresses)
 
 
 def load_config(config_path: Path | None, netns: str | None, *, interfaces: bool = True):
@@ -76,11 +77,13 @@ class InvalidInput(Exception):
 
 
 def load_desired(directory: Path, config_path: Path | None, *, strict: bool = False,
-                 netns: str | None = None, interfaces: bool = True, cache_dir: Path | None = None) -> Desired:
+                 netns: str | None = None, interfaces: bool = True, cache_dir: Path | None = None,
+                 compile: bool = True) -> Desired:
     """Read, validate and compile, logging every problem. Raises InvalidInput when the
     input has errors: invalid input is never applied. interfaces=False (render): the
     node's interface addresses are not listed; nodeIPs stand in for them. `cache_dir`:
-    the intake cache."""
+    the intake cache. compile=False (plan, apply): the ruleset is left None, for
+    apply.plan_desired to compile against the last applied one (only what changed)."""
     from reconciler.compile import compile_ruleset
     from reconciler.intake import config_digest, read_inventory_cached
 
@@ -92,6 +95,9 @@ def load_desired(directory: Path, config_path: Path | None, *, strict: bool = Fa
     errors = sum(p.severity == "error" for p in problems)
     if errors:
         raise InvalidInput(result.inventory.revision, errors, directory)
+    if not compile:
+        _warn_loopback(config)
+        return Desired(result.inventory, config, None, result.digest, config_digest(config, strict=strict))
     try:
         with progress.step(f"compiling {len(result.inventory.services)} Services"):
             ruleset = compile_ruleset(result.inventory, config)

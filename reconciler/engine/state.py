@@ -22,6 +22,7 @@ Rules this module keeps:
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -33,7 +34,7 @@ from typing import Any, Callable
 from reconciler import logs
 from reconciler.atomic import atomic_write, fsync_dir  # noqa: F401 - planfile and tests use them from here
 from reconciler.compile import Ruleset
-from reconciler.compile import SerializeError, digest, ruleset_from_json, ruleset_to_json
+from reconciler.compile import SerializeError, digest, digest_bytes, ruleset_from_json, ruleset_from_text
 
 FORMAT_VERSION = 1
 HISTORY_KEEP = 5
@@ -254,9 +255,51 @@ def _history_entry(path: Path, doc: Any) -> HistoryEntry:
         raise StateCorrupt(path, "fields 'appliedAt' and 'digest' must be strings")
     if doc.get("sequence") != entry.sequence or not entry.digest.startswith(m.group(2)):
         raise StateCorrupt(path, "its name does not match its sequence and digest fields")
-    if not isinstance(doc.get("ruleset"), dict):
+    if "ruleset" in doc and not isinstance(doc.get("ruleset"), dict):
         raise StateCorrupt(path, "lacks the 'ruleset' object")
     return entry
+
+
+# A history file is one JSON object whose last key is "ruleset" (both as nftrec writes it
+# now, compact, and as older nftrecs wrote it, indented). Everything before that key is
+# the small header: listing the history reads only that, not the whole table's ruleset.
+# (A '"' that opens a key cannot occur inside a JSON string, where it is escaped.)
+_RULESET_KEY = re.compile(rb',\s*"ruleset"\s*:\s*')
+_HEADER_MAX = 1 << 16
+
+
+def _read_header(path: Path) -> dict:
+    """The history file's fields but "ruleset" (the whole file parsed when the header is
+    not where nftrec writes it). FileNotFoundError when absent, StateCorrupt when unreadable."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(_HEADER_MAX)
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        raise StateCorrupt(path, f"cannot be read ({e.strerror or e})") from e
+    m = _RULESET_KEY.search(head)
+    if m is not None:
+        try:
+            doc = json.loads(head[: m.start()] + b"}")
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            doc = None
+        if isinstance(doc, dict):
+            return doc
+    doc = _read_json(path)
+    if not isinstance(doc, dict) or not isinstance(doc.get("ruleset"), dict):
+        raise StateCorrupt(path, "lacks the 'ruleset' object")
+    doc.pop("ruleset")
+    return doc
+
+
+def _history_bytes(header: dict, body: bytes) -> bytes:
+    """A history file: the header fields, `rulesetSha256` (of the ruleset's bytes, so a
+    read checks the ruleset with one hash instead of re-digesting it) and the ruleset in
+    its digest form (`compile.digest_form`: compact, written by json's C encoder, and its
+    sha256 is the digest, so one encoding serves both)."""
+    head = dict(header, rulesetSha256=hashlib.sha256(body).hexdigest())
+    return json.dumps(head).encode("utf-8")[:-1] + b',\n"ruleset":' + body + b"}\n"
 
 
 # --- the store --------------------------------------------------------------------------
@@ -334,19 +377,23 @@ class StateStore:
         *,
         input_digest: str | None = None,
         config_digest: str | None = None,
+        compiled: dict | None = None,
     ) -> Status:
         """Record a successful apply: status, and a history entry unless the ruleset is unchanged.
 
         `input_digest` and `config_digest` say which manifests and effective node config
         the ruleset was compiled from; None (a saved plan, a rollback, watch) disables
-        the no-op fast path until the next apply of a directory.
+        the no-op fast path until the next apply of a directory. `compiled` (what each
+        Service was compiled from, `compile.compile_memo`) is written to compiled.json for
+        the next apply's incremental compile.
 
         The history file is written before status.json, so status never names a
         ruleset that is not on disk; a crash in between leaves one extra history entry.
         """
         st = self.status()
         now = self._clock()
-        d = digest(ruleset)
+        body = digest_bytes(ruleset)  # once: the digest and the history file
+        d = hashlib.sha256(body).hexdigest()
         # Sequence numbers come from file names only, so a damaged entry (which history()
         # reports) never blocks recording an apply that already reached the kernel.
         files = self._history_files()
@@ -354,16 +401,16 @@ class StateStore:
         # adds no history entry: history is for going back to something different.
         if not files or self._entry_digest(files[-1][1]) != d:
             seq = files[-1][0] + 1 if files else 1
-            doc = {
+            header = {
                 "formatVersion": FORMAT_VERSION,
                 "sequence": seq,
                 "revision": revision,
                 "appliedAt": now,
                 "digest": d,
                 "planId": plan_id,
-                "ruleset": ruleset_to_json(ruleset),
             }
-            atomic_write(self.history_dir / f"{seq:06d}-{d[:12]}.json", _dump(doc))
+            atomic_write(self.history_dir / f"{seq:06d}-{d[:12]}.json", _history_bytes(header, body))
+        del body
         st.last_applied_revision = st.last_attempted_revision = revision
         st.last_applied_at = st.last_attempted_at = now
         st.last_applied_plan_id = plan_id
@@ -375,6 +422,8 @@ class StateStore:
         st.input_digest = input_digest
         st.config_digest = config_digest
         self._write_status(st)
+        if compiled is not None:
+            self.write_compiled(d, compiled)
         self._prune()
         self._sweep_temp_files()
         return st
@@ -409,7 +458,7 @@ class StateStore:
     def _entry_digest(self, path: Path) -> str | None:
         """The digest recorded in a history file, None when it cannot be read."""
         try:
-            return _history_entry(path, _read_json(path)).digest
+            return _history_entry(path, _read_header(path)).digest
         except (OSError, StateCorrupt):
             return None
 
@@ -418,7 +467,7 @@ class StateStore:
         entries = []
         for _, path in self._history_files():
             try:
-                doc = _read_json(path)
+                doc = _read_header(path)  # the ruleset is read (and checked) by load_ruleset
             except FileNotFoundError:  # pruned by another reader's writer meanwhile
                 continue
             entries.append(_history_entry(path, doc))
@@ -446,16 +495,71 @@ class StateStore:
         return None
 
     def load_ruleset(self, entry: HistoryEntry) -> Ruleset:
-        """The ruleset of `entry`, checked against its recorded digest."""
-        doc = _read_json(entry.path)
-        _history_entry(entry.path, doc)
+        """The ruleset of `entry`, checked against its recorded digest: through the
+        recorded sha256 of its bytes when the file has one (one hash), else by digesting
+        the ruleset read (files of older nftrecs, or edited by hand)."""
+        path = entry.path
         try:
-            rs = ruleset_from_json(doc["ruleset"])
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            raise
+        except OSError as e:
+            raise StateCorrupt(path, f"cannot be read ({e.strerror or e})") from e
+        damaged = "its ruleset does not match its recorded digest (edited or damaged)"
+        m = _RULESET_KEY.search(raw, 0, _HEADER_MAX)
+        header = _read_header(path) if m is not None else None
+        _history_entry(path, header if header is not None else _read_json(path))
+        sha = header.get("rulesetSha256") if header is not None else None
+        if isinstance(sha, str):
+            body = raw[m.end():].rstrip()
+            if not body.endswith(b"}") or hashlib.sha256(body[:-1]).hexdigest() != sha:
+                raise StateCorrupt(path, damaged)
+            del raw
+            try:  # chain by chain: the whole JSON document is never in memory (compile.ruleset_from_text)
+                text = body[:-1].decode("ascii")
+                del body
+                return ruleset_from_text(text)
+            except SerializeError as e:
+                raise StateCorrupt(path, f"holds a damaged ruleset ({e})") from e
+            except (UnicodeDecodeError, ValueError) as e:
+                raise StateCorrupt(path, f"is not valid JSON ({e})") from e
+        try:
+            rs = ruleset_from_json(_read_json(path).get("ruleset"))
         except SerializeError as e:
-            raise StateCorrupt(entry.path, f"holds a damaged ruleset ({e})") from e
-        if digest(rs) != entry.digest:
-            raise StateCorrupt(entry.path, "its ruleset does not match its recorded digest (edited or damaged)")
+            raise StateCorrupt(path, f"holds a damaged ruleset ({e})") from e
+        if not isinstance(sha, str) and digest(rs) != entry.digest:
+            raise StateCorrupt(path, damaged)
         return rs
+
+    # -- compiled.json: what the last applied ruleset was compiled from --
+
+    @property
+    def compiled_path(self) -> Path:
+        return self.dir / "compiled.json"
+
+    def write_compiled(self, desired_digest: str, memo: dict) -> None:
+        """compiled.json: `memo` (compile.compile_memo) for the ruleset of `desired_digest`.
+        Compact: one line per run, written after status.json (a crash in between leaves
+        a memo of another digest, which is ignored)."""
+        doc = {"formatVersion": FORMAT_VERSION, "desiredDigest": desired_digest, **memo}
+        atomic_write(self.compiled_path, json.dumps(doc, separators=(",", ":")).encode("utf-8") + b"\n")
+
+    def read_compiled(self, desired_digest: str | None) -> dict | None:
+        """The memo written with the ruleset of `desired_digest`, or None (absent, of
+        another ruleset, or unreadable: the caller compiles everything, as without one)."""
+        if desired_digest is None:
+            return None
+        try:
+            doc = json.loads(self.compiled_path.read_bytes())
+        except FileNotFoundError:
+            return None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            logs.log.debug(f"ignoring {self.compiled_path}: {e}")
+            return None
+        if not isinstance(doc, dict) or doc.get("formatVersion") != FORMAT_VERSION \
+                or doc.get("desiredDigest") != desired_digest:
+            return None
+        return doc
 
     def _prune(self) -> None:
         files = self._history_files()

@@ -1,0 +1,208 @@
+"""One-shot incremental compile and diff (compile/incremental.py `compile_oneshot`, used by
+engine/apply.py `plan_desired`): a `plan`/`apply` after an apply compiles only the
+Services whose input changed, patches them into the recorded ruleset and diffs only them.
+
+- property: for random edits (endpoints moved, added, removed; Services removed, added,
+  retyped; several rounds, each against the previous round's result), the incremental
+  ruleset has the digest of a full compile with the same previous ranges, and the plan
+  (text and transaction) is the full plan's;
+- the memo is ignored when it does not fit (another config, not exact);
+- real kernel: an edit applied incrementally leaves the kernel exactly as the same edit
+  applied through the full compile (compiled.json removed) in a twin namespace.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from reconciler.compile import compile_oneshot, compile_ruleset, digest, ruleset_from_json, ruleset_to_json
+from reconciler.engine.plan import format_text, make_plan
+from reconciler.intake import config_digest, load_node_config, read_inventory
+from reconciler.kernel import canonical
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+import targets  # noqa: E402  (the benchmark's realistic Service mix)
+from test_cli_kernel import netns2  # noqa: E402,F401  (a second throwaway namespace)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    d = tmp_path_factory.mktemp("oneshot")
+    targets.generate(d / "m", 240, 4)
+    (d / "cfg.yaml").write_text(targets.NODE_CONFIG)
+    cfg, problems = load_node_config(str(d / "cfg.yaml"), discover=False)
+    assert not problems
+    res = read_inventory(d / "m")
+    assert not [p for p in res.problems if p.is_error]
+    return res.inventory, cfg, config_digest(cfg, strict=False)
+
+
+def _norm(op) -> str:
+    """An nft operation with the elements of a batched map declaration sorted (their order
+    follows dict order, which a patch and a full assembly build differently)."""
+    op = str(op)
+    m = re.search(r"elements = \{ (.*) \}", op)
+    return op if m is None else op[:m.start(1)] + " , ".join(sorted(m.group(1).split(" , "))) + op[m.end(1):]
+
+
+def _edit(inv, rnd: random.Random, serial: int):
+    slices, svcs = list(inv.endpoint_slices), list(inv.services)
+    for _ in range(rnd.randrange(1, 6)):
+        i = rnd.randrange(len(slices))
+        s = slices[i]
+        eps = list(s.endpoints)
+        r = rnd.random()
+        fresh = lambda: (f"10.250.{rnd.randrange(250)}.{rnd.randrange(1, 250)}",)  # noqa: E731
+        if r < 0.35 and eps:
+            eps[rnd.randrange(len(eps))] = dataclasses.replace(eps[0], addresses=fresh())
+        elif r < 0.65 and eps:
+            eps += [dataclasses.replace(eps[0], addresses=fresh()) for _ in range(rnd.randrange(1, 12))]
+        elif r < 0.85:
+            eps = eps[:rnd.randrange(0, len(eps) + 1)]
+        elif eps:
+            eps[0] = dataclasses.replace(eps[0], ready=not eps[0].ready)
+        slices[i] = dataclasses.replace(s, endpoints=tuple(dict.fromkeys(eps)))
+    for _ in range(rnd.randrange(0, 3)):
+        del svcs[rnd.randrange(len(svcs))]
+    if rnd.random() < 0.5:  # a new Service taking over an existing one's slices under a new name
+        j = rnd.randrange(len(svcs))
+        old = svcs[j]
+        svcs[j] = dataclasses.replace(old, name=f"{old.name}-v{serial}")
+        slices = [dataclasses.replace(s, service_name=f"{old.name}-v{serial}") if s.service_key == old.key else s
+                  for s in slices]
+    if rnd.random() < 0.4:  # affinity and policy flips
+        j = rnd.randrange(len(svcs))
+        s = svcs[j]
+        svcs[j] = dataclasses.replace(s, session_affinity="None" if s.session_affinity == "ClientIP" else "ClientIP",
+                                      external_traffic_policy=rnd.choice(["Cluster", "Local"]))
+    return dataclasses.replace(inv, endpoint_slices=tuple(slices), services=tuple(svcs))
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_incremental_equals_full_compile_and_plan(world, seed):
+    inv, cfg, cd = world
+    rnd = random.Random(seed)
+    first = compile_oneshot(inv, cfg, cd)
+    assert first.changed is None and first.memo["exact"] is True
+    assert digest(first.ruleset) == digest(compile_ruleset(inv, cfg))
+    applied, memo = first.ruleset, first.memo
+    for round_ in range(3):  # each round against the previous round's result, as applies chain
+        inv = _edit(inv, rnd, seed * 10 + round_)
+        recorded = ruleset_from_json(ruleset_to_json(applied))  # what the state store gives back
+        full = compile_ruleset(inv, cfg, previous=recorded)
+        full_plan = make_plan(full, canonical(recorded))
+        one = compile_oneshot(inv, cfg, cd, ruleset_from_json(ruleset_to_json(applied)), memo)
+        assert one.changed is not None, "the memo fits: only changed Services are compiled"
+        assert one.recompiled <= len(one.changed) < len(inv.services)
+        assert digest(one.ruleset) == digest(full)
+        plan = make_plan(one.desired_part, canonical(one.applied_part))
+        assert format_text(plan, verbose=False) == format_text(full_plan, verbose=False)
+        assert sorted(map(_norm, plan.transaction)) == sorted(map(_norm, full_plan.transaction))
+        assert one.memo["exact"] is True
+        applied, memo = one.ruleset, one.memo
+
+
+def test_no_change_compiles_nothing_and_plans_nothing(world):
+    inv, cfg, cd = world
+    first = compile_oneshot(inv, cfg, cd)
+    one = compile_oneshot(inv, cfg, cd, ruleset_from_json(ruleset_to_json(first.ruleset)), first.memo)
+    assert one.changed == set() and one.recompiled == 0
+    assert digest(one.ruleset) == digest(first.ruleset)
+    assert make_plan(one.desired_part, canonical(one.applied_part)).empty
+
+
+def test_memo_that_does_not_fit_compiles_everything(world):
+    inv, cfg, cd = world
+    first = compile_oneshot(inv, cfg, cd)
+    recorded = lambda: ruleset_from_json(ruleset_to_json(first.ruleset))  # noqa: E731
+    for memo, config_dig in (({**first.memo, "key": "another config"}, cd),
+                             ({**first.memo, "exact": False}, cd),
+                             (first.memo, "another config digest"),
+                             (None, cd)):
+        one = compile_oneshot(inv, cfg, config_dig, recorded(), memo)
+        assert one.changed is None and one.recompiled == len(inv.services)
+        assert digest(one.ruleset) == digest(first.ruleset)
+
+
+def test_service_input_digest_ignores_file_positions_only(world):
+    from reconciler.compile.incremental import service_input_digest
+    from reconciler.intake import Source
+
+    inv = world[0]
+    svc = inv.services[0]
+    moved = dataclasses.replace(svc, source=Source("elsewhere.yaml", 99, 1))
+    assert service_input_digest(moved, ()) == service_input_digest(svc, ())
+    assert service_input_digest(dataclasses.replace(svc, name="other"), ()) != service_input_digest(svc, ())
+
+
+# --- real kernel ---------------------------------------------------------------------------
+
+
+@pytest.mark.kernel
+def test_incremental_apply_leaves_the_kernel_as_a_full_apply(netns, netns2, tmp_path, monkeypatch):
+    from test_cli_kernel import _add_endpoint, _remove_endpoint, assert_clean, copy_edge, listing, nftrec, ok
+
+    monkeypatch.setenv("NFTREC_LOG_LEVEL", "debug")
+    ran = {}
+    for ns, tag in ((netns, "incremental"), (netns2, "full")):
+        state = tmp_path / f"state-{tag}"
+        d = copy_edge(tmp_path / tag)
+        ok(nftrec("apply", str(d), state=state, ns=ns))
+        compiled = next(state.rglob("compiled.json"))
+        assert json.loads(compiled.read_text())["exact"] is True
+        for edit in (_add_endpoint, _remove_endpoint):
+            edit(d)
+            if tag == "full":
+                compiled.unlink()  # no memo: everything is compiled and diffed
+            p = nftrec("apply", str(d), state=state, ns=ns)
+            p = ok(p)
+            m = re.search(r"incremental plan: (\d+) of (\d+) Services compiled", p.stderr)
+            if tag == "incremental":
+                assert m and int(m.group(1)) == 1 < int(m.group(2)), p.stderr
+            else:
+                assert m is None, p.stderr
+        assert_clean(d, state, ns)
+        ran[tag] = (listing(ns, "ip"), listing(ns, "ip6"), p.stdout)
+    strip = lambda text: re.sub(r" # handle \d+", "", text)  # noqa: E731
+    for i in (0, 1):
+        assert strip(ran["incremental"][i]) == strip(ran["full"][i])
+    assert ran["incremental"][2].split("revision")[0] == ran["full"][2].split("revision")[0]
+
+
+def test_digest_bytes_is_the_digest_form(world):
+    """The state store's streamed encoding is byte for byte the digest form."""
+    import hashlib
+
+    from reconciler.compile import digest_bytes, digest_form
+
+    inv, cfg, cd = world
+    rs = compile_oneshot(inv, cfg, cd).ruleset
+    body = digest_bytes(rs)
+    assert body == digest_form(ruleset_to_json(rs))
+    assert hashlib.sha256(body).hexdigest() == digest(rs)
+    assert ruleset_from_json(json.loads(body)) == rs
+
+
+def test_ruleset_from_text_reads_what_ruleset_from_json_reads(world):
+    from reconciler.compile import SerializeError, digest_bytes, ruleset_from_text
+
+    inv, cfg, cd = world
+    rs = compile_oneshot(inv, cfg, cd).ruleset
+    text = digest_bytes(rs).decode("ascii")
+    assert ruleset_from_text(text) == ruleset_from_json(json.loads(text)) == rs
+    indented = json.dumps(ruleset_to_json(rs), indent=2)  # any layout of the same document
+    assert ruleset_from_text(indented) == rs
+    with pytest.raises(SerializeError, match="expected str"):
+        ruleset_from_text(text.replace('"name":"nftrec"', '"name":7', 1))
+    with pytest.raises(ValueError):
+        ruleset_from_text(text[:-40])
+    with pytest.raises(SerializeError, match="formatVersion"):
+        ruleset_from_text(text.replace('"formatVersion":1', '"formatVersion":9', 1))
