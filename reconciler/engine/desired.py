@@ -50,11 +50,10 @@ def node_ip_discovery(netns: str | None):
 
 
 def node_address_discovery(netns: str | None):
-    """List the node's interface addresses (nodePortAddresses) in the target namespace
-    (kernel.host_addresses: intake.discover_host_addresses without pyroute2's import)."""
-    from reconciler.kernel import host_addresses
+    """List the node's interface addresses (nodePortAddresses) in the target namespace."""
+    from reconciler.intake import discover_host_addresses
 
-    return _in_target(netns, host_addresses)
+    return _in_target(netns, discover_host_addresses)
 
 
 def load_config(config_path: Path | None, netns: str | None, *, interfaces: bool = True):

@@ -5,7 +5,6 @@
     live       the kernel's listing parsed back into a canonical Ruleset; the generation
                token that tells whether anyone committed since we did
     conntrack  kube-proxy's UDP conntrack cleanup (pyroute2)
-    addresses  the node's interface addresses (rtnetlink over a plain socket: no pyroute2)
     health     the checks of a confirmed apply (command, HTTP GET, TCP connect) in the namespace
     probes     readiness probes (tcpSocket, httpGet, grpc) on an asyncio loop in the namespace
 """
@@ -13,7 +12,6 @@
 from reconciler import lazy_exports
 
 __all__, __getattr__ = lazy_exports(__name__, {
-    "addresses": ("host_addresses",),
     "conntrack": ("cleanup_udp",),
     "health": ("HealthChecker",),
     "live": ("OTHER_KINDS", "canonical", "chain_policy", "fingerprint", "kernel_token", "read_live",
