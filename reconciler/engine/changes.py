@@ -22,7 +22,7 @@ from typing import Iterator
 from reconciler.kernel import OTHER_KINDS, canonical, chain_policy, table_flags, table_others
 from reconciler.kernel import Transaction
 from reconciler.compile import Chain, Element, NamedSet, NftSyntaxError, Ruleset, Table, chain_id, chain_range, check_name, \
-    element_id, map_elements_cmd, set_id
+    declarable, element_id, set_elements_cmd, set_id
 
 # --- the result ----------------------------------------------------------------------------
 
@@ -368,27 +368,27 @@ def transaction_for(changes: Changes, desired: Ruleset) -> Transaction:
         for c in fc.sets_changed:
             tx.delete(fam, T, c.old)
             tx.add(fam, T, c.new)
-        # 4. Elements: deletes before adds (a changed value is delete + add). A shared
-        # endpoint map (layout sharded) that loses or changes elements is flushed and
-        # re-declared whole instead (`rewritten_maps`: nft 1.0.6's `delete element` costs ~1 s).
-        rewrite = rewritten_maps(fc.elements_removed + fc.elements_changed, d)
+        # 4. Elements: deletes before adds (a changed value is delete + add), or sets that
+        # lose elements rewritten whole (`rewritten_sets`); additions to `declarable` sets
+        # as one declaration per set (nft 1.0.6's `add`/`delete element` cost ~0.5-1 s).
+        rewrite = rewritten_sets(fc.elements_removed + fc.elements_changed, d)
         for name in rewrite:
             tx.flush(fam, T, d.sets[name])
         for c in fc.elements_removed + fc.elements_changed:
             if c.name not in rewrite:
                 tx.delete(fam, T, c.old, set=d.sets[c.name])
         batched = {name: sorted(d.sets[name].elements.values(), key=lambda e: e.key) for name in rewrite}
-        for c in fc.elements_changed + fc.elements_added:  # typeof maps: one declaration each
+        for c in fc.elements_changed + fc.elements_added:
             s = d.sets[c.name]
             if c.name in rewrite:
                 continue
-            if s.typeof and s.is_map and c.new.comment is None:
+            if declarable(s):
                 batched.setdefault(c.name, []).append(c.new)
             else:
                 tx.add(fam, T, c.new, set=s)
         for name, elems in batched.items():
             if elems:
-                tx.raw(map_elements_cmd(fam, T, d.sets[name], elems))
+                tx.raw(set_elements_cmd(fam, T, d.sets[name], elems))
         # 5. Rules of new and rewritten chains (everything they reference exists now).
         for c in fc.chains_added + fc.chains_changed:
             for r in d.chains[c.name].rules:
@@ -406,19 +406,23 @@ def transaction_for(changes: Changes, desired: Ruleset) -> Transaction:
 
 
 
-def rewritten_maps(removed: list[Change], desired: Table) -> list[str]:
-    """The maps, among those losing or changing elements, that the transaction rewrites
-    (`flush map` + the declaration with all desired elements) instead of deleting elements:
-    the typeof maps of layout sharded. nft 1.0.6 fetches the table's chains and sets from
-    the kernel to evaluate a `delete element` (0.4-1 s at 10,000 Services, one endpoint
-    removed), not for `flush map` and a declaration (25-50 ms for a 750-element shard;
-    bench/README.md). Same packets: the transaction is atomic."""
-    out: list[str] = []
-    for c in removed:
-        s = desired.sets[c.name]
-        if c.name not in out and s.typeof and s.is_map and all(e.comment is None for e in s.elements.values()):
-            out.append(c.name)
-    return out
+# Elements re-declared at most, per transaction, to avoid `delete element`: rewriting
+# 10,000-11,000 elements costs 50-200 ms, one `delete element` 0.4-1.3 s (nft 1.0.6 fills
+# its cache from the kernel; later ones in the same transaction are free). bench/README.md.
+REWRITE_BUDGET = 16384
+
+
+def rewritten_sets(removed: list[Change], desired: Table) -> list[str]:
+    """The sets losing or changing elements that the transaction flushes and re-declares
+    with all their desired elements instead of deleting elements: all of them or none.
+    None when one of them is not `declarable` (its `delete element` pays nft's cache fill
+    for the others too) or they hold more than REWRITE_BUDGET elements (a removed Service
+    at 10,000 Services: cluster-ips + service-ips). Same packets: one atomic transaction."""
+    names = list(dict.fromkeys(c.name for c in removed))
+    sets = [desired.sets[n] for n in names]
+    if not all(declarable(s) for s in sets) or sum(len(s.elements) for s in sets) > REWRITE_BUDGET:
+        return []
+    return names
 
 
 def _shell(c: Chain) -> Chain:
