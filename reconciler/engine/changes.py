@@ -371,7 +371,7 @@ def transaction_for(changes: Changes, desired: Ruleset) -> Transaction:
         # 4. Elements: deletes before adds (a changed value is delete + add), or sets that
         # lose elements rewritten whole (`rewritten_sets`); additions to `declarable` sets
         # as one declaration per set (nft 1.0.6's `add`/`delete element` cost ~0.5-1 s).
-        rewrite = rewritten_sets(fc.elements_removed + fc.elements_changed, d)
+        rewrite = rewritten_sets(fc, d)
         for name in rewrite:
             tx.flush(fam, T, d.sets[name])
         for c in fc.elements_removed + fc.elements_changed:
@@ -412,15 +412,17 @@ def transaction_for(changes: Changes, desired: Ruleset) -> Transaction:
 REWRITE_BUDGET = 16384
 
 
-def rewritten_sets(removed: list[Change], desired: Table) -> list[str]:
+def rewritten_sets(fc: FamilyChanges, desired: Table) -> list[str]:
     """The sets losing or changing elements that the transaction flushes and re-declares
     with all their desired elements instead of deleting elements: all of them or none.
-    None when one of them is not `declarable` (its `delete element` pays nft's cache fill
-    for the others too) or they hold more than REWRITE_BUDGET elements (a removed Service
-    at 10,000 Services: cluster-ips + service-ips). Same packets: one atomic transaction."""
-    names = list(dict.fromkeys(c.name for c in removed))
+    None when the transaction writes an `add element` or `delete element` anyway (a set
+    that is not `declarable`: the first such command pays nft's cache fill for all), or
+    when they hold more than REWRITE_BUDGET elements (a removed Service at 10,000
+    Services: cluster-ips + service-ips). Same packets: one atomic transaction."""
+    names = list(dict.fromkeys(c.name for c in fc.elements_removed + fc.elements_changed))
     sets = [desired.sets[n] for n in names]
-    if not all(declarable(s) for s in sets) or sum(len(s.elements) for s in sets) > REWRITE_BUDGET:
+    if not all(declarable(s) for s in sets) or sum(len(s.elements) for s in sets) > REWRITE_BUDGET \
+            or not all(declarable(desired.sets[c.name]) for c in fc.elements_added):
         return []
     return names
 
