@@ -371,7 +371,9 @@ def transaction_for(changes: Changes, desired: Ruleset) -> Transaction:
         # 4. Elements: deletes before adds (a changed value is delete + add), or sets that
         # lose elements rewritten whole (`rewritten_sets`); additions to `declarable` sets
         # as one declaration per set (nft 1.0.6's `add`/`delete element` cost ~0.5-1 s).
-        rewrite = rewritten_sets(fc, d)
+        decl = {name: declarable(d.sets[name]) for name in {c.name for c in fc.elements_added + fc.elements_removed
+                                                              + fc.elements_changed}}
+        rewrite = rewritten_sets(fc, d, decl)
         for name in rewrite:
             tx.flush(fam, T, d.sets[name])
         for c in fc.elements_removed + fc.elements_changed:
@@ -382,7 +384,7 @@ def transaction_for(changes: Changes, desired: Ruleset) -> Transaction:
             s = d.sets[c.name]
             if c.name in rewrite:
                 continue
-            if declarable(s):
+            if decl[c.name]:
                 batched.setdefault(c.name, []).append(c.new)
             else:
                 tx.add(fam, T, c.new, set=s)
@@ -412,17 +414,16 @@ def transaction_for(changes: Changes, desired: Ruleset) -> Transaction:
 REWRITE_BUDGET = 16384
 
 
-def rewritten_sets(fc: FamilyChanges, desired: Table) -> list[str]:
+def rewritten_sets(fc: FamilyChanges, desired: Table, declarable_: dict[str, bool]) -> list[str]:
     """The sets losing or changing elements that the transaction flushes and re-declares
     with all their desired elements instead of deleting elements: all of them or none.
     None when the transaction writes an `add element` or `delete element` anyway (a set
     that is not `declarable`: the first such command pays nft's cache fill for all), or
     when they hold more than REWRITE_BUDGET elements (a removed Service at 10,000
-    Services: cluster-ips + service-ips). Same packets: one atomic transaction."""
+    Services: cluster-ips + service-ips). Same packets: one atomic transaction.
+    `declarable_`: `declarable` of every set with element changes, by name."""
     names = list(dict.fromkeys(c.name for c in fc.elements_removed + fc.elements_changed))
-    sets = [desired.sets[n] for n in names]
-    if not all(declarable(s) for s in sets) or sum(len(s.elements) for s in sets) > REWRITE_BUDGET \
-            or not all(declarable(desired.sets[c.name]) for c in fc.elements_added):
+    if not all(declarable_.values()) or sum(len(desired.sets[n].elements) for n in names) > REWRITE_BUDGET:
         return []
     return names
 
