@@ -242,7 +242,7 @@ def set_elements_cmd(family: str, table: str, s: NamedSet, elements) -> str:
     """`add map ip nftrec endpoint-dnat-tcp-2a { typeof … ; comment "…" ; elements = { 8 : 10.0.0.1 . 80 , … } ; }`
     (or `add set … { type … ; elements = { … } ; }`): elements added through the set's
     (byte-identical) declaration. nft 1.0.6 fills its cache from the kernel for `add
-    element` (0.4-1.1 s on a 10,000-Service table) but not for a declaration (5-30 ms;
+    element` (0.4-1.2 s on a 10,000-Service table) but not for a declaration (2-85 ms;
     bench/README.md). Only for `declarable` sets."""
     items = []
     for e in elements:

@@ -408,9 +408,11 @@ def transaction_for(changes: Changes, desired: Ruleset) -> Transaction:
 
 
 
-# Elements re-declared at most, per transaction, to avoid `delete element`: rewriting
-# 10,000-11,000 elements costs 50-200 ms, one `delete element` 0.4-1.3 s (nft 1.0.6 fills
-# its cache from the kernel; later ones in the same transaction are free). bench/README.md.
+# Elements re-declared at most, per transaction, to avoid `delete element`. At 10,000
+# Services (bench/element_probe.py): a 756-element endpoint shard rewritten 50-75 ms,
+# cluster-ips (10,000) 150-250 ms, service-ips (10,922) 290-390 ms; one `delete element`
+# 0.7-1.2 s (nft 1.0.6 fills its cache from the kernel; later ones in the same transaction
+# are free). Conservative: a removed Service (cluster-ips + service-ips) keeps deleting.
 REWRITE_BUDGET = 16384
 
 
