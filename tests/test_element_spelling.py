@@ -94,3 +94,29 @@ def test_a_set_that_cannot_be_declared_makes_every_removal_a_delete(backend):
     # and back: no-endpoint-services loses its element (not declarable): deletes again
     ch, tx = sync(backend, BASE)
     assert verbs(tx, "delete element ip nftrec no-endpoint-services") and not verbs(tx, "flush set", "flush map")
+
+
+def test_a_projection_s_sets_are_never_flushed(backend):
+    """watch plans a partial sync from projections (compile/incremental.project): their
+    shared sets hold only the changed Services' elements, so a flush + declaration would
+    drop every other Service's elements. Removals there stay `delete element`."""
+    from reconciler.compile.incremental import changed_services, compile_incremental, project
+    from reconciler.compile.services import compile_static
+    from reconciler.kernel.live import canonical
+
+    cfg = replace(CONFIG, layout="sharded")
+    sync(backend, NEW)
+    c1 = compile_incremental(NEW, cfg, None, previous=read_live(backend, TABLE))
+    edited = with_endpoints(NEW, "ns9/new", "IPv4", [ep("10.180.9.2")])  # loses its local endpoint
+    c2 = compile_incremental(edited, cfg, c1)
+    changed = changed_services(c1, c2)
+    assert changed == {"ns9/new"}
+    static = compile_static(cfg, edited)
+    frags = [f for k in changed for f in (c1.fragments.get(k), c2.fragments.get(k)) if f]
+    old_p, new_p = project(c1.ruleset, static, frags), project(c2.ruleset, static, frags)
+    assert new_p.partial and not c2.ruleset.partial
+    tx = transaction_for(diff(new_p, canonical(old_p)), new_p)
+    assert verbs(tx, "delete element ip nftrec hairpin-connections") and not verbs(tx, "flush set", "flush map")
+    backend.run(tx)
+    live = read_live(backend, TABLE)
+    assert diff(relocate(c2.ruleset, live), live).empty  # every other Service's elements kept

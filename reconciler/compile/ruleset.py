@@ -163,6 +163,9 @@ class Ruleset:
     # Which Service ("namespace/name") each object belongs to, for plans grouped by
     # Service. Keys are `object_id(...)` strings; objects of no Service are absent.
     owners: dict[str, str] = field(default_factory=dict)
+    # A projection (compile/incremental.project): its shared sets hold only some
+    # Services' elements, so a transaction must not flush and re-declare them whole.
+    partial: bool = field(default=False, compare=False)
 
 
 def chain_id(family: str, chain: str) -> str:

@@ -373,7 +373,7 @@ def transaction_for(changes: Changes, desired: Ruleset) -> Transaction:
         # as one declaration per set (nft 1.0.6's `add`/`delete element` cost ~0.5-1 s).
         decl = {name: declarable(d.sets[name]) for name in {c.name for c in fc.elements_added + fc.elements_removed
                                                               + fc.elements_changed}}
-        rewrite = rewritten_sets(fc, d, decl)
+        rewrite = [] if desired.partial else rewritten_sets(fc, d, decl)  # a projection's sets are not whole
         for name in rewrite:
             tx.flush(fam, T, d.sets[name])
         for c in fc.elements_removed + fc.elements_changed:
