@@ -32,6 +32,7 @@ import argparse
 import ipaddress
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -182,7 +183,7 @@ def run_layout(layout: str, inv: Inventory, changed: dict[str, Inventory], tmp: 
         R["changes"] = {}
         for what, inv2 in changed.items():
             fwd_s, back_s, plan_s = [], [], []
-            ops = None
+            ops = undo_ops = None
             compiled = {"fwd": compile_ruleset(inv2, cfg), "back": desired}  # not timed: what changes is
             for _ in range(reps):
                 for direction in ("fwd", "back"):
@@ -199,18 +200,24 @@ def run_layout(layout: str, inv: Inventory, changed: dict[str, Inventory], tmp: 
                         fwd_s.append(c)
                         plan_s.append(p)
                         ops = len(tx)
-                        (tmp / f"{layout}-{len(R['changes'])}.tx").write_text(tx.text())
                     else:
                         back_s.append(c)
+                        undo_ops = len(tx)
+                    (tmp / f"{layout}-{len(R['changes'])}-{direction}.tx").write_text(tx.text())
             R["changes"][what] = {"commit_ms": statistics.median(fwd_s) * 1000,
                                   "undo_ms": statistics.median(back_s) * 1000,
-                                  "plan_s": statistics.median(plan_s), "ops": ops}
+                                  "plan_s": statistics.median(plan_s), "ops": ops, "undo_ops": undo_ops}
             print(f"[{layout}] {what}: {R['changes'][what]}", file=sys.stderr)
     finally:
         if nft is not None:
             nft.close()
         ns.delete()
     return R
+
+
+# What undoing each change is: the removal measured against kube-proxy's layout.
+UNDONE = {"endpoint added (ClusterIP)": "= endpoint removed", "endpoint added (ClientIP affinity)": "= endpoint removed",
+          "Service added": "= Service removed"}
 
 
 def table(R: dict) -> str:
@@ -234,9 +241,11 @@ def table(R: dict) -> str:
     for what in K["changes"]:
         k, s = K["changes"][what], S["changes"][what]
         row(f"**{what}: commit** (median of {R['reps']})", k["commit_ms"], s["commit_ms"], "{:.0f} ms")
-        row(f"  … undo", k["undo_ms"], s["undo_ms"], "{:.0f} ms")
+        row(f"  … undo ({UNDONE[what]}): commit", k["undo_ms"], s["undo_ms"], "{:.0f} ms")
         row(f"  … list + relocate + diff", k["plan_s"], s["plan_s"])
-        row(f"  … operations", k["ops"], s["ops"], "{}")
+        row(f"  … operations (undo)", k["ops"], s["ops"], "{}")
+        out[-1] = out[-1].replace(f"| {k['ops']} |", f"| {k['ops']} ({k['undo_ops']}) |", 1).replace(
+            f"| {s['ops']} |", f"| {s['ops']} ({s['undo_ops']}) |", 1)
     return "\n".join(out) + "\n"
 
 
@@ -247,6 +256,7 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--timeout", type=float, default=300)
     ap.add_argument("--json")
+    ap.add_argument("--keep", action="store_true", help="keep the scripts and transactions (path on stderr)")
     ap.add_argument("--layouts", default="kube-proxy,sharded", help="comma-separated, in run order")
     ap.add_argument("--affinity", choices=("sharded", "kube-proxy"), default="sharded",
                     help="layout sharded: ClientIP affinity through shared vmaps (default) or kube-proxy's")
@@ -264,9 +274,15 @@ def main(argv=None) -> int:
 
     layout_mod.SHARD_AFFINITY = args.affinity == "sharded"
     R = {"services": n, "endpoints": m, "reps": args.reps, "affinity": args.affinity}
-    with tempfile.TemporaryDirectory(prefix="nftrec-bench-layout-") as tmp:
+    tmp = tempfile.mkdtemp(prefix="nftrec-bench-layout-")
+    try:
         for layout in args.layouts.split(","):
             R[layout] = run_layout(layout, inv, changed, Path(tmp), args.reps, args.timeout)
+    finally:
+        if args.keep:
+            print(f"scripts and transactions kept in {tmp}", file=sys.stderr)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
     if "kube-proxy" in R and "sharded" in R:
         print(table(R))
     if args.json:

@@ -148,7 +148,7 @@ def test_operation_counts_like_kube_proxy(layout):
     sync(f, compiled(BASE, layout))
     # an endpoint more (3 → capacity 4 holds it, sharded): kube-proxy rewrites the rule
     # with its anonymous map; sharded adds one element per port, written as its map's
-    # declaration (no nft cache fill: ruleset.map_elements_cmd), and rewrites the rule
+    # declaration (no nft cache fill: ruleset.set_elements_cmd), and rewrites the rule
     _, tx = sync(f, compiled(EDITS["endpoint added"][1], layout))
     ops = [" ".join(op.split()[:2]) for op in tx]
     if layout == "kube-proxy":
@@ -160,12 +160,16 @@ def test_operation_counts_like_kube_proxy(layout):
                              r"elements = \{ 2 : 10\.180\.0\.9 \. \d+ \} ; \}$", op) for op in adds), adds
     sync(f, compiled(BASE, layout))
     # a new ClusterIP Service with one endpoint: chain + rule + cluster-ips + service-ips
+    # (their elements in the sets' declarations)
     inv = add_service(BASE, svc("ns9", "c", cips=("172.30.0.98",), ports=[sp(80)]), sl("ns9", "c", [ep("10.180.9.5")], [epp(80)]))
     _, tx = sync(f, compiled(inv, layout))
-    assert len(tx) == 4
-    # removing it again: 2 element deletes + flush + delete of the chain
+    assert sorted(" ".join(op.split()[:3]) for op in tx) == [
+        "add chain ip", "add map ip", "add rule ip", "add set ip"]
+    # removing it again: flush + delete of the chain; cluster-ips and service-ips (small
+    # here: changes.REWRITE_BUDGET) flushed and re-declared instead of 2 element deletes
     _, tx = sync(f, compiled(BASE, layout))
-    assert sorted(op.split()[0] for op in tx) == ["delete", "delete", "delete", "flush"]
+    assert sorted(" ".join(op.split()[:2]) for op in tx) == [
+        "add map", "add set", "delete chain", "flush chain", "flush map", "flush set"]
 
 
 def test_changed_set_definition_recreates_set_and_rewrites_users(backend):

@@ -266,7 +266,7 @@ def project(rs: Ruleset, static: Ruleset, fragments: list) -> Ruleset:
     projections made with the same static part and the old + new fragments of every
     changed Service gives the same changes as diffing the whole rulesets: every object
     left out belongs to an unchanged Service in both."""
-    out = Ruleset()
+    out = Ruleset(partial=True)
     for fam, t in rs.tables.items():
         st = static.tables.get(fam)
         chains = list(st.chains) if st else []

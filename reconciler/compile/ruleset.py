@@ -163,6 +163,9 @@ class Ruleset:
     # Which Service ("namespace/name") each object belongs to, for plans grouped by
     # Service. Keys are `object_id(...)` strings; objects of no Service are absent.
     owners: dict[str, str] = field(default_factory=dict)
+    # A projection (compile/incremental.project): its shared sets hold only some
+    # Services' elements, so a transaction must not flush and re-declare them whole.
+    partial: bool = field(default=False, compare=False)
 
 
 def chain_id(family: str, chain: str) -> str:
@@ -231,21 +234,27 @@ def set_cmd(verb: str, family: str, table: str, s: NamedSet) -> str:
     return text + " { " + " ; ".join(parts) + " ; }"
 
 
-def map_elements_cmd(family: str, table: str, s: NamedSet, elements) -> str:
-    """`add map ip nftrec endpoint-dnat-tcp-2a { typeof … ; comment "…" ; elements = { 8 : 10.0.0.1 . 80 , … } ; }`:
-    elements added through the map's (byte-identical) declaration. nft 1.0.6 fills its
-    cache from the kernel for `add element` (~1.1 s on a 10,000-Service table) but not
-    for a declaration (~11 ms; bench/README.md). Maps without element comments only."""
-    if not s.is_map:
-        raise NftSyntaxError(f"{s.name} is not a map")
+def declarable(s: NamedSet) -> bool:
+    """Whether `set_elements_cmd` can write elements into `s`: a set or map without flags
+    (interval sets need nft's view of their elements to merge ranges; dynamic/timeout
+    sets are the kernel's), whose elements carry no comment."""
+    return not s.flags and all(e.comment is None for e in s.elements.values())
+
+
+def set_elements_cmd(family: str, table: str, s: NamedSet, elements) -> str:
+    """`add map ip nftrec endpoint-dnat-tcp-2a { typeof … ; comment "…" ; elements = { 8 : 10.0.0.1 . 80 , … } ; }`
+    (or `add set … { type … ; elements = { … } ; }`): elements added through the set's
+    (byte-identical) declaration. nft 1.0.6 fills its cache from the kernel for `add
+    element` (0.4-1.2 s on a 10,000-Service table) but not for a declaration (2-85 ms;
+    bench/README.md). Only for `declarable` sets."""
     items = []
     for e in elements:
-        if e.value is None or e.comment:
-            raise NftSyntaxError(f"map {s.name} element {e.key_text}: needs a value and no comment")
-        items.append(f"{e.key_text} : {check_atom(e.value)}")
+        if e.comment or s.flags or (e.value is None) == s.is_map:
+            raise NftSyntaxError(f"{s.name} element {e.key_text}: not writable in a declaration")
+        items.append(e.key_text + (f" : {check_atom(e.value)}" if s.is_map else ""))
     if not items:
-        raise NftSyntaxError(f"map {s.name}: no elements")
-    decl = set_cmd("add", family, table, s)  # `… { typeof … ; comment "…" ; }`
+        raise NftSyntaxError(f"{s.name}: no elements")
+    decl = set_cmd("add", family, table, s)  # `… { type … ; comment "…" ; }`
     return decl[:-1] + "elements = { " + " , ".join(items) + " } ; }"
 
 

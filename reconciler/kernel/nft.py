@@ -729,7 +729,7 @@ class Fake:
             elements = None
             for part in rest.strip().strip("{}").split(";"):
                 part = part.strip()
-                if part.startswith("elements = {"):  # map_elements_cmd: elements in the declaration
+                if part.startswith("elements = {"):  # set_elements_cmd: elements in the declaration
                     elements = part[len("elements = {"):].rstrip().rstrip("}").split(",")
                 elif part:
                     k, _, v = part.partition(" ")
