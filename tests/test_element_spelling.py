@@ -96,10 +96,14 @@ def test_a_set_that_cannot_be_declared_makes_every_removal_a_delete(backend):
     assert verbs(tx, "delete element ip nftrec no-endpoint-services") and not verbs(tx, "flush set", "flush map")
 
 
-def test_a_projection_s_sets_are_never_flushed(backend):
-    """watch plans a partial sync from projections (compile/incremental.project): their
-    shared sets hold only the changed Services' elements, so a flush + declaration would
-    drop every other Service's elements. Removals there stay `delete element`."""
+def test_a_projection_rewrites_only_sets_it_kept_whole(backend):
+    """watch's partial syncs and one-shot runs plan from projections
+    (compile/incremental.project). A shared set a changed Service has elements in is kept
+    whole there, so a removal is the same flush + declaration as for the whole rulesets;
+    a set the projection cut down (`Ruleset.partial`) is never flushed, which would drop
+    every other Service's elements."""
+    from dataclasses import replace as dc_replace
+
     from reconciler.compile.incremental import changed_services, compile_incremental, project
     from reconciler.compile.services import compile_static
     from reconciler.kernel.live import canonical
@@ -115,8 +119,15 @@ def test_a_projection_s_sets_are_never_flushed(backend):
     frags = [f for k in changed for f in (c1.fragments.get(k), c2.fragments.get(k)) if f]
     old_p, new_p = project(c1.ruleset, static, frags), project(c2.ruleset, static, frags)
     assert new_p.partial and not c2.ruleset.partial
+    assert ("ip", "hairpin-connections") not in new_p.partial  # the Service has elements there
     tx = transaction_for(diff(new_p, canonical(old_p)), new_p)
-    assert verbs(tx, "delete element ip nftrec hairpin-connections") and not verbs(tx, "flush set", "flush map")
+    assert verbs(tx, "flush set ip nftrec hairpin-connections") and not verbs(tx, "delete element")
+    flushed = {(op.split()[2], op.split()[4]) for op in verbs(tx, "flush set", "flush map")}
+    assert not new_p.partial & flushed
+    # the same projection with that set marked cut: deletes, never a flush of it
+    cut = dc_replace(new_p, partial=new_p.partial | {("ip", "hairpin-connections")})
+    tx_cut = transaction_for(diff(cut, canonical(old_p)), cut)
+    assert verbs(tx_cut, "delete element ip nftrec hairpin-connections") and not verbs(tx_cut, "flush set", "flush map")
     backend.run(tx)
     live = read_live(backend, TABLE)
     assert diff(relocate(c2.ruleset, live), live).empty  # every other Service's elements kept

@@ -266,7 +266,8 @@ def project(rs: Ruleset, static: Ruleset, fragments: list) -> Ruleset:
     projections made with the same static part and the old + new fragments of every
     changed Service gives the same changes as diffing the whole rulesets: every object
     left out belongs to an unchanged Service in both."""
-    out = Ruleset(partial=True)
+    out = Ruleset()
+    cut: set[tuple[str, str]] = set()
     for fam, t in rs.tables.items():
         st = static.tables.get(fam)
         chains = list(st.chains) if st else []
@@ -280,13 +281,23 @@ def project(rs: Ruleset, static: Ruleset, fragments: list) -> Ruleset:
                 continue
             chains.extend(ff.chains)
             whole_sets.update(ff.sets)
+            # A shared set a changed Service has elements in is kept whole too: the
+            # transaction then writes it exactly as for the whole rulesets (a set losing
+            # elements flushed and re-declared, engine/changes.rewritten_sets, instead of
+            # nft 1.0.6's 0.5-1 s `delete element`); the diff compares its other elements
+            # (equal on both sides) at a few ms per 10,000.
             for set_name, key in ff.elements:
-                keys.setdefault(set_name, set()).add(key)
+                whole_sets.add(set_name)
+                keys.setdefault(set_name, set()).add(key)  # whose owners the plan names
             # layout "sharded": the map and keys are the range the chain has in *this*
             # ruleset (not necessarily the pick's map: a Service that gained ClientIP
             # affinity moves from a dnat map to a vmap under the same chain name)
             for p in ff.picks:
-                keys.setdefault(p.map, set())  # the same maps on both sides (old + new picks)
+                # The endpoint maps a changed Service picks from are kept whole (the same
+                # maps on both sides: old + new picks), so a transaction may flush and
+                # re-declare one instead of `delete element` (engine/changes.rewritten_sets):
+                # a shard holds ~1/64 of the endpoints.
+                whole_sets.add(p.map)
                 c = t.chains.get(p.chain)
                 r = layout.chain_range(c) if c is not None else None
                 if r is not None:
@@ -302,9 +313,14 @@ def project(rs: Ruleset, static: Ruleset, fragments: list) -> Ruleset:
         for name, s in t.sets.items():
             if name in whole_sets:
                 table.sets[name] = s
+                for k in keys.get(name, ()):  # only these can change: the others are equal on both sides
+                    o = rs.owners.get(element_id(fam, name, k))
+                    if o:
+                        out.owners[element_id(fam, name, k)] = o
             elif name in keys:
                 want = keys[name]
                 # in the set's own order (a plan's element lists must not depend on hashing)
+                cut.add((fam, name))
                 table.sets[name] = replace(s, elements={k: e for k, e in s.elements.items() if k in want}
                                            if len(want) * 4 > len(s.elements) else
                                            {k: s.elements[k] for k in sorted(want, key=_index_order)
@@ -319,6 +335,7 @@ def project(rs: Ruleset, static: Ruleset, fragments: list) -> Ruleset:
             if o:
                 out.owners[set_id(fam, name)] = o
         out.tables[fam] = table
+    out.partial = frozenset(cut)
     return out
 
 

@@ -373,7 +373,9 @@ def transaction_for(changes: Changes, desired: Ruleset) -> Transaction:
         # as one declaration per set (nft 1.0.6's `add`/`delete element` cost ~0.5-1 s).
         decl = {name: declarable(d.sets[name]) for name in {c.name for c in fc.elements_added + fc.elements_removed
                                                               + fc.elements_changed}}
-        rewrite = [] if desired.partial else rewritten_sets(fc, d, decl)  # a projection's sets are not whole
+        rewrite = rewritten_sets(fc, d, decl)
+        if any((fam, name) in desired.partial for name in rewrite):
+            rewrite = []  # a projection cut this set down: flushing it would drop others' elements
         for name in rewrite:
             tx.flush(fam, T, d.sets[name])
         for c in fc.elements_removed + fc.elements_changed:
