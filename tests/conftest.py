@@ -16,3 +16,19 @@ from nsutil import throwaway_netns
 def netns():
     with throwaway_netns() as name:
         yield name
+
+
+@pytest.fixture(params=["fake", "kernel"])
+def backend(request):
+    """Each test twice: against kernel.Fake, and against the real kernel's nftables in a
+    throwaway namespace (the Fake must behave as the kernel does)."""
+    from reconciler.kernel import Fake, Libnftables
+
+    if request.param == "fake":
+        yield Fake()
+        return
+    nft = Libnftables(netns=request.getfixturevalue("netns"))
+    try:
+        yield nft
+    finally:
+        nft.close()

@@ -35,18 +35,6 @@ from reconciler.compile.layout import is_layout_map, relocate
 TABLE = CONFIG.table_name
 
 
-@pytest.fixture(params=["fake", "kernel"])
-def backend(request):
-    if request.param == "fake":
-        yield Fake()
-        return
-    netns = request.getfixturevalue("netns")
-    nft = Libnftables(netns=netns)
-    try:
-        yield nft
-    finally:
-        nft.close()
-
 
 def sync(nft, desired: Ruleset) -> tuple[Changes, Transaction]:
     """As plan/apply do: read the kernel, keep its endpoint index ranges (layout sharded),

@@ -16,29 +16,17 @@ from dataclasses import replace
 import pytest
 
 import reconciler.engine.changes as changes_mod
-from _nft_samples import CONFIG, add_service, ep, epp, rich_inventory, sl, sp, svc, with_endpoints, with_service
+from _nft_samples import CONFIG, add_service, ep, epp, rich_inventory, sl, sp, svc, with_endpoints
 from reconciler.compile.layout import relocate
 from reconciler.compile.services import compile_ruleset
 from reconciler.engine.changes import diff, transaction_for
 from reconciler.kernel.live import read_live
-from reconciler.kernel.nft import Fake, Libnftables
 
 TABLE = CONFIG.table_name
 BASE = rich_inventory()
 NEW = add_service(BASE, svc("ns9", "new", "NodePort", cips=("172.30.0.99",), ports=[sp(80, name="web", node_port=30099)]),
                   sl("ns9", "new", [ep("10.180.9.1", "edge-7"), ep("10.180.9.2")], [epp(8080, name="web")]))
 
-
-@pytest.fixture(params=["fake", "kernel"])
-def backend(request):
-    if request.param == "fake":
-        yield Fake()
-        return
-    nft = Libnftables(netns=request.getfixturevalue("netns"))
-    try:
-        yield nft
-    finally:
-        nft.close()
 
 
 def sync(nft, inv, layout="sharded"):

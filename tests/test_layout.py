@@ -14,7 +14,6 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 
 from _nft_samples import CONFIG, add_service, ep, epp, rich_inventory, sl, sp, svc, with_endpoints, with_service
@@ -27,7 +26,6 @@ from reconciler.compile.services import compile_ruleset
 from reconciler.compile.incremental import changed_services, compile_incremental
 from reconciler.engine.changes import diff, transaction_for
 from reconciler.kernel.live import canonical, read_live
-from reconciler.kernel.nft import Fake, Libnftables
 
 KP = replace(CONFIG, layout="kube-proxy")
 SH = replace(CONFIG, layout="sharded")
@@ -261,17 +259,6 @@ def test_node_config_layout_key(tmp_path):
 
 # --- removals: the shard is rewritten, no `delete element` ------------------------------
 
-
-@pytest.fixture(params=["fake", "kernel"])
-def backend(request):
-    if request.param == "fake":
-        yield Fake()
-        return
-    nft = Libnftables(netns=request.getfixturevalue("netns"))
-    try:
-        yield nft
-    finally:
-        nft.close()
 
 
 def _sync(nft, desired: Ruleset):
