@@ -105,7 +105,7 @@ def canonical_json(obj: Any) -> bytes:
 
 def digest(rs: Ruleset) -> str:
     """sha256 hex of the canonical JSON of `rs` (chains and sets sorted by name)."""
-    return digest_json(ruleset_to_json(rs))
+    return hashlib.sha256(digest_bytes(rs)).hexdigest()
 
 
 def digest_json(doc: dict) -> str:
