@@ -36,7 +36,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from reconciler.intake import load
+from reconciler.intake import load, yamldocs
 from reconciler.intake.inventory import build_inventory, model_objects
 from reconciler.intake.model import Inventory
 from reconciler.intake.problems import ERROR, Problem
@@ -91,6 +91,7 @@ class _FileEntry:
     docs: list
     problems: list
     racy: bool
+    segments: dict  # yamldocs.parse's segments of this version: an edit re-parses the changed documents only
 
 
 @dataclass
@@ -177,10 +178,18 @@ class Intake:
         problems: list = []
         docs: list = []
         rec = _Recorder()
-        load.read_file(display, real, problems, docs, rec)
+        known = e.segments if e is not None else None
+        segments: dict = {}
+
+        def parse_yaml(text: str) -> list:
+            parsed, new = yamldocs.parse(text, known, load._parse_yaml)
+            segments.update(new)
+            return parsed
+
+        load.read_file(display, real, problems, docs, rec, parse_yaml)
         chunk = b"".join(rec.parts)
         self.parsed += 1
-        e = _FileEntry(key or (), chunk, docs, problems, key is None or self._racy(st))
+        e = _FileEntry(key or (), chunk, docs, problems, key is None or self._racy(st), segments)
         self._files[display] = e
         return e
 

@@ -573,7 +573,8 @@ def yaml_error(e: YAMLError, text: str | None = None) -> Refused:
     return Refused(" ".join(text.split()) + "; fix the syntax", line, col)
 
 
-def read_file(display: str, real: Path, problems: list[Problem], docs: list[Document], hasher) -> int:
+def read_file(display: str, real: Path, problems: list[Problem], docs: list[Document], hasher, parse_yaml=None) -> int:
+    """`parse_yaml`: replaces _parse_yaml (the same result; watch's per-document reuse, intake/yamldocs.py)."""
     try:
         size = real.stat().st_size
         if size > MAX_FILE_BYTES:
@@ -594,7 +595,7 @@ def read_file(display: str, real: Path, problems: list[Problem], docs: list[Docu
             parsed = _parse_json(text)
         else:
             try:
-                parsed = _parse_yaml(text)
+                parsed = (parse_yaml or _parse_yaml)(text)
             except YAMLError as e:
                 raise yaml_error(e, text) from None
             except RecursionError:
