@@ -262,7 +262,8 @@ def test_incremental_equals_oracle_on_deletes_moves_relabels_cidrs_and_invalid(t
     assert c10.ruleset == c9.ruleset and c10.recompiled == 0
     # caches hold only what the last read saw
     assert len(intake._files) == snap.files
-    assert len(intake._checked) == sum(len(e.docs) for e in intake._files.values())
+    assert all(len(e.checks) == len(e.docs) and e.prev is None for e in intake._files.values())
+    assert len(intake._models) <= sum(len(e.docs) for e in intake._files.values())
 
 
 def _svc_doc(i: int, port: int = 80) -> str:

@@ -66,14 +66,16 @@ def _cross_key(doc) -> bytes:
 
 @dataclass
 class _Tree:
-    """The last check_tree run, for _endpoints_only."""
+    """The last check_tree run and the inventory built from it, for _endpoints_only."""
 
-    documents: list
+    entries: list  # the _FileEntry of each file, in order
     load_problems: list
     problems: list
     objects: list
     position: dict  # id(doc) -> index in `objects`
     problem_files: set
+    inventory: Inventory | None = None
+    slice_at: dict | None = None  # id(doc) of an EndpointSlice -> index in inventory.endpoint_slices
 
 
 def _content_key(doc) -> bytes:
@@ -84,14 +86,27 @@ def _content_key(doc) -> bytes:
                            digest_size=20).digest()
 
 
-@dataclass
+def _same_place_and_data(doc, old) -> bool:
+    """Equal _content_key, without pickling: an unchanged document of an edited file keeps
+    its data object (yamldocs) and, when no line moved, its position."""
+    return doc.data is old.data and doc.index == old.index and doc.path == old.path and doc.source == old.source
+
+
+def _clean(res) -> bool:
+    return res.obj is not None and not res.problems and res.unknown_kind is None
+
+
+@dataclass(eq=False, slots=True)
 class _FileEntry:
+    display: str
     stat: tuple
     chunk: bytes  # what load_manifests feeds its digest for this file
     docs: list
     problems: list
     racy: bool
     segments: dict  # yamldocs.parse's segments of this version: an edit re-parses the changed documents only
+    checks: list | None = None  # check_document's result per document, once checked
+    prev: _FileEntry | None = None  # the version this one replaced, until checked (its results are reused)
 
 
 @dataclass
@@ -123,8 +138,6 @@ class Intake:
         self.path = Path(os.path.abspath(directory))
         self.strict = strict
         self._files: dict[str, _FileEntry] = {}
-        self._checked: dict[int, tuple] = {}  # id(doc) -> (doc, DocumentCheck, content key)
-        self._clean: dict[bytes, tuple] = {}  # content key -> (doc, DocumentCheck) without problems
         self._models: dict[int, tuple] = {}  # id(doc) -> (doc, [model objects])
         self._hashed: list[tuple[bytes, object]] = []  # (chunk, sha256 state after it), last read's order
         self._tree: _Tree | None = None
@@ -189,7 +202,8 @@ class Intake:
         load.read_file(display, real, problems, docs, rec, parse_yaml)
         chunk = b"".join(rec.parts)
         self.parsed += 1
-        e = _FileEntry(key or (), chunk, docs, problems, key is None or self._racy(st), segments)
+        e = _FileEntry(display, key or (), chunk, docs, problems, key is None or self._racy(st), segments,
+                       prev=e if e is not None and e.checks is not None else None)
         self._files[display] = e
         return e
 
@@ -216,7 +230,7 @@ class Intake:
                                         "nftrec at the manifest directory", ERROR))
                 paths = []
             self._walked = (resolved, paths, tuple(problems))
-        docs: list = []
+        entries: list[_FileEntry] = []
         chunks: list[bytes] = []
         seen: set[str] = set()
         for display, real in paths:
@@ -225,16 +239,15 @@ class Intake:
                 self.looked += 1
                 e = self._file(display, real)
             seen.add(display)
+            entries.append(e)
             chunks.append(e.chunk)
             problems.extend(e.problems)
-            docs.extend(e.docs)
         for gone in set(self._files) - seen:
             del self._files[gone]
         digest = self._digest(chunks)
         base = resolved if resolved.is_dir() else resolved.parent
         revision = load.find_revision(base) or f"sha256:{digest}"
-        checked_problems, objs = self._check(problems, docs)
-        inventory = self._inventory(objs, revision)
+        checked_problems, inventory = self._check(problems, entries, revision)
         return Snapshot(inventory, checked_problems, revision, digest, len(paths), str(resolved))
 
     def _digest(self, chunks: list[bytes]) -> str:
@@ -253,85 +266,127 @@ class Intake:
         self._hashed = hashed
         return hasher.hexdigest()
 
-    def _check(self, load_problems: list[Problem], documents: list) -> tuple[list[Problem], list]:
-        """validate.check, with the per-document part cached per parsed document, and for
-        a re-parsed file per document content (module doc)."""
-        cache: dict[int, tuple] = {}
-        clean: dict[bytes, tuple] = {}
-        results = []
-        for doc in documents:
-            entry = self._checked.get(id(doc))
-            if entry is None or entry[0] is not doc:
-                key = _content_key(doc)
-                same = self._clean.get(key)
-                if same is not None:
-                    # equal data at the same place: the same (clean) result, bound to this document
-                    before, res = same
-                    entry = (doc, DocumentCheck(replace(res.obj, doc=doc), (), None), key)
-                    models = self._models.get(id(before))
-                    if models is not None and models[0] is before:
-                        self._models[id(doc)] = (doc, models[1])
-                else:
-                    self.checked += 1
-                    entry = (doc, check_document(doc), key)
-            cache[id(doc)] = entry
-            res = entry[1]
-            if res.obj is not None and not res.problems and res.unknown_kind is None:
-                clean[entry[2]] = (doc, res)
-            results.append(res)
-        self._checked = cache
-        self._clean = clean
-        fast = self._endpoints_only(load_problems, documents, results)
+    def _check(self, load_problems: list[Problem], entries: list[_FileEntry], revision: str) -> tuple[list[Problem], Inventory]:
+        """validate.check and the inventory, with check_document's results cached per file
+        entry (an edited file reuses its previous version's results of documents whose
+        content and position are unchanged), check_tree and the inventory skipped where
+        only endpoints changed (module doc)."""
+        for e in entries:
+            if e.checks is None:
+                e.checks = self._check_file(e)
+                e.prev = None
+        fast = self._endpoints_only(load_problems, entries, revision)
         self.cross = fast is None
         if fast is not None:
             return fast
+        documents: list = []
+        results: list = []
+        for e in entries:
+            documents.extend(e.docs)
+            results.extend(e.checks)
         checked = check_tree(load_problems, documents, results, strict=self.strict)
         position: dict[int, int] = {}
         for i, o in enumerate(checked.objects):
             position[id(o.doc)] = i
-        self._tree = _Tree(documents, list(load_problems), checked.problems, checked.objects, position,
-                           {p.file for p in checked.problems})
-        return checked.problems, checked.objects
+        tree = _Tree(entries, list(load_problems), checked.problems, checked.objects, position,
+                     {p.file for p in checked.problems})
+        self._tree = tree
+        self._build_inventory(tree, revision)
+        return checked.problems, tree.inventory
 
-    def _endpoints_only(self, load_problems: list[Problem], documents: list, results: list):
-        """check_tree's result without running it, when every document that changed
-        since its last run is a clean EndpointSlice whose endpoints alone changed, in a
-        file none of its problems are in (module doc). None: run check_tree."""
+    def _check_file(self, e: _FileEntry) -> list:
+        """check_document of each document of a new file version; a document equal (data
+        and position) to a clean one of the previous version reuses its result and models."""
+        prev = e.prev
+        at: dict = {}
+        by_key: dict | None = None
+        if prev is not None:
+            at = {(d.index, d.path): (d, c) for d, c in zip(prev.docs, prev.checks) if _clean(c)}
+        out = []
+        for doc in e.docs:
+            hit = at.get((doc.index, doc.path))
+            if hit is None or not _same_place_and_data(doc, hit[0]):
+                hit = None
+                if at:
+                    if by_key is None:  # something moved within the file: compare by content
+                        by_key = {_content_key(d): (d, c) for d, c in at.values()}
+                    hit = by_key.get(_content_key(doc))
+            if hit is None:
+                self.checked += 1
+                out.append(check_document(doc))
+                continue
+            before, res = hit
+            out.append(DocumentCheck(replace(res.obj, doc=doc), (), None))
+            models = self._models.get(id(before))
+            if models is not None and models[0] is before:
+                self._models[id(doc)] = (doc, models[1])
+        return out
+
+    def _endpoints_only(self, load_problems: list[Problem], entries: list[_FileEntry], revision: str):
+        """check_tree's result and the inventory without running check_tree or building
+        the inventory again, when every document that changed since the last run is a clean
+        EndpointSlice whose endpoints alone changed, in a file none of its problems are in
+        (module doc): the slices' objects and models are swapped in place. None: run
+        check_tree."""
         tree = self._tree
-        if tree is None or len(documents) != len(tree.documents) or load_problems != tree.load_problems:
+        if (tree is None or tree.inventory is None or len(entries) != len(tree.entries)
+                or load_problems != tree.load_problems):
             return None
         swaps = []
-        for i, doc in enumerate(documents):
-            old = tree.documents[i]
-            if doc is old:
+        for e, old_e in zip(entries, tree.entries):
+            if e is old_e:
                 continue
-            res = results[i]
-            if (res.obj is None or res.problems or res.obj.kind != "EndpointSlice" or doc.file in tree.problem_files
-                    or id(old) not in tree.position or _cross_key(doc) != _cross_key(old)):
+            if e.display != old_e.display or len(e.docs) != len(old_e.docs):
                 return None
-            swaps.append((tree.position[id(old)], replace(res.obj)))
+            for doc, old, res in zip(e.docs, old_e.docs, e.checks):
+                if (not _clean(res) or res.obj.kind != "EndpointSlice" or doc.file in tree.problem_files
+                        or id(old) not in tree.position or id(old) not in tree.slice_at):
+                    return None
+                if not _same_place_and_data(doc, old) and _cross_key(doc) != _cross_key(old):
+                    return None
+                swaps.append((old, replace(res.obj)))
         if not swaps:
-            return tree.problems, tree.objects
+            if revision != tree.inventory.revision:
+                tree.inventory = replace(tree.inventory, revision=revision)
+            return tree.problems, tree.inventory
         objects = list(tree.objects)
-        position = dict(tree.position)
-        for i, o in swaps:
-            del position[id(objects[i].doc)]
+        slices = list(tree.inventory.endpoint_slices)
+        for old, o in swaps:
+            i = tree.position.pop(id(old))
             objects[i] = o
-            position[id(o.doc)] = i
-        self._tree = _Tree(documents, tree.load_problems, tree.problems, objects, position, tree.problem_files)
-        return tree.problems, objects
+            tree.position[id(o.doc)] = i
+            j = tree.slice_at.pop(id(old))
+            self._models.pop(id(old), None)
+            made = self._model(o)
+            slices[j] = made[0]
+            tree.slice_at[id(o.doc)] = j
+        tree.entries, tree.objects = entries, objects
+        tree.inventory = replace(tree.inventory, endpoint_slices=tuple(slices), revision=revision)
+        return tree.problems, tree.inventory
 
-    def _inventory(self, objs: list, revision: str) -> Inventory:
-        """inventory.build_inventory, with model objects cached per document."""
+    def _model(self, o) -> list:
+        entry = self._models.get(id(o.doc))
+        if entry is None or entry[0] is not o.doc:
+            entry = self._models[id(o.doc)] = (o.doc, model_objects(o))
+        return entry[1]
+
+    def _build_inventory(self, tree: _Tree, revision: str) -> None:
+        """inventory.build_inventory, with model objects cached per document; records where
+        each EndpointSlice document's slice is (for _endpoints_only)."""
         cache: dict[int, tuple] = {}
+        old, self._models = self._models, cache
 
         def cached(o) -> list:
-            entry = self._models.get(id(o.doc))
-            if entry is None or entry[0] is not o.doc:
-                entry = (o.doc, model_objects(o))
-            cache[id(o.doc)] = entry
-            return entry[1]
+            entry = old.get(id(o.doc))
+            if entry is not None and entry[0] is o.doc:
+                cache[id(o.doc)] = entry
+                return entry[1]
+            return self._model(o)
 
-        inventory = build_inventory(objs, revision, make=cached)
-        self._models = cache
-        return inventory
+        inventory = build_inventory(tree.objects, revision, make=cached)
+        index = {id(m): j for j, m in enumerate(inventory.endpoint_slices)}
+        slice_at = {}
+        for o in tree.objects:
+            if o.kind == "EndpointSlice":
+                slice_at[id(o.doc)] = index[id(cache[id(o.doc)][1][0])]
+        tree.inventory, tree.slice_at = inventory, slice_at
