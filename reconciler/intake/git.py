@@ -7,6 +7,9 @@ directory is read with the rules of a directory on disk (load.manifest_files): r
 tree. Two git processes per revision: `ls-tree` lists the files, one `cat-file --batch`
 reads them all. Positions are git's own object names, `REV:path/in/repo.yaml:12:3`, so
 `git show REV:path/in/repo.yaml` opens the file a problem is in.
+
+`changed_between(old, new)`: the files that differ between two checkouts of one
+repository (`nftrec watch` on git-sync's worktrees: one `git diff`, no file compared).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from reconciler.intake.inventory import InventoryResult, inventory_from_load
-from reconciler.intake.load import MAX_FILE_BYTES, SUFFIXES
+from reconciler.intake.load import MAX_FILE_BYTES, SUFFIXES, _git_commit, _gitdir_of
 from reconciler.intake.problems import ERROR, WARNING, Problem, show
 from reconciler.intake.sources import load_blobs
 
@@ -189,3 +192,55 @@ def read_revision(directory: Path, rev: str, commit: str | None = None, *, stric
         loaded.problems.append(Problem(f"{rev}:{prefix}", 0, 0, "", "", "", "no manifest files here in this "
                                        "revision; it compiles to an empty ruleset", WARNING))
     return inventory_from_load(loaded, strict=strict)
+
+
+def _checkout(root: Path) -> tuple[Path, str, str] | None:
+    """(worktree top, commit checked out, root's path below the top) of a directory inside
+    a git checkout, from the files under .git (no subprocess), or None."""
+    for top in (root, *root.parents):
+        dot_git = top / ".git"
+        if dot_git.exists():
+            gitdir = _gitdir_of(dot_git)
+            commit = _git_commit(gitdir) if gitdir else None
+            return (top, commit, root.relative_to(top).as_posix()) if commit else None
+    return None
+
+
+@dataclass(frozen=True)
+class Changes:
+    paths: set[str]  # files (paths below the new root) whose content or mode differs
+    modified_only: bool  # no file added, removed, renamed, or a link or submodule changed
+
+
+def changed_between(old_root: Path, new_root: Path) -> Changes | None:
+    """What differs between two checkouts (git-sync's worktrees, one per commit, of one
+    repository): `git diff --raw` between their commits, below the same subdirectory.
+    None when that is unknown (not both checkouts, another subdirectory, git failed); the
+    caller then compares the files themselves. A checkout is taken to hold its commit's
+    files, as git-sync's do (it never edits a worktree it published)."""
+    old, new = _checkout(old_root), _checkout(new_root)
+    if old is None or new is None or old[2] != new[2] or old[0] == new[0]:
+        return None
+    sub = new[2]
+    if old[1] == new[1]:
+        return Changes(set(), True)
+    try:
+        out = _git(new[0], "diff", "--raw", "-z", "--no-renames", "--no-abbrev", "--no-ext-diff", old[1], new[1],
+                   "--", sub if sub != "." else ".")
+    except GitError:
+        return None
+    fields = out.split(b"\0")
+    paths: set[str] = set()
+    simple = True
+    prefix = "" if sub == "." else sub + "/"
+    for meta, path in zip(fields[0::2], fields[1::2]):
+        if not meta.startswith(b":"):
+            return None
+        old_mode, new_mode, _, _, status = meta[1:].decode().split(" ")
+        full = path.decode("utf-8", "surrogateescape")
+        if not full.startswith(prefix):
+            return None
+        paths.add(full[len(prefix):])
+        if status != "M" or "120000" in (old_mode, new_mode) or "160000" in (old_mode, new_mode):
+            simple = False
+    return Changes(paths, simple)

@@ -7,14 +7,20 @@ that as its oracle), with caches for a long-running reader such as `nftrec watch
   worktree: every file's stat is new, so each is read and compared with the bytes of the
   same display path in the old one, and only files whose bytes differ are parsed). Files
   modified within RACY_SECONDS of a read are compared again next time (mtime
-  granularity, as git's "racy" files);
-- validation: per-document checks are cached per parsed document, and by the document's
-  content (file, position, data): a file of 100 EndpointSlices with one edited re-checks
-  one document. The checks across documents (`validate.check_tree`) run over everything,
-  except when the only documents that changed are clean EndpointSlices whose endpoints
-  alone changed (the common revision: endpoints move): the cross checks read no
-  endpoint, so their result stands, with the new slices' objects in place (`_endpoints_only`);
-- model: model objects are cached per document (and with the content-keyed checks);
+  granularity, as git's "racy" files). When both the old and the new worktree are git
+  checkouts (git-sync's are), `git diff` between their commits names the files that
+  differ instead (intake/git.changed_between): the others are only stat'ed (a size
+  check), and when files were only modified the old walk stands, re-rooted;
+- documents: an edited YAML file re-parses only its changed documents (intake/yamldocs.py);
+- validation: per-document checks are cached per file version; a new version reuses the
+  result of each document whose data and position are unchanged (the same data object
+  from yamldocs, else the content key): a file of 100 EndpointSlices with one edited
+  re-checks one document. The checks across documents (`validate.check_tree`) run over
+  everything, except when the only documents that changed are clean EndpointSlices
+  whose endpoints alone changed (the common revision: endpoints move): the cross checks
+  read no endpoint, so their result stands, and the new slices' objects and models are
+  swapped into the last inventory (`_endpoints_only`);
+- model: model objects are cached per document (and carried with the reused checks);
 - the tree digest (sha256 over every file, as load computes it) resumes from the hash
   state saved before the first file that changed.
 
@@ -37,12 +43,21 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from reconciler.intake import load, yamldocs
+from reconciler.intake.git import changed_between
 from reconciler.intake.inventory import build_inventory, model_objects
 from reconciler.intake.model import Inventory
 from reconciler.intake.problems import ERROR, Problem
 from reconciler.intake.validate import DocumentCheck, check_document, check_tree
 
 RACY_SECONDS = 2.0  # files modified this recently are re-hashed on the next read
+
+
+def _rerooted(paths: list[tuple[str, Path]], old: Path, new: Path) -> list[tuple[str, Path]] | None:
+    """The walk of `old` as the walk of `new` gives it when both hold the same files."""
+    try:
+        return [(display, new / real.relative_to(old)) for display, real in paths]
+    except ValueError:  # a path outside the old root: walk
+        return None
 
 
 class _Recorder:
@@ -147,6 +162,7 @@ class Intake:
         self.parsed = 0  # files parsed by the last read (for logs and tests)
         self.checked = 0  # documents checked (check_document) by the last read
         self.compared = 0  # files read to compare with the cached bytes by the last read
+        self.git = False  # the last read asked git what changed (a swap between two checkouts)
 
     def read(self, changed: set[str] | None = None) -> Snapshot:
         """The snapshot; `changed`: the absolute paths that changed since the last read
@@ -207,20 +223,40 @@ class Intake:
         self._files[display] = e
         return e
 
+    def _restat(self, e: _FileEntry, display: str, real: Path) -> _FileEntry:
+        """An entry git says is unchanged, at its path in the new checkout: its stat key
+        moves there; a file of another size is read after all (a checkout that is not its
+        commit's files)."""
+        try:
+            st = real.stat()
+        except OSError:
+            return self._file(display, real)
+        if st.st_size + len(display.encode("utf-8", "surrogateescape")) + 2 != len(e.chunk):
+            return self._file(display, real)
+        e.stat = (str(real), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        e.racy = False  # its bytes are its commit's, which git compared
+        return e
+
     @staticmethod
     def _racy(st: os.stat_result) -> bool:
         return time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) < RACY_SECONDS * 1e9
 
     def _read(self, resolved: Path, changed: set[str] | None = None) -> Snapshot:
         self.parsed = self.checked = self.compared = self.looked = 0
-        self.cross = False
+        self.cross = self.git = False
         problems: list[Problem] = []
         walked = self._walked
+        git = None  # a swap between two git checkouts: the files that differ, from git (module doc)
+        if changed is None and walked is not None and walked[0] != resolved and resolved.is_dir():
+            git = changed_between(walked[0], resolved)
+            self.git = git is not None
         if changed is not None and walked is not None and walked[0] == resolved:
             paths = walked[1]
             problems.extend(walked[2])
+        elif git is not None and git.modified_only and (paths := _rerooted(walked[1], walked[0], resolved)):
+            problems.extend(walked[2])  # the same files in the new checkout: no walk
+            self._walked = (resolved, paths, walked[2])
         else:
-            changed = None
             if resolved.is_file():
                 paths = [(self.shown, resolved)]
             elif resolved.is_dir():
@@ -230,14 +266,19 @@ class Intake:
                                         "nftrec at the manifest directory", ERROR))
                 paths = []
             self._walked = (resolved, paths, tuple(problems))
+        if git is not None:
+            changed = {str(resolved / p) for p in git.paths}
         entries: list[_FileEntry] = []
         chunks: list[bytes] = []
         seen: set[str] = set()
         for display, real in paths:
             e = self._files.get(display)
-            if changed is None or e is None or e.racy or str(real) in changed:
+            if e is None or changed is None or (e.racy and git is None) or str(real) in changed:
                 self.looked += 1
                 e = self._file(display, real)
+            elif git is not None:  # git says unchanged: a stat (the new path's key; a size check)
+                self.looked += 1
+                e = self._restat(e, display, real)
             seen.add(display)
             entries.append(e)
             chunks.append(e.chunk)
@@ -299,18 +340,15 @@ class Intake:
         and position) to a clean one of the previous version reuses its result and models."""
         prev = e.prev
         at: dict = {}
-        by_key: dict | None = None
         if prev is not None:
             at = {(d.index, d.path): (d, c) for d, c in zip(prev.docs, prev.checks) if _clean(c)}
         out = []
         for doc in e.docs:
+            # _content_key holds the position: only the document at the same place can match
             hit = at.get((doc.index, doc.path))
-            if hit is None or not _same_place_and_data(doc, hit[0]):
+            if hit is not None and not _same_place_and_data(doc, hit[0]) and (
+                    doc.source != hit[0].source or _content_key(doc) != _content_key(hit[0])):
                 hit = None
-                if at:
-                    if by_key is None:  # something moved within the file: compare by content
-                        by_key = {_content_key(d): (d, c) for d, c in at.values()}
-                    hit = by_key.get(_content_key(doc))
             if hit is None:
                 self.checked += 1
                 out.append(check_document(doc))

@@ -21,16 +21,26 @@ and their positions are exactly the whole parser's.
 from __future__ import annotations
 
 import hashlib
-import re
 from bisect import bisect_right
 from typing import Callable
 
 Parsed = list  # [(data, line, col, item positions)], load._parse_yaml's result
 
-_START = re.compile(r"^---(?=[ \t\n]|\Z)", re.M)
-# `%` directives apply to the next document, `...` ends one without starting another; ruamel
-# counts \r, \x85, \u2028, \u2029 as line breaks too; a BOM may restart a stream
-_UNUSUAL = re.compile(r"^(?:%|\.\.\.(?:[ \t\n]|\Z))|[\r\x85\u2028\u2029\ufeff]", re.M)
+# ruamel counts \r, \x85, \u2028, \u2029 as line breaks too; a BOM may restart a stream
+_ODD_CHARS = ("\r", "\x85", "\u2028", "\u2029", "\ufeff")
+
+
+def _line_starts(text: str, marker: str) -> list[int]:
+    """Offsets of the lines that start with `marker` followed by a blank or the line's
+    end (str.find: a regex over the whole text costs ten times more)."""
+    out = []
+    k = len(marker)
+    i = 0 if text.startswith(marker) else text.find("\n" + marker) + 1 or -1
+    while i >= 0:
+        if text[i + k:i + k + 1] in ("", " ", "\t", "\n"):
+            out.append(i)
+        i = text.find("\n" + marker, i) + 1 or -1
+    return out
 
 
 def _key(segment: str) -> bytes:
@@ -39,9 +49,11 @@ def _key(segment: str) -> bytes:
 
 def split(text: str) -> list[tuple[int, str]] | None:
     """[(first line, 0-based; segment text)], or None when the text is unusual (module doc)."""
-    if _UNUSUAL.search(text):
+    # `%` directives apply to the next document, `...` ends one without starting another
+    if (any(c in text for c in _ODD_CHARS) or text.startswith("%") or "\n%" in text
+            or _line_starts(text, "...")):
         return None
-    starts = [m.start() for m in _START.finditer(text)]
+    starts = _line_starts(text, "---")
     if not starts or starts[0] != 0:
         starts.insert(0, 0)
     out = []
