@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import re
+import sys
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -453,6 +454,7 @@ def _construct_fast(root, loader):
                 key = scalar(key_node)
                 if type(key) is not str or key in out:
                     raise _Slow
+                key = sys.intern(key)  # the same few keys in every document: one string each (watch keeps them all)
                 value = out[key] = build(value_node, depth + 1)
                 if value is None:
                     unset = True

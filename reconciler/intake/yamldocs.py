@@ -67,12 +67,12 @@ def split(text: str) -> list[tuple[int, str]] | None:
 
 def _relative(doc, first: int):
     data, line, col, items = doc
-    return data, line - first, col, [(i_line - first, i_col) for i_line, i_col in items]
+    return data, line - first, col, [(i_line - first, i_col) for i_line, i_col in items] if items else items
 
 
 def _absolute(doc, first: int):
     data, line, col, items = doc
-    return data, line + first, col, [(i_line + first, i_col) for i_line, i_col in items]
+    return data, line + first, col, [(i_line + first, i_col) for i_line, i_col in items] if items else items
 
 
 def _whole(text: str, segments: list[tuple[int, str]] | None, whole: Callable[[str], Parsed]) -> tuple[Parsed, dict]:
