@@ -8,12 +8,14 @@ tree. Two git processes per revision: `ls-tree` lists the files, one `cat-file -
 reads them all. Positions are git's own object names, `REV:path/in/repo.yaml:12:3`, so
 `git show REV:path/in/repo.yaml` opens the file a problem is in.
 
-`changed_between(old, new)`: the files that differ between two checkouts of one
-repository (`nftrec watch` on git-sync's worktrees: one `git diff`, no file compared).
+`checkout_blobs(root)` + `blob_id(bytes)`: what a checkout's commit holds, to compare
+with bytes read before (`nftrec watch` on git-sync's worktrees: one `git ls-tree`, no file
+of the new worktree read unless its content changed).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import posixpath
 import subprocess
@@ -206,41 +208,39 @@ def _checkout(root: Path) -> tuple[Path, str, str] | None:
     return None
 
 
-@dataclass(frozen=True)
-class Changes:
-    paths: set[str]  # files (paths below the new root) whose content or mode differs
-    modified_only: bool  # no file added, removed, renamed, or a link or submodule changed
+def blob_id(raw, object_format: int) -> str:
+    """git's object id of a blob with these bytes (`object_format`: the id's length in hex
+    digits, 40 for sha1 repositories, 64 for sha256)."""
+    h = hashlib.sha1() if object_format == 40 else hashlib.sha256()
+    h.update(b"blob %d\0" % len(raw))
+    h.update(raw)
+    return h.hexdigest()
 
 
-def changed_between(old_root: Path, new_root: Path) -> Changes | None:
-    """What differs between two checkouts (git-sync's worktrees, one per commit, of one
-    repository): `git diff --raw` between their commits, below the same subdirectory.
-    None when that is unknown (not both checkouts, another subdirectory, git failed); the
-    caller then compares the files themselves. A checkout is taken to hold its commit's
-    files, as git-sync's do (it never edits a worktree it published)."""
-    old, new = _checkout(old_root), _checkout(new_root)
-    if old is None or new is None or old[2] != new[2] or old[0] == new[0]:
+def checkout_blobs(root: Path) -> dict[str, tuple[str, str]] | None:
+    """{path below root: (mode, object id)} of every entry of the commit checked out at
+    `root` (a directory inside a git checkout, e.g. a git-sync worktree), from one
+    `git ls-tree`; None when root is not in a checkout or git fails. The caller compares
+    the ids with those of the bytes it holds (blob_id): what it read before is then known
+    exactly, whatever the old checkout held; only the new checkout is taken to hold its
+    commit's files, as git-sync's do (it never edits a worktree it published)."""
+    co = _checkout(root)
+    if co is None:
         return None
-    sub = new[2]
-    if old[1] == new[1]:
-        return Changes(set(), True)
+    top, commit, sub = co
     try:
-        out = _git(new[0], "diff", "--raw", "-z", "--no-renames", "--no-abbrev", "--no-ext-diff", old[1], new[1],
-                   "--", sub if sub != "." else ".")
+        out = _git(top, "ls-tree", "-r", "-z", "--full-tree", commit, "--", sub)
     except GitError:
         return None
-    fields = out.split(b"\0")
-    paths: set[str] = set()
-    simple = True
     prefix = "" if sub == "." else sub + "/"
-    for meta, path in zip(fields[0::2], fields[1::2]):
-        if not meta.startswith(b":"):
-            return None
-        old_mode, new_mode, _, _, status = meta[1:].decode().split(" ")
+    blobs: dict[str, tuple[str, str]] = {}
+    for item in out.split(b"\0"):
+        if not item:
+            continue
+        meta, _, path = item.partition(b"\t")
+        mode, _kind, oid = meta.decode().split(" ")
         full = path.decode("utf-8", "surrogateescape")
         if not full.startswith(prefix):
             return None
-        paths.add(full[len(prefix):])
-        if status != "M" or "120000" in (old_mode, new_mode) or "160000" in (old_mode, new_mode):
-            simple = False
-    return Changes(paths, simple)
+        blobs[full[len(prefix):]] = (mode, oid)
+    return blobs

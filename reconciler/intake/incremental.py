@@ -7,10 +7,11 @@ that as its oracle), with caches for a long-running reader such as `nftrec watch
   worktree: every file's stat is new, so each is read and compared with the bytes of the
   same display path in the old one, and only files whose bytes differ are parsed). Files
   modified within RACY_SECONDS of a read are compared again next time (mtime
-  granularity, as git's "racy" files). When both the old and the new worktree are git
-  checkouts (git-sync's are), `git diff` between their commits names the files that
-  differ instead (intake/git.changed_between): the others are only stat'ed (a size
-  check), and when files were only modified the old walk stands, re-rooted;
+  granularity, as git's "racy" files). When the new worktree is a git checkout
+  (git-sync's are), `git ls-tree` of its commit gives each file's object id instead
+  (intake/git.checkout_blobs); a file whose id is that of the bytes read before
+  (git.blob_id) is only stat'ed (a size check), the others are read; when the commit
+  holds the same manifest files, the old walk stands, re-rooted;
 - documents: an edited YAML file re-parses only its changed documents (intake/yamldocs.py);
 - validation: per-document checks are cached per file version; a new version reuses the
   result of each document whose data and position are unchanged (the same data object
@@ -43,7 +44,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from reconciler.intake import load, yamldocs
-from reconciler.intake.git import changed_between
+from reconciler.intake.git import blob_id, checkout_blobs
 from reconciler.intake.inventory import build_inventory, model_objects
 from reconciler.intake.model import Inventory
 from reconciler.intake.problems import ERROR, Problem
@@ -52,12 +53,25 @@ from reconciler.intake.validate import DocumentCheck, check_document, check_tree
 RACY_SECONDS = 2.0  # files modified this recently are re-hashed on the next read
 
 
-def _rerooted(paths: list[tuple[str, Path]], old: Path, new: Path) -> list[tuple[str, Path]] | None:
-    """The walk of `old` as the walk of `new` gives it when both hold the same files."""
+def _same_files(paths: list[tuple[str, Path]], old: Path, new: Path, blobs: dict) -> list[tuple[str, Path]] | None:
+    """The walk of `old` as the walk of `new` gives it, when the new checkout's commit
+    (`blobs`, git.checkout_blobs) has exactly the same manifest files and no links or
+    submodules (those need the walk's rules); None: walk."""
     try:
-        return [(display, new / real.relative_to(old)) for display, real in paths]
-    except ValueError:  # a path outside the old root: walk
+        rel = [real.relative_to(old).as_posix() for _, real in paths]
+    except ValueError:
         return None
+    listed = set()
+    for path, (mode, _) in blobs.items():
+        if any(part.startswith(".") for part in path.split("/")):
+            continue
+        if mode not in ("100644", "100755"):
+            return None
+        if path.endswith(load.SUFFIXES):
+            listed.add(path)
+    if listed != set(rel) or len(rel) != len(listed):
+        return None
+    return [(display, new / r) for (display, _), r in zip(paths, rel)]
 
 
 class _Recorder:
@@ -122,6 +136,7 @@ class _FileEntry:
     segments: dict  # yamldocs.parse's segments of this version: an edit re-parses the changed documents only
     checks: list | None = None  # check_document's result per document, once checked
     prev: _FileEntry | None = None  # the version this one replaced, until checked (its results are reused)
+    blob: str | None = None  # git's object id of its bytes, once a swap to a git checkout asked
 
 
 @dataclass
@@ -223,10 +238,24 @@ class Intake:
         self._files[display] = e
         return e
 
+    @staticmethod
+    def _same_blob(e: _FileEntry, display: str, real: Path, root: Path, blobs: dict) -> bool:
+        """The new checkout's commit holds, at `real`, the bytes `e` was read from."""
+        try:
+            mode, oid = blobs[real.relative_to(root).as_posix()]
+        except (KeyError, ValueError):
+            return False
+        if mode not in ("100644", "100755"):
+            return False
+        if e.blob is None or len(e.blob) != len(oid):
+            skip = len(display.encode("utf-8", "surrogateescape")) + 1
+            e.blob = blob_id(memoryview(e.chunk)[skip:-1], len(oid)) if e.chunk else ""
+        return e.blob == oid
+
     def _restat(self, e: _FileEntry, display: str, real: Path) -> _FileEntry:
-        """An entry git says is unchanged, at its path in the new checkout: its stat key
-        moves there; a file of another size is read after all (a checkout that is not its
-        commit's files)."""
+        """An entry whose bytes the new checkout's commit holds, at its path there: its
+        stat key moves there; a file of another size is read after all (a checkout that
+        is not its commit's files, e.g. edited by hand)."""
         try:
             st = real.stat()
         except OSError:
@@ -234,7 +263,7 @@ class Intake:
         if st.st_size + len(display.encode("utf-8", "surrogateescape")) + 2 != len(e.chunk):
             return self._file(display, real)
         e.stat = (str(real), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-        e.racy = False  # its bytes are its commit's, which git compared
+        e.racy = False  # its bytes are its commit's
         return e
 
     @staticmethod
@@ -246,14 +275,14 @@ class Intake:
         self.cross = self.git = False
         problems: list[Problem] = []
         walked = self._walked
-        git = None  # a swap between two git checkouts: the files that differ, from git (module doc)
+        blobs = None  # a swap to a git checkout: what its commit holds (module doc)
         if changed is None and walked is not None and walked[0] != resolved and resolved.is_dir():
-            git = changed_between(walked[0], resolved)
-            self.git = git is not None
+            blobs = checkout_blobs(resolved)
+            self.git = blobs is not None
         if changed is not None and walked is not None and walked[0] == resolved:
             paths = walked[1]
             problems.extend(walked[2])
-        elif git is not None and git.modified_only and (paths := _rerooted(walked[1], walked[0], resolved)):
+        elif blobs is not None and (paths := _same_files(walked[1], walked[0], resolved, blobs)):
             problems.extend(walked[2])  # the same files in the new checkout: no walk
             self._walked = (resolved, paths, walked[2])
         else:
@@ -266,19 +295,17 @@ class Intake:
                                         "nftrec at the manifest directory", ERROR))
                 paths = []
             self._walked = (resolved, paths, tuple(problems))
-        if git is not None:
-            changed = {str(resolved / p) for p in git.paths}
         entries: list[_FileEntry] = []
         chunks: list[bytes] = []
         seen: set[str] = set()
         for display, real in paths:
             e = self._files.get(display)
-            if e is None or changed is None or (e.racy and git is None) or str(real) in changed:
+            if blobs is not None and e is not None and self._same_blob(e, display, real, resolved, blobs):
+                self.looked += 1  # the commit holds the bytes read before: a stat (size check)
+                e = self._restat(e, display, real)
+            elif e is None or changed is None or (e.racy and blobs is None) or str(real) in changed:
                 self.looked += 1
                 e = self._file(display, real)
-            elif git is not None:  # git says unchanged: a stat (the new path's key; a size check)
-                self.looked += 1
-                e = self._restat(e, display, real)
             seen.add(display)
             entries.append(e)
             chunks.append(e.chunk)
