@@ -460,9 +460,14 @@ def test_changed_paths_look_at_those_files_only(tmp_path, monkeypatch):
     _same_as_read_inventory(intake, d)
     assert intake.looked == 8
     f = d / "slices" / "eps-0010.yaml"
+    before = next(e for k, e in intake._files.items() if k.endswith("eps-0010.yaml")).docs
     f.write_text(f.read_text().replace("10.244.0.12]", "10.244.0.99]"))
     _same_as_read_inventory(intake, d, {str(f)})
     assert intake.looked == 1 and intake.parsed == 1 and intake.checked == 1
+    after = next(e for k, e in intake._files.items() if k.endswith("eps-0010.yaml")).docs
+    # the 9 unchanged documents are the same objects (their checks and models stand), on the new text
+    assert [a is b for a, b in zip(before, after)] == [True, False] + [True] * 8
+    assert all(a.src is after[0].src and "10.244.0.99]" in a.src.text for a in after)
     _same_as_read_inventory(intake, d, set())
     assert intake.looked == 0 and intake.parsed == 0
     (d / "more.yaml").write_text(_svc_doc(99))

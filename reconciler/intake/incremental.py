@@ -74,6 +74,21 @@ def _same_files(paths: list[tuple[str, Path]], old: Path, new: Path, blobs: dict
     return [(display, new / r) for (display, _), r in zip(paths, rel)]
 
 
+def _keep_unchanged(docs: list, old: _FileEntry) -> None:
+    """In a new version of a file, the documents whose data (the same object, from
+    yamldocs) and position are unchanged become the previous version's Document objects,
+    pointed at the new text: their checks, objects and models then stand as they are (by
+    identity), and only the edited documents are looked at again."""
+    if old.checks is None:
+        return
+    at = {(d.index, d.path): d for d in old.docs}
+    for i, doc in enumerate(docs):
+        before = at.get((doc.index, doc.path))
+        if before is not None and before.data is doc.data and before.source == doc.source:
+            before.src = doc.src  # locate() reads the new text, as for a fresh Document
+            docs[i] = before
+
+
 class _Recorder:
     """Stands in for load's hasher: keeps the bytes it is fed (display path + raw)."""
 
@@ -233,6 +248,8 @@ class Intake:
         load.read_file(display, real, problems, docs, rec, parse_yaml)
         chunk = b"".join(rec.parts)
         self.parsed += 1
+        if known:
+            _keep_unchanged(docs, e)
         e = _FileEntry(display, key or (), chunk, docs, problems, key is None or self._racy(st), segments,
                        prev=e if e is not None and e.checks is not None else None)
         self._files[display] = e
@@ -369,8 +386,13 @@ class Intake:
         at: dict = {}
         if prev is not None:
             at = {(d.index, d.path): (d, c) for d, c in zip(prev.docs, prev.checks) if _clean(c)}
+        kept = {id(d): c for d, c in zip(prev.docs, prev.checks)} if prev is not None else {}
         out = []
         for doc in e.docs:
+            res = kept.get(id(doc))
+            if res is not None and res.obj is not None and res.obj.doc is doc:
+                out.append(res)  # the same Document (_keep_unchanged): its result stands
+                continue
             # _content_key holds the position: only the document at the same place can match
             hit = at.get((doc.index, doc.path))
             if hit is not None and not _same_place_and_data(doc, hit[0]) and (
@@ -404,6 +426,8 @@ class Intake:
             if e.display != old_e.display or len(e.docs) != len(old_e.docs):
                 return None
             for doc, old, res in zip(e.docs, old_e.docs, e.checks):
+                if doc is old:
+                    continue  # unchanged (_keep_unchanged): its object and model stand
                 if (not _clean(res) or res.obj.kind != "EndpointSlice" or doc.file in tree.problem_files
                         or id(old) not in tree.position or id(old) not in tree.slice_at):
                     return None
