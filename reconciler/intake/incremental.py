@@ -192,7 +192,7 @@ class Intake:
         self.parsed = 0  # files parsed by the last read (for logs and tests)
         self.checked = 0  # documents checked (check_document) by the last read
         self.compared = 0  # files read to compare with the cached bytes by the last read
-        self.git = False  # the last read asked git what changed (a swap between two checkouts)
+        self.git = False  # the last read asked git what the new checkout holds (a swap to a git checkout)
 
     def read(self, changed: set[str] | None = None) -> Snapshot:
         """The snapshot; `changed`: the absolute paths that changed since the last read
