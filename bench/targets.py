@@ -27,8 +27,8 @@ Local; 100 Services per file, 100 EndpointSlices per file):
   nftrec, each command a subprocess, fresh namespace, fresh --state-dir (empty intake
       cache): cold `apply`; `plan --detailed-exitcode` (no-op); the same with --refresh;
       one endpoint of one EndpointSlice moved → `apply`; peak RSS of each (/usr/bin/time -v);
-  watch  `nftrec watch` on a git-sync layout (`current -> rev-<sha>`, a new worktree
-      directory per revision, an atomic symlink swap), fresh namespace and state dir:
+  watch  `nftrec watch` on a git-sync layout (`current -> .worktrees/<sha>`, a new
+      `git worktree` of one repository per commit, an atomic symlink swap), fresh namespace and state dir:
       first full sync; then one endpoint moved per revision, back to back; latency = time
       from the swap until `nft monitor` in the namespace prints the new address, minus the
       debounce; a few warm-up edits discarded; p50/p95; the daemon's peak RSS (VmHWM).
@@ -622,17 +622,36 @@ def percentile(xs: list[float], q: float) -> float:
     return s[max(0, math.ceil(q / 100 * len(s)) - 1)]
 
 
-def new_revision(gs: Path, prev: Path, r: int) -> Path:
-    """git-sync's new worktree for revision r: a full copy of the previous one."""
-    d = gs / f"rev-{r + 1:040x}"
-    shutil.copytree(prev, d)
+def git(cwd: Path, *args: str) -> str:
+    env = dict(os.environ, GIT_AUTHOR_NAME="bench", GIT_AUTHOR_EMAIL="bench@localhost", GIT_COMMITTER_NAME="bench",
+               GIT_COMMITTER_EMAIL="bench@localhost", GIT_CONFIG_GLOBAL="/dev/null", GIT_CONFIG_NOSYSTEM="1")
+    done = subprocess.run(["git", "-C", str(cwd), *args], capture_output=True, text=True, timeout=300, env=env)
+    if done.returncode != 0:
+        raise RuntimeError(f"git {' '.join(args[:2])} failed: {done.stderr.strip()}")
+    return done.stdout.strip()
+
+
+def new_revision(src: Path, gs: Path, r: int) -> Path:
+    """git-sync's new worktree for the commit just made in `src`: a linked `git worktree`
+    of the one repository, named after the commit (git-sync v4: `<root>/.worktrees/<sha>`),
+    a fresh checkout of every file."""
+    if r >= 0:
+        git(src, "commit", "-q", "-a", "-m", f"revision {r + 1}")
+    sha = git(src, "rev-parse", "HEAD")
+    d = gs / ".worktrees" / sha
+    git(src, "worktree", "add", "-q", "--detach", str(d), sha)
     return d
+
+
+def drop_revision(src: Path, old: Path) -> None:
+    """git-sync removes the old worktree once the link points at the new one."""
+    git(src, "worktree", "remove", "--force", str(old))
 
 
 def swap(gs: Path, target: Path) -> float:
     """git-sync's atomic symlink swap (`ln -s` + `mv -T`); the time of the swap."""
     tmp_link = gs / "tmp-link"
-    tmp_link.symlink_to(target.name)
+    tmp_link.symlink_to(target.relative_to(gs))
     t = time.monotonic()
     os.replace(tmp_link, gs / "current")
     return t
@@ -645,9 +664,13 @@ def measure_watch(c: Ctx) -> dict:
 
     gs = c.tmp / "gitsync"
     gs.mkdir()
-    rev = gs / f"rev-{0:040x}"
-    shutil.copytree(c.root, rev)
-    (gs / "current").symlink_to(rev.name)
+    src = c.tmp / "src"  # the repository git-sync fetches (here: where each revision is committed)
+    shutil.copytree(c.root, src)
+    git(src, "init", "-q")
+    git(src, "add", "-A")
+    git(src, "commit", "-q", "-m", "revision 0")
+    rev = new_revision(src, gs, -1)
+    (gs / "current").symlink_to(rev.relative_to(gs))
     ns = c.nss.add("watch")
     mon = Monitor(ns)
     w = None
@@ -669,16 +692,16 @@ def measure_watch(c: Ctx) -> dict:
             ips[r % c.m] = new_ip = fresh_ip(c.n, c.m, 100 + r)
             moved[k] = ips
             prev = rev
-            rev = new_revision(gs, prev, r)
-            write_slice_file(rev, k, c.n, c.m, moved)
+            write_slice_file(src, k, c.n, c.m, moved)
+            rev = new_revision(src, gs, r)
             mark = len(w.lines)
             mon.expect(new_ip)
             t_swap = swap(gs, rev)
             seen = mon.wait(c.to)
             if seen is None:
                 raise RuntimeError(f"watch edit {r}: {new_ip} never reached the kernel")
-            s = w.wait_event("sync", mark, timeout=c.to, revision=rev.name[4:])
-            shutil.rmtree(prev)                           # git-sync removes the old worktree
+            s = w.wait_event("sync", mark, timeout=c.to, revision=rev.name)
+            drop_revision(src, prev)
             e = {"ms": 1000 * (seen - t_swap - DEBOUNCE), "kernelMs": s.get("kernelMs"),
                  "durationMs": s.get("durationMs"), "kind": s.get("kind"), "operations": s.get("operations")}
             R["edits"].append(e)
@@ -719,15 +742,17 @@ def bench_size(args, nss: Namespaces, n: int) -> dict:
         log("P: PyYAML CSafeLoader, fresh process")
         R["P"] = measure_parse_floor(c)
         log(f"  {R['P']['wall']:.2f} s ({R['P']['documents']} documents, {R['P']['in_process']:.2f} s in process)")
-        log(f"K: {k_how} → nft -f, fresh namespace")
-        R["K"] = measure_kube_proxy(c, tmp / "state-render")
-        log(f"  {R['K']['wall']:.2f} s ({R['K']['lines']} lines)")
-        if not args.no_classic and n <= args.classic_up_to:
+        if not args.watch_only:
+            log(f"K: {k_how} → nft -f, fresh namespace")
+            R["K"] = measure_kube_proxy(c, tmp / "state-render")
+            log(f"  {R['K']['wall']:.2f} s ({R['K']['lines']} lines)")
+        if not args.no_classic and not args.watch_only and n <= args.classic_up_to:
             log("classic layout (bench/scale.py vmap emitter) → nft -f, fresh namespace")
             R["classic"] = measure_classic(c, tmp / "state-classic")
             log(f"  {R['classic'].get('wall', 0):.2f} s {R['classic'].get('error', '')}")
-        log("nftrec one-shot commands, fresh namespace and state dir")
-        R.update(measure_oneshot(c))
+        if not args.watch_only:
+            log("nftrec one-shot commands, fresh namespace and state dir")
+            R.update(measure_oneshot(c))
         if not args.no_watch:
             log("nftrec watch, git-sync layout, fresh namespace and state dir")
             R["watch"] = measure_watch(c)
@@ -767,7 +792,7 @@ def facts() -> str:
 
 def table(R: dict, results: dict[int, dict]) -> str:
     n = R["services"]
-    P, K = R["P"]["wall"], R["K"]["wall"]
+    P, K = R["P"]["wall"], R["K"]["wall"] if "K" in R else None  # no K: --watch-only
     rows = []
 
     def row(metric, key, value, unit="s", note=""):
@@ -778,12 +803,12 @@ def table(R: dict, results: dict[int, dict]) -> str:
         secs = value / 1000 if unit == "ms" else value
         shown = (f"{value:.0f} ms" if unit == "ms" else f"{value:.2f} s" if unit == "s" else f"{value:.0f} MB")
         rp = f"{secs / P:.3f}" if unit != "MB" else ""
-        rk = f"{secs / K:.3f}" if unit != "MB" else ""
+        rk = f"{secs / K:.3f}" if unit != "MB" and K else ""
         t = TARGETS.get(key, {}).get(n)
         met = ""
         if t:
             base, fac = t
-            limit = {"P": P * fac, "K": K * fac, "MB": fac}[base]
+            limit = {"P": P * fac, "K": (K or 0) * fac, "MB": fac}[base]
             met = "met" if value <= limit else "**missed**"
         rows.append((metric, shown + (f" {note}" if note else ""), rp, rk, target_text(key, n), met))
 
@@ -797,19 +822,22 @@ def table(R: dict, results: dict[int, dict]) -> str:
     row("P: PyYAML CSafeLoader, all manifests, fresh process", "", P,
         note=f"({R['P']['documents']} docs; {R['P']['in_process']:.2f} s in process; median of "
              f"{', '.join(f'{x:.2f}' for x in R['P']['walls'])})")
-    row("K: kube-proxy layout via `nft -f`, empty netns", "", K,
-        note=f"(user {R['K']['user']:.2f} / sys {R['K']['sys']:.2f}; {R['K']['lines']} lines; median of "
-             f"{', '.join(f'{x:.2f}' for x in R['K']['walls'])})")
+    if K is not None:
+        row("K: kube-proxy layout via `nft -f`, empty netns", "", K,
+            note=f"(user {R['K']['user']:.2f} / sys {R['K']['sys']:.2f}; {R['K']['lines']} lines; median of "
+                 f"{', '.join(f'{x:.2f}' for x in R['K']['walls'])})")
     cl = R.get("classic")
     if cl is not None:
         row("classic layout (vmap + endpoint chains) via `nft -f` (reference)", "", cl.get("wall"),
             note=cl.get("error", f"(user {cl.get('user', 0):.2f} / sys {cl.get('sys', 0):.2f})"))
-    ac, pl, pr, ae = R["apply_cold"], R["plan"], R["plan_refresh"], R["apply_edit"]
-    row("cold `apply` (empty state dir and kernel)", "apply_cold", ac["wall"])
-    row("`plan`, nothing to change", "plan", pl["wall"], note=f"(exit {pl['rc']})")
-    row("`plan --refresh`, nothing to change", "plan_refresh", pr["wall"], note=f"(exit {pr['rc']})")
-    row("one EndpointSlice edited (1 endpoint moved), `apply`", "apply_edit", ae["wall"],
-        note=f"({ae.get('operations')} ops)")
+    oneshot = "apply_cold" in R  # not with --watch-only
+    if oneshot:
+        ac, pl, pr, ae = R["apply_cold"], R["plan"], R["plan_refresh"], R["apply_edit"]
+        row("cold `apply` (empty state dir and kernel)", "apply_cold", ac["wall"])
+        row("`plan`, nothing to change", "plan", pl["wall"], note=f"(exit {pl['rc']})")
+        row("`plan --refresh`, nothing to change", "plan_refresh", pr["wall"], note=f"(exit {pr['rc']})")
+        row("one EndpointSlice edited (1 endpoint moved), `apply`", "apply_edit", ae["wall"],
+            note=f"({ae.get('operations')} ops)")
     w = R.get("watch")
     if w:
         row(f"watch: edit → kernel after the debounce, p50 (n={w['n']})", "watch_p50", w["p50_ms"], "ms",
@@ -818,10 +846,11 @@ def table(R: dict, results: dict[int, dict]) -> str:
         row("watch: first full sync (empty state dir and kernel)", "", w["first_sync_s"])
         row("watch RSS (peak VmHWM; steady VmRSS in brackets)", "watch_rss", w["peak_rss_mb"], "MB",
             note=f"({w['rss_mb']:.0f} MB)")
-    rss = {k: R[k].get("rss_mb") or 0 for k in ("apply_cold", "apply_edit", "plan", "plan_refresh")}
-    row("one-shot peak RSS, max of `apply`/`plan`", "oneshot_rss", max(rss.values()), "MB",
-        note=f"(cold apply {rss['apply_cold']:.0f}, edit apply {rss['apply_edit']:.0f}, "
-             f"plan {rss['plan']:.0f}, --refresh {rss['plan_refresh']:.0f})")
+    rss = {k: R[k].get("rss_mb") or 0 for k in ("apply_cold", "apply_edit", "plan", "plan_refresh") if k in R}
+    if oneshot:
+        row("one-shot peak RSS, max of `apply`/`plan`", "oneshot_rss", max(rss.values()), "MB",
+            note=f"(cold apply {rss['apply_cold']:.0f}, edit apply {rss['apply_edit']:.0f}, "
+                 f"plan {rss['plan']:.0f}, --refresh {rss['plan_refresh']:.0f})")
     lat = R.get("latency")
     if lat:
         s, b = lat["small"], lat["big"]
@@ -833,7 +862,7 @@ def table(R: dict, results: dict[int, dict]) -> str:
                      f"{s['mean_round_median_us']:.1f} vs {b['mean_round_median_us']:.1f} "
                      f"(Δ {d:+.1f}, noise ±{noise:.1f})", "", "", "flat" if n in (1000, 10000) else "",
                      ("met" if flat else "**missed**") if n in (1000, 10000) else ""))
-    if n == 30000:
+    if n == 30000 and oneshot:
         r10 = results.get(10000)
         if r10:
             lin = ac["wall"] / r10["apply_cold"]["wall"]
@@ -864,6 +893,8 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=3,
                     help="runs of P and of K (median) up to 10k Services; 1 above (default %(default)s)")
     ap.add_argument("--no-watch", action="store_true", help="skip the watch measurements")
+    ap.add_argument("--watch-only", action="store_true",
+                    help="only P and the watch measurements (no K, classic, one-shot commands)")
     ap.add_argument("--no-classic", action="store_true", help="skip the classic layout reference")
     ap.add_argument("--classic-up-to", type=int, default=10000, metavar="N",
                     help="measure the classic layout only up to N Services (its load is quadratic; "

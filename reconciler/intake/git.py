@@ -7,10 +7,15 @@ directory is read with the rules of a directory on disk (load.manifest_files): r
 tree. Two git processes per revision: `ls-tree` lists the files, one `cat-file --batch`
 reads them all. Positions are git's own object names, `REV:path/in/repo.yaml:12:3`, so
 `git show REV:path/in/repo.yaml` opens the file a problem is in.
+
+`checkout_blobs(root)` + `blob_id(bytes)`: what a checkout's commit holds, to compare
+with bytes read before (`nftrec watch` on git-sync's worktrees: one `git ls-tree`, no file
+of the new worktree read unless its content changed).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import posixpath
 import subprocess
@@ -18,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from reconciler.intake.inventory import InventoryResult, inventory_from_load
-from reconciler.intake.load import MAX_FILE_BYTES, SUFFIXES
+from reconciler.intake.load import MAX_FILE_BYTES, SUFFIXES, _git_commit, _gitdir_of
 from reconciler.intake.problems import ERROR, WARNING, Problem, show
 from reconciler.intake.sources import load_blobs
 
@@ -189,3 +194,53 @@ def read_revision(directory: Path, rev: str, commit: str | None = None, *, stric
         loaded.problems.append(Problem(f"{rev}:{prefix}", 0, 0, "", "", "", "no manifest files here in this "
                                        "revision; it compiles to an empty ruleset", WARNING))
     return inventory_from_load(loaded, strict=strict)
+
+
+def _checkout(root: Path) -> tuple[Path, str, str] | None:
+    """(worktree top, commit checked out, root's path below the top) of a directory inside
+    a git checkout, from the files under .git (no subprocess), or None."""
+    for top in (root, *root.parents):
+        dot_git = top / ".git"
+        if dot_git.exists():
+            gitdir = _gitdir_of(dot_git)
+            commit = _git_commit(gitdir) if gitdir else None
+            return (top, commit, root.relative_to(top).as_posix()) if commit else None
+    return None
+
+
+def blob_id(raw, object_format: int) -> str:
+    """git's object id of a blob with these bytes (`object_format`: the id's length in hex
+    digits, 40 for sha1 repositories, 64 for sha256)."""
+    h = hashlib.sha1() if object_format == 40 else hashlib.sha256()
+    h.update(b"blob %d\0" % len(raw))
+    h.update(raw)
+    return h.hexdigest()
+
+
+def checkout_blobs(root: Path) -> dict[str, tuple[str, str]] | None:
+    """{path below root: (mode, object id)} of every entry of the commit checked out at
+    `root` (a directory inside a git checkout, e.g. a git-sync worktree), from one
+    `git ls-tree`; None when root is not in a checkout or git fails. The caller compares
+    the ids with those of the bytes it holds (blob_id): what it read before is then known
+    exactly, whatever the old checkout held; only the new checkout is taken to hold its
+    commit's files, as git-sync's do (it never edits a worktree it published)."""
+    co = _checkout(root)
+    if co is None:
+        return None
+    top, commit, sub = co
+    try:
+        out = _git(top, "ls-tree", "-r", "-z", "--full-tree", commit, "--", sub)
+    except GitError:
+        return None
+    prefix = "" if sub == "." else sub + "/"
+    blobs: dict[str, tuple[str, str]] = {}
+    for item in out.split(b"\0"):
+        if not item:
+            continue
+        meta, _, path = item.partition(b"\t")
+        mode, _kind, oid = meta.decode().split(" ")
+        full = path.decode("utf-8", "surrogateescape")
+        if not full.startswith(prefix):
+            return None
+        blobs[full[len(prefix):]] = (mode, oid)
+    return blobs

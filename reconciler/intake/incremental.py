@@ -7,14 +7,21 @@ that as its oracle), with caches for a long-running reader such as `nftrec watch
   worktree: every file's stat is new, so each is read and compared with the bytes of the
   same display path in the old one, and only files whose bytes differ are parsed). Files
   modified within RACY_SECONDS of a read are compared again next time (mtime
-  granularity, as git's "racy" files);
-- validation: per-document checks are cached per parsed document, and by the document's
-  content (file, position, data): a file of 100 EndpointSlices with one edited re-checks
-  one document. The checks across documents (`validate.check_tree`) run over everything,
-  except when the only documents that changed are clean EndpointSlices whose endpoints
-  alone changed (the common revision: endpoints move): the cross checks read no
-  endpoint, so their result stands, with the new slices' objects in place (`_endpoints_only`);
-- model: model objects are cached per document (and with the content-keyed checks);
+  granularity, as git's "racy" files). When the new worktree is a git checkout
+  (git-sync's are), `git ls-tree` of its commit gives each file's object id instead
+  (intake/git.checkout_blobs); a file whose id is that of the bytes read before
+  (git.blob_id) is only stat'ed (a size check), the others are read; when the commit
+  holds the same manifest files, the old walk stands, re-rooted;
+- documents: an edited YAML file re-parses only its changed documents (intake/yamldocs.py);
+- validation: per-document checks are cached per file version; a new version reuses the
+  result of each document whose data and position are unchanged (the same data object
+  from yamldocs, else the content key): a file of 100 EndpointSlices with one edited
+  re-checks one document. The checks across documents (`validate.check_tree`) run over
+  everything, except when the only documents that changed are clean EndpointSlices
+  whose endpoints alone changed (the common revision: endpoints move): the cross checks
+  read no endpoint, so their result stands, and the new slices' objects and models are
+  swapped into the last inventory (`_endpoints_only`);
+- model: model objects are cached per document (and carried with the reused checks);
 - the tree digest (sha256 over every file, as load computes it) resumes from the hash
   state saved before the first file that changed.
 
@@ -36,13 +43,50 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from reconciler.intake import load
+from reconciler.intake import load, yamldocs
+from reconciler.intake.git import blob_id, checkout_blobs
 from reconciler.intake.inventory import build_inventory, model_objects
 from reconciler.intake.model import Inventory
 from reconciler.intake.problems import ERROR, Problem
 from reconciler.intake.validate import DocumentCheck, check_document, check_tree
 
 RACY_SECONDS = 2.0  # files modified this recently are re-hashed on the next read
+
+
+def _same_files(paths: list[tuple[str, Path]], old: Path, new: Path, blobs: dict) -> list[tuple[str, Path]] | None:
+    """The walk of `old` as the walk of `new` gives it, when the new checkout's commit
+    (`blobs`, git.checkout_blobs) has exactly the same manifest files and no links or
+    submodules (those need the walk's rules); None: walk."""
+    try:
+        rel = [real.relative_to(old).as_posix() for _, real in paths]
+    except ValueError:
+        return None
+    listed = set()
+    for path, (mode, _) in blobs.items():
+        if any(part.startswith(".") for part in path.split("/")):
+            continue
+        if mode not in ("100644", "100755"):
+            return None
+        if path.endswith(load.SUFFIXES):
+            listed.add(path)
+    if listed != set(rel) or len(rel) != len(listed):
+        return None
+    return [(display, new / r) for (display, _), r in zip(paths, rel)]
+
+
+def _keep_unchanged(docs: list, old: _FileEntry) -> None:
+    """In a new version of a file, the documents whose data (the same object, from
+    yamldocs) and position are unchanged become the previous version's Document objects,
+    pointed at the new text: their checks, objects and models then stand as they are (by
+    identity), and only the edited documents are looked at again."""
+    if old.checks is None:
+        return
+    at = {(d.index, d.path): d for d in old.docs}
+    for i, doc in enumerate(docs):
+        before = at.get((doc.index, doc.path))
+        if before is not None and before.data is doc.data and before.source == doc.source:
+            before.src = doc.src  # locate() reads the new text, as for a fresh Document
+            docs[i] = before
 
 
 class _Recorder:
@@ -66,14 +110,16 @@ def _cross_key(doc) -> bytes:
 
 @dataclass
 class _Tree:
-    """The last check_tree run, for _endpoints_only."""
+    """The last check_tree run and the inventory built from it, for _endpoints_only."""
 
-    documents: list
+    entries: list  # the _FileEntry of each file, in order
     load_problems: list
     problems: list
     objects: list
     position: dict  # id(doc) -> index in `objects`
     problem_files: set
+    inventory: Inventory | None = None
+    slice_at: dict | None = None  # id(doc) of an EndpointSlice -> index in inventory.endpoint_slices
 
 
 def _content_key(doc) -> bytes:
@@ -84,13 +130,28 @@ def _content_key(doc) -> bytes:
                            digest_size=20).digest()
 
 
-@dataclass
+def _same_place_and_data(doc, old) -> bool:
+    """Equal _content_key, without pickling: an unchanged document of an edited file keeps
+    its data object (yamldocs) and, when no line moved, its position."""
+    return doc.data is old.data and doc.index == old.index and doc.path == old.path and doc.source == old.source
+
+
+def _clean(res) -> bool:
+    return res.obj is not None and not res.problems and res.unknown_kind is None
+
+
+@dataclass(eq=False, slots=True)
 class _FileEntry:
+    display: str
     stat: tuple
     chunk: bytes  # what load_manifests feeds its digest for this file
     docs: list
     problems: list
     racy: bool
+    segments: dict  # yamldocs.parse's segments of this version: an edit re-parses the changed documents only
+    checks: list | None = None  # check_document's result per document, once checked
+    prev: _FileEntry | None = None  # the version this one replaced, until checked (its results are reused)
+    blob: str | None = None  # git's object id of its bytes, once a swap to a git checkout asked
 
 
 @dataclass
@@ -122,8 +183,6 @@ class Intake:
         self.path = Path(os.path.abspath(directory))
         self.strict = strict
         self._files: dict[str, _FileEntry] = {}
-        self._checked: dict[int, tuple] = {}  # id(doc) -> (doc, DocumentCheck, content key)
-        self._clean: dict[bytes, tuple] = {}  # content key -> (doc, DocumentCheck) without problems
         self._models: dict[int, tuple] = {}  # id(doc) -> (doc, [model objects])
         self._hashed: list[tuple[bytes, object]] = []  # (chunk, sha256 state after it), last read's order
         self._tree: _Tree | None = None
@@ -133,6 +192,7 @@ class Intake:
         self.parsed = 0  # files parsed by the last read (for logs and tests)
         self.checked = 0  # documents checked (check_document) by the last read
         self.compared = 0  # files read to compare with the cached bytes by the last read
+        self.git = False  # the last read asked git what the new checkout holds (a swap to a git checkout)
 
     def read(self, changed: set[str] | None = None) -> Snapshot:
         """The snapshot; `changed`: the absolute paths that changed since the last read
@@ -177,11 +237,50 @@ class Intake:
         problems: list = []
         docs: list = []
         rec = _Recorder()
-        load.read_file(display, real, problems, docs, rec)
+        known = e.segments if e is not None else None
+        segments: dict = {}
+
+        def parse_yaml(text: str) -> list:
+            parsed, new = yamldocs.parse(text, known, load._parse_yaml)
+            segments.update(new)
+            return parsed
+
+        load.read_file(display, real, problems, docs, rec, parse_yaml)
         chunk = b"".join(rec.parts)
         self.parsed += 1
-        e = _FileEntry(key or (), chunk, docs, problems, key is None or self._racy(st))
+        if known:
+            _keep_unchanged(docs, e)
+        e = _FileEntry(display, key or (), chunk, docs, problems, key is None or self._racy(st), segments,
+                       prev=e if e is not None and e.checks is not None else None)
         self._files[display] = e
+        return e
+
+    @staticmethod
+    def _same_blob(e: _FileEntry, display: str, real: Path, root: Path, blobs: dict) -> bool:
+        """The new checkout's commit holds, at `real`, the bytes `e` was read from."""
+        try:
+            mode, oid = blobs[real.relative_to(root).as_posix()]
+        except (KeyError, ValueError):
+            return False
+        if mode not in ("100644", "100755"):
+            return False
+        if e.blob is None or len(e.blob) != len(oid):
+            skip = len(display.encode("utf-8", "surrogateescape")) + 1
+            e.blob = blob_id(memoryview(e.chunk)[skip:-1], len(oid)) if e.chunk else ""
+        return e.blob == oid
+
+    def _restat(self, e: _FileEntry, display: str, real: Path) -> _FileEntry:
+        """An entry whose bytes the new checkout's commit holds, at its path there: its
+        stat key moves there; a file of another size is read after all (a checkout that
+        is not its commit's files, e.g. edited by hand)."""
+        try:
+            st = real.stat()
+        except OSError:
+            return self._file(display, real)
+        if st.st_size + len(display.encode("utf-8", "surrogateescape")) + 2 != len(e.chunk):
+            return self._file(display, real)
+        e.stat = (str(real), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        e.racy = False  # its bytes are its commit's
         return e
 
     @staticmethod
@@ -190,14 +289,20 @@ class Intake:
 
     def _read(self, resolved: Path, changed: set[str] | None = None) -> Snapshot:
         self.parsed = self.checked = self.compared = self.looked = 0
-        self.cross = False
+        self.cross = self.git = False
         problems: list[Problem] = []
         walked = self._walked
+        blobs = None  # a swap to a git checkout: what its commit holds (module doc)
+        if changed is None and walked is not None and walked[0] != resolved and resolved.is_dir():
+            blobs = checkout_blobs(resolved)
+            self.git = blobs is not None
         if changed is not None and walked is not None and walked[0] == resolved:
             paths = walked[1]
             problems.extend(walked[2])
+        elif blobs is not None and (paths := _same_files(walked[1], walked[0], resolved, blobs)):
+            problems.extend(walked[2])  # the same files in the new checkout: no walk
+            self._walked = (resolved, paths, walked[2])
         else:
-            changed = None
             if resolved.is_file():
                 paths = [(self.shown, resolved)]
             elif resolved.is_dir():
@@ -207,25 +312,27 @@ class Intake:
                                         "nftrec at the manifest directory", ERROR))
                 paths = []
             self._walked = (resolved, paths, tuple(problems))
-        docs: list = []
+        entries: list[_FileEntry] = []
         chunks: list[bytes] = []
         seen: set[str] = set()
         for display, real in paths:
             e = self._files.get(display)
-            if changed is None or e is None or e.racy or str(real) in changed:
+            if blobs is not None and e is not None and self._same_blob(e, display, real, resolved, blobs):
+                self.looked += 1  # the commit holds the bytes read before: a stat (size check)
+                e = self._restat(e, display, real)
+            elif e is None or changed is None or (e.racy and blobs is None) or str(real) in changed:
                 self.looked += 1
                 e = self._file(display, real)
             seen.add(display)
+            entries.append(e)
             chunks.append(e.chunk)
             problems.extend(e.problems)
-            docs.extend(e.docs)
         for gone in set(self._files) - seen:
             del self._files[gone]
         digest = self._digest(chunks)
         base = resolved if resolved.is_dir() else resolved.parent
         revision = load.find_revision(base) or f"sha256:{digest}"
-        checked_problems, objs = self._check(problems, docs)
-        inventory = self._inventory(objs, revision)
+        checked_problems, inventory = self._check(problems, entries, revision)
         return Snapshot(inventory, checked_problems, revision, digest, len(paths), str(resolved))
 
     def _digest(self, chunks: list[bytes]) -> str:
@@ -244,85 +351,131 @@ class Intake:
         self._hashed = hashed
         return hasher.hexdigest()
 
-    def _check(self, load_problems: list[Problem], documents: list) -> tuple[list[Problem], list]:
-        """validate.check, with the per-document part cached per parsed document, and for
-        a re-parsed file per document content (module doc)."""
-        cache: dict[int, tuple] = {}
-        clean: dict[bytes, tuple] = {}
-        results = []
-        for doc in documents:
-            entry = self._checked.get(id(doc))
-            if entry is None or entry[0] is not doc:
-                key = _content_key(doc)
-                same = self._clean.get(key)
-                if same is not None:
-                    # equal data at the same place: the same (clean) result, bound to this document
-                    before, res = same
-                    entry = (doc, DocumentCheck(replace(res.obj, doc=doc), (), None), key)
-                    models = self._models.get(id(before))
-                    if models is not None and models[0] is before:
-                        self._models[id(doc)] = (doc, models[1])
-                else:
-                    self.checked += 1
-                    entry = (doc, check_document(doc), key)
-            cache[id(doc)] = entry
-            res = entry[1]
-            if res.obj is not None and not res.problems and res.unknown_kind is None:
-                clean[entry[2]] = (doc, res)
-            results.append(res)
-        self._checked = cache
-        self._clean = clean
-        fast = self._endpoints_only(load_problems, documents, results)
+    def _check(self, load_problems: list[Problem], entries: list[_FileEntry], revision: str) -> tuple[list[Problem], Inventory]:
+        """validate.check and the inventory, with check_document's results cached per file
+        entry (an edited file reuses its previous version's results of documents whose
+        content and position are unchanged), check_tree and the inventory skipped where
+        only endpoints changed (module doc)."""
+        for e in entries:
+            if e.checks is None:
+                e.checks = self._check_file(e)
+                e.prev = None
+        fast = self._endpoints_only(load_problems, entries, revision)
         self.cross = fast is None
         if fast is not None:
             return fast
+        documents: list = []
+        results: list = []
+        for e in entries:
+            documents.extend(e.docs)
+            results.extend(e.checks)
         checked = check_tree(load_problems, documents, results, strict=self.strict)
         position: dict[int, int] = {}
         for i, o in enumerate(checked.objects):
             position[id(o.doc)] = i
-        self._tree = _Tree(documents, list(load_problems), checked.problems, checked.objects, position,
-                           {p.file for p in checked.problems})
-        return checked.problems, checked.objects
+        tree = _Tree(entries, list(load_problems), checked.problems, checked.objects, position,
+                     {p.file for p in checked.problems})
+        self._tree = tree
+        self._build_inventory(tree, revision)
+        return checked.problems, tree.inventory
 
-    def _endpoints_only(self, load_problems: list[Problem], documents: list, results: list):
-        """check_tree's result without running it, when every document that changed
-        since its last run is a clean EndpointSlice whose endpoints alone changed, in a
-        file none of its problems are in (module doc). None: run check_tree."""
+    def _check_file(self, e: _FileEntry) -> list:
+        """check_document of each document of a new file version; a document equal (data
+        and position) to a clean one of the previous version reuses its result and models."""
+        prev = e.prev
+        at: dict = {}
+        if prev is not None:
+            at = {(d.index, d.path): (d, c) for d, c in zip(prev.docs, prev.checks) if _clean(c)}
+        kept = {id(d): c for d, c in zip(prev.docs, prev.checks)} if prev is not None else {}
+        out = []
+        for doc in e.docs:
+            res = kept.get(id(doc))
+            if res is not None and res.obj is not None and res.obj.doc is doc:
+                out.append(res)  # the same Document (_keep_unchanged): its result stands
+                continue
+            # _content_key holds the position: only the document at the same place can match
+            hit = at.get((doc.index, doc.path))
+            if hit is not None and not _same_place_and_data(doc, hit[0]) and (
+                    doc.source != hit[0].source or _content_key(doc) != _content_key(hit[0])):
+                hit = None
+            if hit is None:
+                self.checked += 1
+                out.append(check_document(doc))
+                continue
+            before, res = hit
+            out.append(DocumentCheck(replace(res.obj, doc=doc), (), None))
+            models = self._models.get(id(before))
+            if models is not None and models[0] is before:
+                self._models[id(doc)] = (doc, models[1])
+        return out
+
+    def _endpoints_only(self, load_problems: list[Problem], entries: list[_FileEntry], revision: str):
+        """check_tree's result and the inventory without running check_tree or building
+        the inventory again, when every document that changed since the last run is a clean
+        EndpointSlice whose endpoints alone changed, in a file none of its problems are in
+        (module doc): the slices' objects and models are swapped in place. None: run
+        check_tree."""
         tree = self._tree
-        if tree is None or len(documents) != len(tree.documents) or load_problems != tree.load_problems:
+        if (tree is None or tree.inventory is None or len(entries) != len(tree.entries)
+                or load_problems != tree.load_problems):
             return None
         swaps = []
-        for i, doc in enumerate(documents):
-            old = tree.documents[i]
-            if doc is old:
+        for e, old_e in zip(entries, tree.entries):
+            if e is old_e:
                 continue
-            res = results[i]
-            if (res.obj is None or res.problems or res.obj.kind != "EndpointSlice" or doc.file in tree.problem_files
-                    or id(old) not in tree.position or _cross_key(doc) != _cross_key(old)):
+            if e.display != old_e.display or len(e.docs) != len(old_e.docs):
                 return None
-            swaps.append((tree.position[id(old)], replace(res.obj)))
+            for doc, old, res in zip(e.docs, old_e.docs, e.checks):
+                if doc is old:
+                    continue  # unchanged (_keep_unchanged): its object and model stand
+                if (not _clean(res) or res.obj.kind != "EndpointSlice" or doc.file in tree.problem_files
+                        or id(old) not in tree.position or id(old) not in tree.slice_at):
+                    return None
+                if not _same_place_and_data(doc, old) and _cross_key(doc) != _cross_key(old):
+                    return None
+                swaps.append((old, replace(res.obj)))
         if not swaps:
-            return tree.problems, tree.objects
+            if revision != tree.inventory.revision:
+                tree.inventory = replace(tree.inventory, revision=revision)
+            return tree.problems, tree.inventory
         objects = list(tree.objects)
-        position = dict(tree.position)
-        for i, o in swaps:
-            del position[id(objects[i].doc)]
+        slices = list(tree.inventory.endpoint_slices)
+        for old, o in swaps:
+            i = tree.position.pop(id(old))
             objects[i] = o
-            position[id(o.doc)] = i
-        self._tree = _Tree(documents, tree.load_problems, tree.problems, objects, position, tree.problem_files)
-        return tree.problems, objects
+            tree.position[id(o.doc)] = i
+            j = tree.slice_at.pop(id(old))
+            self._models.pop(id(old), None)
+            made = self._model(o)
+            slices[j] = made[0]
+            tree.slice_at[id(o.doc)] = j
+        tree.entries, tree.objects = entries, objects
+        tree.inventory = replace(tree.inventory, endpoint_slices=tuple(slices), revision=revision)
+        return tree.problems, tree.inventory
 
-    def _inventory(self, objs: list, revision: str) -> Inventory:
-        """inventory.build_inventory, with model objects cached per document."""
+    def _model(self, o) -> list:
+        entry = self._models.get(id(o.doc))
+        if entry is None or entry[0] is not o.doc:
+            entry = self._models[id(o.doc)] = (o.doc, model_objects(o))
+        return entry[1]
+
+    def _build_inventory(self, tree: _Tree, revision: str) -> None:
+        """inventory.build_inventory, with model objects cached per document; records where
+        each EndpointSlice document's slice is (for _endpoints_only)."""
         cache: dict[int, tuple] = {}
+        old, self._models = self._models, cache
 
         def cached(o) -> list:
-            entry = self._models.get(id(o.doc))
-            if entry is None or entry[0] is not o.doc:
-                entry = (o.doc, model_objects(o))
-            cache[id(o.doc)] = entry
-            return entry[1]
+            entry = old.get(id(o.doc))
+            if entry is not None and entry[0] is o.doc:
+                cache[id(o.doc)] = entry
+                return entry[1]
+            return self._model(o)
 
-        inventory = build_inventory(objs, revision, make=cached)
-        self._models = cache
-        return inventory
+        inventory = build_inventory(tree.objects, revision, make=cached)
+        index = {id(m): j for j, m in enumerate(inventory.endpoint_slices)}
+        slice_at = {}
+        for o in tree.objects:
+            if o.kind == "EndpointSlice":
+                slice_at[id(o.doc)] = index[id(cache[id(o.doc)][1][0])]
+        tree.inventory, tree.slice_at = inventory, slice_at

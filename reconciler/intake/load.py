@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import re
+import sys
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -453,6 +454,7 @@ def _construct_fast(root, loader):
                 key = scalar(key_node)
                 if type(key) is not str or key in out:
                     raise _Slow
+                key = sys.intern(key)  # the same few keys in every document: one string each (watch keeps them all)
                 value = out[key] = build(value_node, depth + 1)
                 if value is None:
                     unset = True
@@ -573,7 +575,8 @@ def yaml_error(e: YAMLError, text: str | None = None) -> Refused:
     return Refused(" ".join(text.split()) + "; fix the syntax", line, col)
 
 
-def read_file(display: str, real: Path, problems: list[Problem], docs: list[Document], hasher) -> int:
+def read_file(display: str, real: Path, problems: list[Problem], docs: list[Document], hasher, parse_yaml=None) -> int:
+    """`parse_yaml`: replaces _parse_yaml (the same result; watch's per-document reuse, intake/yamldocs.py)."""
     try:
         size = real.stat().st_size
         if size > MAX_FILE_BYTES:
@@ -594,7 +597,7 @@ def read_file(display: str, real: Path, problems: list[Problem], docs: list[Docu
             parsed = _parse_json(text)
         else:
             try:
-                parsed = _parse_yaml(text)
+                parsed = (parse_yaml or _parse_yaml)(text)
             except YAMLError as e:
                 raise yaml_error(e, text) from None
             except RecursionError:
