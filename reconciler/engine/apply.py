@@ -41,9 +41,10 @@ def _color(stream: TextIO) -> bool:
     return stream.isatty() and not os.environ.get("NO_COLOR")
 
 
-def recorded_state(nft: Libnftables, target: Target) -> tuple[Ruleset, dict | None] | None:
+def recorded_state(nft: Libnftables, target: Target, *, lazy: bool = False) -> tuple[Ruleset, dict | None] | None:
     """The fast path: (the last applied ruleset as recorded, its compile memo or None)
-    while the kernel's generation token says nobody committed since; else None."""
+    while the kernel's generation token says nobody committed since; else None.
+    `lazy`: its chains and sets are decoded when first read (engine/recorded.py)."""
     store = target.store()
     st = read_status(store)
     token = kernel_token(nft)
@@ -51,7 +52,7 @@ def recorded_state(nft: Libnftables, target: Target) -> tuple[Ruleset, dict | No
         entries = read_history(store)
         if entries and entries[-1].digest == st.desired_digest:
             try:
-                return store.load_ruleset(entries[-1]), store.read_compiled(st.desired_digest)
+                return store.load_ruleset(entries[-1], lazy=lazy), store.read_compiled(st.desired_digest)
             except StateCorrupt:
                 pass  # fall back to the kernel
     return None
@@ -80,7 +81,8 @@ def plan_desired(desired, nft: Libnftables, target: Target, *, refresh: bool):
 
     from reconciler.compile import NftSyntaxError, compile_oneshot
 
-    rec = None if refresh else recorded_state(nft, target)
+    # lazily: with its memo, compile_oneshot reads only the changed Services' objects
+    rec = None if refresh else recorded_state(nft, target, lazy=True)
     live = read_live(nft, target.table) if rec is None else None
     applied, memo = rec if rec is not None else (live, None)
     inv = desired.inventory

@@ -494,10 +494,12 @@ class StateStore:
                 return entry
         return None
 
-    def load_ruleset(self, entry: HistoryEntry) -> Ruleset:
+    def load_ruleset(self, entry: HistoryEntry, *, lazy: bool = False) -> Ruleset:
         """The ruleset of `entry`, checked against its recorded digest: through the
         recorded sha256 of its bytes when the file has one (one hash), else by digesting
-        the ruleset read (files of older nftrecs, or edited by hand)."""
+        the ruleset read (files of older nftrecs, or edited by hand). `lazy`: chains and
+        sets are decoded when first read (engine/recorded.py), when the bytes are the
+        digest form itself (their sha256 is the entry's digest)."""
         path = entry.path
         try:
             raw = path.read_bytes()
@@ -518,6 +520,13 @@ class StateStore:
             try:  # chain by chain: the whole JSON document is never in memory (compile.ruleset_from_text)
                 text = body[:-1].decode("ascii")
                 del body
+                if lazy and sha == entry.digest:
+                    from reconciler.engine.recorded import lazy_ruleset
+
+                    rs = lazy_ruleset(text)
+                    if rs is not None:
+                        return rs
+                    logs.log.debug(f"{path}: not laid out as nftrec writes it; decoding it whole")
                 return ruleset_from_text(text)
             except SerializeError as e:
                 raise StateCorrupt(path, f"holds a damaged ruleset ({e})") from e
