@@ -104,7 +104,7 @@ def test_incremental_equals_full_compile_and_plan(world, seed):
         full = compile_ruleset(inv, cfg, previous=recorded)
         full_plan = make_plan(full, canonical(recorded))
         # as apply reads it: the history entry's bytes, decoded lazily (engine/recorded.py)
-        lazy = lazy_ruleset(digest_bytes(applied).decode("ascii"))
+        lazy = lazy_ruleset(digest_bytes(applied))
         assert lazy is not None
         one = compile_oneshot(inv, cfg, cd, lazy, memo)
         assert one.changed is not None, "the memo fits: only changed Services are compiled"

@@ -143,7 +143,8 @@ def _encoded(objs, to_json, enc) -> bytes:
     raw = getattr(objs, "raw", None)
     if raw is None:
         return b",".join(enc(to_json(objs[n])).encode("ascii") for n in sorted(objs))
-    return b",".join(raw(n) or enc(to_json(objs[n])).encode("ascii") for n in sorted(objs))
+    return b",".join(r if (r := raw(n)) is not None else enc(to_json(objs[n])).encode("ascii")
+                     for n in sorted(objs))
 
 
 def digest_form(doc: dict) -> bytes:

@@ -30,17 +30,17 @@ from collections.abc import MutableMapping
 
 from reconciler.compile import Ruleset, SerializeError, Table, ruleset_from_json
 
-_HEAD = '{"formatVersion":1,"owners":'
-_TABLES = '},"tables":['
-_STR = r'"(?:[^"\\]|\\.)*"'
-_NAME = r'[A-Za-z][A-Za-z0-9/_.\-]*'
+_HEAD = b'{"formatVersion":1,"owners":'
+_TABLES = b'},"tables":['
+_STR = rb'"(?:[^"\\]|\\.)*"'
+_NAME = rb'[A-Za-z][A-Za-z0-9/_.\-]*'
 # between a table's chains and its sets (keys in canonical order)
-_TABLE_MID = re.compile(r'\],"comment":(null|' + _STR + r'),"family":"(ip6?)","name":"(' + _NAME + r')","sets":\[')
-_CHAIN_START = re.compile(r'\{"base":')
-_SET_START = re.compile(r'\{"comment":(?:null|' + _STR + r'),"elements":\[')
-_NAME_AT = re.compile(r'"name":"(' + _NAME + r')"')
-_NEXT_TABLE = ']},{"chains":['
-_END = "]}]}"
+_TABLE_MID = re.compile(rb'\],"comment":(null|' + _STR + rb'),"family":"(ip6?)","name":"(' + _NAME + rb')","sets":\[')
+_CHAIN_START = re.compile(rb'\{"base":')
+_SET_START = re.compile(rb'\{"comment":(?:null|' + _STR + rb'),"elements":\[')
+_NAME_AT = re.compile(rb'"name":"(' + _NAME + rb')"')
+_NEXT_TABLE = b']},{"chains":['
+_END = b"]}]}"
 
 
 class _Span(tuple):
@@ -52,17 +52,17 @@ class LazyObjects(MutableMapping):
     """name -> Chain or NamedSet, decoded on first access; iteration order is the text's
     (sorted by name, as ruleset_from_text would give)."""
 
-    __slots__ = ("_d", "_text", "_decode")
+    __slots__ = ("_d", "_buf", "_decode")
 
-    def __init__(self, text: str, spans: dict, decode):
-        self._text = text
+    def __init__(self, buf: bytes, spans: dict, decode):
+        self._buf = buf
         self._decode = decode
         self._d: dict = {name: _Span(span) for name, span in spans.items()}
 
     def __getitem__(self, name):
         v = self._d[name]
         if type(v) is _Span:
-            v = self._d[name] = self._decode(self._text[v[0]:v[1]], name)
+            v = self._d[name] = self._decode(self._buf[v[0]:v[1]], name)
         return v
 
     def __setitem__(self, name, value) -> None:
@@ -80,10 +80,11 @@ class LazyObjects(MutableMapping):
     def __len__(self) -> int:
         return len(self._d)
 
-    def raw(self, name) -> bytes | None:
-        """The canonical bytes of `name` while it was never decoded (module doc), else None."""
+    def raw(self, name) -> memoryview | None:
+        """The canonical bytes of `name` while it was never decoded (module doc), else
+        None. A view, not a copy: the next history entry is joined from them."""
         v = self._d.get(name)
-        return self._text[v[0]:v[1]].encode("ascii") if type(v) is _Span else None
+        return memoryview(self._buf)[v[0]:v[1]] if type(v) is _Span else None
 
     @property
     def decoded(self) -> int:
@@ -92,7 +93,7 @@ class LazyObjects(MutableMapping):
 
 
 def _decoder(family: str, kind: str):
-    def decode(text: str, name: str):
+    def decode(text: bytes, name: str):
         table = {"family": family, "name": "x", "comment": None, "chains": [], "sets": []}
         table[kind].append(json.loads(text))
         objs = getattr(ruleset_from_json({"formatVersion": 1, "owners": {}, "tables": [table]})
@@ -103,66 +104,69 @@ def _decoder(family: str, kind: str):
     return decode
 
 
-def _spans(text: str, pattern: re.Pattern, start: int, end: int) -> dict | None:
+def _spans(buf: bytes, pattern: re.Pattern, start: int, end: int) -> dict | None:
     """{name: (start, end)} of the objects of one JSON array [start, end) whose every
     member opens with `pattern`; None when the text is not laid out that way."""
     if start == end:
         return {}
-    starts = [m.start() for m in pattern.finditer(text, start, end)]
+    starts = [m.start() for m in pattern.finditer(buf, start, end)]
     if not starts or starts[0] != start:
         return None
     out: dict = {}
     for i, a in enumerate(starts):
         b = starts[i + 1] - 1 if i + 1 < len(starts) else end
-        if (i + 1 < len(starts) and text[b] != ",") or text[b - 1] != "}":
+        if (i + 1 < len(starts) and buf[b] != 0x2C) or buf[b - 1] != 0x7D:  # ',' between, '}' closing
             return None
         # a chain's name comes before its rules; a set's after its elements: either way
         # the object's only unescaped `"name":"` (rules and elements have no name key)
-        p = text.find('"name":"', a, b) if pattern is _CHAIN_START else text.rfind('"name":"', a, b)
-        m = _NAME_AT.match(text, p) if p >= 0 else None
-        if m is None or m.group(1) in out:
+        p = buf.find(b'"name":"', a, b) if pattern is _CHAIN_START else buf.rfind(b'"name":"', a, b)
+        m = _NAME_AT.match(buf, p) if p >= 0 else None
+        name = m.group(1).decode("ascii") if m is not None else None
+        if name is None or name in out:
             return None
-        out[m.group(1)] = (a, b)
+        out[name] = (a, b)
     return out
 
 
-def lazy_ruleset(text: str) -> Ruleset | None:
-    """The ruleset of a canonical digest-form `text` (module doc), decoded lazily; None
-    when the text is not laid out as digest_bytes writes it."""
-    if not text.startswith(_HEAD):
+def lazy_ruleset(buf: bytes, start: int = 0, end: int | None = None) -> Ruleset | None:
+    """The ruleset of the canonical digest form in buf[start:end] (module doc), decoded
+    lazily (offsets into `buf`: no copy of a 20 MB body is made); None when the text is
+    not laid out as digest_bytes writes it."""
+    end = len(buf) if end is None else end
+    if not buf.startswith(_HEAD, start):
         return None
-    t_at = text.find(_TABLES)
+    t_at = buf.find(_TABLES, start, end)
     if t_at < 0:
         return None
     try:
-        owners = json.loads(text[len(_HEAD):t_at + 1])
+        owners = json.loads(buf[start + len(_HEAD):t_at + 1])
     except ValueError:
         return None
     if not isinstance(owners, dict) or not all(type(v) is str for v in owners.values()):
         return None
     rs = Ruleset(owners=owners)
     pos = t_at + len(_TABLES)
+    if not buf.endswith(_END, start, end):
+        return None
     while True:
-        if not text.startswith('{"chains":[', pos):
+        if not buf.startswith(b'{"chains":[', pos, end):
             return None
-        chains_at = pos + len('{"chains":[')
-        mid = _TABLE_MID.search(text, chains_at)
+        chains_at = pos + len(b'{"chains":[')
+        mid = _TABLE_MID.search(buf, chains_at, end)
         if mid is None:
             return None
-        nxt = text.find(_NEXT_TABLE, mid.end())
+        nxt = buf.find(_NEXT_TABLE, mid.end(), end)
         last = nxt < 0
-        sets_end = len(text) - len(_END) if last else nxt
-        if last and not text.endswith(_END):
-            return None
-        chains = _spans(text, _CHAIN_START, chains_at, mid.start())
-        sets = _spans(text, _SET_START, mid.end(), sets_end)
-        family = mid.group(2)
+        sets_end = end - len(_END) if last else nxt
+        chains = _spans(buf, _CHAIN_START, chains_at, mid.start())
+        sets = _spans(buf, _SET_START, mid.end(), sets_end)
+        family = mid.group(2).decode("ascii")
         if chains is None or sets is None or family in rs.tables:
             return None
         comment = json.loads(mid.group(1))
-        rs.tables[family] = Table(family, mid.group(3), comment,
-                                  LazyObjects(text, chains, _decoder(family, "chains")),
-                                  LazyObjects(text, sets, _decoder(family, "sets")))
+        rs.tables[family] = Table(family, mid.group(3).decode("ascii"), comment,
+                                  LazyObjects(buf, chains, _decoder(family, "chains")),
+                                  LazyObjects(buf, sets, _decoder(family, "sets")))
         if last:
             return rs
-        pos = nxt + len(']},')
+        pos = nxt + len(b']},')
