@@ -182,6 +182,13 @@ def test_incremental_apply_leaves_the_kernel_as_a_full_apply(netns, netns2, tmp_
             else:
                 assert m is None, p.stderr
         assert_clean(d, state, ns)
+        # the newest history entry (joined from the recorded bytes of what the edit did not
+        # touch, engine/recorded.py) decodes whole to a ruleset of exactly its digest
+        from reconciler.engine.state import StateStore
+
+        store = StateStore(state, ns, "nftrec")
+        entry = store.history()[-1]
+        assert digest(store.load_ruleset(entry)) == entry.digest == store.status().desired_digest
         ran[tag] = (listing(ns, "ip"), listing(ns, "ip6"), p.stdout)
     strip = lambda text: re.sub(r" # handle \d+", "", text)  # noqa: E731
     for i in (0, 1):

@@ -9,7 +9,8 @@ by ANY commit in the namespace). When it is unchanged, the kernel still holds ex
 what we last applied, so `plan` can diff against that instead of listing the table
 (listing costs seconds at 10,000 Services). `--refresh` always lists. On that path,
 `plan_desired` also compiles only the Services whose input changed since (the state's
-compiled.json) and diffs only their objects (compile.compile_oneshot).
+compiled.json) and diffs only their objects (compile.compile_oneshot), reading the
+recorded ruleset lazily (recorded.py): only the objects the change touches are decoded.
 """
 
 from __future__ import annotations
