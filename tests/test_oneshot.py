@@ -22,7 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.compile import compile_oneshot, compile_ruleset, digest, ruleset_from_json, ruleset_to_json
+from reconciler.compile import allocation_of, compile_oneshot, compile_ruleset, digest, digest_bytes, \
+    ruleset_from_json, ruleset_to_json
+from reconciler.compile.incremental import _memo_allocation
+from reconciler.engine.recorded import lazy_ruleset
 from reconciler.engine.plan import format_text, make_plan
 from reconciler.intake import config_digest, load_node_config, read_inventory
 from reconciler.kernel import canonical
@@ -93,21 +96,30 @@ def test_incremental_equals_full_compile_and_plan(world, seed):
     first = compile_oneshot(inv, cfg, cd)
     assert first.changed is None and first.memo["exact"] is True
     assert digest(first.ruleset) == digest(compile_ruleset(inv, cfg))
-    applied, memo = first.ruleset, first.memo
+    assert _memo_allocation(first.memo) == allocation_of(first.ruleset)
+    applied, memo = first.ruleset, json.loads(json.dumps(first.memo))
     for round_ in range(3):  # each round against the previous round's result, as applies chain
         inv = _edit(inv, rnd, seed * 10 + round_)
         recorded = ruleset_from_json(ruleset_to_json(applied))  # what the state store gives back
         full = compile_ruleset(inv, cfg, previous=recorded)
         full_plan = make_plan(full, canonical(recorded))
-        one = compile_oneshot(inv, cfg, cd, ruleset_from_json(ruleset_to_json(applied)), memo)
+        # as apply reads it: the history entry's bytes, decoded lazily (engine/recorded.py)
+        lazy = lazy_ruleset(digest_bytes(applied))
+        assert lazy is not None
+        one = compile_oneshot(inv, cfg, cd, lazy, memo)
         assert one.changed is not None, "the memo fits: only changed Services are compiled"
         assert one.recompiled <= len(one.changed) < len(inv.services)
+        objects = sum(len(t.chains) + len(t.sets) for t in one.ruleset.tables.values())
+        assert sum(t.chains.decoded + t.sets.decoded for t in lazy.tables.values()) < objects / 2
+        # the digest re-uses the bytes of what was not decoded; a full decode agrees
         assert digest(one.ruleset) == digest(full)
+        assert digest(ruleset_from_json(ruleset_to_json(one.ruleset))) == digest(full)
+        assert _memo_allocation(one.memo) == allocation_of(full)
         plan = make_plan(one.desired_part, canonical(one.applied_part))
         assert format_text(plan, verbose=False) == format_text(full_plan, verbose=False)
         assert sorted(map(_norm, plan.transaction)) == sorted(map(_norm, full_plan.transaction))
         assert one.memo["exact"] is True
-        applied, memo = one.ruleset, one.memo
+        applied, memo = one.ruleset, json.loads(json.dumps(one.memo))  # as compiled.json gives it back
 
 
 def test_no_change_compiles_nothing_and_plans_nothing(world):
@@ -170,6 +182,13 @@ def test_incremental_apply_leaves_the_kernel_as_a_full_apply(netns, netns2, tmp_
             else:
                 assert m is None, p.stderr
         assert_clean(d, state, ns)
+        # the newest history entry (joined from the recorded bytes of what the edit did not
+        # touch, engine/recorded.py) decodes whole to a ruleset of exactly its digest
+        from reconciler.engine.state import StateStore
+
+        store = StateStore(state, ns, "nftrec")
+        entry = store.history()[-1]
+        assert digest(store.load_ruleset(entry)) == entry.digest == store.status().desired_digest
         ran[tag] = (listing(ns, "ip"), listing(ns, "ip6"), p.stdout)
     strip = lambda text: re.sub(r" # handle \d+", "", text)  # noqa: E731
     for i in (0, 1):

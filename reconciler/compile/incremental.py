@@ -310,7 +310,10 @@ def project(rs: Ruleset, static: Ruleset, fragments: list) -> Ruleset:
                 o = rs.owners.get(chain_id(fam, name))
                 if o:
                     out.owners[chain_id(fam, name)] = o
-        for name, s in t.sets.items():
+        for name in t.sets:  # names only: a lazily read ruleset decodes just the sets kept
+            if name not in whole_sets and name not in keys:
+                continue
+            s = t.sets[name]
             if name in whole_sets:
                 table.sets[name] = s
                 for k in keys.get(name, ()):  # only these can change: the others are equal on both sides
@@ -398,12 +401,20 @@ def fragments_of(rs: Ruleset, keys: set[str] | None = None) -> dict[str, Service
         return ff
 
     owners = rs.owners
+    # the static sets holding elements of the Services asked for (element ids name their
+    # set): only those are read, and only the Services' own chains and sets (by name:
+    # a lazily read ruleset, engine/recorded.py, decodes nothing else)
+    holding = None
+    if keys is not None:
+        holding = {tuple(oid.split(" ", 3)[::2][:2]) for oid, o in owners.items()
+                   if o in keys and oid.split(" ", 2)[1] == "element"}
     for fam, t in rs.tables.items():
-        for name, c in t.chains.items():
+        for name in t.chains:
             o = owners.get(chain_id(fam, name))
             ff = ff_of(o, fam) if o is not None else None
             if ff is None:
                 continue
+            c = t.chains[name]
             r = layout.chain_range(c) if "/" in name else None
             if r is not None:
                 m, k, n = r
@@ -415,15 +426,15 @@ def fragments_of(rs: Ruleset, keys: set[str] | None = None) -> dict[str, Service
                 if k:
                     c = Chain(c.name, c.rules[:-1] + (layout.pick_rule(p, 0),), c.base, c.comment)
             ff.chains[name] = c
-        for name, s in t.sets.items():
+        for name in t.sets:
             o = owners.get(set_id(fam, name))
             if o is not None:
                 ff = ff_of(o, fam)
                 if ff is not None:
-                    ff.sets[name] = s
-            elif not layout.is_layout_map(name):
+                    ff.sets[name] = t.sets[name]
+            elif not layout.is_layout_map(name) and (holding is None or (fam, name) in holding):
                 prefix = f"{fam} element {name} "
-                for key, e in s.elements.items():
+                for key, e in t.sets[name].elements.items():
                     o = owners.get(prefix + " . ".join(key))
                     ff = ff_of(o, fam) if o is not None else None
                     if ff is not None:
@@ -471,11 +482,14 @@ def compile_oneshot(inventory: Inventory, config: NodeConfig, config_digest: str
     digests = {svc.key: service_input_digest(svc, by_svc.get(svc.key, ())) for svc in services}
     memo_out = {"version": MEMO_VERSION, "key": key, "exact": False, "services": digests}
     contexts = {f: family_context(config, f) for f in FAMILIES}
-    before = layout.allocation_of(applied)
     old = None
     if applied is not None and memo is not None and config_digest and memo.get("key") == key \
             and memo.get("exact") is True and isinstance(memo.get("services"), dict):
         old = memo["services"]
+    # the memo's copy of `applied`'s index ranges spares reading every chain of it
+    before = _memo_allocation(memo) if old is not None else None
+    if before is None:
+        before = layout.allocation_of(applied)
     if old is not None:
         changed = {k for k, d in digests.items() if old.get(k) != d} | (set(old) - set(digests))
         by_key = {svc.key: svc for svc in services}
@@ -493,12 +507,38 @@ def compile_oneshot(inventory: Inventory, config: NodeConfig, config_digest: str
                 applied_part = project(applied, static, frags)  # before `applied` becomes the result
                 ruleset = _patch(applied, old_frags, new_frags, offsets)
                 memo_out["exact"] = True  # _patch_fits: no element shared, and `applied` was exact
+                gone = {(fam, c) for f in old_frags for fam, ff in f.families.items() for c in ff.chains}
+                alloc = {k: v for k, v in before.items() if k not in gone}
+                alloc.update(((p.family, p.chain), (p.map, offsets[(p.family, p.chain)], len(p.values)))
+                             for f in new_frags for ff in f.families.values() for p in ff.picks)
+                memo_out["allocation"] = _allocation_json(alloc)
                 return OneShot(ruleset, static, memo_out, changed, applied_part, project(ruleset, static, frags),
                                recompiled=len(new_frags))
     fragments = [compile_service(svc, by_svc.get(svc.key, ()), config, contexts) for svc in services]
-    ruleset, _alloc = assemble_placed(compile_static(config, inventory), fragments, before)
+    ruleset, alloc = assemble_placed(compile_static(config, inventory), fragments, before)
     memo_out["exact"] = _exact(ruleset, fragments)
+    memo_out["allocation"] = _allocation_json(alloc)
     return OneShot(ruleset, compile_static(config, inventory), memo_out, recompiled=len(fragments))
+
+
+def _allocation_json(alloc: dict) -> list:
+    """The memo's form of an allocation: [family, chain, map, offset, N], sorted."""
+    return sorted([fam, chain, m, k, n] for (fam, chain), (m, k, n) in alloc.items())
+
+
+def _memo_allocation(memo: dict) -> dict | None:
+    """The memo's allocation back as layout.allocation_of gives it; None when absent
+    (a memo of an older nftrec) or malformed: the caller reads the ruleset's chains."""
+    rows = memo.get("allocation")
+    if not isinstance(rows, list):
+        return None
+    out = {}
+    for row in rows:
+        if not (isinstance(row, list) and len(row) == 5 and all(type(x) is str for x in row[:3])
+                and all(type(x) is int for x in row[3:])):
+            return None
+        out[(row[0], row[1])] = (row[2], row[3], row[4])
+    return out
 
 
 def _patch_fits(rs: Ruleset, changed: set[str], new_frags: list) -> bool:

@@ -127,13 +127,24 @@ def digest_bytes(rs: Ruleset) -> bytes:
             raise SerializeError(f"table {t.name!r} is filed under family {family!r} but says {t.family!r}")
         parts.append(b"," if i else b"")
         parts.append(b'{"chains":[')
-        parts.append(b",".join(enc(_chain_to_json(t.chains[n])).encode("ascii") for n in sorted(t.chains)))
+        parts.append(_encoded(t.chains, _chain_to_json, enc))
         parts.append(f'],"comment":{enc(t.comment)},"family":{enc(t.family)},"name":{enc(t.name)},"sets":['
                      .encode("ascii"))
-        parts.append(b",".join(enc(_set_to_json(t.sets[n])).encode("ascii") for n in sorted(t.sets)))
+        parts.append(_encoded(t.sets, _set_to_json, enc))
         parts.append(b"]}")
     parts.append(b"]}")
     return b"".join(parts)
+
+
+def _encoded(objs, to_json, enc) -> bytes:
+    """The chains or sets of a table, in name order, comma-separated. A lazily read
+    ruleset (engine/recorded.py) hands back the exact bytes of every object it never
+    decoded (`raw`), so a one-Service change re-encodes only what it touched."""
+    raw = getattr(objs, "raw", None)
+    if raw is None:
+        return b",".join(enc(to_json(objs[n])).encode("ascii") for n in sorted(objs))
+    return b",".join(r if (r := raw(n)) is not None else enc(to_json(objs[n])).encode("ascii")
+                     for n in sorted(objs))
 
 
 def digest_form(doc: dict) -> bytes:

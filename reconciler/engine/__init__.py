@@ -4,6 +4,7 @@
         ─► sync (one transaction, verified) ─► state (status, history), under lock
 
 `apply` is plan, apply and status; `noop` is their fast path for unchanged input;
+`recorded` reads the last applied ruleset lazily for a one-Service change;
 `confirm` is a confirmed apply's window and its rollback; `teardown` is cleanup; `doctor`
 checks the host; `planfile` is a saved plan; `target` says where a command acts; `review`
 is `nftrec diff` (two manifest trees or git revisions, planned against each other without

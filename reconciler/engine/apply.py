@@ -9,7 +9,8 @@ by ANY commit in the namespace). When it is unchanged, the kernel still holds ex
 what we last applied, so `plan` can diff against that instead of listing the table
 (listing costs seconds at 10,000 Services). `--refresh` always lists. On that path,
 `plan_desired` also compiles only the Services whose input changed since (the state's
-compiled.json) and diffs only their objects (compile.compile_oneshot).
+compiled.json) and diffs only their objects (compile.compile_oneshot), reading the
+recorded ruleset lazily (recorded.py): only the objects the change touches are decoded.
 """
 
 from __future__ import annotations
@@ -41,9 +42,10 @@ def _color(stream: TextIO) -> bool:
     return stream.isatty() and not os.environ.get("NO_COLOR")
 
 
-def recorded_state(nft: Libnftables, target: Target) -> tuple[Ruleset, dict | None] | None:
+def recorded_state(nft: Libnftables, target: Target, *, lazy: bool = False) -> tuple[Ruleset, dict | None] | None:
     """The fast path: (the last applied ruleset as recorded, its compile memo or None)
-    while the kernel's generation token says nobody committed since; else None."""
+    while the kernel's generation token says nobody committed since; else None.
+    `lazy`: its chains and sets are decoded when first read (engine/recorded.py)."""
     store = target.store()
     st = read_status(store)
     token = kernel_token(nft)
@@ -51,7 +53,7 @@ def recorded_state(nft: Libnftables, target: Target) -> tuple[Ruleset, dict | No
         entries = read_history(store)
         if entries and entries[-1].digest == st.desired_digest:
             try:
-                return store.load_ruleset(entries[-1]), store.read_compiled(st.desired_digest)
+                return store.load_ruleset(entries[-1], lazy=lazy), store.read_compiled(st.desired_digest)
             except StateCorrupt:
                 pass  # fall back to the kernel
     return None
@@ -80,7 +82,8 @@ def plan_desired(desired, nft: Libnftables, target: Target, *, refresh: bool):
 
     from reconciler.compile import NftSyntaxError, compile_oneshot
 
-    rec = None if refresh else recorded_state(nft, target)
+    # lazily: with its memo, compile_oneshot reads only the changed Services' objects
+    rec = None if refresh else recorded_state(nft, target, lazy=True)
     live = read_live(nft, target.table) if rec is None else None
     applied, memo = rec if rec is not None else (live, None)
     inv = desired.inventory

@@ -494,10 +494,12 @@ class StateStore:
                 return entry
         return None
 
-    def load_ruleset(self, entry: HistoryEntry) -> Ruleset:
+    def load_ruleset(self, entry: HistoryEntry, *, lazy: bool = False) -> Ruleset:
         """The ruleset of `entry`, checked against its recorded digest: through the
         recorded sha256 of its bytes when the file has one (one hash), else by digesting
-        the ruleset read (files of older nftrecs, or edited by hand)."""
+        the ruleset read (files of older nftrecs, or edited by hand). `lazy`: chains and
+        sets are decoded when first read (engine/recorded.py), when the bytes are the
+        digest form itself (their sha256 is the entry's digest)."""
         path = entry.path
         try:
             raw = path.read_bytes()
@@ -511,13 +513,21 @@ class StateStore:
         _history_entry(path, header if header is not None else _read_json(path))
         sha = header.get("rulesetSha256") if header is not None else None
         if isinstance(sha, str):
-            body = raw[m.end():].rstrip()
-            if not body.endswith(b"}") or hashlib.sha256(body[:-1]).hexdigest() != sha:
+            end = len(raw)  # the body is raw[m.end():end - 1]; raw[end - 1] closes the file's object
+            while end and raw[end - 1] in b" \t\r\n":
+                end -= 1
+            if not raw.endswith(b"}", 0, end) or hashlib.sha256(memoryview(raw)[m.end():end - 1]).hexdigest() != sha:
                 raise StateCorrupt(path, damaged)
-            del raw
+            if lazy and sha == entry.digest:
+                from reconciler.engine.recorded import lazy_ruleset
+
+                rs = lazy_ruleset(raw, m.end(), end - 1)
+                if rs is not None:
+                    return rs
+                logs.log.debug(f"{path}: not laid out as nftrec writes it; decoding it whole")
             try:  # chain by chain: the whole JSON document is never in memory (compile.ruleset_from_text)
-                text = body[:-1].decode("ascii")
-                del body
+                text = raw[m.end():end - 1].decode("ascii")
+                del raw
                 return ruleset_from_text(text)
             except SerializeError as e:
                 raise StateCorrupt(path, f"holds a damaged ruleset ({e})") from e
