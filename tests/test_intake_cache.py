@@ -365,10 +365,40 @@ def test_children_parse_their_share_and_the_main_process_only_reads_it(tmp_path,
     parsed = []  # appended to in the main process only: a child's memory is its own
     real_parse = intake_cache._parse
     monkeypatch.setattr(intake_cache, "_parse", lambda *a: parsed.append(a[0]) or real_parse(*a))
+    encoded = []  # likewise: the main process' own entries are encoded by the writer child
+    real_encode = intake_cache._encode
+    monkeypatch.setattr(intake_cache, "_encode", lambda *a: encoded.append(a[1]) or real_encode(*a))
     res = read_inventory_cached(root, tmp_path / "c", workers=2)
     same(res, read_inventory(root))
     assert 0 < len(parsed) < 12  # the main process parsed its share, not the children's
-    assert len(entries(tmp_path / "c")) == 12
+    assert encoded == []
+    assert len(entries(tmp_path / "c")) == 12  # all written when the read returned
+    assert [p.read_bytes() for p in entries(tmp_path / "c")] == [
+        p.read_bytes() for p in entries(_serial(root, tmp_path / "serial"))]
+
+
+def _serial(root: Path, cache: Path) -> Path:
+    read_inventory_cached(root, cache, workers=1)
+    return cache
+
+
+def test_without_a_writer_child_the_main_process_writes_its_entries(tmp_path, monkeypatch):
+    from reconciler.intake import warm
+
+    root = tmp_path / "m"
+    _tree(root, 12)
+    real_start = warm.start
+    forks = []
+
+    def no_writer(shares, work):  # the parsing children start, the writer cannot fork
+        forks.append(len(shares))
+        return real_start(shares, work) if len(forks) == 1 else []
+
+    monkeypatch.setattr(warm, "start", no_writer)
+    same(read_inventory_cached(root, tmp_path / "c", workers=2), read_inventory(root))
+    assert forks == [1, 1]
+    assert [p.read_bytes() for p in entries(tmp_path / "c")] == [
+        p.read_bytes() for p in entries(_serial(root, tmp_path / "serial"))]
 
 
 def test_a_child_that_fails_leaves_its_files_to_the_main_process(tmp_path, monkeypatch):
