@@ -249,10 +249,15 @@ def test_big_commands_give_back_nfts_memory(netns, monkeypatch):
         nft.list_table("ip", T)
         assert calls == []
         nft.run(small_tx())
-        assert calls == [1]  # only the one before the commit: the script is small
+        assert calls == []  # a small transaction: no trim before or after
         monkeypatch.setattr(nftmod, "_TRIM_AFTER", 100)
         assert "service-ips" in nft.list_table("ip", T)
-        assert calls == [1, 1]
+        assert calls == [1]
+        big = Transaction().add("ip", T, Chain("extra")).add("ip", T, Chain("extra2"))
+        assert len(big.script()) >= 40
+        monkeypatch.setattr(nftmod, "_TRIM_AFTER", 40)
+        nft.run(big)
+        assert calls == [1, 1, 1]  # before and after a big one
     nftmod._malloc_trim = None
     monkeypatch.undo()
     nftmod.trim_heap()  # the real one, twice: looked up once, then called

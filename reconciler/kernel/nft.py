@@ -394,8 +394,10 @@ class Libnftables:
 
     def run(self, tx: Transaction) -> None:
         if len(tx):
-            trim_heap()  # before nft's own peak: see trim_heap
-            self._worker.call(lambda: self._cmd(tx.script()))
+            script = tx.script()
+            if len(script) >= _TRIM_AFTER:  # before nft's own peak (see trim_heap); small
+                trim_heap()  # ones (watch's edits) do not pay for a walk of the heap
+            self._worker.call(lambda: self._cmd(script))
 
     def check(self, tx: Transaction) -> None:
         if len(tx):
