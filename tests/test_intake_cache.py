@@ -365,10 +365,40 @@ def test_children_parse_their_share_and_the_main_process_only_reads_it(tmp_path,
     parsed = []  # appended to in the main process only: a child's memory is its own
     real_parse = intake_cache._parse
     monkeypatch.setattr(intake_cache, "_parse", lambda *a: parsed.append(a[0]) or real_parse(*a))
+    encoded = []  # likewise: the main process' own entries are encoded by the writer child
+    real_encode = intake_cache._encode
+    monkeypatch.setattr(intake_cache, "_encode", lambda *a: encoded.append(a[1]) or real_encode(*a))
     res = read_inventory_cached(root, tmp_path / "c", workers=2)
     same(res, read_inventory(root))
     assert 0 < len(parsed) < 12  # the main process parsed its share, not the children's
-    assert len(entries(tmp_path / "c")) == 12
+    assert encoded == []
+    assert len(entries(tmp_path / "c")) == 12  # all written when the read returned
+    assert [p.read_bytes() for p in entries(tmp_path / "c")] == [
+        p.read_bytes() for p in entries(_serial(root, tmp_path / "serial"))]
+
+
+def _serial(root: Path, cache: Path) -> Path:
+    read_inventory_cached(root, cache, workers=1)
+    return cache
+
+
+def test_without_a_writer_child_the_main_process_writes_its_entries(tmp_path, monkeypatch):
+    from reconciler.intake import warm
+
+    root = tmp_path / "m"
+    _tree(root, 12)
+    real_start = warm.start
+    forks = []
+
+    def no_writer(works):  # the parsing child starts, the writer cannot fork
+        forks.append(len(works))
+        return real_start(works) if len(forks) == 1 else []
+
+    monkeypatch.setattr(warm, "start", no_writer)
+    same(read_inventory_cached(root, tmp_path / "c", workers=2), read_inventory(root))
+    assert forks == [1, 1]
+    assert [p.read_bytes() for p in entries(tmp_path / "c")] == [
+        p.read_bytes() for p in entries(_serial(root, tmp_path / "serial"))]
 
 
 def test_a_child_that_fails_leaves_its_files_to_the_main_process(tmp_path, monkeypatch):
@@ -400,32 +430,32 @@ def test_no_children_for_few_files_one_core_or_other_threads(monkeypatch):
     from reconciler.intake import warm
 
     jobs = [(str(i), Path(str(i)), b"", str(i)) for i in range(20)]
-    assert warm.split(jobs[:warm.MIN_FILES - 1])[1] == []
-    assert warm.split(jobs, workers=1) == (jobs, [])
-    main, shares = warm.split(jobs, workers=3)
-    assert sorted(main + [j for s in shares for j in s]) == sorted(jobs) and len(shares) == 2
-    assert len(main) < len(shares[0]) and all(s == sorted(s, key=jobs.index) for s in [main] + shares)
-    sized = [(str(i), Path(str(i)), b"x" * (900 if i < 10 else 100), str(i)) for i in range(20)]
-    main, (child,) = warm.split(sized, workers=2)
-    assert 0.35 < sum(len(j[2]) for j in main) / 10_000 < 0.5  # by bytes, not by count
+    assert warm.children(jobs[:warm.MIN_FILES - 1]) == 0
+    assert warm.children(jobs, workers=1) == 0
+    assert warm.children(jobs, workers=3) == 2
     import threading
 
     stop = threading.Event()
     t = threading.Thread(target=stop.wait, name="someone-else")
     t.start()
     try:
-        assert warm.split(jobs, workers=2) == (jobs, [])
+        assert warm.children(jobs, workers=2) == 0
     finally:
         stop.set()
         t.join()
 
 
-def test_no_children_when_the_cache_cannot_be_written(tmp_path, monkeypatch):
+def test_the_pull_hands_out_each_file_once_biggest_first():
     from reconciler.intake import warm
 
-    root = tmp_path / "m"
-    _tree(root, 12)
-    blocker = tmp_path / "c"
-    blocker.write_text("a file where the cache directory should be")
-    monkeypatch.setattr(warm, "start", lambda *a: pytest.fail("forked although nothing could be cached"))
-    same(read_inventory_cached(root, blocker / "intake", workers=2), read_inventory(root))
+    pull = warm.Pull([5, 900, 5, 70])
+    assert [pull.take(), pull.take()] == [1, 3]
+    pid = os.fork()
+    if pid == 0:  # a child takes one: it is gone for the parent too
+        os._exit(0 if pull.take() == 0 else 1)
+    assert os.waitpid(pid, 0)[1] == 0
+    assert [pull.take(), pull.take(), pull.take()] == [2, None, None]
+    pull.close()
+    big = warm.Pull([1] * 40_000)  # more than a default pipe holds
+    assert sorted(iter(big.take, None)) == list(range(40_000))
+    big.close()

@@ -58,6 +58,9 @@ def test_transaction_counts_ops_and_renders_script():
         "delete map ip nftrec service-ips",
         "delete element ip nftrec service-ips { 1.2.3.4 . tcp . 80 }",
     )
+    # what libnftables reads: the same script, as bytes, built in one join
+    assert tx.script() == tx.text().encode() and tx.script().endswith(b"\n")
+    assert Transaction().script() == b""
     with pytest.raises(TypeError):
         Transaction().add("ip", T, Element(("1.2.3.4",)))  # an element needs its set
     with pytest.raises(ValueError):
@@ -153,6 +156,7 @@ def test_libnftables_transaction_is_atomic(netns):
         # nft's own error text, with a command of the batch. (nft 1.0.6 may point at a
         # neighbouring command of the failing one; the errno is right.)
         assert exc.value.text.startswith("Error: Could not process rule")
+        assert exc.value.script == tx.text()  # handed over as bytes, reported as the text
         assert nft.list_table("ip", T) == before
         assert nft.generation() == gen
 
@@ -234,3 +238,27 @@ def test_two_namespaces_side_by_side(netns):
             b.close()
     finally:
         sh("ip", "netns", "del", other, check=False)
+
+
+def test_big_commands_give_back_nfts_memory(netns, monkeypatch):
+    """After a command with a big script or output, the C heap is trimmed (nft's freed
+    memory stays in the worker thread's arena otherwise); small ones pay nothing."""
+    calls = []
+    monkeypatch.setattr(nftmod, "trim_heap", lambda: calls.append(1))
+    with Libnftables(netns=netns) as nft:
+        nft.list_table("ip", T)
+        assert calls == []
+        nft.run(small_tx())
+        assert calls == []  # a small transaction: no trim before or after
+        monkeypatch.setattr(nftmod, "_TRIM_AFTER", 100)
+        assert "service-ips" in nft.list_table("ip", T)
+        assert calls == [1]
+        big = Transaction().add("ip", T, Chain("extra")).add("ip", T, Chain("extra2"))
+        assert len(big.script()) >= 40
+        monkeypatch.setattr(nftmod, "_TRIM_AFTER", 40)
+        nft.run(big)
+        assert calls == [1, 1, 1]  # before and after a big one
+    nftmod._malloc_trim = None
+    monkeypatch.undo()
+    nftmod.trim_heap()  # the real one, twice: looked up once, then called
+    nftmod.trim_heap()

@@ -86,8 +86,10 @@ def load_desired(directory: Path, config_path: Path | None, *, strict: bool = Fa
     from reconciler.compile import compile_ruleset
     from reconciler.intake import config_digest, read_inventory_cached
 
-    config, config_problems = load_config(config_path, netns, interfaces=interfaces)
-    result = read_inventory_cached(directory, cache_dir, strict=strict)
+    loaded = []  # the node config, read (pyroute2, address discovery) while intake's children parse
+    result = read_inventory_cached(directory, cache_dir, strict=strict, meanwhile=lambda: loaded.append(
+        load_config(config_path, netns, interfaces=interfaces)))
+    config, config_problems = loaded[0]
     problems = list(config_problems) + list(result.problems)
     for p in problems:
         logs.problem(p)

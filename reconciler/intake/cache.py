@@ -38,6 +38,7 @@ import os
 import time
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Callable
 
 from reconciler import logs, progress
 from reconciler.atomic import atomic_write
@@ -364,16 +365,21 @@ def _key(raw: bytes, real: Path) -> str:
     return digests.file_key(raw, "json" if real.name.endswith(".json") else "yaml")
 
 
-def _parse_file(display: str, real: Path, raw: bytes, *, quiet: bool = False) -> tuple[_FileResult, list[bytes], dict | None]:
+def _parse_file(display: str, real: Path, raw: bytes, *, quiet: bool = False,
+                encode: bool = True) -> tuple[_FileResult, list[bytes], dict | None]:
     """Parse one file whose bytes were read as `raw`: its result, what it feeds the
     hasher, and its cache payload (None when it must not be stored). `quiet`: log
-    nothing (a forked child; the main process logs when it parses the file again)."""
+    nothing (a forked child; the main process logs when it parses the file again).
+    encode=False: the payload is {} when the result may be stored (_encode then runs in
+    the writer child, which skips it if the result names its path)."""
     rec = _Recorder()
     res = _parse(display, real, rec)
     # Store only what was parsed from exactly the bytes the key was made of (the file may
     # have changed between our read and load's).
     if rec.parts != [digests.chunk(display, raw)]:
         return res, rec.parts, None
+    if not encode:
+        return res, rec.parts, {}
     try:
         return res, rec.parts, _encode(res, display)
     except _Unfit:
@@ -393,9 +399,25 @@ def _warm(cache: Cache, job: warm.Job) -> None:
         cache.write(key, payload)
 
 
-def read_file_cached(display: str, real: Path, cache: Cache | None, hasher, raw: bytes | None = None) -> _FileResult:
+Deferred = tuple[str, _FileResult, str]  # cache key, result, display path
+
+
+def _write_deferred(cache: Cache, item: Deferred) -> None:
+    """The writer child's work for one file the main process parsed: encode and store."""
+    key, res, display = item
+    try:
+        payload = _encode(res, display)
+    except _Unfit:  # names its path: not cached (the main process logs nothing here)
+        return
+    cache.write(key, payload)
+
+
+def read_file_cached(display: str, real: Path, cache: Cache | None, hasher, raw: bytes | None = None,
+                     defer: list[Deferred] | None = None) -> _FileResult:
     """One file's load + per-document checks + models, from the cache when its bytes'
-    entry exists; feeds `hasher` what load.read_file would. `raw`: the bytes, if read."""
+    entry exists; feeds `hasher` what load.read_file would. `raw`: the bytes, if read.
+    `defer`: on a miss, append what to store there instead of storing it (_read_files
+    hands those to a writer child)."""
     if raw is None and cache is not None:
         raw = digests.read_bytes(real)
     if raw is None or cache is None:
@@ -415,72 +437,131 @@ def read_file_cached(display: str, real: Path, cache: Cache | None, hasher, raw:
             hasher.update(digests.chunk(display, raw))
             return res
     cache.misses += 1
-    res, parts, payload = _parse_file(display, real, raw)
+    res, parts, payload = _parse_file(display, real, raw, encode=defer is None)
     for part in parts:
         hasher.update(part)
-    if payload is not None:
+    if payload is not None and defer is not None:
+        defer.append((key, res, display))
+        cache.used.append(cache.path(key))  # kept by touch_and_prune, counted as written
+        cache.written += 1
+    elif payload is not None:
         cache.put(key, payload)
     return res
 
 
 def read_inventory_cached(root: str | Path, cache_dir: Path | str | None, *, strict: bool = False,
-                          workers: int | None = None) -> InventoryResult:
+                          workers: int | None = None, meanwhile: Callable[[], None] | None = None) -> InventoryResult:
     """What inventory.read_inventory returns (same problems, same model), with per-file
     results from the cache in `cache_dir` (None: no cache, the same code path).
     `workers`: processes for the files missing from the cache (None: one per core, when
-    there are enough of them; see warm.py)."""
+    there are enough of them; see warm.py). `meanwhile`: other work for the main process
+    (engine: the node config), run once the children parse, before it reads files itself;
+    always run, exactly once, children or not (its exceptions propagate)."""
     if is_stdin(root):  # read once, nothing to key a cache on
+        if meanwhile is not None:
+            meanwhile()
         return read_inventory(root, strict=strict)
     with progress.step(f"reading manifests from {root}"), no_cyclic_gc():
-        return _read_inventory_cached(root, cache_dir, strict=strict, workers=workers)
+        return _read_inventory_cached(root, cache_dir, strict=strict, workers=workers, meanwhile=meanwhile)
 
 
-def _read_files(paths: list[tuple[str, Path]], cache: Cache | None, workers: int | None) -> list[tuple[_FileResult, list[bytes]]]:
+def _read_files(paths: list[tuple[str, Path]], cache: Cache | None, workers: int | None,
+                writers: list[int], meanwhile: Callable[[], None] | None = None) -> list[tuple[_FileResult, list[bytes]]]:
     """(result, what it feeds the hasher) per file, in `paths` order. Files missing from
-    the cache are shared with forked children (warm.py) when that pays."""
+    the cache are shared with forked children (warm.py) when that pays: each process
+    takes the next one from a warm.Pull. The entries of the files the main process
+    parsed are then written by one more child (its pid goes to `writers`, for the caller
+    to wait for). `meanwhile`: run by the main process once the children are started."""
     raws: list[bytes | None] = [None] * len(paths)
-    mine = set(range(len(paths)))
+    jobs: list[warm.Job] = []
+    where: list[int] = []  # job number -> path index
     pids: list[int] = []
+    pull = None
     if cache is not None:
-        jobs, where = [], {}
         for i, (display, real) in enumerate(paths):
             raw = raws[i] = digests.read_bytes(real)
             if raw is not None:
                 key = _key(raw, real)
                 if not cache.path(key).exists():
-                    job = (display, real, raw, key)
-                    where[id(job)] = i
-                    jobs.append(job)
-        _, shares = warm.split(jobs, workers) if jobs and cache.writable() else (jobs, [])
-        if shares:
-            pids = warm.start(shares, lambda job: _warm(cache, job))
-            # the files of children that could not be started stay with the main process
-            for share in shares[:len(pids)]:
-                for job in share:
-                    mine.discard(where[id(job)])
+                    jobs.append((display, real, raw, key))
+                    where.append(i)
+        n = warm.children(jobs, workers) if jobs and cache.writable() else 0
+        if n:
+            try:
+                pull = warm.Pull([len(job[2]) for job in jobs])
+            except OSError as e:
+                logs.log.debug(f"intake: reading {len(jobs)} files in one process ({e})")
+        if pull is not None:
+            pids = warm.start([lambda: _warm_pulled(cache, jobs, pull)] * n)
+            if not pids:
+                pull.close()
+                pull = None
     out: list = [None] * len(paths)
+    # Forking was safe for the children (warm.children checked), so it is for the writer
+    # unless `meanwhile` started a thread (checked again below).
+    deferred: list[Deferred] | None = [] if pids else None
     try:
-        for i in sorted(mine):  # the main process' share first, while the children work
-            rec = _Recorder()
-            out[i] = (read_file_cached(*paths[i], cache, rec, raws[i]), rec.parts)
+        if meanwhile is not None:
+            meanwhile()
+        if pull is not None:
+            while (k := pull.take()) is not None:  # the main process takes files too
+                i = where[k]
+                rec = _Recorder()
+                out[i] = (read_file_cached(*paths[i], cache, rec, raws[i], deferred), rec.parts)
+        else:
+            for i in range(len(paths)):  # no children: every file here, in order
+                rec = _Recorder()
+                out[i] = (read_file_cached(*paths[i], cache, rec, raws[i]), rec.parts)
+        if deferred:
+            # Encoding and writing the main process' entries (~10 % of parsing them) runs
+            # beside what is left here: the children's entries and the cross-document
+            # checks. The child inherits the results as they are in memory: no copy.
+            if warm.fork_is_safe():
+                writers += warm.start([lambda: [_write_deferred(cache, item) for item in deferred]])
+            if not writers:  # no fork: write them here
+                for item in deferred:
+                    _write_deferred(cache, item)
     finally:
+        if pull is not None:
+            pull.close()
         warm.wait(pids)
-    for i in range(len(paths)):  # then the children's: cache hits, or misses parsed here
+    for i in range(len(paths)):  # then the rest: cache hits (the children's), or misses parsed here
         if out[i] is None:
             rec = _Recorder()
             out[i] = (read_file_cached(*paths[i], cache, rec, raws[i]), rec.parts)
     return out
 
 
+def _warm_pulled(cache: Cache, jobs: list[warm.Job], pull: warm.Pull) -> None:
+    """A forked child: parse and store the files it takes until none are left."""
+    while (k := pull.take()) is not None:
+        _warm(cache, jobs[k])
+
+
 def _read_inventory_cached(root: str | Path, cache_dir: Path | str | None, *, strict: bool,
-                           workers: int | None = None) -> InventoryResult:
+                           workers: int | None = None, meanwhile: Callable[[], None] | None = None) -> InventoryResult:
     cache = Cache(cache_dir) if cache_dir is not None else None
     resolved, paths, problems = digests.walk(root)
+    writers: list[int] = []
+    try:
+        result = _assemble(resolved, len(paths), problems, _read_files(paths, cache, workers, writers, meanwhile),
+                           strict=strict)
+    finally:
+        warm.wait(writers)  # the writer's entries exist when the read returns
+    if cache is not None:
+        cache.touch_and_prune(len(paths))
+        logs.log.debug(f"intake cache {cache.dir}: {cache.hits} hit(s), {cache.misses} miss(es), "
+                       f"{cache.written} written")
+    return result
+
+
+def _assemble(resolved, files: int, problems: list[Problem], results, *, strict: bool) -> InventoryResult:
+    """The per-file results in path order → the tree's digest, checks and inventory."""
     hasher = hashlib.sha256()
     docs: list[Document] = []
     checks: list[DocumentCheck] = []
     models: dict[int, list] = {}
-    for res, parts in _read_files(paths, cache, workers):
+    for res, parts in results:
         for part in parts:
             hasher.update(part)
         problems.extend(res.problems)
@@ -493,8 +574,4 @@ def _read_inventory_cached(root: str | Path, cache_dir: Path | str | None, *, st
     revision = digests.revision_of(resolved, digest)
     checked = check_tree(problems, docs, checks, strict=strict)
     inventory = build_inventory(checked.objects, revision, make=lambda o: models[id(o.doc)])
-    if cache is not None:
-        cache.touch_and_prune(len(paths))
-        logs.log.debug(f"intake cache {cache.dir}: {cache.hits} hit(s), {cache.misses} miss(es), "
-                       f"{cache.written} written")
-    return InventoryResult(inventory, checked.problems, checked.documents, len(paths), digest)
+    return InventoryResult(inventory, checked.problems, checked.documents, files, digest)

@@ -1,15 +1,19 @@
 """Both cores for a cold read: forked children fill the intake cache while the main
-process reads its own share of the files.
+process reads files too, each taking the next file from a shared queue (Pull).
 
 Pipeline position: inside intake/cache.py's read, before load -> validate -> model.
 
-A child parses, checks and models its share of the files exactly as the main process
+A child parses, checks and models the files it takes exactly as the main process
 would (cache._parse_file), writes each result as an ordinary cache entry and exits. The
 main process then reads those files through the ordinary cached path, so what a child
 hands back is the cache's format: JSON data with a checksum, never code or pickles, and
 the result is the one a warm read gives (the property tests compare that with a plain
 read). Whatever a child fails to write (it crashed, the file changed, its result names
 its path) is simply a cache miss, parsed by the main process as without children.
+Once the queue is empty, one more child (the writer) encodes and writes the entries of
+the files the main process parsed, from the results it inherited, while the main process
+goes on. Before taking files, the main process may do other work (the node config):
+the children start at once.
 
 Why fork and not a pool: a forked child starts in ~1 ms with the parser, the compiled
 validators and the code digest already in memory; a spawned or forkserver worker would
@@ -20,7 +24,10 @@ locks held by another thread at fork time (the progress ticker's) are never need
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
+import struct
 import threading
 from pathlib import Path
 from typing import Callable
@@ -28,9 +35,7 @@ from typing import Callable
 from reconciler import logs
 
 MIN_FILES = 8  # below this a cold read is short, and a fork would not pay for itself
-# The main process also decodes the children's entries (a few ms a file),
-# so it takes a smaller share than a child.
-MAIN_WEIGHT = 0.85
+_PIPE_MAX = 1 << 20  # bytes of queued file numbers (Linux's default pipe-max-size)
 
 Job = tuple[str, Path, bytes, str]  # display path, real path, bytes read, cache key
 
@@ -42,7 +47,7 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
-def _fork_is_safe() -> bool:
+def fork_is_safe() -> bool:
     """Fork only when no thread but the main one and the progress ticker (which a child
     never touches) runs: another thread may hold a lock the child would need."""
     if not hasattr(os, "fork"):  # pragma: no cover - not POSIX
@@ -51,45 +56,71 @@ def _fork_is_safe() -> bool:
     return all(t.name == "nftrec-progress" for t in others)
 
 
-def split(jobs: list[Job], workers: int | None = None) -> tuple[list[Job], list[list[Job]]]:
-    """(the main process' share, one share per child), each in `jobs` order. No children
-    when there are few jobs, one core, or forking is not safe here; `workers` overrides
-    the core count. Shares are balanced by bytes (parsing and checking cost about the
-    same per byte; Services and EndpointSlices differ in size and sort apart)."""
+def children(jobs: list[Job], workers: int | None = None) -> int:
+    """How many children to fork for these jobs (besides the main process): none when
+    there are few, one core, or forking is not safe here; `workers` overrides the core
+    count (processes in all)."""
     n = cores() if workers is None else workers
     if n < 2 or (workers is None and len(jobs) < MIN_FILES) or not jobs:
-        return jobs, []
-    if not _fork_is_safe():
+        return 0
+    if not fork_is_safe():
         logs.log.debug(f"intake: reading {len(jobs)} files in one process (other threads run: "
                        f"{', '.join(t.name for t in threading.enumerate())})")
-        return jobs, []
-    weights = [MAIN_WEIGHT] + [1.0] * (n - 1)
-    loads = [0.0] * n
-    owner = {}
-    size = [len(job[2]) + 1 for job in jobs]
-    for i in sorted(range(len(jobs)), key=lambda i: -size[i]):  # biggest first, then in order
-        share = min(range(n), key=lambda k: (loads[k] + size[i]) / weights[k])
-        loads[share] += size[i]
-        owner[i] = share
-    shares: list[list[Job]] = [[] for _ in range(n)]
-    for i, job in enumerate(jobs):
-        shares[owner[i]].append(job)
-    return shares[0], [s for s in shares[1:] if s]
+        return 0
+    return n - 1
 
 
-def start(shares: list[list[Job]], work: Callable[[Job], None]) -> list[int]:
-    """Fork one child per share, each running `work` on its jobs; their pids."""
+class Pull:
+    """The job numbers, biggest file first, in a pipe that the main process and its
+    children read 4 bytes at a time: each takes the next file when it is free.
+
+    Why not a fixed split: on this project's shared 2-core machines a child often does
+    not get its core (or the main process is busy with the node config), and a fixed
+    share then waits for the slowest; pulling balances itself. A read of 4 bytes from a
+    pipe holding whole 4-byte numbers is atomic (the kernel holds the pipe's lock while
+    copying), so no number is taken twice. Raises OSError when there is no pipe to be had
+    or too many jobs for one (the caller reads them without children)."""
+
+    def __init__(self, sizes: list[int]):
+        order = sorted(range(len(sizes)), key=lambda i: (-sizes[i], i))
+        data = b"".join(struct.pack("=I", i) for i in order)
+        if len(data) > _PIPE_MAX:
+            raise OSError(errno.E2BIG, f"{len(sizes)} files are too many to queue")
+        r, w = os.pipe()
+        try:
+            if len(data) > 65536:  # the default capacity; a write must never block here
+                fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, len(data))
+            os.write(w, data)  # all of it: it fits, and the pipe is empty
+        except OSError:
+            os.close(r)
+            raise
+        finally:
+            os.close(w)  # readers see the end once every number is taken
+        self._r = r
+
+    def take(self) -> int | None:
+        """The next job number, or None when all are taken."""
+        b = os.read(self._r, 4)
+        return struct.unpack("=I", b)[0] if len(b) == 4 else None
+
+    def close(self) -> None:
+        if self._r >= 0:
+            os.close(self._r)
+            self._r = -1
+
+
+def start(works: list[Callable[[], None]]) -> list[int]:
+    """Fork one child per function, each running it and exiting; their pids."""
     pids = []
-    for share in shares:
+    for work in works:
         try:
             pid = os.fork()
-        except OSError:  # no memory or process slots: the main process reads these itself
+        except OSError:  # no memory or process slots: the main process does this work
             break
         if pid == 0:  # the child: never returns
             code = 1
             try:
-                for job in share:
-                    work(job)
+                work()
                 code = 0
             finally:
                 os._exit(code)
