@@ -13,6 +13,7 @@ import uuid
 import pytest
 
 from nsutil import in_ns, sh
+from reconciler import heap
 from reconciler.kernel import nft as nftmod
 from reconciler.kernel.nft import Fake, Libnftables, NftError, NotFound, Transaction
 from reconciler.compile.ruleset import BaseHook, Chain, Element, NamedSet, Rule, Table
@@ -258,7 +259,7 @@ def test_big_commands_give_back_nfts_memory(netns, monkeypatch):
         monkeypatch.setattr(nftmod, "_TRIM_AFTER", 40)
         nft.run(big)
         assert calls == [1, 1, 1]  # before and after a big one
-    nftmod._malloc_trim = None
     monkeypatch.undo()
-    nftmod.trim_heap()  # the real one, twice: looked up once, then called
-    nftmod.trim_heap()
+    heap._malloc_trim = None
+    heap.trim_heap()  # the real one, twice: looked up once, then called
+    heap.trim_heap()

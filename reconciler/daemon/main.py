@@ -20,7 +20,8 @@ from pathlib import Path
 
 from reconciler import logs
 from reconciler.daemon.probing import start_probes
-from reconciler.daemon.reconcile import Daemon, trim_heap
+from reconciler.daemon.reconcile import Daemon
+from reconciler.heap import trim_heap
 from reconciler.daemon.runner import Fatal, Runner
 from reconciler.daemon.statewriter import StateWriter
 from reconciler.daemon.watcher import DEBOUNCE, Watcher

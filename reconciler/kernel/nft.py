@@ -38,6 +38,7 @@ from reconciler.compile import (
     set_cmd,
     table_cmd,
 )
+from reconciler.heap import trim_heap
 
 T = TypeVar("T")
 
@@ -197,24 +198,6 @@ _lib: ctypes.CDLL | None = None
 # in the worker thread's malloc arena (~280 MB for a cold transaction at 10,000
 # Services); trim_heap gives it back (a few ms).
 _TRIM_AFTER = 1 << 20
-_malloc_trim = None
-
-
-def trim_heap() -> None:
-    """Return the C heap's free pages to the system (glibc malloc_trim: every arena).
-
-    libnftables allocates on the worker thread, i.e. in that thread's arena, which never
-    reuses what the main thread freed and keeps what nft freed: without a trim a one-shot
-    apply's peak RSS was Python's heap + nft's transaction (~280 MB at 10,000 Services) +
-    the listing read after it. No-op where malloc_trim does not exist (musl)."""
-    global _malloc_trim
-    if _malloc_trim is None:
-        try:
-            _malloc_trim = ctypes.CDLL(None).malloc_trim
-        except (OSError, AttributeError):
-            _malloc_trim = False
-    if _malloc_trim:
-        _malloc_trim(0)
 
 
 def _load_lib() -> ctypes.CDLL:
