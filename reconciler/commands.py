@@ -1,4 +1,6 @@
-"""The `nftrec` command line: thin wrappers that parse options and call the pipeline.
+"""The `nftrec` command line (typer): thin wrappers that parse options and call the pipeline.
+The entry point is cli.py, which answers a plain no-op `plan`/`apply` before this module
+(and typer) is imported, and hands everything else to `main` here.
 
 Exit codes (SPEC §4): 0 ok, 1 error, 2 "changes" / "drift" where a command says so,
 64 usage error — so a typo never reads as "changes present".
@@ -181,11 +183,12 @@ def _target(config: Optional[Path], netns: Optional[str], recover: bool = True):
     """Where a kernel command acts: namespace, table (from the node config), state dir.
     `recover`: first roll back a confirmed apply whose nftrec died in its window (issue 11)."""
     from reconciler import logs
-    from reconciler.engine import Target
+    from reconciler.engine import Target, config_cache_dir
     from reconciler.intake import load_node_config
 
     _check_netns(netns)
-    cfg, problems = load_node_config(str(config) if config else None, discover=False)
+    cfg, problems = load_node_config(str(config) if config else None, discover=False,
+                                     cache_dir=config_cache_dir(_state_root()))
     errors = [p for p in problems if p.is_error]
     for p in errors:
         logs.problem(p)

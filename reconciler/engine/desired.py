@@ -56,14 +56,17 @@ def node_address_discovery(netns: str | None):
     return _in_target(netns, discover_host_addresses)
 
 
-def load_config(config_path: Path | None, netns: str | None, *, interfaces: bool = True):
+def load_config(config_path: Path | None, netns: str | None, *, interfaces: bool = True,
+                cache_dir: Path | None = None):
     """(the effective node config, problems): what compile sees, with node IPs and (unless
     `interfaces` is False: render) the interface addresses discovered in the target
-    namespace. The no-op fast path digests exactly this."""
+    namespace. The no-op fast path digests exactly this. `cache_dir`: the node config's
+    settings cache (intake.read_settings)."""
     from reconciler.intake import load_node_config
 
     return load_node_config(str(config_path) if config_path else None, discover_ips=node_ip_discovery(netns),
-                            discover_addresses=node_address_discovery(netns) if interfaces else None)
+                            discover_addresses=node_address_discovery(netns) if interfaces else None,
+                            cache_dir=cache_dir)
 
 
 class InvalidInput(Exception):
