@@ -213,11 +213,11 @@ def _desired(directory: Path, config: Optional[Path], netns: Optional[str], stri
     as a failed attempt: status then shows lastAttemptedRevision != lastAppliedRevision).
     compile=False: plan and apply compile it themselves, only what changed."""
     from reconciler import logs
-    from reconciler.engine import InvalidInput, load_desired
+    from reconciler.engine import InvalidInput, config_cache_dir, load_desired
 
     try:
         return load_desired(directory, config, strict=strict, netns=netns, interfaces=interfaces,
-                            cache_dir=_cache_dir(), compile=compile)
+                            cache_dir=_cache_dir(), compile=compile, config_cache=config_cache_dir(_state_root()))
     except InvalidInput as e:
         logs.log.error(str(e))
         if target is not None:

@@ -208,16 +208,17 @@ class InvalidInput(Exception):
 
 def load_desired(directory: Path, config_path: Path | None, *, strict: bool = False,
                  netns: str | None = None, interfaces: bool = True, cache_dir: Path | None = None,
-                 compile: bool = True) -> Desired:
+                 compile: bool = True, config_cache: Path | None = None) -> Desired:
     """Read, validate and compile, logging every problem. Raises InvalidInput when the
     input has errors: invalid input is never applied. interfaces=False (render): the
     node's interface addresses are not listed; nodeIPs stand in for them. `cache_dir`:
-    the intake cache. compile=False (plan, apply): the ruleset is left None, for
-    apply.plan_desired to compile against the last applied one (only what changed)."""
+    the intake cache; `config_cache`: the node config's (load_config). compile=False (plan,
+    apply): the ruleset is left None, for apply.plan_desired to compile against the last
+    applied one (only what changed)."""
     from reconciler.compile import compile_ruleset
     from reconciler.intake import config_digest, read_inventory_cached
 
-    config, config_problems = load_config(config_path, netns, interfaces=interfaces)
+    config, config_problems = load_config(config_path, netns, interfaces=interfaces, cache_dir=config_cache)
     result = read_inventory_cached(directory, cache_dir, strict=strict)
     problems = list(config_problems) + list(result.problems)
     for p in problems:
