@@ -3,7 +3,8 @@
 Read from the source with `ast` (no import runs), every import counts, including the
 ones inside functions:
 - a stage imports only itself and lower stages (intake < compile < kernel < engine <
-  daemon < commands (typer) < cli (the entry point); `reconciler` and `reconciler.logs` are below everything);
+  daemon < commands (typer) < cli (the entry point); `reconciler` and `reconciler.logs`
+  are below everything);
 - another stage is imported through its package (`from reconciler.intake import X`),
   and only names that package lists in `__all__`; never its submodules;
 - the module graph has no cycle.
