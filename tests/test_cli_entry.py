@@ -29,3 +29,21 @@ def test_plain_command_lines_are_read():
 ])
 def test_everything_else_is_left_to_the_typer_command_line(argv):
     assert parse_plain(argv) is None
+
+
+def test_the_version_read_without_importlib_metadata_is_importlib_metadatas(tmp_path, monkeypatch):
+    import importlib.metadata
+    import sys
+
+    from reconciler import _installed_version
+
+    try:
+        expected = importlib.metadata.version("nftrec")
+    except importlib.metadata.PackageNotFoundError:
+        expected = "0.0.0+checkout"
+    assert _installed_version() == expected
+    # a dist-info earlier on sys.path wins, as with importlib.metadata
+    (tmp_path / "nftrec-9.1.dist-info").mkdir()
+    (tmp_path / "nftrec-9.1.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: nftrec\nVersion: 9.1\n\nVersion: 0\n")
+    monkeypatch.setattr(sys, "path", [str(tmp_path)] + sys.path)
+    assert _installed_version() == "9.1" == importlib.metadata.version("nftrec")
