@@ -3,7 +3,8 @@
 Read from the source with `ast` (no import runs), every import counts, including the
 ones inside functions:
 - a stage imports only itself and lower stages (intake < compile < kernel < engine <
-  daemon < cli; `reconciler` and `reconciler.logs` are below everything);
+  daemon < commands (typer) < cli (the entry point); `reconciler` and `reconciler.logs`
+  are below everything);
 - another stage is imported through its package (`from reconciler.intake import X`),
   and only names that package lists in `__all__`; never its submodules;
 - the module graph has no cycle.
@@ -19,7 +20,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "reconciler"
 # Lower rank = earlier in the pipeline. Modules not listed take their stage's rank.
 RANKS = {"reconciler": 0, "reconciler.logs": 0, "reconciler.progress": 0, "reconciler.atomic": 0, "reconciler.heap": 0,
          "reconciler.intake": 1, "reconciler.compile": 2,
-         "reconciler.kernel": 3, "reconciler.engine": 4, "reconciler.daemon": 5, "reconciler.cli": 6}
+         "reconciler.kernel": 3, "reconciler.engine": 4, "reconciler.daemon": 5, "reconciler.commands": 6,
+         "reconciler.cli": 7}
 
 
 def module_name(root: Path, path: Path) -> str:

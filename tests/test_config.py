@@ -177,3 +177,42 @@ def test_null_config_values_mean_defaults(tmp_path):
     cfg.write_text("nodeName: edge-1\nnodeIPs: null\nclusterCIDRs: null\nmasqueradeBit: null\n")
     c, problems = load_node_config(str(cfg), discover=True, discover_ips=lambda: ("192.0.2.1",))
     assert not problems and c.node_ips == ("192.0.2.1",) and c.masquerade_bit == 14 and c.cluster_cidrs == ()
+
+
+EXAMPLE_CONFIGS = sorted(Path(__file__).resolve().parent.parent.joinpath("examples").glob("*.config.yaml"))
+EXTRA = ("nodePortAddresses: [192.0.2.0/24, \"2001:DB8::/64\"]\nhealthChecks:\n  - tcp: 10.96.0.10:53\n"
+         "  - url: http://10.96.0.1/healthz\nsyncPeriod: 2m\nlayout: kube-proxy\n")
+
+
+@pytest.mark.parametrize("source", [*EXAMPLE_CONFIGS, "extra"], ids=lambda p: getattr(p, "name", p))
+def test_the_settings_cache_gives_the_same_config(tmp_path, source):
+    """A cache hit (no YAML, no schema) builds the config a full check builds, and the
+    no-op fast path's digest of it is the same."""
+    from reconciler.intake import config_digest
+
+    text = source.read_text() if isinstance(source, Path) else "nodeName: n1\n" + EXTRA
+    path = write(tmp_path, text)
+    cache = tmp_path / "cache"
+    plain, problems = load_node_config(path, **fake())
+    assert problems == []
+    miss, _ = load_node_config(path, cache_dir=cache, **fake())
+    [entry] = list(cache.glob("*.json"))
+    hit, problems = load_node_config(path, cache_dir=cache, **fake())
+    assert problems == [] and plain == miss == hit and plain.source == hit.source
+    assert config_digest(plain, strict=False) == config_digest(hit, strict=False)
+    # a hit really skips the check: an entry with other settings is believed (it is keyed by the bytes)
+    doc = json.loads(entry.read_text())
+    doc["settings"]["zone"] = "from-the-cache"
+    entry.write_text(json.dumps(doc))
+    assert load_node_config(path, cache_dir=cache, **fake())[0].zone == "from-the-cache"
+    write(tmp_path, text + "\n# edited\n")  # other bytes: another key, checked again
+    assert load_node_config(path, cache_dir=cache, **fake())[0] == plain
+
+
+def test_a_config_with_problems_is_never_cached(tmp_path):
+    path = write(tmp_path, "nodeName: n1\nnodeIPs: [10.0.0.1, 10.0.0.2]\n")  # two IPv4: an error after the schema
+    cache = tmp_path / "cache"
+    for _ in range(2):
+        _, problems = load_node_config(path, cache_dir=cache, **fake())
+        assert any("two addresses of one family" in p.message for p in problems)
+    assert not cache.exists() or list(cache.glob("*.json")) == []

@@ -337,3 +337,30 @@ def test_fingerprint_sees_flags_and_objects():
     plain = parse_table(LISTING, "ip")
     weird = LiveTable("ip", plain.name, plain.comment, plain.chains, plain.sets, flags=("dormant",))
     assert fingerprint(Ruleset({"ip": plain})) != fingerprint(Ruleset({"ip": weird}))
+
+
+def test_element_splitting_keeps_quoted_commas_and_colons():
+    """The element list's fast split (no quotes: str.split) and the quote-aware one agree
+    with the character scan they replace, quoted commas and ` : ` included."""
+    from reconciler.kernel.live import _parse_element, _split_top
+
+    def scan(text):
+        out, cur, quoted = [], [], False
+        for ch in text:
+            if ch == '"':
+                quoted = not quoted
+            if ch == "," and not quoted:
+                out.append("".join(cur))
+                cur = []
+            else:
+                cur.append(ch)
+        out.append("".join(cur))
+        return [p.strip() for p in out if p.strip()]
+
+    for text in ("10.0.0.1, 10.0.0.2 ,,10.0.0.3", '10.0.0.1 comment "a, b : c", 10.0.0.2',
+                 '0 : 10.0.0.1 . 80 comment "x,y", 1 : 10.0.0.2 . 80', 'a "b, c', '"",x,""', " "):
+        assert _split_top(text) == scan(text), text
+    el = _parse_element('10.0.0.9 . tcp . 80 comment "svc a : b, c" : goto svc-x', True)
+    assert (el.key, el.value, el.comment) == (("10.0.0.9", "tcp", "80"), "goto svc-x", "svc a : b, c")
+    el = _parse_element("10.0.0.9 timeout 3h expires 2h59m", False)
+    assert (el.key, el.value, el.comment) == (("10.0.0.9",), None, None)

@@ -162,3 +162,103 @@ def test_discovered_node_addresses_are_part_of_the_config_digest(netns, tmp_path
     code, doc, err = plan(d, state, netns, config=cfg)
     assert doc["fastPath"] is False and NOT_FAST + "the effective node config" in err
     assert code == 2  # NodePorts follow the primary address
+
+
+# --- the fast entry (reconciler/cli.py) and what it remembers ---------------------------------
+
+PROBE = ("import atexit, sys\n"
+         "atexit.register(lambda: print('IMPORTED', *sorted(m for m in ('typer', 'pyroute2', 'jsonschema')"
+         " if m in sys.modules), file=sys.stderr))\n"
+         "from reconciler.{module} import main\n"
+         "sys.argv[0] = 'nftrec'\n"
+         "main()\n")
+
+
+def run_module(module: str, *args: str, state: Path, ns: str, config: Path = CONFIG):
+    """`nftrec ARGS` through reconciler.<module>.main: `cli` (the entry point, with the fast
+    entry) or `commands` (the typer command line alone); stderr ends with the heavy
+    modules the process imported."""
+    import os
+    import subprocess
+    import sys
+
+    argv = [sys.executable, "-c", PROBE.format(module=module), "--state-dir", str(state), *args,
+            "--netns", ns, "--config", str(config)]
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=60, env={**os.environ, "NO_COLOR": "1"})
+    assert "Traceback" not in p.stderr, p.stderr
+    imported = p.stderr.rsplit("IMPORTED", 1)[1].split()
+    return p.returncode, p.stdout, p.stderr, imported
+
+
+@pytest.mark.parametrize("args", [("plan",), ("plan", "-o", "json"), ("plan", "--detailed-exitcode", "-v"),
+                                  ("--log-format", "json", "plan", "--output=json")])
+def test_the_fast_entry_answers_as_the_typer_command_line_without_importing_it(applied, args):
+    ns, state, d = applied
+    cmd = args[:args.index("plan") + 1] + (str(d),) + args[args.index("plan") + 1:]
+    fast = run_module("cli", *cmd, state=state, ns=ns)
+    slow = run_module("commands", *cmd, state=state, ns=ns)
+    assert fast[:2] == slow[:2] and fast[0] == 0, (fast, slow)
+    assert "fastPath" not in fast[1] or '"fastPath": true' in fast[1]
+    assert FAST in fast[2] and FAST in slow[2]
+    assert fast[3] == [] and slow[3] == ["typer"]  # nor pyroute2 nor jsonschema: remembered, cached
+
+
+def test_the_fast_entry_applies_a_noop_as_the_typer_command_line(applied):
+    ns, state, d = applied
+    fast = run_module("cli", "apply", str(d), "--verify", "full", state=state, ns=ns)
+    slow = run_module("commands", "apply", str(d), "--verify", "full", state=state, ns=ns)
+    assert fast[:2] == slow[:2] and fast[0] == 0 and "unchanged since the last apply" in fast[1]
+    assert fast[3] == [] and FAST in fast[2]
+
+
+def test_the_fast_entry_hands_over_everything_else_once(applied):
+    """Not a no-op: the full command line runs, and the check is not made (nor logged) twice."""
+    ns, state, d = applied
+    _add_endpoint(d)
+    code, out, err, imported = run_module("cli", "plan", str(d), "--detailed-exitcode", state=state, ns=ns)
+    assert code == 2 and "default/web" in out and "typer" in imported
+    assert err.count(NOT_FAST) == 1, err
+    code, out, err, _ = run_module("cli", "plan", str(d), "--refresh", state=state, ns=ns)  # not plain: typer at once
+    assert code == 0 and NOT_FAST not in err and FAST not in err
+    code, out, err, _ = run_module("cli", "plan", str(d), "-o", "yaml", state=state, ns=ns)
+    assert code == 64 and "text or json" in err  # the usage error comes from the typer command line
+
+
+def test_an_address_added_in_the_namespace_is_not_a_noop(netns, tmp_path):
+    """nodeIPs set, nodePortAddresses a CIDR: the NodePort addresses are the interface
+    addresses in that CIDR. The remembered discovery must not hide a new one."""
+    state = tmp_path / "state"
+    d = copy_edge(tmp_path)
+    cfg = tmp_path / "node.yaml"
+    cfg.write_text(CONFIG.read_text().replace("nodePortAddresses: [primary]", "nodePortAddresses: [192.0.2.0/24]"))
+    in_ns(netns, "ip", "addr", "add", "192.0.2.5/32", "dev", "lo")
+    ok(nftrec("apply", str(d), state=state, ns=netns, config=cfg))
+    for _ in range(2):  # the first discovers and remembers, the second reuses
+        code, doc, err = plan(d, state, netns, config=cfg)
+        assert code == 0 and doc["fastPath"] is True, err
+    assert "using the addresses discovered before" in err
+    in_ns(netns, "ip", "addr", "add", "192.0.2.6/32", "dev", "lo")
+    code, doc, err = plan(d, state, netns, config=cfg)
+    assert doc["fastPath"] is False and NOT_FAST + "the effective node config" in err
+    assert code == 2 and "using the addresses discovered before" not in err.split(NOT_FAST)[0]  # looked again
+    ok(nftrec("apply", str(d), state=state, ns=netns, config=cfg))
+    in_ns(netns, "ip", "addr", "del", "192.0.2.6/32", "dev", "lo")  # and back
+    code, doc, err = plan(d, state, netns, config=cfg)
+    assert code == 2 and doc["fastPath"] is False
+
+
+def test_damaged_caches_are_ignored_and_rebuilt(applied):
+    ns, state, d = applied
+    assert plan(d, state, ns)[1]["fastPath"] is True  # fills both
+    files = sorted((state / "cache" / "nodeconfig").glob("*.json"))
+    assert len(files) == 2 and any(f.name.startswith("discovery-") for f in files)
+    for f in files:
+        f.write_text('{"format": 1, "fingerprint": 7, "key": [], "settings": "x"')
+    code, doc, err = plan(d, state, ns)
+    assert code == 0 and doc["fastPath"] is True and err.count("ignoring") == 2, err
+    for f in files:
+        f.write_text('{"format": 1, "fingerprint": "0", "key": "0", "settings": {}, "hostAddresses": [[1]]}')
+    code, doc, err = plan(d, state, ns)
+    assert code == 0 and doc["fastPath"] is True and err.count("ignoring") == 2, err
+    code, doc, err = plan(d, state, ns)
+    assert code == 0 and doc["fastPath"] is True and "ignoring" not in err

@@ -44,7 +44,7 @@ from reconciler.engine.lock import LockHeld
 from reconciler.engine.state import FORMAT_VERSION, StateCorrupt, StateStore, atomic_write, fsync_dir, utc_now
 from reconciler.engine.target import CommandError, Target, short_revision
 from reconciler.intake import HealthCheck
-from reconciler.kernel import HealthChecker, NftError
+from reconciler.kernel import NftError
 
 PENDING_FILE = "pending-confirm.json"
 REQUEST_FILE = "confirm-request.json"
@@ -226,6 +226,8 @@ def await_confirmation(store: StateStore, pending: Pending, checks: tuple[Health
     passes once or the deadline passes; without checks only `nftrec confirm` confirms."""
     deadline = clock() + timeout
     left = list(checks)
+    from reconciler.kernel import HealthChecker  # imported late: urllib and ssl, for the checks only
+
     errors: dict[HealthCheck, str] = {}
     checker = HealthChecker(netns) if checks else None
     next_try = clock()

@@ -56,14 +56,145 @@ def node_address_discovery(netns: str | None):
     return _in_target(netns, discover_host_addresses)
 
 
-def load_config(config_path: Path | None, netns: str | None, *, interfaces: bool = True):
+def load_config(config_path: Path | None, netns: str | None, *, interfaces: bool = True,
+                cache_dir: Path | None = None):
     """(the effective node config, problems): what compile sees, with node IPs and (unless
     `interfaces` is False: render) the interface addresses discovered in the target
-    namespace. The no-op fast path digests exactly this."""
+    namespace. The no-op fast path digests exactly this. `cache_dir`: the node config's
+    settings cache (intake.read_settings), and the discovery remembered there (Remembered)."""
     from reconciler.intake import load_node_config
 
-    return load_node_config(str(config_path) if config_path else None, discover_ips=node_ip_discovery(netns),
-                            discover_addresses=node_address_discovery(netns) if interfaces else None)
+    ips, addresses = node_ip_discovery(netns), node_address_discovery(netns) if interfaces else None
+    if cache_dir is not None:
+        remembered = Remembered(cache_dir / f"discovery-{netns or 'host'}.json", netns)
+        ips = remembered.wrap("nodeIPs", ips)
+        addresses = remembered.wrap("hostAddresses", addresses) if addresses is not None else None
+    return load_node_config(str(config_path) if config_path else None, discover_ips=ips,
+                            discover_addresses=addresses, cache_dir=cache_dir)
+
+
+# iproute2's JSON view of everything address discovery reads (intake.discover_node_ips,
+# discover_host_addresses): links (index -> name), addresses (with their flags: a deprecated
+# or tentative IPv6 address changes the source address a route lookup picks), routes of
+# every table (default routes, their prefsrc and gateway; what `route get` resolves),
+# nexthop objects (a route may name one) and the policy rules of both families.
+_IP_BATCH = "link show\naddr show\nroute show table all\nnexthop show\nrule show\n"
+# fields that count down or move without changing any address or route
+_VOLATILE = frozenset({"valid_life_time", "preferred_life_time", "expires", "used"})
+
+
+def network_fingerprint(netns: str | None) -> str | None:
+    """A digest of the target namespace's links, addresses, routes and rules as `ip -j`
+    lists them, or None when `ip` cannot tell (then discovery runs).
+
+    Why not /proc/net: it has no complete view. /proc/net/route and ipv6_route show no
+    prefsrc (the default route's `src`, which picks the primary node IP), fib_trie shows
+    local IPv4 addresses without their interface (an address moved between interfaces
+    looks the same), and /proc/net/dev's counters change with every packet. pyroute2 is
+    what reads them for discovery; this is only a change detector, and iproute2 prints
+    the same netlink dumps as JSON, in one process of a few milliseconds, where importing
+    pyroute2 costs 0.1-0.4 s."""
+    import hashlib
+    import json
+    import subprocess
+
+    ns = ["-n", netns] if netns else []
+    h = hashlib.sha256()
+    try:
+        for argv, stdin in ((["ip", *ns, "-j", "-batch", "-"], _IP_BATCH), (["ip", *ns, "-6", "-j", "rule", "show"], None)):
+            p = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=10)
+            if p.returncode != 0 or p.stderr:
+                return None
+            text, at = p.stdout, 0
+            while text[at:].strip():  # -batch: one JSON document per command, one per line
+                rest = text[at:].lstrip()
+                doc, at = json.JSONDecoder().raw_decode(text, len(text) - len(rest))
+                h.update(json.dumps(_stable(doc), sort_keys=True).encode() + b"\0")
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return None
+    return h.hexdigest()
+
+
+def _stable(doc):
+    if isinstance(doc, dict):
+        return {k: _stable(v) for k, v in doc.items() if k not in _VOLATILE}
+    if isinstance(doc, list):
+        return [_stable(v) for v in doc]
+    return doc
+
+
+class Remembered:
+    """Address discovery remembered across runs while network_fingerprint() of the target
+    namespace stays the same: a no-op `plan` then needs neither pyroute2 nor its netlink
+    dumps. A fingerprint is taken before and after a discovery and the result kept only
+    when both agree, so a change during the discovery is never remembered as the old
+    state. The file is JSON (data, never code); a damaged one is ignored."""
+
+    def __init__(self, path: Path, netns: str | None, fingerprint=network_fingerprint):
+        self.path, self.netns, self._fingerprint = path, netns, fingerprint
+        self._fp: str | None = None
+        self._taken = False
+
+    def fingerprint(self) -> str | None:
+        if not self._taken:
+            self._fp, self._taken = self._fingerprint(self.netns), True
+        return self._fp
+
+    def wrap(self, key: str, discover):
+        def remembered():
+            fp = self.fingerprint()
+            entry = self._read() if fp is not None else {}
+            if fp is not None and entry.get("fingerprint") == fp and key in entry:
+                logs.log.debug(f"{key}: the namespace's links, addresses and routes are unchanged; "
+                               f"using the addresses discovered before ({self.path})")
+                return _decode(key, entry[key])
+            value = discover()
+            if fp is not None and self._fingerprint(self.netns) == fp:
+                kept = entry if entry.get("fingerprint") == fp else {"format": 1, "fingerprint": fp}
+                self._write({**kept, key: [list(v) if isinstance(v, tuple) else v for v in value]})
+            return value
+
+        return remembered
+
+    def _read(self) -> dict:
+        import json
+
+        try:
+            doc = json.loads(self.path.read_bytes())
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as e:
+            logs.log.debug(f"ignoring {self.path}: {e}")
+            return {}
+        ok = isinstance(doc, dict) and doc.get("format") == 1 and isinstance(doc.get("fingerprint"), str)
+        for key in ("nodeIPs", "hostAddresses"):
+            if ok and key in doc and _decode(key, doc[key]) is None:
+                ok = False
+        if not ok:
+            logs.log.debug(f"ignoring {self.path}: not a discovery record of this nftrec")
+            return {}
+        return doc
+
+    def _write(self, doc: dict) -> None:
+        import json
+
+        from reconciler.atomic import atomic_write
+
+        try:
+            atomic_write(self.path, json.dumps(doc, sort_keys=True).encode(), 0o600, durable=False)
+        except OSError as e:
+            logs.log.debug(f"discovery not remembered ({e})")
+
+
+def _decode(key: str, value):
+    """The recorded value as discovery returns it, or None when it is not one."""
+    if not isinstance(value, list):
+        return None
+    if key == "nodeIPs":
+        return tuple(value) if all(isinstance(v, str) for v in value) else None
+    if all(isinstance(v, list) and len(v) == 2 and all(isinstance(x, str) for x in v) for v in value):
+        return tuple((a, b) for a, b in value)
+    return None
 
 
 class InvalidInput(Exception):
@@ -77,18 +208,19 @@ class InvalidInput(Exception):
 
 def load_desired(directory: Path, config_path: Path | None, *, strict: bool = False,
                  netns: str | None = None, interfaces: bool = True, cache_dir: Path | None = None,
-                 compile: bool = True) -> Desired:
+                 compile: bool = True, config_cache: Path | None = None) -> Desired:
     """Read, validate and compile, logging every problem. Raises InvalidInput when the
     input has errors: invalid input is never applied. interfaces=False (render): the
     node's interface addresses are not listed; nodeIPs stand in for them. `cache_dir`:
-    the intake cache. compile=False (plan, apply): the ruleset is left None, for
-    apply.plan_desired to compile against the last applied one (only what changed)."""
+    the intake cache; `config_cache`: the node config's (load_config). compile=False (plan,
+    apply): the ruleset is left None, for apply.plan_desired to compile against the last
+    applied one (only what changed)."""
     from reconciler.compile import compile_ruleset
     from reconciler.intake import config_digest, read_inventory_cached
 
     loaded = []  # the node config, read (pyroute2, address discovery) while intake's children parse
     result = read_inventory_cached(directory, cache_dir, strict=strict, meanwhile=lambda: loaded.append(
-        load_config(config_path, netns, interfaces=interfaces)))
+        load_config(config_path, netns, interfaces=interfaces, cache_dir=config_cache)))
     config, config_problems = loaded[0]
     problems = list(config_problems) + list(result.problems)
     for p in problems:

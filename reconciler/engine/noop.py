@@ -19,24 +19,40 @@ normal path, which reports it. `--refresh` and `--out` never take this path.
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
 from reconciler import logs
-from reconciler.compile import Ruleset
-from reconciler.engine.changes import Changes
 from reconciler.engine.lock import LockHeld
-from reconciler.engine.plan import Plan, format_text, to_json
 from reconciler.engine.state import read_status
 from reconciler.engine.target import CommandError, Target, short_revision
-from reconciler.kernel import Transaction, kernel_token
+from reconciler.kernel import kernel_token
+
+# Only what the check needs is imported here: the fast path runs before the typer command
+# line is imported (cli.py), so every import it pays shows in a no-op's time.
 
 
 @dataclass(frozen=True)
 class Noop:
     revision: str
+
+
+def config_cache_dir(state_root: Path) -> Path | None:
+    """Where the node config's checked settings are kept (intake.read_settings): the
+    state directory's cache, beside the intake cache; NFTREC_INTAKE_CACHE=off reads without."""
+    if os.environ.get("NFTREC_INTAKE_CACHE", "").lower() in ("0", "off", "no", "false"):
+        return None
+    return Path(state_root) / "cache" / "nodeconfig"
+
+
+# The checks that found no no-op in this process: cli.py tries the fast path before typer
+# is imported and, when it does not hold, hands over to commands.py, whose plan/apply ask
+# again. A "no" is safe to repeat (the normal path is always right); a "yes" is never
+# remembered (the process answers and ends).
+_NOT_NOOP: set[tuple] = set()
 
 
 def _why_not(target: Target, directory: Path, config_path: Path | None, *, strict: bool) -> tuple[Noop | None, str]:
@@ -58,7 +74,8 @@ def _why_not(target: Target, directory: Path, config_path: Path | None, *, stric
             return None, "reading the manifest directory found problems"
         if d.digest != st.input_digest:
             return None, "the manifests changed since the last apply"
-        cfg, problems = load_config(config_path, target.netns)  # as load_desired reads it
+        cfg, problems = load_config(config_path, target.netns,  # as load_desired reads it
+                                    cache_dir=config_cache_dir(target.state_root))
         if problems:
             return None, "the node config has problems"
         if config_digest(cfg, strict=strict) != st.config_digest:
@@ -70,8 +87,12 @@ def _why_not(target: Target, directory: Path, config_path: Path | None, *, stric
 
 def check_noop(target: Target, directory: Path, config_path: Path | None, *, strict: bool) -> Noop | None:
     """A Noop when input, config and kernel are unchanged since the last apply, else None."""
+    asked = (target.netns, target.table, str(target.state_root), str(directory), str(config_path), strict)
+    if asked in _NOT_NOOP:
+        return None  # said already (cli.py's early try)
     noop, why = _why_not(target, directory, config_path, strict=strict)
     if noop is None:
+        _NOT_NOOP.add(asked)
         logs.log.debug(f"no-op fast path not taken: {why}")
     else:
         logs.log.debug("no-op fast path: manifests, effective node config and kernel generation are unchanged "
@@ -79,7 +100,12 @@ def check_noop(target: Target, directory: Path, config_path: Path | None, *, str
     return noop
 
 
-def _empty_plan() -> Plan:
+def _empty_plan():
+    from reconciler.compile import Ruleset
+    from reconciler.engine.changes import Changes
+    from reconciler.engine.plan import Plan
+    from reconciler.kernel import Transaction
+
     return Plan(Ruleset(), Changes(), Transaction(), [], [])
 
 
@@ -89,6 +115,8 @@ def run_plan_noop(target: Target, directory: Path, config_path: Path | None, *, 
     noop = check_noop(target, directory, config_path, strict=strict)
     if noop is None:
         return None
+    from reconciler.engine.plan import format_text, to_json
+
     plan = _empty_plan()
     if output == "json":
         import json
@@ -113,6 +141,8 @@ def run_apply_noop(target: Target, directory: Path, config_path: Path | None, *,
         if noop is None:
             return None
         target.store().record_noop(noop.revision)
+        from reconciler.engine.plan import format_text
+
         out_stream.write(format_text(_empty_plan()))
         print(f"Apply complete: 0 operations; revision {short_revision(noop.revision)} is live in "
               f"{target.where} (unchanged since the last apply).", file=out_stream)

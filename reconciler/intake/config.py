@@ -12,15 +12,10 @@ import socket
 from pathlib import Path
 from typing import Callable
 
-from ruamel.yaml import YAML
-from ruamel.yaml.error import YAMLError
-
 from reconciler.intake import model
 from reconciler.intake.healthchecks import parse_health_check
 from reconciler.intake.load import MAX_FILE_BYTES, Document, Refused, SourceFile, check_shape, decode_text, locate, plain_data, yaml_error
 from reconciler.intake.problems import ERROR, Problem, show
-from reconciler.intake.schema_errors import Obj, Report, schema_problem
-from reconciler.intake.schemas import parse_cidr, parse_ip, validator
 
 DEFAULT_PATH = "/etc/nftrec/config.yaml"
 _UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -49,6 +44,8 @@ def discover_node_ips(ipr=None) -> tuple[str, ...]:
 
         with IPRoute() as ipr:
             return discover_node_ips(ipr)
+    from reconciler.intake.schema_files import parse_ip
+
     out = []
     for af in (socket.AF_INET, socket.AF_INET6):
         found = None
@@ -79,6 +76,8 @@ def discover_host_addresses(ipr=None) -> tuple[tuple[str, str], ...]:
 
         with IPRoute() as ipr:
             return discover_host_addresses(ipr)
+    from reconciler.intake.schema_files import parse_ip
+
     names = {link["index"]: link.get_attr("IFLA_IFNAME") or str(link["index"]) for link in ipr.get_links()}
     out = set()
     for a in ipr.get_addr():
@@ -107,58 +106,21 @@ def load_node_config(
     hostname: Callable[[], str] = socket.gethostname,
     discover_ips: Callable[[], tuple[str, ...]] = discover_node_ips,
     discover_addresses: Callable[[], tuple[tuple[str, str], ...]] | None = None,
+    cache_dir: Path | None = None,
 ) -> tuple[model.NodeConfig, list[Problem]]:
     """(config, problems). path=None: DEFAULT_PATH if it exists, else all defaults.
     discover=False leaves nodeIPs empty when not configured (validate, render tests).
     discover_addresses (plan, apply, watch: in the target namespace) lists the node's
-    interface addresses for nodePortAddresses; None: nodeIPs stand in for them (render)."""
-    problems: list[Problem] = []
-    data: dict = {}
+    interface addresses for nodePortAddresses; None: nodeIPs stand in for them (render).
+    `cache_dir`: keep the checked settings there, keyed by the file's bytes (read_settings)."""
     shown = str(path) if path is not None else DEFAULT_PATH
-    if path is not None or Path(DEFAULT_PATH).is_file():
-        data, src = _read(shown, problems)
-    else:
-        src = None
-    if problems:
+    exists = path is not None or Path(DEFAULT_PATH).is_file()
+    settings, problems = read_settings(shown if exists else None, cache_dir)
+    if settings is None:
         return _defaults(hostname, (), shown), problems
-    doc = Document(data, model.Source(shown, 1, 1), shown, 0, (), src)
-    rep = Report()
-    o = Obj(doc, "NodeConfig", "", "")
-    for err in validator("NodeConfig").iter_errors(data):
-        schema_problem(rep, o, err)
-    problems = [Problem(p.file, p.line, p.col, "NodeConfig", "", p.field, p.message, p.severity) for p in rep.problems]
-    periods = {}
-    for key, default in (("minSyncPeriod", 1.0), ("syncPeriod", 30.0), ("fullSyncPeriod", 3600.0),
-                         ("healthCheckTimeout", 30.0)):
-        periods[key] = default
-        if key in data and not any(p.field == key for p in problems):
-            periods[key] = parse_duration(data[key])
-            if key != "minSyncPeriod" and periods[key] <= 0:
-                line, _ = _locate(doc, key)
-                problems.append(_problem(shown, line, 1, key, f"must be longer than 0s; use e.g. {'1h' if key == 'fullSyncPeriod' else '30s'}"))
-    problems.sort(key=lambda p: (p.line, p.col))
-    if any(p.is_error for p in problems):
-        return _defaults(hostname, (), shown), problems
-    node_ips = tuple(str(parse_ip(ip)) for ip in data.get("nodeIPs") or [])
-    if len(node_ips) == 2 and (":" in node_ips[0]) == (":" in node_ips[1]):
-        line, col = _locate(doc, "nodeIPs")
-        problems.append(_problem(shown, line, col, "nodeIPs", "lists two addresses of one family; give at most one IPv4 and one IPv6 address"))
-    npa = data.get("nodePortAddresses") or []
-    if "primary" in npa and len(npa) != 1:
-        line, col = locate(doc, ("nodePortAddresses", npa.index("primary")))
-        problems.append(_problem(shown, line, col, f"nodePortAddresses[{npa.index('primary')}]",
-                                 "can't use both 'primary' and CIDRs (kube-proxy's rule): give [primary] "
-                                 "alone, or CIDRs that include the primary address"))
-    health_checks = []
-    for i, item in enumerate(data.get("healthChecks") or []):
-        (kind, value), = item.items()  # the schema allows one key per item
-        try:
-            health_checks.append(parse_health_check(kind, value))
-        except ValueError as e:
-            line, col = locate(doc, ("healthChecks", i))
-            problems.append(_problem(shown, line, col, f"healthChecks[{i}].{kind}", str(e)))
+    node_ips = tuple(settings["nodeIPs"])
     discovered = False
-    if "nodeIPs" not in data and discover:
+    if not settings["hasNodeIPs"] and discover:
         try:
             node_ips = discover_ips()
             discovered = True
@@ -173,29 +135,203 @@ def load_node_config(
             problems.append(Problem(shown, 0, 0, "NodeConfig", "", "nodePortAddresses",
                                     f"could not list this node's interface addresses ({show(str(e))}); "
                                     f"nodeIPs stand in for them", "warning"))
+    periods = settings["periods"]
     cfg = model.NodeConfig(
-        node_name=data.get("nodeName") or _hostname(hostname),
+        node_name=settings["nodeName"] or _hostname(hostname),
         node_ips=node_ips,
-        cluster_cidrs=tuple(str(parse_cidr(c)) for c in data.get("clusterCIDRs") or []),
-        service_cidrs=tuple(str(parse_cidr(c)) for c in data.get("serviceCIDRs") or []),
-        node_port_addresses=tuple(a if a == "primary" else str(parse_cidr(a)) for a in data["nodePortAddresses"])
-        if data.get("nodePortAddresses") else ("primary",),
+        cluster_cidrs=tuple(settings["clusterCIDRs"]),
+        service_cidrs=tuple(settings["serviceCIDRs"]),
+        node_port_addresses=tuple(settings["nodePortAddresses"]),
         host_addresses=host_addresses,
         node_ips_discovered=discovered,
-        masquerade_all=data.get("masqueradeAll", False),
-        masquerade_bit=data.get("masqueradeBit", 14),
-        table_name=data.get("tableName", "nftrec"),
-        layout=data.get("layout", "sharded"),
-        zone=data.get("zone", ""),
-        derive_topology_hints=data.get("deriveTopologyHints", True),
+        masquerade_all=settings["masqueradeAll"],
+        masquerade_bit=settings["masqueradeBit"],
+        table_name=settings["tableName"],
+        layout=settings["layout"],
+        zone=settings["zone"],
+        derive_topology_hints=settings["deriveTopologyHints"],
         min_sync_period=periods["minSyncPeriod"],
         sync_period=periods["syncPeriod"],
         full_sync_period=periods["fullSyncPeriod"],
-        health_checks=tuple(health_checks),
+        health_checks=tuple(model.HealthCheck(kind, target) for kind, target in settings["healthChecks"]),
         health_check_timeout=periods["healthCheckTimeout"],
-        source=model.Source(shown, 1, 1) if data else model.Source("<defaults>"),
+        source=model.Source(shown, 1, 1) if settings["fromFile"] else model.Source("<defaults>"),
     )
     return cfg, problems
+
+
+# --- the checked settings, and their cache ---------------------------------------------------
+#
+# Reading the node config means ruamel's round-trip loader and the JSON Schema validator:
+# importing jsonschema alone is ~50-90 ms, as much as the rest of a no-op `plan`. The
+# settings of a file that had no problem at all are kept in the state directory as JSON
+# (data, never code), keyed by the file's bytes and code_digest() (nftrec's version,
+# sources and schemas), so an unchanged file is read and hashed, not parsed or validated.
+# A file with any problem is never cached: it is checked, and reported, every time.
+# Discovery and the default node name (the hostname) are not part of the settings: they
+# are looked up on every run.
+
+_SETTINGS_FORMAT = 1
+_CACHE_KEEP = 8  # entries kept (one per config file content; a node has one or two)
+_SETTINGS_TYPES = {
+    "nodeName": str, "hasNodeIPs": bool, "nodeIPs": list, "clusterCIDRs": list, "serviceCIDRs": list,
+    "nodePortAddresses": list, "masqueradeAll": bool, "masqueradeBit": int, "tableName": str, "layout": str,
+    "zone": str, "deriveTopologyHints": bool, "periods": dict, "healthChecks": list, "fromFile": bool,
+}
+_PERIODS = (("minSyncPeriod", 1.0), ("syncPeriod", 30.0), ("fullSyncPeriod", 3600.0), ("healthCheckTimeout", 30.0))
+
+
+def read_settings(path: str | None, cache_dir: Path | None = None) -> tuple[dict | None, list[Problem]]:
+    """(the config file's checked settings, problems); None when it cannot be used (an
+    unreadable file, a schema error: the defaults stand in). path=None: no file, the
+    defaults. With `cache_dir`, problem-free settings are kept there and reused."""
+    problems: list[Problem] = []
+    raw = b""
+    if path is not None:
+        raw = _read_bytes(path, problems)
+        if raw is None:
+            return None, problems
+    key = _settings_key(raw if path is not None else None)
+    cached = _cache_get(cache_dir, key)
+    if cached is not None:
+        return cached, problems
+    settings, problems = _check(path, raw)
+    if settings is not None and not problems:
+        _cache_put(cache_dir, key, settings)
+    return settings, problems
+
+
+def _settings_key(raw: bytes | None) -> str:
+    import hashlib
+
+    from reconciler.intake.digests import code_digest
+
+    h = hashlib.sha256(f"nftrec-nodeconfig\0{_SETTINGS_FORMAT}\0{code_digest()}\0".encode())
+    h.update(b"defaults" if raw is None else b"file\0" + raw)
+    return h.hexdigest()
+
+
+def _valid_settings(s: object) -> bool:
+    if not isinstance(s, dict) or set(s) != set(_SETTINGS_TYPES):
+        return False
+    if any(type(s[k]) is not t for k, t in _SETTINGS_TYPES.items()):
+        return False
+    strings = s["nodeIPs"] + s["clusterCIDRs"] + s["serviceCIDRs"] + s["nodePortAddresses"]
+    return (all(isinstance(x, str) for x in strings)
+            and all(isinstance(hc, list) and len(hc) == 2 and all(isinstance(x, str) for x in hc)
+                    for hc in s["healthChecks"])
+            and set(s["periods"]) == {k for k, _ in _PERIODS}
+            and all(type(v) is float for v in s["periods"].values()))
+
+
+def _cache_get(cache_dir: Path | None, key: str) -> dict | None:
+    if cache_dir is None:
+        return None
+    import json
+
+    from reconciler import logs
+
+    entry = cache_dir / f"{key}.json"
+    try:
+        doc = json.loads(entry.read_bytes())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        logs.log.debug(f"node config cache: ignoring {entry}: {e}")
+        return None
+    if not (isinstance(doc, dict) and doc.get("format") == _SETTINGS_FORMAT and doc.get("key") == key
+            and _valid_settings(doc.get("settings"))):
+        logs.log.debug(f"node config cache: ignoring {entry}: not an entry of this nftrec for this file")
+        return None
+    return doc["settings"]
+
+
+def _cache_put(cache_dir: Path | None, key: str, settings: dict) -> None:
+    """Best effort: a cache that cannot be written only costs the next run a check."""
+    if cache_dir is None:
+        return
+    import json
+
+    from reconciler import logs
+    from reconciler.atomic import atomic_write
+
+    text = json.dumps({"format": _SETTINGS_FORMAT, "key": key, "settings": settings}, sort_keys=True)
+    if not _valid_settings(json.loads(text)["settings"]):  # what a read would give back
+        return
+    try:
+        atomic_write(cache_dir / f"{key}.json", text.encode(), 0o600, durable=False)
+        old = sorted(cache_dir.glob("*.json"), key=lambda f: f.stat().st_mtime, reverse=True)[_CACHE_KEEP:]
+        for f in old:
+            f.unlink(missing_ok=True)
+    except OSError as e:
+        logs.log.debug(f"node config cache: not written ({e})")
+
+
+def _check(path: str | None, raw: bytes) -> tuple[dict | None, list[Problem]]:
+    """Parse and validate: (settings, problems), settings None on a schema error."""
+    from reconciler.intake.schema_errors import Obj, Report, schema_problem
+    from reconciler.intake.schema_files import parse_cidr, parse_ip
+    from reconciler.intake.schemas import validator
+
+    problems: list[Problem] = []
+    shown = path if path is not None else DEFAULT_PATH
+    data, src = _read(shown, raw, problems) if path is not None else ({}, None)
+    if problems:
+        return None, problems
+    doc = Document(data, model.Source(shown, 1, 1), shown, 0, (), src)
+    rep = Report()
+    o = Obj(doc, "NodeConfig", "", "")
+    for err in validator("NodeConfig").iter_errors(data):
+        schema_problem(rep, o, err)
+    problems = [Problem(p.file, p.line, p.col, "NodeConfig", "", p.field, p.message, p.severity) for p in rep.problems]
+    periods = {}
+    for key, default in _PERIODS:
+        periods[key] = default
+        if key in data and not any(p.field == key for p in problems):
+            periods[key] = parse_duration(data[key])
+            if key != "minSyncPeriod" and periods[key] <= 0:
+                line, _ = _locate(doc, key)
+                problems.append(_problem(shown, line, 1, key, f"must be longer than 0s; use e.g. {'1h' if key == 'fullSyncPeriod' else '30s'}"))
+    problems.sort(key=lambda p: (p.line, p.col))
+    if any(p.is_error for p in problems):
+        return None, problems
+    node_ips = [str(parse_ip(ip)) for ip in data.get("nodeIPs") or []]
+    if len(node_ips) == 2 and (":" in node_ips[0]) == (":" in node_ips[1]):
+        line, col = _locate(doc, "nodeIPs")
+        problems.append(_problem(shown, line, col, "nodeIPs", "lists two addresses of one family; give at most one IPv4 and one IPv6 address"))
+    npa = data.get("nodePortAddresses") or []
+    if "primary" in npa and len(npa) != 1:
+        line, col = locate(doc, ("nodePortAddresses", npa.index("primary")))
+        problems.append(_problem(shown, line, col, f"nodePortAddresses[{npa.index('primary')}]",
+                                 "can't use both 'primary' and CIDRs (kube-proxy's rule): give [primary] "
+                                 "alone, or CIDRs that include the primary address"))
+    health_checks = []
+    for i, item in enumerate(data.get("healthChecks") or []):
+        (kind, value), = item.items()  # the schema allows one key per item
+        try:
+            hc = parse_health_check(kind, value)
+            health_checks.append([hc.kind, hc.target])
+        except ValueError as e:
+            line, col = locate(doc, ("healthChecks", i))
+            problems.append(_problem(shown, line, col, f"healthChecks[{i}].{kind}", str(e)))
+    settings = {
+        "nodeName": str(data.get("nodeName") or ""),
+        "hasNodeIPs": "nodeIPs" in data,
+        "nodeIPs": node_ips,
+        "clusterCIDRs": [str(parse_cidr(c)) for c in data.get("clusterCIDRs") or []],
+        "serviceCIDRs": [str(parse_cidr(c)) for c in data.get("serviceCIDRs") or []],
+        "nodePortAddresses": [a if a == "primary" else str(parse_cidr(a)) for a in npa] or ["primary"],
+        "masqueradeAll": bool(data.get("masqueradeAll", False)),
+        "masqueradeBit": int(data.get("masqueradeBit", 14)),
+        "tableName": str(data.get("tableName", "nftrec")),
+        "layout": str(data.get("layout", "sharded")),
+        "zone": str(data.get("zone", "")),
+        "deriveTopologyHints": bool(data.get("deriveTopologyHints", True)),
+        "periods": {k: float(v) for k, v in periods.items()},
+        "healthChecks": health_checks,
+        "fromFile": bool(data),
+    }
+    return settings, problems
 
 
 def _locate(doc: Document, key: str) -> tuple[int, int]:
@@ -210,20 +346,29 @@ def _defaults(hostname, node_ips, shown) -> model.NodeConfig:
     return model.NodeConfig(node_name=_hostname(hostname), node_ips=node_ips)
 
 
-def _read(path: str, problems: list[Problem]) -> tuple[dict, SourceFile | None]:
-    """The config as plain data, and the file kept for locate()."""
+def _read_bytes(path: str, problems: list[Problem]) -> bytes | None:
     try:
         raw = Path(path).read_bytes()
-        if len(raw) > MAX_FILE_BYTES:
-            raise Refused(f"this file is over the {MAX_FILE_BYTES}-byte limit; a node config is a few lines")
+    except OSError as e:
+        problems.append(_problem(path, 0, 0, "", f"cannot read the node config ({e.strerror}); check --config"))
+        return None
+    if len(raw) > MAX_FILE_BYTES:
+        problems.append(_problem(path, 0, 0, "", f"this file is over the {MAX_FILE_BYTES}-byte limit; a node config is a few lines"))
+        return None
+    return raw
+
+
+def _read(path: str, raw: bytes, problems: list[Problem]) -> tuple[dict, SourceFile | None]:
+    """The config as plain data, and the file kept for locate()."""
+    from ruamel.yaml import YAML
+    from ruamel.yaml.error import YAMLError
+
+    try:
         text = decode_text(raw)
         yaml = YAML(typ="rt")  # tiny file: the round-trip loader keeps positions
         docs = [d for d in yaml.load_all(text) if d is not None]
         for d in docs:
             check_shape(d, 1, 1)  # alias bombs, depth, non-string keys
-    except OSError as e:
-        problems.append(_problem(path, 0, 0, "", f"cannot read the node config ({e.strerror}); check --config"))
-        return {}, None
     except Refused as r:
         problems.append(_problem(path, r.line, r.col, "", r.message))
         return {}, None

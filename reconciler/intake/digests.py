@@ -97,7 +97,7 @@ def input_digest(root: str | Path) -> InputDigest:
 def code_digest() -> str:
     """sha256 over nftrec's version, every module of the package and the JSON Schemas."""
     from reconciler import __version__
-    from reconciler.intake.schemas import schema_dir
+    from reconciler.intake.schema_files import schema_dir
 
     h = hashlib.sha256(f"nftrec {__version__}\0".encode())
     files = sorted(_PACKAGE.rglob("*.py"))

@@ -134,12 +134,13 @@ def canonical_rule(text: str) -> str:
     while i < len(toks):
         t = toks[i]
         prev = out[-1] if out else ""
+        is_hex, form = _token_form(t)
         if t == "mark" and prev not in ("meta", "ct"):
             out += ["meta", "mark"]
         elif t in _OPS:
             out.append(_OPS[t])
-        elif _HEX.fullmatch(t):
-            out.append("0x%08x" % int(t, 16))
+        elif is_hex:
+            out.append(form)
         elif t.isdigit() and prev in ("!=", "==") and len(out) >= 2 and _HEX.fullmatch(out[-2]):
             out.append("0x%08x" % int(t))  # `mark and 0x4000 != 0`
         elif t == "dnat" or t == "snat":
@@ -158,10 +159,19 @@ def canonical_rule(text: str) -> str:
             i += 3  # `meta l4proto tcp tcp dport 80`: nft drops the implied dependency
             continue
         else:
-            nets = _ip(t) if t not in ("{", "}", ",") else None
-            out.append(_net_text(nets[0]) if nets and len(nets) == 1 else t)
+            out.append(form)
         i += 1
     return " ".join(_nest(out))
+
+
+@lru_cache(maxsize=1 << 17)
+def _token_form(t: str) -> tuple[bool, str]:
+    """(whether `t` is a hex number, its normal form out of context): a listing repeats
+    its keywords and addresses thousands of times; each is parsed once."""
+    if _HEX.fullmatch(t):
+        return True, "0x%08x" % int(t, 16)
+    nets = _ip(t) if t not in ("{", "}", ",") else None
+    return False, (_net_text(nets[0]) if nets and len(nets) == 1 else t)
 
 
 def canonical_rule_obj(rule: Rule) -> Rule:
@@ -236,33 +246,50 @@ def parse_duration(text: str) -> int:
     return int(sum(int(n) * _UNITS[u] for n, u in parts))
 
 
+# `plan --refresh` parses every element of the table (85,000 at 10,000 Services): these
+# take the plain case (no quoted comment in the text) with str methods and keep the
+# quote-aware scan for the rest.
+_ELEMENT_ITEM = re.compile(r'(?:[^,"]+|"[^"]*")+')
+_MAP_ARROW = re.compile(r' : (?=(?:[^"]*"[^"]*")*[^"]*$)')
+_ELEMENT_COMMENT = re.compile(r'\s+comment\s+"([^"]*)"')
+_RUNTIME_ATTRS = re.compile(r"\s+(timeout|expires)\s+\S+")
+
+
 def _split_top(text: str, sep: str = ",") -> list[str]:
-    """Split on `sep` outside double quotes."""
-    out, cur, quoted = [], [], False
-    for ch in text:
-        if ch == '"':
-            quoted = not quoted
-        if ch == sep and not quoted:
-            out.append("".join(cur))
-            cur = []
-        else:
-            cur.append(ch)
-    out.append("".join(cur))
-    return [p.strip() for p in out if p.strip()]
+    """Split on `sep` (",") outside double quotes."""
+    quotes = text.count('"')
+    if quotes == 0:
+        parts = text.split(sep)
+    elif quotes % 2 == 0 and sep == ",":
+        parts = _ELEMENT_ITEM.findall(text)  # the runs between commas outside quotes
+    else:  # an unbalanced quote: the scan's reading of it
+        parts, cur, quoted = [], [], False
+        for ch in text:
+            if ch == '"':
+                quoted = not quoted
+            if ch == sep and not quoted:
+                parts.append("".join(cur))
+                cur = []
+            else:
+                cur.append(ch)
+        parts.append("".join(cur))
+    return [p.strip() for p in parts if p.strip()]
 
 
 def _parse_element(text: str, is_map: bool) -> Element:
     value = None
+    quoted = '"' in text
     if is_map:
-        parts = re.split(r' : (?=(?:[^"]*"[^"]*")*[^"]*$)', text, maxsplit=1)
+        parts = _MAP_ARROW.split(text, maxsplit=1) if quoted else text.split(" : ", 1)
         text, value = parts[0], (parts[1].strip() if len(parts) > 1 else None)
     comment = None
-    m = re.search(r'\s+comment\s+"([^"]*)"', text)
+    m = _ELEMENT_COMMENT.search(text) if quoted else None
     if m:
         comment, text = m.group(1), text[: m.start()] + text[m.end() :]
     # Runtime-only attributes of dynamic elements (never in our desired side).
-    text = re.sub(r"\s+(timeout|expires)\s+\S+", "", text)
-    key = tuple(p.strip() for p in text.split(" . "))
+    if "timeout" in text or "expires" in text:
+        text = _RUNTIME_ATTRS.sub("", text)
+    key = tuple(p.strip() for p in text.split(" . ")) if " . " in text else (text.strip(),)
     return Element(key, value, comment)
 
 

@@ -1,0 +1,543 @@
+"""The `nftrec` command line (typer): thin wrappers that parse options and call the pipeline.
+The entry point is cli.py, which answers a plain no-op `plan`/`apply` before this module
+(and typer) is imported, and hands everything else to `main` here.
+
+Exit codes (SPEC §4): 0 ok, 1 error, 2 "changes" / "drift" where a command says so,
+64 usage error — so a typo never reads as "changes present".
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from reconciler import __version__
+
+EXIT_OK, EXIT_ERROR, EXIT_CHANGES, EXIT_USAGE = 0, 1, 2, 64
+
+# Click (vendored by typer) exits 2 on usage errors, which would collide with
+# `plan --detailed-exitcode`'s "changes present"; make usage errors exit 64 (EX_USAGE).
+_UsageError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+_UsageError.exit_code = EXIT_USAGE
+
+app = typer.Typer(
+    add_completion=True,  # typer's --install-completion / --show-completion (and see main())
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="kube-proxy's nftables mode without Kubernetes: Service and EndpointSlice YAML "
+    "in a directory -> one atomic nftables transaction.",
+)
+
+
+class Globals:
+    state_dir: Optional[Path] = None
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"nftrec {__version__}")
+        raise typer.Exit(EXIT_OK)
+
+
+@app.callback()
+def _global(
+    state_dir: Optional[Path] = typer.Option(
+        None, "--state-dir", help="State store directory (default: $NFTREC_STATE_DIR, "
+        "./state in a checkout, else /var/lib/nftrec)."),
+    log_format: str = typer.Option("text", "--log-format", help="text or json"),
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                 help="Print the version and exit."),
+) -> None:
+    if log_format not in ("text", "json"):
+        raise typer.BadParameter("must be text or json", param_hint="--log-format")
+    Globals.state_dir = state_dir
+    from reconciler import logs
+
+    logs.setup(log_format)
+
+
+DIR_ARG = typer.Argument(Path("."), help="Manifest directory (read recursively); - reads standard input.")
+CONFIG_OPT = typer.Option(None, "--config", help="Node config (default /etc/nftrec/config.yaml "
+                          "when it exists, else defaults).")
+STRICT_OPT = typer.Option(False, "--strict", help="Unknown kinds are errors, not notices.")
+
+
+def _output_opt() -> typer.Option:
+    return typer.Option("text", "-o", "--output", help="text or json")
+
+
+def _check_output(output: str) -> None:
+    if output not in ("text", "json"):
+        raise typer.BadParameter("must be text or json", param_hint="-o/--output")
+
+
+@app.command()
+def validate(
+    directory: Path = DIR_ARG,
+    config: Optional[Path] = CONFIG_OPT,
+    strict: bool = STRICT_OPT,
+    output: str = _output_opt(),
+) -> None:
+    """Check manifests and the node config: schema and cross-document checks. No root,
+    no nft, no kernel needed."""
+    _check_output(output)
+    from reconciler.intake import run_validate
+
+    raise typer.Exit(run_validate(directory, config_path=config, strict=strict, output=output,
+                                  cache_dir=_cache_dir()))
+
+
+@app.command()
+def render(
+    directory: Path = DIR_ARG,
+    config: Optional[Path] = CONFIG_OPT,
+    strict: bool = STRICT_OPT,
+) -> None:
+    """Print the whole desired ruleset as an `nft -f` script from scratch."""
+    desired = _desired(directory, config, None, strict, interfaces=False)
+    from reconciler.compile import render_header, render_script
+
+    sys.stdout.write(render_header(desired.config) + render_script(desired.ruleset))
+
+
+@app.command()
+def diff(
+    old: Optional[str] = typer.Argument(None, metavar="OLD", help="Manifest directory before the change "
+                                        "(- reads stdin); with --git: a revision, or OLD..NEW / OLD...NEW."),
+    new: Optional[str] = typer.Argument(None, metavar="[NEW]", help="Manifest directory after the change "
+                                        "(- reads stdin); with --git: a revision."),
+    git: Optional[Path] = typer.Option(None, "--git", metavar="DIR", help="Compare two git revisions of the "
+                                       "manifest directory DIR (inside a clone), read from git, no checkout."),
+    config: Optional[Path] = CONFIG_OPT,
+    strict: bool = STRICT_OPT,
+    verbose: bool = typer.Option(False, "-v", "--verbose", help="Print the exact nft transaction."),
+    output: str = typer.Option("text", "-o", "--output", help="text, json or markdown (a pull-request comment)"),
+    detailed_exitcode: bool = typer.Option(False, "--detailed-exitcode",
+                                           help="Exit 0 when nothing changes, 2 when something does."),
+) -> None:
+    """Offline per-Service plan between two manifest trees or git revisions, for review:
+    no root, no kernel; node IPs come from --config only."""
+    if output not in ("text", "json", "markdown"):
+        raise typer.BadParameter("must be text, json or markdown", param_hint="-o/--output")
+    from reconciler.intake import GitError, parse_range
+
+    merge_base = False
+    if git is not None:
+        if old is None:
+            raise typer.BadParameter("with --git, give the revisions: OLD..NEW (e.g. origin/main..HEAD)")
+        if new is None:
+            try:
+                rng = parse_range(old)
+            except GitError as e:
+                raise typer.BadParameter(str(e), param_hint="OLD") from None
+            old, new, merge_base = rng.old, rng.new, rng.merge_base
+        elif ".." in old or ".." in new:
+            raise typer.BadParameter("give either OLD..NEW or two revisions, not both")
+    elif old is None or new is None:
+        raise typer.BadParameter("give two manifest directories, OLD and NEW (or --git DIR OLD..NEW)")
+    elif old == "-" and new == "-":
+        raise typer.BadParameter("only one side can be - (standard input)")
+    from reconciler.engine import run_diff
+
+    raise typer.Exit(_guard(run_diff, old, new, git=git, merge_base=merge_base, config_path=config,
+                            strict=strict, output=output, detailed=detailed_exitcode, verbose=verbose))
+
+
+NETNS_OPT = typer.Option(None, "--netns", help="Act inside this named network namespace "
+                         "(as `ip netns add` makes); the host namespace is never touched.")
+
+
+def _check_netns(netns: Optional[str]) -> None:
+    """A name as `ip netns add` makes it (under /run/netns), usable as a state directory."""
+    from reconciler.engine import namespace_dir
+
+    if netns is None:
+        return
+    try:
+        namespace_dir(Path("/"), netns)
+    except ValueError as e:
+        raise typer.BadParameter(f"{e}; give the name as `ip netns list` shows it",
+                                 param_hint="--netns") from None
+
+
+def _state_root() -> Path:
+    from reconciler.engine import default_state_dir
+
+    return Globals.state_dir or default_state_dir()
+
+
+def _cache_dir() -> Optional[Path]:
+    """The intake cache (reconciler/intake/cache.py) in the state directory;
+    NFTREC_INTAKE_CACHE=off reads without it."""
+    import os
+
+    if os.environ.get("NFTREC_INTAKE_CACHE", "").lower() in ("0", "off", "no", "false"):
+        return None
+    return _state_root() / "cache" / "intake"
+
+
+def _target(config: Optional[Path], netns: Optional[str], recover: bool = True):
+    """Where a kernel command acts: namespace, table (from the node config), state dir.
+    `recover`: first roll back a confirmed apply whose nftrec died in its window (issue 11)."""
+    from reconciler import logs
+    from reconciler.engine import Target, config_cache_dir
+    from reconciler.intake import load_node_config
+
+    _check_netns(netns)
+    cfg, problems = load_node_config(str(config) if config else None, discover=False,
+                                     cache_dir=config_cache_dir(_state_root()))
+    errors = [p for p in problems if p.is_error]
+    for p in errors:
+        logs.problem(p)
+    if errors:
+        raise typer.Exit(EXIT_ERROR)
+    target = Target(netns, cfg.table_name, _state_root())
+    if recover:
+        from reconciler.engine import recover_pending
+
+        def recover() -> int:
+            recover_pending(target)  # rolls back, and says so on stderr, when a window was left open
+            return EXIT_OK
+
+        if _guard(recover) != EXIT_OK:
+            raise typer.Exit(EXIT_ERROR)
+    return target
+
+
+def _desired(directory: Path, config: Optional[Path], netns: Optional[str], strict: bool,
+             target=None, interfaces: bool = True, compile: bool = True):
+    """The validated, compiled input; invalid input exits 1 (and, for apply, is recorded
+    as a failed attempt: status then shows lastAttemptedRevision != lastAppliedRevision).
+    compile=False: plan and apply compile it themselves, only what changed."""
+    from reconciler import logs
+    from reconciler.engine import InvalidInput, config_cache_dir, load_desired
+
+    try:
+        return load_desired(directory, config, strict=strict, netns=netns, interfaces=interfaces,
+                            cache_dir=_cache_dir(), compile=compile, config_cache=config_cache_dir(_state_root()))
+    except InvalidInput as e:
+        logs.log.error(str(e))
+        if target is not None:
+            _guard(_record_invalid, target, e)
+        raise typer.Exit(EXIT_ERROR)
+
+
+PROBE_HELP = ("Run every probe.nftrec.io/readiness probe once (from --netns) and treat endpoints that "
+              "fail it as not ready; without it, one-shot commands never probe.")
+
+
+def _probed(desired, netns: Optional[str], probe: bool):
+    """--probe: the desired ruleset with this moment's probe results (issue 10)."""
+    if not probe:
+        return desired
+    from reconciler.engine import probe_desired
+
+    code = []
+    result = _guard(lambda: code.append(probe_desired(desired, netns)) or EXIT_OK)
+    if result != EXIT_OK:
+        raise typer.Exit(result)
+    return code[0]
+
+
+def _record_invalid(target, e) -> int:
+    from reconciler.engine import LockHeld
+
+    try:
+        with target.lock():  # status.json is read-modify-written: only under the lock
+            target.store().record_attempt(e.revision, str(e))
+    except LockHeld:
+        pass  # the running apply records its own outcome
+    return EXIT_OK
+
+
+def _guard(fn, *args, **kwargs) -> int:
+    """Run a command; a CommandError becomes one clear line on stderr and exit 1."""
+    from reconciler import logs
+    from reconciler.engine import CommandError
+    from reconciler.kernel import NftError
+    from reconciler.engine import StateCorrupt
+
+    try:
+        return fn(*args, **kwargs)
+    except (CommandError, StateCorrupt) as e:
+        logs.log.error(str(e), extra={"lines": getattr(e, "lines", False)})
+    except NftError as e:
+        logs.log.error(f"nft: {e.text.strip()}", extra={"lines": True})
+    except OSError as e:  # state directory not writable, plan file unreadable, ...
+        logs.log.error(f"{e.strerror or e}: {e.filename or ''}; check the path and its permissions")
+    return EXIT_ERROR
+
+
+@app.command()
+def plan(
+    directory: Path = DIR_ARG,
+    config: Optional[Path] = CONFIG_OPT,
+    netns: Optional[str] = NETNS_OPT,
+    strict: bool = STRICT_OPT,
+    verbose: bool = typer.Option(False, "-v", "--verbose", help="Print the exact nft transaction."),
+    output: str = _output_opt(),
+    detailed_exitcode: bool = typer.Option(False, "--detailed-exitcode",
+                                           help="Exit 0 when nothing changes, 2 when something does."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Save the plan for `apply --plan FILE`."),
+    refresh: bool = typer.Option(False, "--refresh", help="Always read the manifests and list the "
+                                 "kernel's tables (skip the unchanged-input and unchanged-generation fast paths)."),
+    probe: bool = typer.Option(False, "--probe", help=PROBE_HELP),
+) -> None:
+    """Show what apply would change in the kernel, grouped by Service."""
+    _check_output(output)
+    from reconciler.engine import run_plan_noop
+
+    target = _target(config, netns)
+    if not refresh and out is None and not probe:  # unchanged input, config and kernel: no compile, no listing
+        rc = _guard(run_plan_noop, target, directory, config, strict=strict, output=output)
+        if rc is not None:
+            raise typer.Exit(rc)
+    from reconciler.engine import run_plan  # imported late: the fast path never needs it
+
+    desired = _probed(_desired(directory, config, netns, strict, compile=probe), netns, probe)
+    raise typer.Exit(_guard(run_plan, desired, target, verbose=verbose, output=output,
+                            detailed=detailed_exitcode, out=out, refresh=refresh))
+
+
+@app.command()
+def apply(
+    directory: Optional[Path] = typer.Argument(None, help="Manifest directory (default: .)."),
+    config: Optional[Path] = CONFIG_OPT,
+    netns: Optional[str] = NETNS_OPT,
+    strict: bool = STRICT_OPT,
+    plan_file: Optional[Path] = typer.Option(None, "--plan", help="Apply a plan saved by `plan --out`; "
+                                             "refused when stale or already applied."),
+    rollback: bool = typer.Option(False, "--rollback", help="Re-apply the previous applied ruleset."),
+    verify: str = typer.Option("touched", "--verify", help="After the transaction, read back what it wrote and "
+                               "check that nobody else committed (touched), or list and compare the whole "
+                               "table (full)."),
+    probe: bool = typer.Option(False, "--probe", help=PROBE_HELP),
+    confirm_timeout: Optional[str] = typer.Option(
+        None, "--confirm-timeout", metavar="DURATION", help="Keep the new ruleset only if confirmed within "
+        "DURATION (e.g. 60s): by every health check passing, else by `nftrec confirm`; otherwise the previous "
+        "ruleset comes back in one transaction and apply exits 1."),
+    health_cmd: Optional[List[str]] = typer.Option(
+        None, "--health-cmd", metavar="CMD", help="With --confirm-timeout: a shell command run in the namespace "
+        "(sh -c, as root); exit 0 passes. Repeatable."),
+    health_url: Optional[List[str]] = typer.Option(
+        None, "--health-url", metavar="URL", help="With --confirm-timeout: an HTTP GET from the namespace; "
+        "2xx passes. Repeatable."),
+    health_tcp: Optional[List[str]] = typer.Option(
+        None, "--health-tcp", metavar="HOST:PORT", help="With --confirm-timeout: a TCP connect from the "
+        "namespace, e.g. to a Service VIP. Repeatable."),
+) -> None:
+    """Commit the desired ruleset as one atomic transaction, verify it, record state."""
+    from reconciler.engine import run_apply
+
+    if verify not in ("touched", "full"):
+        raise typer.BadParameter("must be touched or full", param_hint="--verify")
+    spec = _confirm_spec(confirm_timeout, health_cmd or [], health_url or [], health_tcp or [])
+    if sum(x is not None and x is not False for x in (directory, plan_file, rollback or None)) > 1:
+        raise typer.BadParameter("give one of DIRECTORY, --plan FILE or --rollback")
+    target = _target(config, netns)
+    desired = None
+    if plan_file is None and not rollback:
+        if not probe:
+            from reconciler.engine import run_apply_noop
+
+            rc = _guard(run_apply_noop, target, directory or Path("."), config, strict=strict)
+            if rc is not None:
+                raise typer.Exit(rc)
+        desired = _probed(_desired(directory or Path("."), config, netns, strict, target=target, compile=probe),
+                          netns, probe)
+    elif probe:
+        raise typer.BadParameter("--probe needs a manifest directory (not --plan or --rollback)")
+    raise typer.Exit(_guard(run_apply, target, desired=desired, plan_path=plan_file, rollback=rollback,
+                            verify=verify, confirm=spec))
+
+
+def _confirm_spec(timeout: Optional[str], cmds: List[str], urls: List[str], tcps: List[str]):
+    """apply's --confirm-timeout and checks (issue 11), or None."""
+    from reconciler.intake import parse_health_check
+
+    checks = []
+    for kind, values, flag in (("cmd", cmds, "--health-cmd"), ("url", urls, "--health-url"),
+                               ("tcp", tcps, "--health-tcp")):
+        for v in values:
+            try:
+                checks.append(parse_health_check(kind, v))
+            except ValueError as e:
+                raise typer.BadParameter(str(e), param_hint=flag) from None
+    if timeout is None:
+        if checks:
+            raise typer.BadParameter("health checks need --confirm-timeout (how long they may take to pass)")
+        return None
+    from reconciler.engine import ConfirmSpec
+    from reconciler.intake import parse_duration
+
+    try:
+        seconds = parse_duration(timeout)
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds <= 86400:
+        raise typer.BadParameter(f"{timeout!r} is not a duration between 1ms and 24h (e.g. 60s, 5m)",
+                                 param_hint="--confirm-timeout")
+    return ConfirmSpec(seconds, tuple(checks))
+
+
+@app.command()
+def confirm(
+    config: Optional[Path] = CONFIG_OPT,
+    netns: Optional[str] = NETNS_OPT,
+) -> None:
+    """Confirm an `apply --confirm-timeout` that is waiting, so its ruleset stays (exit 0);
+    exit 1 when nothing waits or it was already rolled back."""
+    from reconciler.engine import run_confirm
+
+    raise typer.Exit(_guard(run_confirm, _target(config, netns, recover=False)))
+
+
+@app.command()
+def trace(
+    directory: Path = DIR_ARG,
+    src: str = typer.Option(..., "--src", help="Source address of the packet."),
+    dst: str = typer.Option(..., "--dst", help="Destination address (a ClusterIP, LB IP, node IP, ...)."),
+    dport: int = typer.Option(..., "--dport", help="Destination port."),
+    proto: str = typer.Option("tcp", "--proto", help="tcp, udp or sctp"),
+    origin: str = typer.Option("pod", "--from", help="pod or external (arrives on an interface: "
+                               "prerouting), node (sent by the node itself: output)."),
+    live: bool = typer.Option(False, "--live", help="Trace the ruleset in the kernel (in --netns), not the "
+                              "desired one; DIR then only names the manifests for file:line."),
+    local_address: list[str] = typer.Option([], "--local-address", help="An address of the node (fib ... type "
+                                            "local; delivered locally). nodeIPs and nodeport-ips always count."),
+    config: Optional[Path] = CONFIG_OPT,
+    netns: Optional[str] = NETNS_OPT,
+    strict: bool = STRICT_OPT,
+    output: str = _output_opt(),
+) -> None:
+    """Explain one packet offline: the chains and rules it passes, the verdict (DNAT to which
+    endpoints with what probability, masquerade, reject or drop) and the Service responsible."""
+    _check_output(output)
+    from reconciler.engine import Packet, run_trace
+
+    packet = Packet(src, dst, dport, proto.lower(), origin)
+    if live:
+        target = _target(config, netns)
+        raise typer.Exit(_guard(run_trace, packet, live_target=target, local_addresses=local_address,
+                                directory=directory if directory != Path("-") else None, output=output))
+    desired = _desired(directory, config, netns, strict, interfaces=netns is not None)
+    raise typer.Exit(_guard(run_trace, packet, desired=desired, local_addresses=local_address, output=output))
+
+
+@app.command()
+def status(
+    config: Optional[Path] = CONFIG_OPT,
+    netns: Optional[str] = NETNS_OPT,
+    output: str = _output_opt(),
+) -> None:
+    """Last applied revision and time, and whether the kernel drifted (exit 2)."""
+    _check_output(output)
+    from reconciler.engine import run_status
+
+    raise typer.Exit(_guard(run_status, _target(config, netns), output=output))
+
+
+@app.command()
+def cleanup(
+    config: Optional[Path] = CONFIG_OPT,
+    netns: Optional[str] = NETNS_OPT,
+    kube_proxy: bool = typer.Option(False, "--kube-proxy", help="Also delete kube-proxy's own "
+                                    "`kube-proxy` tables (after migrating away from it)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Only say what would be deleted."),
+) -> None:
+    """Delete nftrec's tables in both families (kube-proxy's CleanupLeftovers)."""
+    from reconciler.engine import cleanup as do_cleanup
+
+    target = _target(config, netns)
+
+    def run() -> int:
+        from reconciler.engine import CommandError
+        from reconciler.engine import LockHeld
+
+        try:
+            lock = target.lock().acquire()
+        except LockHeld as e:
+            raise CommandError(str(e)) from None
+        try:
+            nft = target.nft()
+            try:
+                return EXIT_OK if do_cleanup(nft, target.table, kube_proxy=kube_proxy, dry_run=dry_run) else EXIT_ERROR
+            finally:
+                nft.close()
+        finally:
+            lock.release()
+
+    raise typer.Exit(_guard(run))
+
+
+@app.command()
+def watch(
+    directory: Path = DIR_ARG,
+    config: Optional[Path] = CONFIG_OPT,
+    netns: Optional[str] = NETNS_OPT,
+    strict: bool = STRICT_OPT,
+    metrics_address: str = typer.Option("127.0.0.1:9105", "--metrics-address",
+                                        help="HOST:PORT for /metrics and /healthz (port 0: any free "
+                                        "port); \"\" disables them."),
+    debounce: float = typer.Option(0.2, "--debounce", min=0.0, max=60.0,
+                                   help="Seconds of quiet after a file change before a sync."),
+) -> None:
+    """The reconcile daemon: re-apply on every manifest change, repair drift every
+    fullSyncPeriod; runs until SIGTERM/SIGINT (rules stay); SIGHUP re-reads the config."""
+    from reconciler.daemon import run_watch
+
+    if str(directory) == "-":
+        raise typer.BadParameter("watch reads a directory, not standard input", param_hint="DIRECTORY")
+    target = _target(config, netns)
+    raise typer.Exit(_guard(run_watch, directory, config, target, strict=strict,
+                            metrics_address=metrics_address, debounce=debounce))
+
+
+@app.command()
+def doctor(
+    config: Optional[Path] = CONFIG_OPT,
+    netns: Optional[str] = NETNS_OPT,
+) -> None:
+    """Check that nftrec can work here: kernel, nft, privileges, conflicting tables."""
+    from reconciler.engine import run_doctor
+
+    target = _target(config, netns)
+    raise typer.Exit(run_doctor(netns, target.table))
+
+
+SHELLS = ("bash", "zsh", "fish", "powershell", "pwsh")
+
+
+def _completion_for_named_shell(argv: list[str]) -> bool:
+    """`nftrec --show-completion bash` / `--install-completion zsh`: typer's options are
+    flags that detect the current shell (shellingham) and ignore a name after them, so a
+    packaging script or a CI job would get whatever shell it runs under, or nothing.
+    A shell named right after the flag is honoured here, with typer's own scripts."""
+    if not argv or argv[0].split("=", 1)[0] not in ("--show-completion", "--install-completion"):
+        return False
+    flag, _, shell = argv[0].partition("=")
+    shell = shell or (argv[1] if len(argv) > 1 else "")
+    if shell not in SHELLS:
+        return False  # typer's flag: the detected shell
+    from typer import completion
+
+    if flag == "--show-completion":
+        typer.echo(completion.get_completion_script(prog_name="nftrec", complete_var="_NFTREC_COMPLETE",
+                                                    shell=shell))
+    else:
+        installed, path = completion.install(shell=shell, prog_name="nftrec", complete_var="_NFTREC_COMPLETE")
+        typer.echo(f"{installed} completion installed in {path}; it takes effect in a new shell")
+    return True
+
+
+def main() -> None:
+    if _completion_for_named_shell(sys.argv[1:]):
+        raise SystemExit(EXIT_OK)
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,64 @@
+"""What the no-op fast path needs of schemas.py, without importing jsonschema (~50-90 ms,
+as much as the rest of a no-op): where the JSON Schemas are (code_digest() hashes them on
+every run) and the strict IP/CIDR parsers (address discovery, the node config's settings).
+schemas.py re-exports all of it.
+
+The schemas live at the top of the repo; a wheel ships them to share/nftrec/schemas.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+
+def schema_dir() -> Path:
+    candidates = [
+        Path(__file__).resolve().parents[2] / "schemas",  # a checkout
+        Path(sys.prefix) / "share" / "nftrec" / "schemas",  # an installed wheel
+        Path(sys.base_prefix) / "share" / "nftrec" / "schemas",
+    ]
+    for c in candidates:
+        if (c / "service.json").is_file():
+            return c
+    raise FileNotFoundError("nftrec's schemas/ directory is missing; reinstall nftrec")
+
+
+# --- strict IP formats ---------------------------------------------------------------------
+
+
+def parse_ip(value: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """An IP in any family, or None. Rejects what kube's strict parser rejects: leading
+    zeros (010.0.0.1: octal or decimal?), zones (fe80::1%eth0), whitespace, and IPv4-mapped
+    IPv6 (::ffff:10.0.0.1: Kubernetes counts it as IPv4, nft as IPv6)."""
+    if not isinstance(value, str) or not value or value.strip() != value or "%" in value:
+        return None
+    return _parse_ip(str(value))  # str(): a Yaml11Bool is never an IP, but keep the key plain
+
+
+# The schema's format check, the per-kind checks and the model each parse the same address
+# in turn (three times per endpoint); the objects are immutable, so a small memo serves.
+@lru_cache(maxsize=4096)
+def _parse_ip(value: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        ip = ipaddress.ip_address(value)  # Python >= 3.9.5 refuses IPv4 leading zeros
+    except ValueError:
+        return None
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return None
+    return ip
+
+
+def parse_cidr(value: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network | None:
+    """A CIDR (host bits allowed, as kube's ParseCIDRSloppy does), or None."""
+    if not isinstance(value, str) or "/" not in value or "%" in value or value.strip() != value:
+        return None
+    addr, _, bits = value.partition("/")
+    if parse_ip(addr) is None or not bits.isdigit() or (len(bits) > 1 and bits[0] == "0"):
+        return None
+    try:
+        return ipaddress.ip_network(value, strict=False)
+    except ValueError:
+        return None
