@@ -381,6 +381,14 @@ def transaction_for(changes: Changes, desired: Ruleset) -> Transaction:
         for c in fc.elements_removed + fc.elements_changed:
             if c.name not in rewrite:
                 tx.delete(fam, T, c.old, set=d.sets[c.name])
+        # 5. Rules of new and rewritten chains (everything they reference exists now).
+        for c in fc.chains_added + fc.chains_changed:
+            for r in d.chains[c.name].rules:
+                tx.add_rule(fam, T, c.name, r)
+        # 4b. Element additions after the rules: binding a rule to a map walks every
+        # element already in it (nf_tables_bind_set), so elements first cost rules x
+        # elements per map; this way each element only checks the map's bindings (3-6x
+        # cheaper at 30,000 Services, bench/README.md "30k").
         batched = {name: sorted(d.sets[name].elements.values(), key=lambda e: e.key) for name in rewrite}
         for c in fc.elements_changed + fc.elements_added:
             s = d.sets[c.name]
@@ -393,10 +401,6 @@ def transaction_for(changes: Changes, desired: Ruleset) -> Transaction:
         for name, elems in batched.items():
             if elems:
                 tx.raw(set_elements_cmd(fam, T, d.sets[name], elems))
-        # 5. Rules of new and rewritten chains (everything they reference exists now).
-        for c in fc.chains_added + fc.chains_changed:
-            for r in d.chains[c.name].rules:
-                tx.add_rule(fam, T, c.name, r)
         # 6. Delete what nothing references any more: sets and maps first (a map element
         # may `goto` a chain being removed; the rules that used a set were flushed in 2.),
         # then stray stateful objects (their rules were flushed too), then chains.
