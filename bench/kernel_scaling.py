@@ -6,7 +6,7 @@ empty kernel grows with the number of Services (issue 8: 30k <= 3.5x the 10k fig
     sudo .venv/bin/python bench/kernel_scaling.py --sizes 3000,10000
     sudo .venv/bin/python bench/kernel_scaling.py --src /tmp/old-nftrec   # another checkout, same method
 
-Inventory: bench/layout.py's issue 8 mix (5 endpoints, every tenth Service ClientIP
+Inventory: bench/layout.py's issue 8 mix (the `--src` checkout's copy) (5 endpoints, every tenth Service ClientIP
 affinity, every twentieth a LoadBalancer with source ranges). For each size, a child
 process imports nftrec from `--src` (default: this checkout), compiles, and writes the cold
 transaction (`transaction_for(diff(desired, empty))`, exactly what `apply` commits); it is
@@ -75,7 +75,8 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="nftrec-bench-scale-") as tmp:
         for n in (int(x) for x in args.sizes.split(",")):
             out = Path(tmp) / f"cold-{n}.nft"
-            code = _CHILD.format(src=args.src, bench=str(HERE), n=n, out=str(out))
+            # that checkout's bench/layout.py (it puts its own checkout first on sys.path)
+            code = _CHILD.format(src=args.src, bench=str(Path(args.src) / "bench"), n=n, out=str(out))
             counts = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True,
                                     timeout=args.timeout).stdout.split()
             r = load(out, args.timeout)
