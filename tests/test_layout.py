@@ -20,11 +20,12 @@ from hypothesis import HealthCheck, given, settings
 from _nft_samples import CONFIG, add_service, ep, epp, rich_inventory, sl, sp, svc, with_endpoints, with_service
 from test_kernel_accepts import configs, inventories
 from reconciler.compile.layout import (
-    AFFINITY_SET, COMPACT_AT, Pick, affinity_key, allocate, allocation_of, capacity, chain_range, is_layout_map,
+    AFFINITY_SET, COMPACT_AT, FIREWALL_RULES_MAX, Pick, affinity_key, allocate, allocation_of, capacity, chain_range, is_layout_map,
     relocate, shard,
 )
 from reconciler.compile.ruleset import NamedSet, Rule, Ruleset, Table, chain_id, element_id, set_id
 from reconciler.compile.services import compile_ruleset
+from reconciler.intake.model import LoadBalancerIngress
 from reconciler.compile.incremental import changed_services, compile_incremental
 from reconciler.engine.changes import diff, transaction_for
 from reconciler.kernel.live import canonical, read_live
@@ -347,3 +348,40 @@ def test_removed_and_changed_endpoints_rewrite_their_shard_without_delete_elemen
     assert sorted(op for op in tx if op.startswith("flush map")) == sorted(f"flush map ip nftrec {m}" for m in rewritten)
     live = read_live(backend, CONFIG.table_name)
     assert diff(relocate(base, live), live).empty
+
+
+# --- the shapes that replace named and anonymous sets (linear kernel cost, bench "30k") --
+
+
+def _lb(n_ranges: int):
+    ranges = tuple(f"198.18.{i}.0/24" for i in range(n_ranges))
+    s = svc("ns1", "lb", "LoadBalancer", cips=("172.30.0.90",), ports=[sp(80, node_port=30090)],
+            load_balancer_source_ranges=ranges, load_balancer_ingress=(LoadBalancerIngress("198.51.100.90"),),
+            session_affinity="ClientIP", affinity_timeout_seconds=600)
+    inv = add_service(rich_inventory(), s, sl("ns1", "lb", [ep("10.180.9.1"), ep("10.180.9.2")], [epp(80)]))
+    return compile_ruleset(inv, SH).tables["ip"], ranges
+
+
+def test_firewall_ranges_are_return_rules_up_to_the_limit_then_kube_proxys_set():
+    t, ranges = _lb(FIREWALL_RULES_MAX)
+    fw = next(c for n, c in t.chains.items() if n.startswith("firewall-") and "ns1/lb/" in n)
+    assert [r.body for r in fw.rules] == [f"ip saddr {r} return" for r in ranges] + ["drop"]
+    t, ranges = _lb(FIREWALL_RULES_MAX + 1)
+    fw = next(c for n, c in t.chains.items() if n.startswith("firewall-") and "ns1/lb/" in n)
+    assert [r.body for r in fw.rules] == [f"ip saddr != {{ {' , '.join(ranges)} }} drop"]
+
+
+def test_affinity_uses_the_shared_set_with_one_id_per_service_port_and_endpoint():
+    t, _ = _lb(1)
+    assert not [n for n in t.sets if n.startswith("affinity-") and n != AFFINITY_SET]
+    s = t.sets[AFFINITY_SET]
+    assert (s.flags, s.timeout, s.size, s.elements) == (("dynamic", "timeout"), None, 64 * 65536, {})
+    ids = {name: affinity_key("ip", "affinity-" + name[len("endpoint-"):])
+           for name in t.chains if name.startswith("endpoint-")}
+    assert len(set(ids.values())) == len(ids) > 2  # distinct per (Service port, endpoint)
+    for name in (n for n in ids if "ns1/lb/" in n):  # the update carries the Service's timeout
+        assert t.chains[name].rules[0].body == f"update @{AFFINITY_SET} {{ {ids[name]} timeout 600s }}"
+    policy = next(c for n, c in t.chains.items() if n.startswith("service-") and "ns1/lb/" in n)
+    checks = [r.body for r in policy.rules[:-1]]
+    assert checks == [f"{ids[e]} @{AFFINITY_SET} goto {e}" for e in
+                      (r.split(" goto ")[1] for r in checks)] and len(checks) == 2
