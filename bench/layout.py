@@ -259,7 +259,8 @@ def main(argv=None) -> int:
     ap.add_argument("--keep", action="store_true", help="keep the scripts and transactions (path on stderr)")
     ap.add_argument("--layouts", default="kube-proxy,sharded", help="comma-separated, in run order")
     ap.add_argument("--affinity", choices=("sharded", "kube-proxy"), default="sharded",
-                    help="layout sharded: ClientIP affinity through shared vmaps (default) or kube-proxy's")
+                    help="layout sharded: ClientIP affinity through shared vmaps and the shared affinity set "
+                         "(default) or kube-proxy's anonymous vmaps and per-endpoint sets")
     args = ap.parse_args(argv)
     if os.geteuid() != 0:
         raise SystemExit("needs root (network namespaces)")

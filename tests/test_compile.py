@@ -786,6 +786,8 @@ def test_property_fragments_union_owners_and_determinism():
     from hypothesis import strategies as st
     from test_kernel_accepts import configs, inventories
 
+    from reconciler.compile.layout import AFFINITY_SET
+
     @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
     @given(inventories(), configs(), st.randoms(use_true_random=False))
     def check(inv, cfg, rnd):
@@ -805,7 +807,9 @@ def test_property_fragments_union_owners_and_determinism():
             for name in t.chains:
                 assert ("/" in name) == (chain_id(fam, name) in whole.owners)
             for s in t.sets.values():
-                if s.name.startswith("affinity-"):
+                if s.name == AFFINITY_SET:  # shared (sharded layout), filled by the kernel
+                    assert set_id(fam, s.name) not in whole.owners and not s.elements
+                elif s.name.startswith("affinity-"):
                     assert whole.owners[set_id(fam, s.name)] in keys
                 elif s.name != "nodeport-ips":
                     for k in s.elements:

@@ -161,8 +161,10 @@ def test_operation_counts_like_kube_proxy(layout):
 
 
 def test_changed_set_definition_recreates_set_and_rewrites_users(backend):
-    sync(backend, compiled(BASE))
-    desired = compiled(EDITS["affinity timeout changed"][1])
+    # kube-proxy's layout: a set per affinity endpoint, with the Service's timeout (the
+    # sharded layout's shared set carries the timeout in the rules instead)
+    sync(backend, compiled(BASE, "kube-proxy"))
+    desired = compiled(EDITS["affinity timeout changed"][1], "kube-proxy")
     changes = diff(desired, read_live(backend, TABLE))
     fc = changes.families["ip"]
     assert fc.sets_changed and all(c.reason == "timeout changed: re-created" for c in fc.sets_changed)

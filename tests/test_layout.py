@@ -14,15 +14,18 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 
 from _nft_samples import CONFIG, add_service, ep, epp, rich_inventory, sl, sp, svc, with_endpoints, with_service
 from test_kernel_accepts import configs, inventories
 from reconciler.compile.layout import (
-    COMPACT_AT, Pick, allocate, allocation_of, capacity, chain_range, is_layout_map, relocate, shard,
+    AFFINITY_SET, COMPACT_AT, FIREWALL_RULES_MAX, Pick, affinity_key, allocate, allocation_of, capacity, chain_range, is_layout_map,
+    relocate, shard,
 )
-from reconciler.compile.ruleset import Rule, Ruleset, Table, element_id
+from reconciler.compile.ruleset import NamedSet, Rule, Ruleset, Table, chain_id, element_id, set_id
 from reconciler.compile.services import compile_ruleset
+from reconciler.intake.model import LoadBalancerIngress
 from reconciler.compile.incremental import changed_services, compile_incremental
 from reconciler.engine.changes import diff, transaction_for
 from reconciler.kernel.live import canonical, read_live
@@ -33,12 +36,15 @@ SH = replace(CONFIG, layout="sharded")
 
 def inline(rs: Ruleset) -> Ruleset:
     """The sharded ruleset written the way kube-proxy writes it: each range back into an
-    anonymous map in its rule, the shared maps (and their owners) gone."""
+    anonymous map in its rule, the shared maps (and their owners) gone; the shared
+    affinity set back into one set per endpoint (each id checked against kube-proxy's set
+    name); firewall chains' `return` rules back into `ip saddr != { … } drop`."""
     out = Ruleset(owners={k: v for k, v in rs.owners.items()
                           if not any(k.startswith(f"{f} element endpoint-") and is_layout_map(k.split()[2])
                                      for f in ("ip", "ip6"))})
     for fam, t in rs.tables.items():
         chains = {}
+        affinity_sets = {}
         for name, c in t.chains.items():
             r = chain_range(c)
             if r is not None:
@@ -49,9 +55,28 @@ def inline(rs: Ruleset) -> Ruleset:
                 verb = "vmap" if m.startswith("endpoint-vmap-") else "map"
                 inline_map = " , ".join(f"{i} : {v}" for i, v in enumerate(values))
                 c = replace(c, rules=c.rules[:-1] + (Rule(f"{head}numgen random mod {n} {verb} {{ {inline_map} }}"),))
-            chains[name] = c
-        sets = {n: s for n, s in t.sets.items() if not is_layout_map(n)}
-        out.tables[fam] = Table(t.family, t.name, t.comment, chains, sets)
+            rules = []
+            for r in c.rules:
+                m = re.fullmatch(rf"(.*) @{AFFINITY_SET} goto (endpoint-(\S+))", r.body)
+                if m:  # the policy chain's check
+                    aset = "affinity-" + m.group(3)
+                    assert m.group(1) == affinity_key(fam, aset)
+                    r = Rule(f"{fam} saddr @{aset} goto {m.group(2)}")
+                m = re.fullmatch(rf"update @{AFFINITY_SET} {{ (.*) timeout (\d+)s }}", r.body)
+                if m:  # the endpoint chain's update
+                    aset = "affinity-" + name[len("endpoint-"):]
+                    assert m.group(1) == affinity_key(fam, aset)
+                    affinity_sets[aset] = NamedSet(aset, "ipv4_addr" if fam == "ip" else "ipv6_addr",
+                                                   flags=("dynamic", "timeout"), timeout=int(m.group(2)))
+                    out.owners[set_id(fam, aset)] = rs.owners[chain_id(fam, name)]
+                    r = Rule(f"update @{aset} {{ {fam} saddr }}")
+                rules.append(r)
+            if name.startswith("firewall-") and rules[-1].body == "drop" and "!=" not in rules[0].body:
+                sources = [re.fullmatch(rf"{fam} saddr (\S+) return", r.body).group(1) for r in rules[:-1]]
+                rules = [Rule(f"{fam} saddr != {{ {' , '.join(sources)} }} drop")]
+            chains[name] = replace(c, rules=tuple(rules))
+        sets = {n: s for n, s in t.sets.items() if not is_layout_map(n) and n != AFFINITY_SET}
+        out.tables[fam] = Table(t.family, t.name, t.comment, chains, {**sets, **affinity_sets})
     return out
 
 
@@ -139,7 +164,7 @@ def test_allocate_compacts_a_shard_whose_high_water_mark_runs_away():
 
 def test_shard_is_two_hex_digits_fixed_by_the_chain_name():
     assert shard("service-ULMVA6XW-ns1/svc1/tcp/p80") == shard("service-ULMVA6XW-ns1/svc1/tcp/p80")
-    assert len({shard(f"service-X-ns/s{i}/tcp/p") for i in range(2000)}) == 64
+    assert len({shard(f"service-X-ns/s{i}/tcp/p") for i in range(5000)}) == 256
 
 
 # --- stability across compiles ------------------------------------------------------------
@@ -159,7 +184,15 @@ def ranges(rs: Ruleset) -> dict:
     return allocation_of(rs)
 
 
-def test_given_the_previous_ruleset_only_the_changed_services_ranges_move():
+@pytest.fixture
+def shards64(monkeypatch):
+    """64 shards: the tests of moves need several Services per shard at a few hundred."""
+    import reconciler.compile.layout as layout
+
+    monkeypatch.setattr(layout, "SHARDS", 64)
+
+
+def test_given_the_previous_ruleset_only_the_changed_services_ranges_move(shards64):
     base_inv = many(300)
     base = compile_ruleset(base_inv, SH)
     # one Service grows past its capacity (3 -> 5), one is added that sorts first ("bulk/a…"),
@@ -183,7 +216,7 @@ def test_given_the_previous_ruleset_only_the_changed_services_ranges_move():
     assert len({c.owner for c in diff(scratch, canonical(base))}) > 3
 
 
-def test_relocate_equals_compiling_with_the_previous_ruleset_and_is_idempotent():
+def test_relocate_equals_compiling_with_the_previous_ruleset_and_is_idempotent(shards64):
     base_inv = many(200)
     base = compile_ruleset(base_inv, SH)
     edited = add_service(base_inv, svc("bulk", "a-first", cips=("172.30.9.9",), ports=[sp(80)]),
@@ -212,7 +245,7 @@ def test_incremental_compile_keeps_ranges_and_equals_the_full_compile():
     assert c0.ruleset == c2.ruleset
 
 
-def test_a_compacted_shard_counts_its_reused_services_as_changed(monkeypatch):
+def test_a_compacted_shard_counts_its_reused_services_as_changed(monkeypatch, shards64):
     import reconciler.compile.layout as layout
 
     base_inv = many(60)
@@ -276,7 +309,7 @@ def _sticky(inv, n: int):
                        sl("bulk", "sticky", [ep(f"10.184.0.{j}") for j in range(1, n + 1)], [epp(8080)]))
 
 
-def test_removed_and_changed_endpoints_rewrite_their_shard_without_delete_element(backend):
+def test_removed_and_changed_endpoints_rewrite_their_shard_without_delete_element(backend, shards64):
     """nft 1.0.6 fetches the whole table's chains and sets for a `delete element` (~1 s at
     10,000 Services): a shard losing or changing elements is flushed and re-declared with
     all its elements, in the same transaction. Everything else in the shard (other
@@ -289,10 +322,9 @@ def test_removed_and_changed_endpoints_rewrite_their_shard_without_delete_elemen
     edited = with_endpoints(edited, "bulk/sticky", "IPv4", [ep("10.184.0.1"), ep("10.184.0.2")])  # affinity, 3 -> 2
     changes, tx = _sync(backend, compile_ruleset(edited, SH))
     # the plan: exactly the removed / changed elements and the rewritten rules, by Service
+    # (the removed affinity endpoint's entries are in the shared set, which stays)
     assert {(c.kind, c.action) for c in changes} == {("element", "remove"), ("element", "change"), ("chain", "change"),
-                                                     ("chain", "remove"), ("set", "remove")}  # + affinity endpoint's
-    assert {c.name for c in changes if c.kind == "set"} == {"affinity-" + c.name[len("endpoint-"):]
-                                                            for c in changes if c.action == "remove" and c.kind == "chain"}
+                                                     ("chain", "remove")}
     assert {c.owner for c in changes} == {"bulk/s010", "bulk/s020", "bulk/sticky"}
     maps = {c.name for c in changes if c.kind == "element"}
     assert any(m.startswith("endpoint-vmap-") for m in maps) and any(m.startswith("endpoint-dnat-") for m in maps)
@@ -316,3 +348,40 @@ def test_removed_and_changed_endpoints_rewrite_their_shard_without_delete_elemen
     assert sorted(op for op in tx if op.startswith("flush map")) == sorted(f"flush map ip nftrec {m}" for m in rewritten)
     live = read_live(backend, CONFIG.table_name)
     assert diff(relocate(base, live), live).empty
+
+
+# --- the shapes that replace named and anonymous sets (linear kernel cost, bench "30k") --
+
+
+def _lb(n_ranges: int):
+    ranges = tuple(f"198.18.{i}.0/24" for i in range(n_ranges))
+    s = svc("ns1", "lb", "LoadBalancer", cips=("172.30.0.90",), ports=[sp(80, node_port=30090)],
+            load_balancer_source_ranges=ranges, load_balancer_ingress=(LoadBalancerIngress("198.51.100.90"),),
+            session_affinity="ClientIP", affinity_timeout_seconds=600)
+    inv = add_service(rich_inventory(), s, sl("ns1", "lb", [ep("10.180.9.1"), ep("10.180.9.2")], [epp(80)]))
+    return compile_ruleset(inv, SH).tables["ip"], ranges
+
+
+def test_firewall_ranges_are_return_rules_up_to_the_limit_then_kube_proxys_set():
+    t, ranges = _lb(FIREWALL_RULES_MAX)
+    fw = next(c for n, c in t.chains.items() if n.startswith("firewall-") and "ns1/lb/" in n)
+    assert [r.body for r in fw.rules] == [f"ip saddr {r} return" for r in ranges] + ["drop"]
+    t, ranges = _lb(FIREWALL_RULES_MAX + 1)
+    fw = next(c for n, c in t.chains.items() if n.startswith("firewall-") and "ns1/lb/" in n)
+    assert [r.body for r in fw.rules] == [f"ip saddr != {{ {' , '.join(ranges)} }} drop"]
+
+
+def test_affinity_uses_the_shared_set_with_one_id_per_service_port_and_endpoint():
+    t, _ = _lb(1)
+    assert not [n for n in t.sets if n.startswith("affinity-") and n != AFFINITY_SET]
+    s = t.sets[AFFINITY_SET]
+    assert (s.flags, s.timeout, s.size, s.elements) == (("dynamic", "timeout"), None, 64 * 65536, {})
+    ids = {name: affinity_key("ip", "affinity-" + name[len("endpoint-"):])
+           for name in t.chains if name.startswith("endpoint-")}
+    assert len(set(ids.values())) == len(ids) > 2  # distinct per (Service port, endpoint)
+    for name in (n for n in ids if "ns1/lb/" in n):  # the update carries the Service's timeout
+        assert t.chains[name].rules[0].body == f"update @{AFFINITY_SET} {{ {ids[name]} timeout 600s }}"
+    policy = next(c for n, c in t.chains.items() if n.startswith("service-") and "ns1/lb/" in n)
+    checks = [r.body for r in policy.rules[:-1]]
+    assert checks == [f"{ids[e]} @{AFFINITY_SET} goto {e}" for e in
+                      (r.split(" goto ")[1] for r in checks)] and len(checks) == 2

@@ -174,8 +174,9 @@ def test_compiled_ruleset_round_trips(netns):
     nes = ip.sets["no-endpoint-services"]
     assert any(e.comment and e.value == "goto reject-chain" for e in nes.elements.values())
     assert any(e.value == "drop" for e in nes.elements.values())
-    aff = [s for s in ip.sets.values() if s.name.startswith("affinity-")]
-    assert aff and all(s.flags == ("dynamic", "timeout") and s.timeout == 600 for s in aff)
+    # the sharded layout's shared affinity set: no set timeout (each `update` carries it)
+    aff = ip.sets["affinity-clients"]
+    assert aff.flags == ("dynamic", "timeout") and aff.timeout is None and aff.typeof
     assert ip.chains["nat-prerouting"].base == BaseHook("nat", "prerouting", -100)
     assert ip.chains["reject-chain"].comment
     # a real difference is seen

@@ -238,7 +238,7 @@ def _cli(*args: str, ok: int = 0) -> subprocess.CompletedProcess:
 def test_cli_text_and_json():
     base = [str(EXAMPLES / "edge-small"), "--config", str(EXAMPLES / "edge-small.config.yaml")]
     text = _cli("--src", BLOCKED, "--dst", LB, "--dport", "80", "--from", "external", *base).stdout
-    assert "DROP by firewall-UZIZZOKK-edge/ingress/tcp/http rule 1" in text
+    assert "DROP by firewall-UZIZZOKK-edge/ingress/tcp/http rule 4: drop" in text  # after 3 `return`s
     assert "service: edge/ingress (" in text and "services.yaml:31)" in text
     assert "prerouting  firewall-check  [1]" in text
     data = json.loads(_cli("--src", POD, "--dst", "10.96.0.10", "--dport", "80", *base, "-o", "json").stdout)

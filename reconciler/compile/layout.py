@@ -11,7 +11,7 @@ the table's set list). Here the same uniform draw indexes a range of a *shared* 
     numgen random mod 3 offset 8 vmap @endpoint-vmap-11          (ClientIP affinity)
 
 with elements `40 : 10.0.0.1 . 8080 … 44 : …` / `8 : goto endpoint-… …`. A Service port's
-map is one of 64 shards chosen by a hash of its chain name (stateless), one set of shards
+map is one of 256 shards chosen by a hash of its chain name (stateless), one set of shards
 per protocol (`typeof numgen random mod 1 : ip daddr . tcp dport`: nft 1.0.6 refuses a
 udp rule on a tcp-typed map, and a `th dport` map for any rule added in a later
 transaction: "conflicting protocols specified"); its offset is
@@ -19,6 +19,20 @@ allocated (`allocate`): an existing range is kept while the endpoints still fit 
 capacity (next power of two >= N), new and grown ranges go to the shard's high-water
 mark, so a change touches only the changed Service's elements and rule. Offset 0 is
 written without `offset` (nft omits it when listing).
+
+ClientIP affinity keeps kube-proxy's per-endpoint chains (`update` + `dnat`) and its
+per-endpoint check in the policy chain, but the per-endpoint dynamic sets
+(`affinity-XXXX-ns/svc/tcp/p80__10.0.0.1/8080`, one named set each: the kernel finds a
+set by name with a walk of the table's set list, so N sets cost O(N^2) to load) become
+one shared set per table, `affinity-clients`, keyed by the client address and a 64-bit
+id of kube-proxy's set name (`affinity_key`; nft 1.0.6 accepts no literal in the
+concatenation of a lookup, so each half is written `numgen random mod 1 offset K`,
+which is always K).
+
+A LoadBalancer's source ranges (kube-proxy: `ip saddr != { R1 , R2 } drop` in its
+firewall chain, one anonymous set per Service port: the kernel binds each by walking the
+whole transaction, O(N^2) at cold load) are one `ip saddr R return` rule per range and
+a final `drop`, up to FIREWALL_RULES_MAX ranges; more keep kube-proxy's set.
 
 The allocation is not stored anywhere: it is read back from a ruleset's rule texts
 (`allocation_of`, works on the compiler's texts and on nft's listing) and passed to the
@@ -35,11 +49,23 @@ from reconciler.compile.ruleset import Chain, Element, NamedSet, Rule, Ruleset, 
 
 LAYOUTS = ("sharded", "kube-proxy")
 # ClientIP affinity Services: their endpoint choice as a range of a shared verdict map
-# (True) or kube-proxy's anonymous vmap (False). A module switch for bench/layout.py
-# (`--affinity`); see docs/kube-proxy-behaviours.md deviation 14 for the measurements.
+# and their entries in the shared affinity set (True), or kube-proxy's anonymous vmap and
+# set per endpoint (False). A module switch for bench/layout.py (`--affinity`); see
+# docs/kube-proxy-behaviours.md deviation 14 for the measurements.
 SHARD_AFFINITY = True
 DEFAULT_LAYOUT = "sharded"
-SHARDS = 64
+# Source ranges written as one rule each (more: kube-proxy's anonymous set); a rule is
+# a linear test per new connection, so the list stays short.
+FIREWALL_RULES_MAX = 16
+AFFINITY_SET = "affinity-clients"
+# kube-proxy's per-endpoint sets hold nft's default 65,535 clients each; the shared set
+# holds every (client, endpoint) pair of the table, so it gets 64 times that.
+AFFINITY_SET_SIZE = 64 * 65536
+# 256, not 64: a map's cost at load is (rules bound to it) x (its elements + bindings)
+# (nf_tables_bind_set, nft_add_set_elem); with 64 maps that product made 30,000 Services
+# cost 4.8x the kernel time of 10,000 (bench/README.md "30k"). Changing it moves every
+# Service to another map once.
+SHARDS = 256
 PROTOCOLS = ("tcp", "udp", "sctp")
 DNAT_PREFIX = "endpoint-dnat-"
 VMAP_PREFIX = "endpoint-vmap-"
@@ -75,7 +101,7 @@ def capacity(n: int) -> int:
 
 
 def shard(chain: str) -> str:
-    """Two hex digits: which of the 64 maps a Service port's chain uses."""
+    """Two hex digits: which of the SHARDS maps a Service port's chain uses."""
     return "%02x" % (int.from_bytes(hashlib.sha256(chain.encode()).digest()[:4], "big") % SHARDS)
 
 
@@ -102,6 +128,25 @@ def map_for(family: str, name: str) -> NamedSet:
                         comment="endpoint address . port by Service index range")
     return NamedSet(name, "numgen random mod 1", "verdict", typeof=True,
                     comment="endpoint chain by Service index range (ClientIP affinity)")
+
+
+def affinity_set(family: str, addr_type: str) -> NamedSet:
+    """The shared affinity set of a table (the skeleton declares it; dynamic: only
+    `update` fills it, each element with its Service's timeout)."""
+    return NamedSet(AFFINITY_SET, f"{family} saddr . numgen random mod 1 . numgen random mod 1", typeof=True,
+                    flags=("dynamic", "timeout"), size=AFFINITY_SET_SIZE,
+                    comment="ClientIP affinity: client . endpoint id")
+
+
+def affinity_key(family: str, kube_proxy_set: str) -> str:
+    """`ip saddr . numgen random mod 1 offset A . numgen random mod 1 offset B`: the
+    client and the first 64 bits of sha256(kube-proxy's affinity set name for this
+    endpoint of this Service port), so every (Service port, endpoint) keeps its own
+    entries as with kube-proxy's one set each. Offset 0 is omitted (as nft lists it)."""
+    h = hashlib.sha256(kube_proxy_set.encode()).digest()
+    halves = (int.from_bytes(h[:4], "big"), int.from_bytes(h[4:8], "big"))
+    return f"{family} saddr . " + " . ".join(
+        "numgen random mod 1" + (f" offset {k}" if k else "") for k in halves)
 
 
 def is_layout_map(name: str) -> bool:

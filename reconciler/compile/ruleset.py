@@ -67,6 +67,8 @@ def check_type(type_: str) -> str:
 TYPEOF_EXPRESSIONS = frozenset({
     "numgen random mod 1", "verdict",
     *(f"{fam} daddr . {proto} dport" for fam in ("ip", "ip6") for proto in ("tcp", "udp", "sctp")),
+    # the shared ClientIP-affinity set: client address . 64-bit endpoint id (two halves)
+    *(f"{fam} saddr . numgen random mod 1 . numgen random mod 1" for fam in ("ip", "ip6")),
 })
 
 
@@ -139,6 +141,9 @@ class NamedSet:
     # True: `type`/`value_type` are nft expressions written as `typeof KEY : VALUE`
     # (the sharded endpoint maps: `typeof numgen random mod 1 : ip daddr . tcp dport`).
     typeof: bool = False
+    # Maximum number of elements (`size N`); None: nft's default (65,535 for a set that
+    # an `update` fills). Only the shared affinity set sets it (compile/layout.py).
+    size: int | None = None
 
     @property
     def is_map(self) -> bool:
@@ -226,6 +231,8 @@ def set_cmd(verb: str, family: str, table: str, s: NamedSet) -> str:
         parts = [f"typeof {check_typeof(s.type)}" + (f" : {check_typeof(s.value_type)}" if s.is_map else "")]
     else:
         parts = [f"type {check_type(s.type)}" + (f" : {check_type(s.value_type)}" if s.is_map else "")]
+    if s.size is not None:
+        parts.append(f"size {int(s.size)}")
     if s.flags:
         parts.append("flags " + ",".join(_check_word(f, _FLAGS, "set flag") for f in s.flags))
     if s.timeout is not None:

@@ -17,6 +17,7 @@ Format (formatVersion 1; keys are camelCase, like every nftrec file)::
            {"name": "service-ips", "type": "ipv4_addr . inet_proto . inet_service",
             "valueType": "verdict" | null, "flags": [], "timeout": null, "comment": null,
             "typeof": true,                         # only when type/valueType are typeof exprs
+            "size": 4194304,                        # only when set (the shared affinity set)
             "elements": [                           # sorted by key: sets are unordered
               {"key": ["172.30.0.41", "tcp", "80"], "value": "goto service-…",
                "comment": null}]}]}],
@@ -76,6 +77,7 @@ def _set_to_json(s: NamedSet) -> dict:
         "timeout": s.timeout,
         "comment": s.comment,
         **({"typeof": True} if s.typeof else {}),  # absent: old state files stay readable
+        **({"size": s.size} if s.size is not None else {}),  # likewise
         "elements": [{"key": list(e.key), "value": e.value, "comment": e.comment} for e in elements],
     }
 
@@ -218,6 +220,7 @@ def _set_from_json(d: Any, where: str) -> NamedSet:
         timeout=_field(d, "timeout", int, where, nullable=True),
         comment=_field(d, "comment", str, where, nullable=True),
         typeof=d.get("typeof", False) is True,
+        size=_field(d, "size", int, where) if "size" in d else None,
     )
     elements = _field(d, "elements", list, where)
     fast = _elements_fast(elements)

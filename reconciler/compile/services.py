@@ -277,7 +277,15 @@ def _static_sets(ctx: FamilyContext) -> list[NamedSet]:
         NamedSet(SERVICE_NODEPORTS, "inet_proto . inet_service", "verdict",
                  comment="NodePort traffic"),
     ]
+    if shared_affinity(ctx):
+        sets.append(layout.affinity_set(ctx.family, ctx.addr_type))
     return sets
+
+
+def shared_affinity(ctx: FamilyContext) -> bool:
+    """ClientIP affinity through the one shared set (compile/layout.py) instead of
+    kube-proxy's set per endpoint."""
+    return ctx.layout == "sharded" and layout.SHARD_AFFINITY
 
 
 def _static_chains(ctx: FamilyContext, service_cidrs: Sequence[str]) -> list[Chain]:
@@ -668,13 +676,19 @@ def _compile_port(service: Service, port: ServicePort, cluster_ip: str,
         if not 1 <= timeout <= 86400:
             raise CompileError(f"Service {service.key}: sessionAffinity timeout {timeout} "
                                "is outside 1..86400 seconds")
+        shared = shared_affinity(ctx)
         for ep in cat.all_reachable:
             b = ep_base(ep)
             aset = check_name(naming.affinity_set(b))
-            ff.sets.setdefault(aset, NamedSet(aset, ctx.addr_type, flags=("dynamic", "timeout"),
-                                              timeout=timeout))
+            if shared:  # the same update, into the shared set, with the Service's timeout
+                update = (f"update @{layout.AFFINITY_SET} {{ {layout.affinity_key(fam, aset)} "
+                          f"timeout {timeout}s }}")
+            else:
+                ff.sets.setdefault(aset, NamedSet(aset, ctx.addr_type, flags=("dynamic", "timeout"),
+                                                  timeout=timeout))
+                update = f"update @{aset} {{ {fam} saddr }}"
             affinity_chains.append(Chain(check_name(naming.endpoint_chain(b)), (
-                Rule(f"update @{aset} {{ {fam} saddr }}"),
+                Rule(update),
                 Rule(f"meta l4proto {proto} dnat to {check_atom(ep.string)}"),
             )))
 
@@ -687,14 +701,14 @@ def _compile_port(service: Service, port: ServicePort, cluster_ip: str,
             if affinity:
                 pick = layout.vmap_pick(fam, chain, tuple(
                     f"goto {check_name(naming.endpoint_chain(ep_base(e)))}" for e in eps))
-                jumps = _affinity_jumps(fam, eps, ep_base)[:-1]
+                jumps = _affinity_jumps(fam, eps, ep_base, shared_affinity(ctx))[:-1]
             else:
                 pick = layout.dnat_pick(fam, chain, proto, tuple(f"{check_atom(e.ip)} . {e.port}" for e in eps))
                 jumps = ()
             ff.picks.append(pick)
             return jumps + (layout.pick_rule(pick, 0),)
         if affinity:
-            return _affinity_jumps(fam, eps, ep_base)
+            return _affinity_jumps(fam, eps, ep_base, shared_affinity(ctx))
         return (_dnat_rule(fam, proto, eps),)
 
     if uses_cluster_chain:
@@ -719,7 +733,13 @@ def _compile_port(service: Service, port: ServicePort, cluster_ip: str,
                 ipaddress.ip_address(ctx.node_ip) in ipaddress.ip_network(r) for r in ranges):
             # VIP-style LBs loop node-originated traffic back with the VIP as source.
             sources += [ip for ip in lb_vips if ip not in sources]
-        ff.add_chain(Chain(fw_chain, (Rule(f"{fam} saddr != {_set_literal(sources, ' , ')} drop"),)))
+        if sharded and len(sources) <= layout.FIREWALL_RULES_MAX:
+            # the same test without kube-proxy's anonymous set (layout.py): `return`
+            # leaves this goto'd chain exactly as running off its end does
+            fw_rules = tuple(Rule(f"{fam} saddr {check_atom(src)} return") for src in sources) + (Rule("drop"),)
+        else:
+            fw_rules = (Rule(f"{fam} saddr != {_set_literal(sources, ' , ')} drop"),)
+        ff.add_chain(Chain(fw_chain, fw_rules))
     for c in affinity_chains:
         ff.add_chain(c)
 
@@ -742,13 +762,14 @@ def _dnat_rule(fam: str, proto: str, eps: Sequence[EndpointInfo]) -> Rule:
                 f"numgen random mod {len(eps)} map {{ {elems} }}")
 
 
-def _affinity_jumps(fam: str, eps: Sequence[EndpointInfo], ep_base) -> tuple[Rule, ...]:
+def _affinity_jumps(fam: str, eps: Sequence[EndpointInfo], ep_base, shared: bool) -> tuple[Rule, ...]:
     rules = []
     vmap = []
     for i, ep in enumerate(eps):
         b = ep_base(ep)
-        aset, echain = naming.affinity_set(b), naming.endpoint_chain(b)
-        rules.append(Rule(f"{fam} saddr @{check_name(aset)} goto {check_name(echain)}"))
+        aset, echain = check_name(naming.affinity_set(b)), naming.endpoint_chain(b)
+        lookup = f"{layout.affinity_key(fam, aset)} @{layout.AFFINITY_SET}" if shared else f"{fam} saddr @{aset}"
+        rules.append(Rule(f"{lookup} goto {check_name(echain)}"))
         vmap.append(f"{i} : goto {echain}")
     rules.append(Rule(f"numgen random mod {len(eps)} vmap {{ {' , '.join(vmap)} }}"))
     return tuple(rules)

@@ -399,6 +399,15 @@ class Evaluator:
                 return str(st.dport), j + 2
             return None
 
+        def constant(j: int) -> tuple[object, int] | None:
+            """`numgen random mod 1 [offset K]` at toks[j], always K: the shared affinity
+            set's endpoint id (compile/layout.affinity_key); only inside a concatenation."""
+            if toks[j:j + 4] != ["numgen", "random", "mod", "1"]:
+                return None
+            if toks[j + 4:j + 5] == ["offset"]:
+                return str(int(toks[j + 5])), j + 6
+            return "0", j + 4
+
         while i < len(toks):
             t = toks[i]
             sel = selector(i)
@@ -406,7 +415,7 @@ class Evaluator:
                 values = [sel[0]]
                 i = sel[1]
                 while i < len(toks) and toks[i] == ".":
-                    nxt = selector(i + 1)
+                    nxt = selector(i + 1) or constant(i + 1)
                     if nxt is None:
                         raise _Unknown(" ".join(toks[i:i + 3]))
                     values.append(nxt[0])
@@ -483,7 +492,10 @@ class Evaluator:
                     i += 2
                 continue
             if t == "update" and i + 2 < len(toks) and toks[i + 1].startswith("@"):
-                if _group_items(toks[i + 2]) != [f"{fam} saddr"]:
+                key = _group_items(toks[i + 2])
+                # kube-proxy's `{ ip saddr }`, or the shared set's `{ ip saddr . <id> timeout Ns }`
+                if not (key == [f"{fam} saddr"] or len(key) == 1 and re.fullmatch(
+                        rf"{fam} saddr(?: \. numgen random mod 1(?: offset \d+)?)+ timeout \d+s", key[0])):
                     raise _Unknown(" ".join(toks[i:i + 3]))
                 st.affinity = True
                 st.steps.append(replace(step, note=f"records {st.src} in {toks[i + 1]}: its next "

@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""Kernel-side scaling of a cold apply: how `nft -f` of the transaction `apply` sends to an
+empty kernel grows with the number of Services (issue 8: 30k <= 3.5x the 10k figure).
+
+    sudo .venv/bin/python bench/kernel_scaling.py                         # 3k, 10k, 30k (~2 min)
+    sudo .venv/bin/python bench/kernel_scaling.py --sizes 3000,10000
+    sudo .venv/bin/python bench/kernel_scaling.py --src /tmp/old-nftrec   # another checkout, same method
+
+Inventory: bench/layout.py's issue 8 mix (the `--src` checkout's copy) (5 endpoints, every tenth Service ClientIP
+affinity, every twentieth a LoadBalancer with source ranges). For each size, a child
+process imports nftrec from `--src` (default: this checkout), compiles, and writes the cold
+transaction (`transaction_for(diff(desired, empty))`, exactly what `apply` commits); it is
+then loaded with `nft -f` in a fresh namespace `nftrec-bench-scale-*` (deleted in a
+`finally`; the host ruleset is never touched). Printed: user and sys CPU of the nft process
+(sys = the kernel's netlink/commit work; wall is unreliable on a shared machine) and each
+size's ratio to the previous one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+_CHILD = r"""
+import sys
+sys.path.insert(0, {src!r}); sys.path.insert(0, {bench!r})
+import layout as L
+from reconciler.compile.services import compile_ruleset
+from reconciler.compile.ruleset import Ruleset
+from reconciler.engine.changes import diff, transaction_for
+rs = compile_ruleset(L.inventory({n}, 5), L.config("sharded"))
+t = rs.tables["ip"]
+open({out!r}, "w").write(transaction_for(diff(rs, Ruleset()), rs).text() + "\n")
+print(len(t.sets), len(t.chains), sum(len(c.rules) for c in t.chains.values()))
+"""
+
+
+def load(path: Path, timeout: float) -> dict:
+    ns = f"nftrec-bench-scale-{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+        p = subprocess.Popen(["ip", "netns", "exec", ns, "nft", "-f", str(path)])
+        try:
+            _pid, status, ru = os.wait4(p.pid, 0)
+        except BaseException:
+            p.kill()
+            raise
+        if os.waitstatus_to_exitcode(status) != 0:
+            raise SystemExit(f"nft -f {path} failed ({status})")
+        return {"user": ru.ru_utime, "sys": ru.ru_stime}
+    finally:
+        subprocess.run(["ip", "netns", "delete", ns], check=False)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="3000,10000,30000")
+    ap.add_argument("--src", default=str(HERE.parent), help="the nftrec checkout to compile with")
+    ap.add_argument("--timeout", type=float, default=1800)
+    args = ap.parse_args(argv)
+    if os.geteuid() != 0:
+        raise SystemExit("needs root (network namespaces)")
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # leave through the finally
+    print(f"source: {args.src}\n\n| Services | named sets / chains / rules (ip) | nft user s | nft sys s | sys vs previous size |")
+    print("|---|---|---|---|---|")
+    prev = None
+    with tempfile.TemporaryDirectory(prefix="nftrec-bench-scale-") as tmp:
+        for n in (int(x) for x in args.sizes.split(",")):
+            out = Path(tmp) / f"cold-{n}.nft"
+            # that checkout's bench/layout.py (it puts its own checkout first on sys.path)
+            code = _CHILD.format(src=args.src, bench=str(Path(args.src) / "bench"), n=n, out=str(out))
+            counts = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True,
+                                    timeout=args.timeout).stdout.split()
+            r = load(out, args.timeout)
+            ratio = f"{r['sys'] / prev[1]:.2f}x for {n / prev[0]:.1f}x Services" if prev else "-"
+            print(f"| {n:,} | {' / '.join(f'{int(c):,}' for c in counts)} | {r['user']:.2f} | {r['sys']:.2f} | {ratio} |",
+                  flush=True)
+            prev = (n, r["sys"])
+            out.unlink()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
