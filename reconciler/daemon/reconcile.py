@@ -31,8 +31,8 @@ from reconciler.compile import (
 )
 from reconciler.daemon.runner import Fatal, SyncFailed
 from reconciler.engine import (
-    CommandError, StateCorrupt, Target, clean_udp_conntrack, commit, diff, make_plan, read_history, read_status,
-    short_revision, verify_commit,
+    CommandError, StateCorrupt, Target, clean_udp_conntrack, commit, diff, forget_affinity_clients, make_plan,
+    read_history, read_status, short_revision, verify_commit,
 )
 from reconciler.daemon import health
 from reconciler.intake import (
@@ -359,6 +359,7 @@ class Daemon:
                 full, reason = True, "a transaction planned from memory failed"
             verified_live, after = verify_commit(nft, self.target, desired.ruleset, token_before=token,
                                                  committed=not plan.empty, full=full)
+            after = forget_affinity_clients(nft, self.target.table, plan, after)  # before the token is kept
         except NftError as e:
             health.discard(self, pending)  # the transaction is atomic: nothing to roll back
             self._failed(desired, start, full, f"the kernel rejected the transaction; nothing was changed "
