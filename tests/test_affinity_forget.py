@@ -3,7 +3,7 @@
 deletes an endpoint's own affinity set (deviation 14 in docs/kube-proxy-behaviours.md).
 
 Against the Fake (the id selection and the delete transaction); the packets are in
-tests/dataplane/test_affinity_forget.py.
+tests/dataplane/test_affinity_returning_endpoint.py.
 """
 
 from __future__ import annotations

@@ -359,7 +359,6 @@ class Daemon:
                 full, reason = True, "a transaction planned from memory failed"
             verified_live, after = verify_commit(nft, self.target, desired.ruleset, token_before=token,
                                                  committed=not plan.empty, full=full)
-            after = forget_affinity_clients(nft, self.target.table, plan, after)  # before the token is kept
         except NftError as e:
             health.discard(self, pending)  # the transaction is atomic: nothing to roll back
             self._failed(desired, start, full, f"the kernel rejected the transaction; nothing was changed "
@@ -370,6 +369,8 @@ class Daemon:
         kernel_done = self.clock()
         if pending is not None and not health.passed(self, desired, pending, start, full):
             return  # rolled back to the previous ruleset; waiting for a new revision
+        # the rules are live (kernel_done); before the token is kept: the cleanup commits too
+        after = forget_affinity_clients(nft, self.target.table, plan, after)
         # The kernel holds `desired` now; record it.
         previous = self.applied
         self.applied, self.token = desired, after

@@ -19,7 +19,7 @@ from reconciler.engine.target import CommandError, Target
 from reconciler.intake import Inventory, NodeConfig
 from reconciler.kernel import (
     Libnftables, NftError, NotFound, Transaction, cleanup_udp, kernel_token, parse_duration, read_live,
-    read_live_objects, read_runtime_elements,
+    read_live_objects, read_runtime_keys,
 )
 
 
@@ -188,11 +188,11 @@ def _stale_entries(nft: Libnftables, table: str, family: str, ids: set[tuple[int
     """The set's current elements whose endpoint id is one of `ids`, keys rebuilt from
     parsed values (what goes back into a command is never the listing's raw text)."""
     out = []
-    for e in read_runtime_elements(nft, family, table, AFFINITY_SET) or ():
-        if len(e.key) != 3 or not (e.key[1].isdigit() and e.key[2].isdigit()):
+    for key in read_runtime_keys(nft, family, table, AFFINITY_SET) or ():
+        if len(key) != 3 or not (key[1].isdigit() and key[2].isdigit()):
             continue
-        if (int(e.key[1]), int(e.key[2])) in ids:
-            out.append(Element((str(ipaddress.ip_address(e.key[0])), str(int(e.key[1])), str(int(e.key[2])))))
+        if (int(key[1]), int(key[2])) in ids:
+            out.append(Element((str(ipaddress.ip_address(key[0])), str(int(key[1])), str(int(key[2])))))
     return out
 
 

@@ -358,7 +358,7 @@ def _parse_chain(name: str, body: list[str]) -> Chain:
     return Chain(name, tuple(rules), base, comment)
 
 
-def _parse_set(name: str, kind: str, body: list[str], runtime: bool = False) -> NamedSet:
+def _parse_set(name: str, kind: str, body: list[str]) -> NamedSet:
     s = NamedSet(name, "")
     elems_text = None
     j = 0
@@ -385,7 +385,7 @@ def _parse_set(name: str, kind: str, body: list[str], runtime: bool = False) -> 
                 j += 1
             elems_text = " ".join(chunk).rstrip()[:-1]
         # size, policy, gc-interval, auto-merge: kernel/nft defaults we never set
-    if elems_text and ("dynamic" not in s.flags or runtime):  # dynamic sets: filled by the kernel
+    if elems_text and "dynamic" not in s.flags:  # dynamic sets: filled by the kernel
         for e in _split_top(elems_text):
             el = _parse_element(e, kind == "map")
             s.elements[el.key] = el
@@ -437,19 +437,26 @@ def read_live_objects(nft: Interface, table_name: str,
     return rs
 
 
-def read_runtime_elements(nft: Interface, family: str, table_name: str, set_name: str) -> list[Element] | None:
-    """The elements a dynamic set holds right now (runtime state, which `read_live` leaves
-    out), without their timeout/expires; None when the table or the set is absent."""
+def read_runtime_keys(nft: Interface, family: str, table_name: str, set_name: str) -> list[tuple[str, ...]] | None:
+    """The keys a dynamic set (no map, no comments: what an `update` writes) holds right
+    now: runtime state, which `read_live` leaves out. None when the table or the set is
+    absent. Split with str methods, not `_parse_element`: the shared affinity set holds
+    up to millions of entries (10,000 took 130 ms that way)."""
     text = nft.list_objects(family, table_name, [], [NamedSet(set_name, "")])
     if text is None:
         return None
-    lines = [ln.strip() for ln in text.splitlines()]
-    try:
-        start = lines.index(f"set {set_name} {{") + 1
-        end = lines.index("}", start)
-    except ValueError:
-        raise NftError(f"cannot read set {set_name} of table {family} {table_name} in nft's listing") from None
-    return list(_parse_set(set_name, "set", lines[start:end], runtime=True).elements.values())
+    at = text.find("elements = {")
+    if at < 0:
+        return []
+    end = text.find("}", at)
+    if end < 0:
+        raise NftError(f"cannot read the elements of set {set_name} of table {family} {table_name} in nft's listing")
+    keys = []
+    for item in text[at + len("elements = {"):end].split(","):
+        item = item.split(" timeout ", 1)[0].split(" expires ", 1)[0].strip()
+        if item:
+            keys.append(tuple(item.split(" . ")))
+    return keys
 
 
 # --- fingerprint ---------------------------------------------------------------------------
