@@ -231,7 +231,8 @@ def forget_affinity_clients(nft: Libnftables, table: str, plan: Plan, token: int
         except Exception as e:
             text = e.text.strip() if isinstance(e, NftError) else str(e)
             logs.log.warning(
-                f"could not delete the ClientIP affinity entries of {len(ids)} removed endpoint(s) from set "
+                f"could not delete the ClientIP affinity entries of {len(ids)} endpoint(s) removed or with a changed "
+                f"timeout from set "
                 f"{family} {table} {AFFINITY_SET} ({text}); their clients go back to those endpoints if they "
                 f"return before the entries expire (the Service's affinity timeout)",
                 extra={"fields": {"event": "affinity", "ok": False, "family": family, "endpoints": len(ids)}})
