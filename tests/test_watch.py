@@ -593,6 +593,39 @@ def test_initial_sync_edit_editor_save_and_concurrent_apply(watched):
     assert w.find("stop")
 
 
+def _affinity_id(ns: str, endpoint: str) -> str:
+    """`HI . LO`: the shared affinity set's id of default/sticky's endpoint chain for `endpoint`."""
+    m = re.search(r"chain endpoint-\S+/sticky/\S+__" + re.escape(endpoint) + r"/8080 \{\s*update @affinity-clients"
+                  r" \{ ip saddr \. numgen random mod 1 offset (\d+) \. numgen random mod 1 offset (\d+)", listing(ns))
+    assert m, listing(ns)
+    return f"{m.group(1)} . {m.group(2)}"
+
+
+@pytest.mark.kernel
+def test_a_removed_affinity_endpoint_loses_its_clients(watched):
+    """The sync after an endpoint of an affinity Service goes deletes that endpoint's
+    entries from the shared affinity set (engine/sync.forget_affinity_clients), only those."""
+    w = watched
+    w.wait_sync(0, kind="full")
+    gone, kept = _affinity_id(w.ns, "10.244.0.51"), _affinity_id(w.ns, "10.244.0.52")
+    in_ns(w.ns, "nft", "add", "element", "ip", "nftrec", "affinity-clients",
+          f"{{ 198.51.100.7 . {gone} timeout 600s, 198.51.100.7 . {kept} timeout 600s }}")
+    mark = len(w.lines)
+    p = w.manifests / "endpointslices.yaml"
+    p.write_text(p.read_text().replace("  - addresses: [10.244.0.51]\n", "", 1))
+    s = w.wait_sync(mark)
+    assert s["servicesChanged"] == ["~default/sticky"], s
+    assert w.wait_event("affinity", mark)["deleted"] == 1
+    text = listing(w.ns)
+    assert f"198.51.100.7 . {gone} " not in text and f"198.51.100.7 . {kept} " in text
+    # the cleanup's own commit is accounted for: the next sync still trusts its memory
+    mark = len(w.lines)
+    p.write_text(p.read_text().replace("10.244.0.52", "10.244.0.53", 1))
+    s = w.wait_sync(mark)
+    assert s["kind"] == "partial" and w.wait_event("affinity", mark)["deleted"] == 1, s
+    assert_clean(w.manifests, w.state, w.ns, w.config)
+
+
 def git_sync_watch(netns: str, tmp_path: Path) -> tuple[Path, "Watch"]:
     """A git-sync layout (`srv/current -> rev-A`, edge-small) watched by a daemon."""
     root = tmp_path / "srv"

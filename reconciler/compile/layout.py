@@ -149,6 +149,26 @@ def affinity_key(family: str, kube_proxy_set: str) -> str:
         "numgen random mod 1" + (f" offset {k}" if k else "") for k in halves)
 
 
+# The `update` an endpoint chain of an affinity Service port writes (affinity_key), in
+# the compiler's text and in nft's listing alike (offset 0 omitted, timeout as written).
+_AFFINITY_UPDATE_RE = re.compile(
+    r"update @" + re.escape(AFFINITY_SET) + r" \{ ip6? saddr \. numgen random mod 1(?: offset (\d+))?"
+    r" \. numgen random mod 1(?: offset (\d+))? timeout (\S+) \}")
+
+
+def affinity_updates(chain: Chain) -> dict[tuple[int, int], str]:
+    """{endpoint id (the two halves of affinity_key): timeout text} of the shared affinity
+    set entries `chain` writes: one for an endpoint chain of a ClientIP affinity Service
+    port in the sharded layout, none for any other chain."""
+    out = {}
+    for rule in chain.rules:
+        if AFFINITY_SET in rule.body:
+            m = _AFFINITY_UPDATE_RE.search(rule.body)
+            if m is not None:
+                out[(int(m.group(1) or 0), int(m.group(2) or 0))] = m.group(3)
+    return out
+
+
 def is_layout_map(name: str) -> bool:
     return name.startswith((DNAT_PREFIX, VMAP_PREFIX))
 

@@ -31,8 +31,8 @@ from reconciler.compile import (
 )
 from reconciler.daemon.runner import Fatal, SyncFailed
 from reconciler.engine import (
-    CommandError, StateCorrupt, Target, clean_udp_conntrack, commit, diff, make_plan, read_history, read_status,
-    short_revision, verify_commit,
+    CommandError, StateCorrupt, Target, clean_udp_conntrack, commit, diff, forget_affinity_clients, make_plan,
+    read_history, read_status, short_revision, verify_commit,
 )
 from reconciler.daemon import health
 from reconciler.intake import (
@@ -369,6 +369,8 @@ class Daemon:
         kernel_done = self.clock()
         if pending is not None and not health.passed(self, desired, pending, start, full):
             return  # rolled back to the previous ruleset; waiting for a new revision
+        # the rules are live (kernel_done); before the token is kept: the cleanup commits too
+        after = forget_affinity_clients(nft, self.target.table, plan, after)
         # The kernel holds `desired` now; record it.
         previous = self.applied
         self.applied, self.token = desired, after

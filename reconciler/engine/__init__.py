@@ -26,7 +26,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "probes": ("probe_desired", "read_probe_state", "write_probe_state"),
     "review": ("run_diff",),
     "state": ("StateCorrupt", "default_state_dir", "namespace_dir", "read_history", "read_status"),
-    "sync": ("clean_udp_conntrack", "commit", "touched_objects", "udp_services", "verify_applied", "verify_commit",
+    "sync": ("clean_udp_conntrack", "commit", "forget_affinity_clients", "forgotten_affinity_ids", "touched_objects", "udp_services", "verify_applied", "verify_commit",
              "verify_touched"),
     "target": ("CommandError", "Target", "short_revision"),
     "teardown": ("KUBE_PROXY_TABLE", "cleanup"),

@@ -30,7 +30,7 @@ from reconciler.engine.lock import LockHeld
 from reconciler.engine.plan import format_text, make_plan, to_json
 from reconciler.engine.probes import probe_status_json, probe_status_lines, read_probe_state
 from reconciler.engine.state import HOST, StateCorrupt, read_history, read_status
-from reconciler.engine.sync import clean_udp_conntrack, commit, verify_applied, verify_touched
+from reconciler.engine.sync import clean_udp_conntrack, commit, forget_affinity_clients, verify_applied, verify_touched
 from reconciler.engine.target import CommandError, Target, short_revision
 from reconciler.kernel import Libnftables, NftError, canonical, fingerprint, kernel_token, read_live
 
@@ -252,6 +252,7 @@ def run_apply(target: Target, *, desired=None, plan_path: Path | None = None,
             if pending is not None:
                 confirm_window.roll_back(nft, store, pending, f"the apply could not be verified: {e}")
             raise
+        token = forget_affinity_clients(nft, target.table, plan, token)  # before the token is recorded
 
         from_dir = desired is not None and plan_path is None and not rollback
 

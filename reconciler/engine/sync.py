@@ -10,12 +10,17 @@ tables, plans again and tries once more. A plan made from a listing is not retri
 from __future__ import annotations
 
 from reconciler import logs, progress
-from reconciler.compile import NamedSet, Ruleset, Table
+import ipaddress
+
+from reconciler.compile import AFFINITY_SET, Element, NamedSet, Ruleset, Table, affinity_updates
 from reconciler.engine.changes import diff
 from reconciler.engine.plan import Plan, make_plan
 from reconciler.engine.target import CommandError, Target
 from reconciler.intake import Inventory, NodeConfig
-from reconciler.kernel import Libnftables, NftError, cleanup_udp, kernel_token, read_live, read_live_objects
+from reconciler.kernel import (
+    Libnftables, NftError, NotFound, Transaction, cleanup_udp, kernel_token, parse_duration, read_live,
+    read_live_objects, read_runtime_keys,
+)
 
 
 def commit(nft: Libnftables, table: str, desired: Ruleset, plan: Plan, services: dict, *,
@@ -150,3 +155,94 @@ def clean_udp_conntrack(netns: str | None, inventory: Inventory, config: NodeCon
         logs.log.info(f"deleted {n} stale UDP conntrack entr{'y' if n == 1 else 'ies'}",
                       extra={"fields": {"event": "conntrack", "deleted": n}})
     return n
+
+
+# --- ClientIP affinity entries of endpoints that went -------------------------------------
+
+_FORGET_ATTEMPTS = 3  # each with a fresh listing: an entry may expire between listing and delete
+
+
+def forgotten_affinity_ids(plan: Plan) -> dict[str, set[tuple[int, int]]]:
+    """{family: endpoint ids} whose entries in the shared affinity set (layout sharded)
+    the plan's transaction made stale: an endpoint chain removed (the endpoint, or its
+    Service, went; or affinity was turned off) or its `update` timeout changed. kube-proxy
+    deletes such an endpoint's own set (and re-creates it for a new timeout), so a
+    returning endpoint starts without clients. Read from the plan's changed chains only:
+    nothing for an edit that removed no affinity endpoint."""
+    out: dict[str, set[tuple[int, int]]] = {}
+    for family, fc in plan.changes.families.items():
+        if fc.table is not None:  # the table (and its set) was created, re-created or deleted
+            continue
+        ids: set[tuple[int, int]] = set()
+        for c in fc.chains_removed:
+            ids.update(affinity_updates(c.old))
+        for c in fc.chains_changed:
+            new = {k: parse_duration(t) for k, t in affinity_updates(c.new).items()}
+            ids.update(k for k, t in affinity_updates(c.old).items() if new.get(k) != parse_duration(t))
+        if ids:
+            out[family] = ids
+    return out
+
+
+def _stale_entries(nft: Libnftables, table: str, family: str, ids: set[tuple[int, int]]) -> list[Element]:
+    """The set's current elements whose endpoint id is one of `ids`, keys rebuilt from
+    parsed values (what goes back into a command is never the listing's raw text)."""
+    out = []
+    for key in read_runtime_keys(nft, family, table, AFFINITY_SET) or ():
+        if len(key) != 3 or not (key[1].isdigit() and key[2].isdigit()):
+            continue
+        if (int(key[1]), int(key[2])) in ids:
+            out.append(Element((str(ipaddress.ip_address(key[0])), str(int(key[1])), str(int(key[2])))))
+    return out
+
+
+def forget_affinity_clients(nft: Libnftables, table: str, plan: Plan, token: int | None) -> int | None:
+    """After a verified commit: delete the shared affinity set's entries of the endpoints
+    the commit removed or whose timeout it changed (`forgotten_affinity_ids`), so their
+    former clients are not sent back to them if they return (kube-proxy's behaviour).
+    After the commit, because then no rule references those ids and no new entry with
+    them can appear. Returns the generation token to record: our own delete transactions
+    advance it, and it is kept only when nothing else committed in between (otherwise the
+    token before them: stale, so the next plan lists). Never raises: a failure is a
+    warning, and the entries left behind expire after their Service's affinity timeout."""
+    forgotten = forgotten_affinity_ids(plan)
+    if not forgotten:
+        return token
+    committed = deleted = 0
+    set_ = NamedSet(AFFINITY_SET, "")
+    for family, ids in forgotten.items():
+        try:
+            for attempt in range(_FORGET_ATTEMPTS):
+                doomed = _stale_entries(nft, table, family, ids)
+                if not doomed:
+                    break
+                tx = Transaction()
+                for e in doomed:
+                    tx.delete(family, table, e, set=set_)
+                try:
+                    nft.run(tx)
+                except NotFound:  # one of them expired since the listing: the transaction did nothing
+                    if attempt + 1 == _FORGET_ATTEMPTS:
+                        raise
+                    continue
+                committed += 1
+                deleted += len(doomed)
+                break
+        except Exception as e:
+            text = e.text.strip() if isinstance(e, NftError) else str(e)
+            logs.log.warning(
+                f"could not delete the ClientIP affinity entries of {len(ids)} endpoint(s) removed or with a changed "
+                f"timeout from set "
+                f"{family} {table} {AFFINITY_SET} ({text}); their clients go back to those endpoints if they "
+                f"return before the entries expire (the Service's affinity timeout)",
+                extra={"fields": {"event": "affinity", "ok": False, "family": family, "endpoints": len(ids)}})
+    if deleted:
+        logs.log.info(f"deleted {deleted} ClientIP affinity entr{'y' if deleted == 1 else 'ies'} of removed endpoints",
+                      extra={"fields": {"event": "affinity", "deleted": deleted}})
+    if not committed or token is None:
+        return token
+    try:
+        after = kernel_token(nft)
+    except NftError:
+        return token
+    return after if after == token + committed else token

@@ -15,7 +15,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "conntrack": ("cleanup_udp",),
     "health": ("HealthChecker",),
     "live": ("OTHER_KINDS", "canonical", "chain_policy", "fingerprint", "kernel_token", "read_live",
-             "read_live_objects", "table_flags", "table_others"),
+             "parse_duration", "read_live_objects", "read_runtime_keys", "table_flags", "table_others"),
     "probes": ("ProbeLoop", "check_probe", "probe_all", "raise_fd_limit"),
     "nft": ("Fake", "Interface", "Libnftables", "NamespaceThread", "NftError", "NotFound", "Transaction"),
 })

@@ -437,6 +437,28 @@ def read_live_objects(nft: Interface, table_name: str,
     return rs
 
 
+def read_runtime_keys(nft: Interface, family: str, table_name: str, set_name: str) -> list[tuple[str, ...]] | None:
+    """The keys a dynamic set (no map, no comments: what an `update` writes) holds right
+    now: runtime state, which `read_live` leaves out. None when the table or the set is
+    absent. Split with str methods, not `_parse_element`: the shared affinity set holds
+    up to millions of entries (10,000 took 130 ms that way)."""
+    text = nft.list_objects(family, table_name, [], [NamedSet(set_name, "")])
+    if text is None:
+        return None
+    at = text.find("elements = {")
+    if at < 0:
+        return []
+    end = text.find("}", at)
+    if end < 0:
+        raise NftError(f"cannot read the elements of set {set_name} of table {family} {table_name} in nft's listing")
+    keys = []
+    for item in text[at + len("elements = {"):end].split(","):
+        item = item.split(" timeout ", 1)[0].split(" expires ", 1)[0].strip()
+        if item:
+            keys.append(tuple(item.split(" . ")))
+    return keys
+
+
 # --- fingerprint ---------------------------------------------------------------------------
 
 
