@@ -9,9 +9,9 @@ tables, plans again and tries once more. A plan made from a listing is not retri
 
 from __future__ import annotations
 
-from reconciler import logs, progress
 import ipaddress
 
+from reconciler import logs, progress
 from reconciler.compile import AFFINITY_SET, Element, NamedSet, Ruleset, Table, affinity_updates
 from reconciler.engine.changes import diff
 from reconciler.engine.plan import Plan, make_plan
