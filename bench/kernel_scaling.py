@@ -42,18 +42,15 @@ print(len(t.sets), len(t.chains), sum(len(c.rules) for c in t.chains.values()))
 
 
 def load(path: Path, timeout: float) -> dict:
+    """user/sys CPU of `nft -f path` in a fresh namespace (this checkout's bench/layout.py
+    times it; the namespace is always deleted)."""
+    sys.path.insert(0, str(HERE))
+    import layout
+
     ns = f"nftrec-bench-scale-{os.getpid()}"
     subprocess.run(["ip", "netns", "add", ns], check=True)
     try:
-        p = subprocess.Popen(["ip", "netns", "exec", ns, "nft", "-f", str(path)])
-        try:
-            _pid, status, ru = os.wait4(p.pid, 0)
-        except BaseException:
-            p.kill()
-            raise
-        if os.waitstatus_to_exitcode(status) != 0:
-            raise SystemExit(f"nft -f {path} failed ({status})")
-        return {"user": ru.ru_utime, "sys": ru.ru_stime}
+        return layout.timed_nft_file(ns, path, timeout)
     finally:
         subprocess.run(["ip", "netns", "delete", ns], check=False)
 
