@@ -310,8 +310,9 @@ def apply(
         "namespace, e.g. to a Service VIP. Repeatable."),
 ) -> None:
     """Commit the desired ruleset as one atomic transaction, verify it, record state."""
-    # A plain command line (cli.parse_plain) never gets here: cli._apply runs it the same
-    # way without typer; keep the two in step (tests/test_noop_fast_path.py compares them).
+    # A plain command line (cli.parse_plain) gets here only when something was unusual
+    # (cli.py says what); otherwise cli._apply runs it the same way without typer. Keep
+    # the two in step (tests/test_noop_fast_path.py compares them).
     from reconciler.engine import run_apply
 
     if verify not in ("touched", "full"):
