@@ -281,10 +281,24 @@ def test_big_transactions_are_read_from_a_file(netns, monkeypatch):
         with pytest.raises(NftError):  # check: the same path, nothing committed
             nft.check(bad)
         assert len(files) == 3 and all(f.closed for f in files)
-        # no usable temporary directory: from memory, as before
-        monkeypatch.setattr(nftmod.tempfile, "TemporaryFile", lambda **kw: (_ for _ in ()).throw(OSError("full")))
+        # no usable temporary directory, or it is full: from memory, as before
+        monkeypatch.setattr(nftmod.tempfile, "TemporaryFile", lambda **kw: (_ for _ in ()).throw(OSError("none")))
         nft.run(Transaction().add("ip", T, Chain("extra")).add("ip", T, Chain("extra2")))
         assert "chain extra2" in nft.list_table("ip", T)
+
+        class Full:
+            closed = False
+
+            def write(self, data):
+                raise OSError(28, "No space left on device")
+
+            def close(self):
+                self.closed = True
+
+        full = Full()
+        monkeypatch.setattr(nftmod.tempfile, "TemporaryFile", lambda **kw: full)
+        nft.run(Transaction().add("ip", T, Chain("extra3")).add("ip", T, Chain("extra4")))
+        assert full.closed and "chain extra4" in nft.list_table("ip", T)
 
 
 def test_big_commands_leave_no_cache_behind(netns, monkeypatch):

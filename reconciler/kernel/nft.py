@@ -431,17 +431,21 @@ class Libnftables:
             script = tx.script()
             self._worker.call(lambda: self._cmd(script, dry_run=dry_run))
             return
+        f = None
         try:
             f = tempfile.TemporaryFile(prefix="nftrec-transaction-")  # unlinked: nothing left on kill -9
+            tx.write(f)
+            f.flush()
+            os.stat(f"/proc/self/fd/{f.fileno()}")  # the name nft opens (no /proc: from memory)
         except OSError as e:
+            if f is not None:
+                f.close()
             logs.log.debug(f"no temporary file for the transaction ({e}); handing it to nft from memory")
             script = tx.script()
             trim_heap()
             self._worker.call(lambda: self._cmd(script, dry_run=dry_run))
             return
         with f:
-            tx.write(f)
-            f.flush()
             trim_heap()  # before nft's own peak (see _TRIM_AFTER)
             self._worker.call(lambda: self._cmd_file(f.fileno(), size, dry_run, tx.text))
 
