@@ -265,7 +265,9 @@ def project(rs: Ruleset, static: Ruleset, fragments: list) -> Ruleset:
     (chains, affinity sets, and only those elements of shared sets). Diffing two
     projections made with the same static part and the old + new fragments of every
     changed Service gives the same changes as diffing the whole rulesets: every object
-    left out belongs to an unchanged Service in both."""
+    left out belongs to an unchanged Service in both. The shared sets kept whole for the
+    transaction name the keys the fragments own in `focus`: the diff compares only those
+    (the rest is equal on both sides), so its cost follows the change, not the sets."""
     out = Ruleset()
     cut: set[tuple[str, str]] = set()
     for fam, t in rs.tables.items():
@@ -274,6 +276,7 @@ def project(rs: Ruleset, static: Ruleset, fragments: list) -> Ruleset:
         # A set the static part fills (nodeport-ips: the node's addresses) is kept whole:
         # its old elements must be seen to be deleted, and no Service adds to it.
         whole_sets: set[str] = {n for n in st.sets if n in STATIC_FILLED} if st else set()
+        compared_whole = set(whole_sets)  # the others kept whole: only `keys` compared (Ruleset.focus)
         keys: dict[str, set] = {n: set() for n in st.sets} if st else {}
         for frag in fragments:
             ff = frag.families.get(fam)
@@ -281,6 +284,7 @@ def project(rs: Ruleset, static: Ruleset, fragments: list) -> Ruleset:
                 continue
             chains.extend(ff.chains)
             whole_sets.update(ff.sets)
+            compared_whole.update(ff.sets)
             # A shared set a changed Service has elements in is kept whole too: the
             # transaction then writes it exactly as for the whole rulesets (a set losing
             # elements flushed and re-declared, engine/changes.rewritten_sets, instead of
@@ -316,6 +320,8 @@ def project(rs: Ruleset, static: Ruleset, fragments: list) -> Ruleset:
             s = t.sets[name]
             if name in whole_sets:
                 table.sets[name] = s
+                if name not in compared_whole:
+                    out.focus[(fam, name)] = frozenset(keys.get(name, ()))
                 for k in keys.get(name, ()):  # only these can change: the others are equal on both sides
                     o = rs.owners.get(element_id(fam, name, k))
                     if o:

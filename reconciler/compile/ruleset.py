@@ -172,6 +172,11 @@ class Ruleset:
     # it cut down to some Services' elements; a transaction must not flush and re-declare
     # those whole. Empty for a whole ruleset.
     partial: frozenset = field(default=frozenset(), compare=False)
+    # A projection: (family, set name) -> element keys, for the shared sets it kept whole
+    # (so a transaction may flush and re-declare them) although only these keys can
+    # differ from the other side's projection (every other element belongs to an
+    # unchanged Service); engine/changes.diff compares just those. Empty: compare all.
+    focus: dict = field(default_factory=dict, compare=False)
 
 
 def chain_id(family: str, chain: str) -> str:
