@@ -348,7 +348,9 @@ class Daemon:
                 if changed is None:
                     old_p, new_p = self.applied.ruleset, desired.ruleset
                 else:
-                    static = compile_static(desired.config, desired.inventory)
+                    # the static part compile_incremental made for this revision (same inputs)
+                    static = desired.static if desired.static is not None else \
+                        compile_static(desired.config, desired.inventory)
                     frags = [f for k in changed for f in (self.applied.fragments.get(k), desired.fragments.get(k)) if f]
                     old_p, new_p = project(self.applied.ruleset, static, frags), project(desired.ruleset, static, frags)
                 plan = make_plan(new_p, canonical(old_p), services)

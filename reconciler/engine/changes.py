@@ -21,8 +21,8 @@ from typing import Iterator
 
 from reconciler.kernel import OTHER_KINDS, canonical, chain_policy, table_flags, table_others
 from reconciler.kernel import Transaction
-from reconciler.compile import Chain, Element, NamedSet, NftSyntaxError, Ruleset, Table, chain_id, chain_range, check_name, \
-    declarable, element_id, set_elements_cmd, set_id
+from reconciler.compile import Chain, Element, NamedSet, NftSyntaxError, Ruleset, Table, chain_id, chain_range, \
+    chain_rules_cmd, check_name, declarable, element_id, set_cmd, set_elements_cmd, set_id
 
 # --- the result ----------------------------------------------------------------------------
 
@@ -190,6 +190,9 @@ class _Owners:
 
 
 # --- diff ----------------------------------------------------------------------------------
+
+
+_SET_REF = re.compile(r"@([^\s,{}]+)")  # a set or map a rule body uses
 
 
 def _set_def(s: NamedSet) -> tuple:
@@ -413,10 +416,19 @@ def transaction_for(changes: Changes, desired: Ruleset) -> Transaction:
         for c in fc.elements_removed + fc.elements_changed:
             if c.name not in rewrite:
                 tx.delete(fam, T, c.old, set=d.sets[c.name])
-        # 5. Rules of new and rewritten chains (everything they reference exists now).
-        for c in fc.chains_added + fc.chains_changed:
-            for r in d.chains[c.name].rules:
-                tx.add_rule(fam, T, c.name, r)
+        # 5. Rules of new and rewritten chains (everything they reference exists now),
+        # each chain's through its declaration (`chain_rules_cmd`: no nft cache fill, as
+        # `add rule` does); nft then resolves a rule's `@set` only among the sets this
+        # transaction declares, so the existing ones they use are re-declared (the same
+        # definition: a no-op for the kernel) first.
+        written = [d.chains[c.name] for c in fc.chains_added + fc.chains_changed if d.chains[c.name].rules]
+        declared = {c.name for c in fc.sets_added + fc.sets_changed}
+        used = {m for ch in written for r in ch.rules for m in _SET_REF.findall(r.body)}
+        for name in sorted(used - declared):
+            if name in d.sets:
+                tx.raw(set_cmd("add", fam, T, d.sets[name]))
+        for ch in written:
+            tx.raw(chain_rules_cmd(fam, T, ch))
         # 6. Element additions, after the rules: binding a rule to a map walks every
         # element already in it (nf_tables_bind_set), so elements first cost rules x
         # elements per map; this way each element only checks the map's bindings (a
