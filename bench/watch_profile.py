@@ -27,7 +27,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
-sys.path.insert(0, str(REPO))
+sys.path.append(str(REPO))  # after PYTHONPATH: PYTHONPATH=<another checkout> profiles that one
 
 import targets as T  # noqa: E402  (the generator and the git-sync helpers)
 
@@ -83,7 +83,8 @@ def main(argv=None) -> int:
         d.writer = StateWriter(idle=3600, max_delay=3600)  # flushed by hand: timed apart
         t = time.perf_counter()
         d.sync()
-        print(f"first full sync {time.perf_counter() - t:.2f} s", flush=True)
+        import reconciler
+        print(f"first full sync {time.perf_counter() - t:.2f} s ({reconciler.__file__})", flush=True)
         t = time.perf_counter()
         d.writer.flush()
         print(f"  its state write {time.perf_counter() - t:.2f} s", flush=True)
