@@ -770,11 +770,15 @@ class Fake:
     def _chain(t: _FTable, verb: str, name: str, rest: str) -> None:
         if verb == "add":
             base = comment = None
-            body = rest.strip().strip("{}").strip().rstrip(";").strip()
-            if body.startswith("type "):
-                base = body
-            elif body.startswith("comment "):
-                comment = re.match(r'comment "([^"]*)"', body).group(1)
+            # `{ type … ; }`, `{ comment "…" ; }`, then rules (ruleset.chain_rules_cmd);
+            # no rule body or comment holds a `;` (ruleset.check_rule_body, check_comment)
+            rest = rest.strip()
+            stmts = [x.strip() for x in rest[1:-1].split(";")] if rest.startswith("{") else []
+            stmts = [x for x in stmts if x]
+            if stmts and stmts[0].startswith("type "):
+                base = stmts.pop(0)
+            elif stmts and stmts[0].startswith("comment "):
+                comment = re.match(r'comment "([^"]*)"', stmts.pop(0)).group(1)
             old = t.chains.get(name)
             if old is None:
                 t.chains[name] = _FChain(base, comment)
@@ -784,6 +788,8 @@ class Fake:
                 raise NftError("Operation not supported")  # hooks cannot change in place
             elif comment:
                 old.comment = comment
+            for body in stmts:
+                Fake._rule(t, name, body)
             return
         c = t.chains.get(name)
         if c is None:
