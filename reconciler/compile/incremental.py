@@ -391,7 +391,7 @@ def input_tokens(inventory: Inventory, services, by_svc: dict) -> dict[str, str]
             e = origins.get(id(o))
             if e is None or e[0] is not o:  # not read by the intake cache, or replaced since
                 break
-            parts.append(e[1])
+            parts.append(f"{e[1]}/{e[2]}/{e[3]}")
         else:
             out[svc.key] = hashlib.sha256("|".join(parts).encode()).hexdigest()[:32]
     return out

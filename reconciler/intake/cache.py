@@ -300,22 +300,31 @@ def _source(display: str, line, col) -> model.Source:
     return src
 
 
+# per model type: the positions of its fields (after `source`'s line and col) that hold
+# a tuple of scalars, a tuple of model objects, one model object; the rest pass as they are
+_CONVERT = {name: tuple(tuple(i for i, h in enumerate(hows) if h == how) for how in (1, 2, 3))
+            for name, hows in _HOWS.items()}
+
+
 def _model_in(v: list, display: str):
     name = v[0]
     cls = _MODEL_TYPES.get(name) if type(name) is str else None
     if cls is None:
         raise _Corrupt(f"unknown model type {name!r}")
-    hows = _HOWS[name]
     sourced = name in _SOURCED
-    values = v[3:] if sourced else v[1:]
-    if len(values) != len(hows):
-        raise _Corrupt(f"a {name} has {len(values)} fields, not {len(hows)}")
-    if name in _FLAT:  # scalars only: the values are the arguments
-        args = values
-    else:
-        args = [x if how == 0 or x is None and how != 2 else tuple(x) if how == 1
-                else tuple([_model_in(y, display) for y in x]) if how == 2 else _model_in(x, display)
-                for how, x in zip(hows, values)]
+    args = v[3:] if sourced else v[1:]  # a copy: converted in place below
+    if len(args) != len(_HOWS[name]):
+        raise _Corrupt(f"a {name} has {len(args)} fields, not {len(_HOWS[name])}")
+    if name not in _FLAT:
+        scalars, many, one = _CONVERT[name]
+        for i in scalars:
+            if args[i] is not None:
+                args[i] = tuple(args[i])
+        for i in many:
+            args[i] = tuple([_model_in(y, display) for y in args[i]])
+        for i in one:
+            if args[i] is not None:
+                args[i] = _model_in(args[i], display)
     if name not in _DIRECT:
         return cls(*args, source=model.Source(display, v[1], v[2])) if sourced else cls(*args)
     obj = _new(cls)
@@ -603,7 +612,7 @@ def _assemble(resolved, files: int, problems: list[Problem], results, *, strict:
                 models[id(doc)] = m
                 if key is not None:
                     for j, obj in enumerate(m):
-                        origins[id(obj)] = (obj, f"{key}/{i}/{j}")
+                        origins[id(obj)] = (obj, key, i, j)  # the file's key shared, not copied
     digest = hasher.hexdigest()
     revision = digests.revision_of(resolved, digest)
     checked = check_tree(problems, docs, checks, strict=strict)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from reconciler.intake.load import Document, LoadResult, Yaml11Bool, locate
 from reconciler.intake.probes import check_annotation as check_probe_annotation, check_ports as check_probe_ports
@@ -381,7 +381,10 @@ def check_tree(load_problems: list[Problem], documents: list[Document], results:
             unknown.setdefault(res.unknown_kind, []).append(doc)
         if res.obj is None:
             continue
-        o = replace(res.obj)  # the duplicate check may mark it invalid; the cached one stays
+        # a copy: the duplicate check may mark it invalid; the cached one stays. (Obj's
+        # fields spelled out: dataclasses.replace costs 5x more, 20,000 times at 10k.)
+        c = res.obj
+        o = Obj(c.doc, c.kind, c.namespace, c.name, c.valid)
         ident = (o.kind, o.namespace, o.name)
         if ident in seen and o.name:
             first = seen[ident]
