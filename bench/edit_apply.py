@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -42,11 +43,19 @@ def parse_floor(root: Path) -> float:
     return time.perf_counter() - t
 
 
+def cpu() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
 def nftrec(code: Path, prof: str, *argv) -> tuple[float, subprocess.CompletedProcess]:
-    t = time.perf_counter()
+    """Wall time of one nftrec run; its CPU time (user + sys, forked children included,
+    less sensitive to the other sessions' load) in r.cpu."""
+    t, c = time.perf_counter(), cpu()
     r = subprocess.run([sys.executable, "-c", RUN, str(code), prof, *map(str, argv)],
                        capture_output=True, text=True, timeout=1800)
     w = time.perf_counter() - t
+    r.cpu = cpu() - c
     if r.returncode != 0:
         raise SystemExit(f"nftrec {' '.join(map(str, argv[:3]))} (code {code}): exit {r.returncode}\n"
                          f"{r.stdout[-1500:]}{r.stderr[-1500:]}")
@@ -81,6 +90,7 @@ def main() -> None:
             w, _ = nftrec(code, "", "--state-dir", states[i], "apply", root, "--config", cfg, "--netns", nss[i])
             print(f"[{i}] {code}: cold apply {w:.2f} s", flush=True)
         walls: list[list[float]] = [[] for _ in codes]
+        cpus: list[list[float]] = [[] for _ in codes]
         k0 = T.edit_service(a.size)
         for e in range(a.edits):
             k = k0 + 10 * e
@@ -95,14 +105,17 @@ def main() -> None:
                 w, r = nftrec(codes[i], prof, "--state-dir", states[i], "apply", root, "--config", cfg,
                               "--netns", nss[i])
                 walls[i].append(w)
-                print(f"edit {e} (svc-{k}) [{i}]: {w:.2f} s  {r.stdout.strip().splitlines()[-1][:60]}", flush=True)
+                cpus[i].append(r.cpu)
+                print(f"edit {e} (svc-{k}) [{i}]: {w:.2f} s wall, {r.cpu:.2f} s CPU  "
+                      f"{r.stdout.strip().splitlines()[-1][:48]}", flush=True)
         ps += [parse_floor(root) for _ in range(3)]
         P = statistics.median(ps)
         print(f"N={a.size}: P median {P:.2f} s (runs {', '.join(f'{x:.2f}' for x in ps)})")
         for i, code in enumerate(codes):
             med = statistics.median(walls[i])
             print(f"  [{i}] {code}: edit apply median {med:.2f} s = {med / P:.2f} P "
-                  f"(runs {', '.join(f'{x:.2f}' for x in walls[i])})")
+                  f"(runs {', '.join(f'{x:.2f}' for x in walls[i])}); CPU median "
+                  f"{statistics.median(cpus[i]):.2f} s (runs {', '.join(f'{x:.2f}' for x in cpus[i])})")
     finally:
         for ns in nss:
             subprocess.run(["ip", "netns", "delete", ns], capture_output=True)

@@ -83,8 +83,8 @@ _SOURCED = {name for name, c in _MODEL_TYPES.items() if any(f.name == "source" f
 _HOWS = {name: tuple(how for _, how, _ in kinds) for name, kinds in _KINDS.items()}
 _FLAT = {name for name, hows in _HOWS.items() if not any(hows)}
 # Decoding builds each model object's __dict__ directly instead of calling its frozen
-# dataclass __init__ (one object.__setattr__ per field): at 10,000 Services a run decodes
-# ~90,000 of them from the cache, and that halves their cost. It is the __init__'s
+# dataclass __init__ (one object.__setattr__ per field): at 10,000 Services a one-edit
+# run decodes ~90,000 of them from the cache, the largest share of its intake. It is the __init__'s
 # result exactly when the class has no __post_init__ and `source`, if any, is its last
 # field (then __dict__ has __init__'s key order); otherwise __init__ is called.
 _NAMES = {name: tuple(n for n, _, _ in kinds) for name, kinds in _KINDS.items()}
