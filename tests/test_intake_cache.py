@@ -9,7 +9,10 @@ import json
 import logging
 import multiprocessing
 import os
+import random
+import re
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -459,3 +462,89 @@ def test_the_pull_hands_out_each_file_once_biggest_first():
     big = warm.Pull([1] * 40_000)  # more than a default pipe holds
     assert sorted(iter(big.take, None)) == list(range(40_000))
     big.close()
+
+
+# --- decoding builds what __init__ builds; problems across files equal a cold read -----------
+
+
+def test_decoded_model_objects_are_what_their_init_builds(tmp_path):
+    """_model_in fills __dict__ directly (no frozen __init__): same fields in the same
+    order, equal, same hash and repr, and still frozen."""
+    import dataclasses
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import targets
+
+    targets.generate(tmp_path / "t", 30, 3)
+    for src in (tmp_path / "t", EXAMPLES):
+        cold = read_inventory(src).inventory
+        read_inventory_cached(src, tmp_path / "c")
+        warm = read_inventory_cached(src, tmp_path / "c").inventory
+        objs = [*warm.services, *warm.endpoint_slices, *warm.service_cidrs]
+        assert objs and len(warm.origins) >= len(objs)
+        for a, b in zip(objs, [*cold.services, *cold.endpoint_slices, *cold.service_cidrs]):
+            rebuilt = type(a)(**{f.name: getattr(a, f.name) for f in dataclasses.fields(a)})
+            assert list(vars(a).items()) == list(vars(rebuilt).items())
+            assert a == b == rebuilt and hash(a) == hash(rebuilt) and repr(a) == repr(b)
+            with pytest.raises(dataclasses.FrozenInstanceError):
+                a.name = "x"
+
+
+def _docs(path: Path) -> list[str]:
+    return path.read_text().split("---\n") if path.exists() else []
+
+
+def _cross_file_edit(root: Path, rnd: random.Random, serial: int) -> None:
+    """One random edit that other files' documents disagree with: a Service defined again
+    in another file, a Service removed (its slices now point nowhere), a ClusterIP or
+    nodePort claimed again from another file, a slice of a Service that does not exist,
+    or a file put back as generated."""
+    svc_files = sorted((root / "services").iterdir())
+    a, b = rnd.sample(svc_files, 2)
+    docs_a, docs_b = _docs(a), _docs(b)
+    r = rnd.random()
+    if r < 0.2 and docs_a:  # the same Service in another file
+        docs_b.append(rnd.choice(docs_a))
+    elif r < 0.4 and len(docs_a) > 1:  # a Service removed: its slices are left
+        del docs_a[rnd.randrange(len(docs_a))]
+    elif r < 0.6 and docs_a:  # another name, the same ClusterIP (and nodePort, if any)
+        d = rnd.choice(docs_a)
+        docs_b.append(re.sub(r"name: (svc-\d+)\n", rf"name: \1-again{serial}\n", d, count=1))
+    elif r < 0.8:  # a slice of a Service nobody defines
+        f = rnd.choice(sorted((root / "endpointslices").iterdir()))
+        docs = _docs(f)
+        i = rnd.randrange(len(docs))
+        docs[i] = docs[i].replace("kubernetes.io/service-name: svc-", f"kubernetes.io/service-name: gone{serial}-", 1)
+        f.write_text("---\n".join(docs))
+    else:  # back to a file of the original tree
+        shutil.copy(root.parent / "orig" / "services" / a.name, a)
+        return
+    a.write_text("---\n".join(docs_a))
+    b.write_text("---\n".join(docs_b))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_cross_file_problems_through_the_cache_equal_a_cold_read(tmp_path, seed):
+    """Chained random edits that make documents of different files disagree: the cached
+    read (unchanged files from the cache, edited ones parsed) reports exactly the
+    problems, with file:line, and the model of a cold read without a cache."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import targets
+
+    targets.generate(tmp_path / "orig", 120, 2)
+    for f in (tmp_path / "orig" / "services").iterdir():  # 4 smaller files of Services
+        docs = _docs(f)
+        for j in range(0, len(docs), 30):
+            (tmp_path / "orig" / "services" / f"{f.stem}-{j:03d}.yaml").write_text("---\n".join(docs[j:j + 30]))
+        f.unlink()
+    root = tmp_path / "m"
+    shutil.copytree(tmp_path / "orig", root)
+    rnd = random.Random(seed)
+    read_inventory_cached(root, tmp_path / "c")
+    found = 0
+    for serial in range(6):
+        _cross_file_edit(root, rnd, serial)
+        cached = read_inventory_cached(root, tmp_path / "c")
+        same(cached, read_inventory(root))
+        found += len(cached.problems)
+    assert found  # the edits did make documents of different files disagree

@@ -155,6 +155,90 @@ def test_service_input_digest_ignores_file_positions_only(world):
     assert service_input_digest(dataclasses.replace(svc, name="other"), ()) != service_input_digest(svc, ())
 
 
+# --- per-file: input digests from the memo for unchanged files (Inventory.origins) ------------
+
+
+def _file_edit(root: Path, n: int, rnd: random.Random, serial: int) -> None:
+    """Random edits of a bench/targets tree on disk: endpoints moved in a slice file, a
+    Service document dropped from its file, a Service flipped to ClientIP affinity."""
+    for _ in range(rnd.randrange(1, 3)):
+        k = rnd.randrange(n)
+        ips = targets.ep_ips(k, 4)
+        ips[rnd.randrange(4)] = targets.fresh_ip(n, 4, serial * 10 + rnd.randrange(10))
+        targets.write_slice_file(root, k, n, 4, {k: ips})
+    f = rnd.choice(sorted((root / "services").iterdir()))
+    docs = f.read_text().split("---\n")
+    if rnd.random() < 0.5 and len(docs) > 1:
+        del docs[rnd.randrange(len(docs))]
+    if rnd.random() < 0.5:
+        i = rnd.randrange(len(docs))
+        if "sessionAffinity" not in docs[i]:
+            docs[i] = docs[i].replace("  ports:\n", "  sessionAffinity: ClientIP\n  ports:\n", 1)
+    f.write_text("---\n".join(docs))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_unchanged_files_keep_their_memo_digests_and_the_result_is_the_full_compile(tmp_path, monkeypatch, seed):
+    """Read through the intake cache, Services of unchanged files take their input digest
+    from the memo (not hashed again); the memo's digests, the ruleset and the plan are
+    still those of a full compile, round after round."""
+    from reconciler.compile import incremental
+    from reconciler.intake import read_inventory_cached
+
+    n = 240
+    root, cache = tmp_path / "m", tmp_path / "cache"
+    targets.generate(root, n, 4)
+    (tmp_path / "cfg.yaml").write_text(targets.NODE_CONFIG)
+    cfg, _ = load_node_config(str(tmp_path / "cfg.yaml"), discover=False)
+    cd = config_digest(cfg, strict=False)
+    real = incremental.service_input_digest
+    hashed: list[str] = []
+    monkeypatch.setattr(incremental, "service_input_digest", lambda svc, sl: hashed.append(svc.key) or real(svc, sl))
+    first = compile_oneshot(read_inventory_cached(root, cache).inventory, cfg, cd)
+    assert len(first.memo["tokens"]) == n  # every Service came through the cache
+    applied, memo = first.ruleset, json.loads(json.dumps(first.memo))
+    rnd = random.Random(seed)
+    for round_ in range(3):
+        _file_edit(root, n, rnd, seed * 10 + round_)
+        res = read_inventory_cached(root, cache)
+        assert not [p for p in res.problems if p.is_error]
+        inv = res.inventory
+        recorded = ruleset_from_json(ruleset_to_json(applied))
+        full = compile_ruleset(inv, cfg, previous=recorded)
+        hashed.clear()
+        one = compile_oneshot(inv, cfg, cd, lazy_ruleset(digest_bytes(applied)), memo)
+        assert one.changed is not None
+        # only Services with a document in an edited file were hashed (at most 3 files of 100)
+        assert 0 < len(hashed) <= 300 and len(hashed) < len(inv.services)
+        by_svc = incremental.slices_by_service(inv.endpoint_slices)
+        assert one.memo["services"] == {s.key: real(s, by_svc.get(s.key, ())) for s in inv.services}
+        assert digest(one.ruleset) == digest(full)
+        plan, full_plan = make_plan(one.desired_part, canonical(one.applied_part)), make_plan(full, canonical(recorded))
+        assert format_text(plan, verbose=False) == format_text(full_plan, verbose=False)
+        applied, memo = one.ruleset, json.loads(json.dumps(one.memo))
+
+
+def test_a_replaced_model_object_is_hashed_again(tmp_path):
+    """An object that is not the one the intake read (probe results, a test's replace)
+    has no origin: its Service's digest is computed, so the change is seen."""
+    from reconciler.compile import incremental
+    from reconciler.intake import read_inventory_cached
+
+    targets.generate(tmp_path / "m", 120, 3)
+    (tmp_path / "cfg.yaml").write_text(targets.NODE_CONFIG)
+    cfg, _ = load_node_config(str(tmp_path / "cfg.yaml"), discover=False)
+    cd = config_digest(cfg, strict=False)
+    inv = read_inventory_cached(tmp_path / "m", tmp_path / "cache").inventory
+    first = compile_oneshot(inv, cfg, cd)
+    s = inv.endpoint_slices[7]
+    edited = dataclasses.replace(s, endpoints=s.endpoints[:1])
+    inv2 = dataclasses.replace(inv, endpoint_slices=tuple(edited if x is s else x for x in inv.endpoint_slices))
+    assert inv2.origins is inv.origins  # carried over by replace: identity is what guards it
+    one = compile_oneshot(inv2, cfg, cd, lazy_ruleset(digest_bytes(first.ruleset)), json.loads(json.dumps(first.memo)))
+    assert one.changed == {s.service_key}
+    assert s.service_key not in one.memo["tokens"]
+
+
 # --- real kernel ---------------------------------------------------------------------------
 
 

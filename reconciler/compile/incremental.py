@@ -462,6 +462,29 @@ def service_input_digest(svc, slices) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
+def input_tokens(inventory: Inventory, services, by_svc: dict) -> dict[str, str]:
+    """Service key -> a digest of the intake's content keys of the Service and its slices
+    (`Inventory.origins`), for the Services whose objects all have one. Equal tokens mean
+    byte-identical documents under the same code, hence an equal input digest: a Service
+    whose token is the memo's takes its digest from there instead of hashing its objects
+    again, so only the Services of changed files are digested (at 10,000 Services the
+    digests cost ~0.5 s of CPU; the tokens ~20 ms)."""
+    origins = inventory.origins
+    out: dict[str, str] = {}
+    if not origins:
+        return out
+    for svc in services:
+        parts = []
+        for o in (svc, *by_svc.get(svc.key, ())):
+            e = origins.get(id(o))
+            if e is None or e[0] is not o:  # not read by the intake cache, or replaced since
+                break
+            parts.append(f"{e[1]}/{e[2]}/{e[3]}")
+        else:
+            out[svc.key] = hashlib.sha256("|".join(parts).encode()).hexdigest()[:32]
+    return out
+
+
 def memo_key(config_digest: str, inventory: Inventory) -> str:
     """What every fragment depends on: the effective node config, --strict and the code
     (`intake.config_digest`), and the service CIDRs."""
@@ -567,13 +590,23 @@ def compile_oneshot(inventory: Inventory, config: NodeConfig, config_digest: str
     key = memo_key(config_digest or "", inventory)
     by_svc = slices_by_service(inventory.endpoint_slices)
     services = sorted(inventory.services, key=lambda s: (s.namespace, s.name))
-    digests = {svc.key: service_input_digest(svc, by_svc.get(svc.key, ())) for svc in services}
-    memo_out = {"version": MEMO_VERSION, "key": key, "exact": False, "services": digests}
-    contexts = {f: family_context(config, f) for f in FAMILIES}
     old = None
     if applied is not None and memo is not None and config_digest and memo.get("key") == key \
             and memo.get("exact") is True and isinstance(memo.get("services"), dict):
         old = memo["services"]
+    tokens = input_tokens(inventory, services, by_svc)
+    # a digest from the memo only where the token is the one it was written with
+    same = memo.get("tokens") if old is not None else None
+    if not isinstance(same, dict):
+        same = {}
+    digests = {}
+    for svc in services:
+        k = svc.key
+        t = tokens.get(k)
+        d = old.get(k) if t is not None and same.get(k) == t else None
+        digests[k] = d if type(d) is str else service_input_digest(svc, by_svc.get(k, ()))
+    memo_out = {"version": MEMO_VERSION, "key": key, "exact": False, "services": digests, "tokens": tokens}
+    contexts = {f: family_context(config, f) for f in FAMILIES}
     # the memo's copy of `applied`'s index ranges spares reading every chain of it
     before = _memo_allocation(memo) if old is not None else None
     if before is None:

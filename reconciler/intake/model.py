@@ -192,3 +192,11 @@ class Inventory:
     endpoint_slices: tuple[EndpointSlice, ...] = ()
     service_cidrs: tuple[ServiceCIDR, ...] = ()
     revision: str = ""  # git commit of the synced worktree, else a content digest
+    # id(model object) -> (that object, its file's intake cache key, the document's index
+    # in the file, the object's index among the document's): for the objects the intake
+    # cache read or parsed. The same key and indexes, the same object (source aside: the
+    # key is of the bytes and the code, not the path). compile_oneshot takes a Service's
+    # input digest from the last compile's memo when its and its slices' keys are the
+    # memo's. The object is kept beside its key so that an id is never taken for another
+    # object's (a replaced Service has a new id, hence no key). Empty: no keys known.
+    origins: dict = field(default_factory=dict, compare=False, repr=False)
