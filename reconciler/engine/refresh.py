@@ -86,20 +86,25 @@ def _memo(target: Target) -> tuple[Ruleset, dict] | None:
 
 
 def desired_ruleset(desired, target: Target, live: Ruleset):
-    """compile_oneshot(inventory, config, config digest, live) — every Service compiled,
-    the listing's index ranges kept — with the unchanged Services' objects taken from the
-    compile memo (module doc). Returns the OneShot whose ruleset is the desired one."""
+    """The OneShot whose ruleset is `desired`'s, compiled as against the listing `live`
+    (compile_memoized with the state's memo)."""
+    return compile_memoized(desired.inventory, desired.config, desired.config_digest, live, _memo(target))
+
+
+def compile_memoized(inventory, config, config_digest: str | None, live: Ruleset,
+                     memo: tuple[Ruleset, dict] | None):
+    """compile_oneshot(inventory, config, config_digest, live): every Service compiled, the
+    listing's index ranges kept, with the unchanged Services' objects taken from `memo`
+    ((a recorded ruleset, its compiled.json), module doc). `live` is only read."""
     from dataclasses import replace
 
-    inv = desired.inventory
-    rec = _memo(target)
-    if rec is None:
-        return compile_oneshot(inv, desired.config, desired.config_digest, live, None)
-    one = compile_oneshot(inv, desired.config, desired.config_digest, rec[0], rec[1])
+    if memo is None:
+        return compile_oneshot(inventory, config, config_digest, live, None)
+    one = compile_oneshot(inventory, config, config_digest, memo[0], memo[1])  # consumes memo[0]
     if one.changed is None:
         logs.log.debug("plan --refresh: the compile memo does not fit; every Service compiled")
     else:
-        logs.log.debug(f"plan --refresh: {one.recompiled} of {len(inv.services)} Services compiled, "
+        logs.log.debug(f"plan --refresh: {one.recompiled} of {len(inventory.services)} Services compiled, "
                        f"the rest from the compile memo")
-    # the memo's ranges are the recorded ruleset's: place them as against the listing
+    # the memo's index ranges are the recorded ruleset's: placed again as against the listing
     return replace(one, ruleset=relocate(one.ruleset, live), changed=None, applied_part=None, desired_part=None)
