@@ -123,6 +123,18 @@ class _Owners:
 
     def __init__(self, desired: Ruleset, live: Ruleset):
         self.known = desired.owners
+        self._sides: tuple[Ruleset, ...] | None = (desired, live)  # indexed on first need
+
+    def __getattr__(self, name: str):
+        # by_ip, by_index, map_users: built when a set or element asks (a diff with no
+        # such change, e.g. `plan --refresh` with nothing to do, never walks both sides)
+        if name in ("by_ip", "by_index", "map_users") and self._sides is not None:
+            self._index(*self._sides)
+            self._sides = None
+            return getattr(self, name)
+        raise AttributeError(name)
+
+    def _index(self, desired: Ruleset, live: Ruleset) -> None:
         self.by_ip: dict[str, str] = {}  # service/endpoint IP → owner, for plain set keys
         self.by_index: dict[tuple[str, str, str], str] = {}  # (family, map, index) → owner (layout sharded)
         self.map_users: dict[tuple[str, str], set[str]] = {}  # (family, map) → its Services, both sides
