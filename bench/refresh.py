@@ -12,7 +12,8 @@ Manifests and node config: bench/targets.py's (realistic mix, 5 endpoints, 100 p
 One `apply` prepares the namespace `nftrec-bench-refresh-<pid>` (deleted in a finally);
 each variant runs once untimed first (its intake cache entries: they are keyed by the code).
 Per round, in this order: before, this checkout, this checkout without compiled.json.
-Figures: median wall and CPU (user + sys of the process, its nft thread included).
+Figures: median wall and CPU (user + sys of the process, its nft thread included), each
+also as a ratio to P's (a loaded machine stretches walls more than CPU).
 """
 
 from __future__ import annotations
@@ -82,20 +83,23 @@ def main() -> int:
         print(f"{args.services} Services x 5: apply {r['wall']:.1f} s ({tmp})", flush=True)
         for _label, fn in variants:
             fn(False)  # warm-up: intake cache entries of this code
-        p_walls = []
+        p_walls, p_cpus = [], []
         for i in range(args.reps):
             res = targets.check(targets.run([sys.executable, "-c", targets.PARSE, m], args.timeout), "parse floor")
             p_walls.append(res["wall"])
+            p_cpus.append(res["user"] + res["sys"])
             for _label, fn in variants:
                 fn()
-        p = statistics.median(p_walls)
-        print(f"\nP (PyYAML CSafeLoader, fresh process): median {p:.2f} s of {', '.join(f'{x:.2f}' for x in p_walls)}")
-        print(f"\n| {args.services} Services, `plan --refresh`, nothing to change | wall (median of {args.reps}) | x P | CPU |")
-        print("|---|---|---|---|")
+        p, pc = statistics.median(p_walls), statistics.median(p_cpus)
+        print(f"\nP (PyYAML CSafeLoader, fresh process): median {p:.2f} s wall of "
+              f"{', '.join(f'{x:.2f}' for x in p_walls)}; CPU {pc:.2f} s")
+        print(f"\n| {args.services} Services, `plan --refresh`, nothing to change | wall (median of {args.reps}) "
+              f"| x P | CPU | CPU x P's CPU |")
+        print("|---|---|---|---|---|")
         for label, rs in results.items():
             w = statistics.median(r["wall"] for r in rs)
             c = statistics.median(r["cpu"] for r in rs)
-            print(f"| {label} | {w:.2f} s | {w / p:.3f} | {c:.2f} s |")
+            print(f"| {label} | {w:.2f} s | {w / p:.3f} | {c:.2f} s | {c / pc:.3f} |")
     finally:
         subprocess_ns(["ip", "netns", "del", ns], check=False)
         shutil.rmtree(tmp, ignore_errors=True)
