@@ -8,7 +8,8 @@
 - a memo that does not belong (another config, a damaged history entry) is not used;
 - real kernel: `plan --refresh` with and without compiled.json prints the same plan (its
   transaction in another order: the memo's objects come in the recorded order) for
-  an edit plus hand-made drift, and nothing for a no-op.
+  an edit plus hand-made drift, and nothing for a no-op; the early listing parses to
+  read_live's Ruleset.
 """
 
 from __future__ import annotations
@@ -193,3 +194,29 @@ def test_refresh_plans_the_same_with_and_without_compiled_json(netns, tmp_path, 
     summary, tx = with_memo.stdout.split("Transaction:")
     assert summary == without.stdout.split("Transaction:")[0]
     assert sorted(tx.splitlines()) == sorted(without.stdout.split("Transaction:")[1].splitlines())
+
+
+@pytest.mark.kernel
+def test_the_early_listing_is_what_read_live_lists(netns, tmp_path):
+    """begin_listing's listing (started on its own Libnftables) parses to read_live's
+    Ruleset, is taken once, and without it read_listing lists through the handle given."""
+    from reconciler.engine import refresh
+    from reconciler.engine.target import Target
+    from reconciler.kernel import Libnftables, read_live
+
+    script = ('add table ip nftrec { comment "x" ; }\n'
+              "add chain ip nftrec c\nadd rule ip nftrec c ip daddr 10.0.0.1 tcp dport 80 dnat to 10.1.0.1:8080\n"
+              "add set ip nftrec s { type ipv4_addr ; elements = { 10.2.0.1, 10.2.0.2 } ; }\n")
+    subprocess.run(["ip", "netns", "exec", netns, "nft", "-f", "-"], input=script, text=True, check=True)
+    target = Target(netns, "nftrec", tmp_path)
+    nft = Libnftables(netns)
+    try:
+        want = read_live(nft, "nftrec")
+        assert want.tables["ip"].chains["c"].rules and want.tables["ip"].sets["s"].elements
+        refresh.begin_listing(target)
+        assert (netns, "nftrec") in refresh._started
+        assert refresh.read_listing(None, target) == want  # None: the early listing, not this handle
+        assert (netns, "nftrec") not in refresh._started
+        assert refresh.read_listing(nft, target) == want
+    finally:
+        nft.close()
