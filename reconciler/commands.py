@@ -170,13 +170,9 @@ def _state_root() -> Path:
 
 
 def _cache_dir() -> Optional[Path]:
-    """The intake cache (reconciler/intake/cache.py) in the state directory;
-    NFTREC_INTAKE_CACHE=off reads without it."""
-    import os
+    from reconciler.engine import intake_cache_dir
 
-    if os.environ.get("NFTREC_INTAKE_CACHE", "").lower() in ("0", "off", "no", "false"):
-        return None
-    return _state_root() / "cache" / "intake"
+    return intake_cache_dir(_state_root())
 
 
 def _target(config: Optional[Path], netns: Optional[str], recover: bool = True):
@@ -243,32 +239,16 @@ def _probed(desired, netns: Optional[str], probe: bool):
 
 
 def _record_invalid(target, e) -> int:
-    from reconciler.engine import LockHeld
+    from reconciler.engine import record_invalid
 
-    try:
-        with target.lock():  # status.json is read-modify-written: only under the lock
-            target.store().record_attempt(e.revision, str(e))
-    except LockHeld:
-        pass  # the running apply records its own outcome
-    return EXIT_OK
+    return record_invalid(target, e)
 
 
 def _guard(fn, *args, **kwargs) -> int:
-    """Run a command; a CommandError becomes one clear line on stderr and exit 1."""
-    from reconciler import logs
-    from reconciler.engine import CommandError
-    from reconciler.kernel import NftError
-    from reconciler.engine import StateCorrupt
+    """Run a command; a CommandError becomes one clear line on stderr and exit 1 (engine.guard)."""
+    from reconciler.engine import guard
 
-    try:
-        return fn(*args, **kwargs)
-    except (CommandError, StateCorrupt) as e:
-        logs.log.error(str(e), extra={"lines": getattr(e, "lines", False)})
-    except NftError as e:
-        logs.log.error(f"nft: {e.text.strip()}", extra={"lines": True})
-    except OSError as e:  # state directory not writable, plan file unreadable, ...
-        logs.log.error(f"{e.strerror or e}: {e.filename or ''}; check the path and its permissions")
-    return EXIT_ERROR
+    return guard(fn, *args, **kwargs)
 
 
 @app.command()
@@ -334,6 +314,9 @@ def apply(
         "namespace, e.g. to a Service VIP. Repeatable."),
 ) -> None:
     """Commit the desired ruleset as one atomic transaction, verify it, record state."""
+    # A plain command line (cli.parse_plain) gets here only when something was unusual
+    # (cli.py says what); otherwise cli._apply runs it the same way without typer. Keep
+    # the two in step (tests/test_noop_fast_path.py compares them).
     from reconciler.engine import run_apply
 
     if verify not in ("touched", "full"):

@@ -62,6 +62,14 @@ def test_transaction_counts_ops_and_renders_script():
     # what libnftables reads: the same script, as bytes, built in one join
     assert tx.script() == tx.text().encode() and tx.script().endswith(b"\n")
     assert Transaction().script() == b""
+    # big ones are streamed to a file instead: the same bytes, and their size without them
+    import io
+
+    tx.raw('add chain ip nftrec café { comment "ünïcode" ; }')
+    for t in (tx, Transaction(), Transaction().extend(tx).extend(tx)):
+        f = io.BytesIO()
+        t.write(f)
+        assert f.getvalue() == t.script() and t.size() == len(t.script())
     with pytest.raises(TypeError):
         Transaction().add("ip", T, Element(("1.2.3.4",)))  # an element needs its set
     with pytest.raises(ValueError):
@@ -239,6 +247,74 @@ def test_two_namespaces_side_by_side(netns):
             b.close()
     finally:
         sh("ip", "netns", "del", other, check=False)
+
+
+def test_big_transactions_are_read_from_a_file(netns, monkeypatch):
+    """A transaction of _TRIM_AFTER bytes or more reaches nft as an unlinked temporary
+    file (no copy of the script in memory): the kernel gets the same ruleset as from a
+    buffer, and a failure quotes the failing line of the transaction."""
+    with Libnftables(netns=netns) as nft:
+        nft.run(small_tx())  # small: from memory
+        from_buffer = nft.list_table("ip", T)
+        nft.run(Transaction().delete_table("ip", T))
+        files = []
+        real = nftmod.tempfile.TemporaryFile
+
+        def temporary_file(**kw):
+            files.append(real(**kw))
+            return files[-1]
+
+        monkeypatch.setattr(nftmod.tempfile, "TemporaryFile", temporary_file)
+        monkeypatch.setattr(nftmod, "_TRIM_AFTER", 40)
+        nft.run(small_tx())
+        assert len(files) == 1 and files[0].closed
+        assert nft.list_table("ip", T) == from_buffer
+        gen = nft.generation()
+        bad = Transaction().add("ip", T, Chain("extra")).add_rule("ip", T, "missing-chain", Rule("drop"))
+        with pytest.raises(NotFound) as exc:
+            nft.run(bad)
+        assert exc.value.text.startswith("transaction line 2:")  # not nft's /proc/self/fd/N
+        assert "Could not process rule: No such file or directory" in exc.value.text
+        assert "add rule ip nftrec missing-chain drop" in exc.value.text  # the failing line itself
+        assert exc.value.script == bad.text()
+        assert nft.generation() == gen and nft.list_table("ip", T) == from_buffer
+        with pytest.raises(NftError):  # check: the same path, nothing committed
+            nft.check(bad)
+        assert len(files) == 3 and all(f.closed for f in files)
+        # no usable temporary directory, or it is full: from memory, as before
+        monkeypatch.setattr(nftmod.tempfile, "TemporaryFile", lambda **kw: (_ for _ in ()).throw(OSError("none")))
+        nft.run(Transaction().add("ip", T, Chain("extra")).add("ip", T, Chain("extra2")))
+        assert "chain extra2" in nft.list_table("ip", T)
+
+        class Full:
+            closed = False
+
+            def write(self, data):
+                raise OSError(28, "No space left on device")
+
+            def close(self):
+                self.closed = True
+
+        full = Full()
+        monkeypatch.setattr(nftmod.tempfile, "TemporaryFile", lambda **kw: full)
+        nft.run(Transaction().add("ip", T, Chain("extra3")).add("ip", T, Chain("extra4")))
+        assert full.closed and "chain extra4" in nft.list_table("ip", T)
+
+
+def test_big_commands_leave_no_cache_behind(netns, monkeypatch):
+    """nft keeps what a command listed or declared in its context's cache (~190 MB after
+    listing a 10,000-Service table): after a big command the context is replaced."""
+    with Libnftables(netns=netns) as nft:
+        nft.run(small_tx())
+        ctx = nft._ctx
+        listing = nft.list_table("ip", T)
+        assert nft._ctx == ctx  # small commands keep their context
+        monkeypatch.setattr(nftmod, "_TRIM_AFTER", 100)
+        assert nft.list_table("ip", T) == listing
+        assert nft._ctx not in (ctx, None)
+        monkeypatch.undo()
+        nft.run(Transaction().add("ip", T, Chain("after")))  # the new context works
+        assert "chain after" in nft.list_table("ip", T)
 
 
 def test_big_commands_give_back_nfts_memory(netns, monkeypatch):

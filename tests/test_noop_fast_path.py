@@ -211,6 +211,40 @@ def test_the_fast_entry_applies_a_noop_as_the_typer_command_line(applied):
     assert fast[3] == [] and FAST in fast[2]
 
 
+def test_a_plain_apply_with_changes_runs_in_the_fast_entry_as_the_typer_command_line(netns, tmp_path):
+    """Not a no-op, a plain `apply` goes on in cli.py (no typer): a cold apply there and one
+    through commands.py (the table deleted in between) print the same and record the same."""
+    d = copy_edge(tmp_path)
+    fast = run_module("cli", "apply", str(d), state=tmp_path / "fast", ns=netns)
+    for family in ("ip", "ip6"):
+        in_ns(netns, "nft", "delete", "table", family, "nftrec")
+    slow = run_module("commands", "apply", str(d), state=tmp_path / "slow", ns=netns)
+    assert fast[:2] == slow[:2] and fast[0] == 0 and "Apply complete" in fast[1], (fast, slow)
+    assert "typer" not in fast[3] and "typer" in slow[3]
+    assert fast[2].count(NOT_FAST) == 1, fast[2]
+    status = [json.loads((tmp_path / s / "netns" / netns / "tables" / "nftrec" / "status.json").read_text())
+              for s in ("fast", "slow")]
+    for doc in status:
+        for key in ("lastAppliedAt", "lastAttemptedAt", "kernelGeneration"):
+            doc.pop(key)
+    assert status[0] == status[1]
+    code, doc, _ = plan(d, tmp_path / "fast", netns)
+    assert code == 0 and doc["fastPath"] is False  # the kernel moved on (the second apply)
+
+
+def test_invalid_input_in_the_fast_entry_is_reported_as_by_the_typer_command_line(netns, tmp_path):
+    d = copy_edge(tmp_path)
+    (d / "broken.yaml").write_text("apiVersion: v1\nkind: Service\nmetadata: {name: Bad_Name}\n")
+    runs = [run_module(m, "apply", str(d), state=tmp_path / m, ns=netns) for m in ("cli", "commands")]
+    fast, slow = ([line for line in r[2].splitlines() if "error" in line.lower()] for r in runs)
+    assert runs[0][:2] == runs[1][:2] and runs[0][0] == 1
+    assert fast == slow and fast, runs
+    assert "typer" not in runs[0][3]
+    for m in ("cli", "commands"):  # recorded as a failed attempt either way
+        st = json.loads((tmp_path / m / "netns" / netns / "tables" / "nftrec" / "status.json").read_text())
+        assert st["lastError"] and st["lastAppliedRevision"] is None
+
+
 def test_the_fast_entry_hands_over_everything_else_once(applied):
     """Not a no-op: the full command line runs, and the check is not made (nor logged) twice."""
     ns, state, d = applied

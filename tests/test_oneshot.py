@@ -52,7 +52,7 @@ def _norm(op) -> str:
     """An nft operation with the elements of a batched map declaration sorted (their order
     follows dict order, which a patch and a full assembly build differently)."""
     op = str(op)
-    m = re.search(r"elements = \{ (.*) \}", op)
+    m = re.search(r"elements = \{ (.*) \} ; \}$", op)  # the declaration's own `} ; }` is not an element
     return op if m is None else op[:m.start(1)] + " , ".join(sorted(m.group(1).split(" , "))) + op[m.end(1):]
 
 

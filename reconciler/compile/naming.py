@@ -28,9 +28,10 @@ FIREWALL_PREFIX = "firewall-"
 
 def hash_and_truncate(name: str) -> str:
     """`HASH8-name`, cut to 240 characters (the last three being "...")."""
-    digest = hashlib.sha256(name.encode("utf-8")).digest()
-    encoded = base64.b32encode(digest).decode("ascii")
-    name = f"{encoded[:8]}-{name}"
+    # The first 8 base32 characters encode exactly the digest's first 5 bytes (base32
+    # works in 5-byte groups), and CPython's b32encode is a Python loop over the input.
+    encoded = base64.b32encode(hashlib.sha256(name.encode("utf-8")).digest()[:5]).decode("ascii")
+    name = f"{encoded}-{name}"
     # Go's len() counts bytes; inputs are ASCII after validation, so bytes == chars,
     # but slice the encoded form so non-ASCII could never exceed the byte limit.
     raw = name.encode("utf-8")

@@ -394,7 +394,7 @@ def endpoints_for_port(
     non-terminating one wins; sorted by the `ip:port` string."""
     chosen: dict[str, EndpointInfo] = {}
     # Sorted so a tie (two equal-status duplicates) resolves the same way every time.
-    for sl in sorted(slices, key=lambda s: (s.namespace, s.name, repr(s))):
+    for sl in _slice_order(slices):
         if ADDRESS_TYPE_FAMILY.get(sl.address_type) != family:
             continue
         sport = next((p for p in sl.ports
@@ -413,6 +413,16 @@ def endpoints_for_port(
             if prev is None or (prev.terminating and not info.terminating):
                 chosen[info.string] = info
     return sorted(chosen.values(), key=lambda e: e.string)
+
+
+def _slice_order(slices: Iterable[EndpointSlice]) -> list[EndpointSlice]:
+    """Slices by (namespace, name), then by their whole content (repr) where two share
+    a name. repr is taken only then: for every slice it cost ~10 % of a cold compile."""
+    slices = list(slices)
+    names = {(s.namespace, s.name) for s in slices}
+    if len(names) == len(slices):
+        return sorted(slices, key=lambda s: (s.namespace, s.name))
+    return sorted(slices, key=lambda s: (s.namespace, s.name, repr(s)))
 
 
 def _endpoint_info(ep: Endpoint, ip: str, port: int, node_name: str) -> EndpointInfo:

@@ -3,6 +3,10 @@
 desired (desired.load_desired, a saved plan, or a history entry for --rollback)
   → read live (live.read_live, or the fast path below) → plan.make_plan
   → one atomic transaction (nft.Interface.run) → re-read and verify → state store.
+Verification reads back what the transaction wrote (sync.verify_touched); when it
+created the table, or with --verify full, one listing compared by fingerprint
+(verify.py), whose expected side and the history entry's bytes are computed while nft
+commits.
 
 Fast path: after every apply the state records the kernel's ruleset generation (bumped
 by ANY commit in the namespace). When it is unchanged, the kernel still holds exactly
@@ -22,7 +26,7 @@ from pathlib import Path
 from typing import TextIO
 
 from reconciler import logs
-from reconciler.compile import Ruleset, digest, relocate
+from reconciler.compile import Ruleset, digest, known_digest_bytes, relocate
 from reconciler.engine import confirm as confirm_window
 from reconciler.engine import planfile
 from reconciler.engine.changes import diff
@@ -31,8 +35,9 @@ from reconciler.engine.plan import format_text, make_plan, to_json
 from reconciler.engine.refresh import desired_ruleset, read_listing
 from reconciler.engine.probes import probe_status_json, probe_status_lines, read_probe_state
 from reconciler.engine.state import HOST, StateCorrupt, read_history, read_status
-from reconciler.engine.sync import clean_udp_conntrack, commit, forget_affinity_clients, verify_applied, verify_touched
+from reconciler.engine.sync import clean_udp_conntrack, commit, forget_affinity_clients, touched_objects, verify_touched
 from reconciler.engine.target import CommandError, Target, short_revision
+from reconciler.engine.verify import Prepared, verify_listed
 from reconciler.kernel import Libnftables, NftError, canonical, fingerprint, kernel_token, read_live
 
 EXIT_OK, EXIT_ERROR, EXIT_CHANGES = 0, 1, 2
@@ -238,6 +243,8 @@ def run_apply(target: Target, *, desired=None, plan_path: Path | None = None,
         if confirm is not None and not plan.empty:  # nothing changes: nothing to confirm
             pending = confirm_window.begin_confirm(nft, store, writer="nftrec apply", revision=revision,
                                            digest=digest(ruleset), timeout=confirm.timeout, checks=confirm.checks)
+        listed = verify == "full" or touched_objects(plan) is None  # verification lists the tables
+        prepared = Prepared(ruleset, plan, listed)
         try:
             plan, _ = commit(nft, target.table, ruleset, plan, services,
                              from_memory="the recorded state" if fast else None)
@@ -247,11 +254,14 @@ def run_apply(target: Target, *, desired=None, plan_path: Path | None = None,
             store.record_attempt(revision, e.text)
             raise CommandError(f"the kernel rejected the transaction; nothing was changed "
                                f"(the previous ruleset is whole). nft said:\n{e.text.strip()}", lines=True) from None
+        finally:
+            prepared.join()
         try:
-            if verify == "full":
-                after, token = verify_applied(nft, target, ruleset)
+            if verify == "full" or touched_objects(plan) is None:
+                after, token, after_fp = verify_listed(nft, target, ruleset, prepared.expected)
             else:
                 after, token = verify_touched(nft, target, ruleset, plan, token_before=token_before)
+                after_fp = None  # nothing was listed
         except CommandError as e:
             if pending is not None:
                 confirm_window.roll_back(nft, store, pending, f"the apply could not be verified: {e}")
@@ -265,11 +275,11 @@ def run_apply(target: Target, *, desired=None, plan_path: Path | None = None,
         def record():
             # the fingerprint of a listing; none was read when only the touched objects
             # were (canonicalising the whole ruleset for it cost seconds at 10,000 Services)
-            recorded[:] = [store.record_applied(revision, ruleset, fingerprint(after) if after is not None else None,
-                                 token, plan_id,
-                                 input_digest=desired.input_digest if from_dir else None,
-                                 config_digest=desired.config_digest if from_dir else None,
-                                 compiled=memo if from_dir else None).desired_digest]
+            with known_digest_bytes(ruleset, prepared.body):  # encoded while nft committed
+                recorded[:] = [store.record_applied(revision, ruleset, after_fp, token, plan_id,
+                                     input_digest=desired.input_digest if from_dir else None,
+                                     config_digest=desired.config_digest if from_dir else None,
+                                     compiled=memo if from_dir else None).desired_digest]
 
         if pending is not None:
             confirm_window.hold_window(nft, target, pending, confirm, record)  # CommandError: rolled back

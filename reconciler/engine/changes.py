@@ -21,8 +21,8 @@ from typing import Iterator
 
 from reconciler.kernel import OTHER_KINDS, canonical, chain_policy, table_flags, table_others
 from reconciler.kernel import Transaction
-from reconciler.compile import Chain, Element, NamedSet, NftSyntaxError, Ruleset, Table, chain_id, chain_range, check_name, \
-    declarable, element_id, set_elements_cmd, set_id
+from reconciler.compile import Chain, Element, NamedSet, NftSyntaxError, Ruleset, Table, chain_id, chain_range, \
+    chain_rules_cmd, check_name, declarable, element_id, set_cmd, set_elements_cmd, set_id
 
 # --- the result ----------------------------------------------------------------------------
 
@@ -121,9 +121,12 @@ def owner_of_name(name: str) -> str | None:
 class _Owners:
     """Who owns an object: desired.owners first, else derived from names and values."""
 
-    def __init__(self, desired: Ruleset, live: Ruleset):
+    def __init__(self, desired: Ruleset, live: Ruleset, focus: dict | None = None):
         self.known = desired.owners
-        self._sides: tuple[Ruleset, ...] | None = (desired, live)  # indexed on first need
+        # our own ruleset as the other side (watch: the projection of what we applied)
+        # knows who owned what it loses; a kernel listing knows nothing (empty)
+        self.known_live = live.owners
+        self._sides: tuple | None = (desired, live, focus)  # indexed on first need
 
     def __getattr__(self, name: str):
         # by_ip, by_index, map_users: built when a set or element asks (a diff with no
@@ -134,10 +137,11 @@ class _Owners:
             return getattr(self, name)
         raise AttributeError(name)
 
-    def _index(self, desired: Ruleset, live: Ruleset) -> None:
+    def _index(self, desired: Ruleset, live: Ruleset, focus: dict | None) -> None:
         self.by_ip: dict[str, str] = {}  # service/endpoint IP → owner, for plain set keys
         self.by_index: dict[tuple[str, str, str], str] = {}  # (family, map, index) → owner (layout sharded)
         self.map_users: dict[tuple[str, str], set[str]] = {}  # (family, map) → its Services, both sides
+        focus = focus or {}
         for rs in (desired, live):
             for fam, t in rs.tables.items():
                 for name, c in t.chains.items():
@@ -156,7 +160,10 @@ class _Owners:
                         for m in _DNAT_IP.finditer(r.body):
                             self.by_ip.setdefault(m.group(1) or m.group(2), o)
                 for s in t.sets.values():
-                    for e in s.elements.values():
+                    keys = focus.get((fam, s.name))  # only these are compared (diff): the rest needs no owner
+                    elems = s.elements.values() if keys is None else \
+                        [s.elements[k] for k in keys if k in s.elements]
+                    for e in elems:
                         o = self._from_value(e)
                         if o:
                             self.by_ip.setdefault(e.key[0], o)
@@ -189,11 +196,15 @@ class _Owners:
         return o
 
     def element(self, fam: str, set_name: str, e: Element) -> str | None:
-        return (self.known.get(element_id(fam, set_name, e.key)) or self._from_value(e)
+        eid = element_id(fam, set_name, e.key)
+        return (self.known.get(eid) or self.known_live.get(eid) or self._from_value(e)
                 or self.by_index.get((fam, set_name, e.key[0])) or self.by_ip.get(e.key[0]))
 
 
 # --- diff ----------------------------------------------------------------------------------
+
+
+_SET_REF = re.compile(r"@([^\s,{}]+)")  # a set or map a rule body uses
 
 
 def _set_def(s: NamedSet) -> tuple:
@@ -209,10 +220,25 @@ def _elem_text(e: Element) -> str:
     return " . ".join(e.key) + (f" : {e.value}" if e.value is not None else "")
 
 
+def _focus(desired: Ruleset, live: Ruleset) -> dict[tuple[str, str], frozenset]:
+    """The element keys to compare per set (`Ruleset.focus`, two projections): only sets
+    both sides focus on; the union of both sides' keys (a Service's index range may
+    differ between them)."""
+    return {k: keys | live.focus[k] for k, keys in desired.focus.items() if k in live.focus}
+
+
+def _key_order(key: tuple[str, ...]) -> tuple:
+    """Element keys in a stable order (a map's numeric indexes by value): a plan must
+    not depend on hashing."""
+    return tuple((0, int(k), "") if k.isdigit() else (1, 0, k) for k in key)
+
+
 def diff(desired: Ruleset, live: Ruleset) -> Changes:
-    """What differs between `desired` (as compiled) and `live` (from read_live)."""
+    """What differs between `desired` (as compiled) and `live` (from read_live).
+    Two projections (compile.project) compare only their `focus` keys of a shared set."""
+    focus = _focus(desired, live)
     want = canonical(desired)
-    who = _Owners(desired, live)
+    who = _Owners(desired, live, focus)
     out = Changes()
     for fam in sorted(set(want.tables) | set(live.tables)):
         fc = FamilyChanges(fam)
@@ -235,7 +261,7 @@ def diff(desired: Ruleset, live: Ruleset) -> Changes:
             fc.table = Change("add" if l is None else "change", fam, "table", d.name, reason=why, old=l, new=d)
             _all_of(fc, d, who)
         else:
-            _diff_table(fc, d, l, who)
+            _diff_table(fc, d, l, who, focus)
         if any(True for _ in fc):
             out.families[fam] = fc
     return out
@@ -271,8 +297,9 @@ def _elements_added(fc: FamilyChanges, s: NamedSet, elems, who: _Owners, reason:
         )
 
 
-def _diff_table(fc: FamilyChanges, d: Table, l: Table, who: _Owners) -> None:
+def _diff_table(fc: FamilyChanges, d: Table, l: Table, who: _Owners, focus: dict | None = None) -> None:
     fam = fc.family
+    focus = focus or {}
     # Sets first: a re-created set forces a rewrite of every chain that references it.
     recreated: list[str] = []
     for name, s in d.sets.items():
@@ -290,8 +317,15 @@ def _diff_table(fc: FamilyChanges, d: Table, l: Table, who: _Owners) -> None:
             recreated.append(name)
             _elements_added(fc, s, s.elements.values(), who)
         elif "dynamic" not in s.flags:
-            for key, e in s.elements.items():
-                le = ls.elements.get(key)
+            keys = focus.get((fam, name))
+            if keys is not None:  # two projections: only these keys can differ
+                both = sorted(keys, key=_key_order)
+                want_e = {k: s.elements[k] for k in both if k in s.elements}
+                have_e = {k: ls.elements[k] for k in both if k in ls.elements}
+            else:
+                want_e, have_e = s.elements, ls.elements
+            for key, e in want_e.items():
+                le = have_e.get(key)
                 if le is None:
                     _elements_added(fc, s, [e], who)
                 elif (le.value, le.comment) != (e.value, e.comment):
@@ -299,8 +333,8 @@ def _diff_table(fc: FamilyChanges, d: Table, l: Table, who: _Owners) -> None:
                     fc.elements_changed.append(
                         Change("change", fam, "element", name, key, who.element(fam, name, e), why, old=le, new=e)
                     )
-            for key, le in ls.elements.items():
-                if key not in s.elements:
+            for key, le in have_e.items():
+                if key not in want_e:
                     fc.elements_removed.append(
                         Change("remove", fam, "element", name, key, who.element(fam, name, le),
                                f"gone: {_elem_text(le)}", old=le)  # fmt: skip
@@ -394,10 +428,19 @@ def transaction_for(changes: Changes, desired: Ruleset) -> Transaction:
         for c in fc.elements_removed + fc.elements_changed:
             if c.name not in rewrite:
                 tx.delete(fam, T, c.old, set=d.sets[c.name])
-        # 5. Rules of new and rewritten chains (everything they reference exists now).
-        for c in fc.chains_added + fc.chains_changed:
-            for r in d.chains[c.name].rules:
-                tx.add_rule(fam, T, c.name, r)
+        # 5. Rules of new and rewritten chains (everything they reference exists now),
+        # each chain's through its declaration (`chain_rules_cmd`: no nft cache fill, as
+        # `add rule` does); nft then resolves a rule's `@set` only among the sets this
+        # transaction declares, so the existing ones they use are re-declared (the same
+        # definition: a no-op for the kernel) first.
+        written = [d.chains[c.name] for c in fc.chains_added + fc.chains_changed if d.chains[c.name].rules]
+        declared = {c.name for c in fc.sets_added + fc.sets_changed}
+        used = {m for ch in written for r in ch.rules for m in _SET_REF.findall(r.body)}
+        for name in sorted(used - declared):
+            if name in d.sets:
+                tx.raw(set_cmd("add", fam, T, d.sets[name]))
+        for ch in written:
+            tx.raw(chain_rules_cmd(fam, T, ch))
         # 6. Element additions, after the rules: binding a rule to a map walks every
         # element already in it (nf_tables_bind_set), so elements first cost rules x
         # elements per map; this way each element only checks the map's bindings (a

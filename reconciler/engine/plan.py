@@ -89,7 +89,9 @@ def _live_ids(live: Ruleset) -> set[str]:
         ids.update(chain_id(fam, n) for n in t.chains)
         for s in t.sets.values():
             ids.add(set_id(fam, s.name))
-            ids.update(element_id(fam, s.name, k) for k in s.elements)
+            keys = live.focus.get((fam, s.name))  # a projection's shared set: the changed Services' keys
+            ids.update(element_id(fam, s.name, k) for k in (s.elements if keys is None else
+                                                            (k for k in keys if k in s.elements)))
     return ids
 
 

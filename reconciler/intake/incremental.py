@@ -53,13 +53,20 @@ from reconciler.intake.validate import DocumentCheck, check_document, check_tree
 RACY_SECONDS = 2.0  # files modified this recently are re-hashed on the next read
 
 
+def _relative(real: Path, root: Path) -> str | None:
+    """real.relative_to(root).as_posix() by string prefix (None: not under root): pathlib
+    parses every path again, ~25 ms per git-sync revision of 200 files at 10,000 Services."""
+    prefix = str(root).rstrip("/") + "/"
+    text = str(real)
+    return text[len(prefix):] if text.startswith(prefix) and len(text) > len(prefix) else None
+
+
 def _same_files(paths: list[tuple[str, Path]], old: Path, new: Path, blobs: dict) -> list[tuple[str, Path]] | None:
     """The walk of `old` as the walk of `new` gives it, when the new checkout's commit
     (`blobs`, git.checkout_blobs) has exactly the same manifest files and no links or
     submodules (those need the walk's rules); None: walk."""
-    try:
-        rel = [real.relative_to(old).as_posix() for _, real in paths]
-    except ValueError:
+    rel = [_relative(real, old) for _, real in paths]
+    if None in rel:
         return None
     listed = set()
     for path, (mode, _) in blobs.items():
@@ -259,8 +266,8 @@ class Intake:
     def _same_blob(e: _FileEntry, display: str, real: Path, root: Path, blobs: dict) -> bool:
         """The new checkout's commit holds, at `real`, the bytes `e` was read from."""
         try:
-            mode, oid = blobs[real.relative_to(root).as_posix()]
-        except (KeyError, ValueError):
+            mode, oid = blobs[_relative(real, root)]
+        except KeyError:
             return False
         if mode not in ("100644", "100755"):
             return False

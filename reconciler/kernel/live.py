@@ -210,7 +210,7 @@ def canonical(rs: Ruleset) -> Ruleset:
             n: replace(c, rules=tuple(canonical_rule_obj(r) for r in c.rules)) for n, c in t.chains.items()
         }
         tables[fam] = Table(t.family, t.name, t.comment, chains, dict(t.sets))
-    return Ruleset(tables, dict(rs.owners))
+    return Ruleset(tables, dict(rs.owners), focus=rs.focus)
 
 
 # --- parsing nft's text listing ------------------------------------------------------------

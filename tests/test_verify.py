@@ -1,0 +1,96 @@
+"""engine/verify.py: a cold `apply` (the transaction created the table) and `--verify full`
+compare one listing with the desired ruleset by fingerprint, and still fail on any
+difference; the history bytes and the expected fingerprint computed beside the commit
+are the ones computed after it.
+
+Against the Fake (test_sync.py's CountingFake, with kernel tokens); the real kernel's
+cold apply is every first `nftrec apply` in tests/test_cli_kernel.py and the data-plane
+tests.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from reconciler.compile import digest_bytes, known_digest_bytes
+from reconciler.engine import CommandError, Target, commit, make_plan
+from reconciler.engine.verify import OVERLAP_MAX_OPS, Prepared, expected, verify_listed
+from reconciler.kernel import fingerprint, kernel_token, read_live
+from test_sync import TABLE, CountingFake, ruleset
+
+
+@pytest.fixture
+def cold(tmp_path):
+    """A Fake after a cold apply of edge-small: (nft, target, desired, plan)."""
+    nft = CountingFake()
+    target = Target(None, TABLE, tmp_path / "state")
+    desired = ruleset(tmp_path, edit=False)
+    plan = make_plan(desired, read_live(nft, TABLE))
+    plan, _ = commit(nft, TABLE, desired, plan, {}, from_memory=None)
+    return nft, target, desired, plan
+
+
+def test_a_created_table_is_verified_by_one_listing(cold):
+    nft, target, desired, _ = cold
+    nft.full_listings = 0
+    live, token, fp = verify_listed(nft, target, desired)
+    assert nft.full_listings == 2  # ip and ip6, once: the fingerprints agreed
+    assert token == kernel_token(nft) and fp == fingerprint(live) == fingerprint(read_live(nft, TABLE))
+    assert fp == expected(desired)[0]
+
+
+def test_a_rule_that_differs_fails_verification(cold):
+    """What nft stored is not what we meant (simulated: a rule changed after the commit)."""
+    nft, target, desired, _ = cold
+    nft.tables[("ip", TABLE)].chains["services"].rules.append("meta mark set 0x1")
+    with pytest.raises(CommandError, match="does not match the desired ruleset .*services"):
+        verify_listed(nft, target, desired)
+
+
+def test_a_missing_element_fails_verification(cold):
+    nft, target, desired, _ = cold
+    elements = nft.tables[("ip", TABLE)].sets["cluster-ips"].elements
+    elements.pop(next(iter(elements)))
+    with pytest.raises(CommandError, match="does not match the desired ruleset .*cluster-ips"):
+        verify_listed(nft, target, desired)
+
+
+def test_typeof_is_compared_although_the_fingerprint_leaves_it_out(cold):
+    nft, target, desired, _ = cold
+    other = copy.deepcopy(desired)
+    name, s = next((n, s) for n, s in other.tables["ip"].sets.items() if s.typeof)
+    s.typeof = False
+    assert expected(other)[0] == expected(desired)[0]  # the fingerprint cannot tell them apart
+    with pytest.raises(CommandError, match=f"does not match the desired ruleset .*{name}"):
+        verify_listed(nft, target, other)
+
+
+def test_prepared_computes_what_is_computed_after_the_commit(tmp_path):
+    nft = CountingFake()
+    desired = ruleset(tmp_path, edit=False)
+    plan = make_plan(desired, read_live(nft, TABLE))
+    assert 0 < len(plan.transaction) <= OVERLAP_MAX_OPS
+    prepared = Prepared(desired, plan, listed=True)
+    commit(nft, TABLE, desired, plan, {}, from_memory=None)
+    prepared.join()
+    assert prepared.expected == expected(desired)
+    assert prepared.body == digest_bytes(desired)
+    unlisted = Prepared(desired, plan, listed=False)
+    unlisted.join()
+    assert unlisted.expected is None and unlisted.body == prepared.body
+    empty = Prepared(desired, make_plan(desired, read_live(nft, TABLE)), listed=True)  # nothing to commit
+    empty.join()
+    assert empty.expected is None and empty.body is None
+
+
+def test_known_digest_bytes_serve_only_their_ruleset_inside_the_block(tmp_path):
+    desired = ruleset(tmp_path, edit=False)
+    other = copy.deepcopy(desired)
+    with known_digest_bytes(desired, b"marker"):
+        assert digest_bytes(desired) == b"marker"
+        assert digest_bytes(other) != b"marker"  # equal, but not the same object
+    assert digest_bytes(desired) == digest_bytes(other) != b"marker"
+    with known_digest_bytes(desired, None):  # nothing prepared: computed as usual
+        assert digest_bytes(desired) == digest_bytes(other)
