@@ -32,6 +32,7 @@ from reconciler.engine import planfile
 from reconciler.engine.changes import diff
 from reconciler.engine.lock import LockHeld
 from reconciler.engine.plan import format_text, make_plan, to_json
+from reconciler.engine.refresh import desired_ruleset, read_listing
 from reconciler.engine.probes import probe_status_json, probe_status_lines, read_probe_state
 from reconciler.engine.state import HOST, StateCorrupt, read_history, read_status
 from reconciler.engine.sync import clean_udp_conntrack, commit, forget_affinity_clients, touched_objects, verify_touched
@@ -89,11 +90,14 @@ def plan_desired(desired, nft: Libnftables, target: Target, *, refresh: bool):
 
     # lazily: with its memo, compile_oneshot reads only the changed Services' objects
     rec = None if refresh else recorded_state(nft, target, lazy=True)
-    live = read_live(nft, target.table) if rec is None else None
+    live = (read_listing(nft, target) if refresh else read_live(nft, target.table)) if rec is None else None
     applied, memo = rec if rec is not None else (live, None)
     inv = desired.inventory
     try:
-        one = compile_oneshot(inv, desired.config, desired.config_digest, applied, memo)
+        if refresh:  # the listing and the inputs only; a compile memo spares unchanged Services
+            one = desired_ruleset(desired, target, live)
+        else:
+            one = compile_oneshot(inv, desired.config, desired.config_digest, applied, memo)
     except NftSyntaxError as e:  # defence in depth: validation should have refused it
         raise CommandError(f"refusing input that would reach nft unsafely: {e}") from None
     desired = replace(desired, ruleset=one.ruleset)

@@ -126,6 +126,18 @@ class _Owners:
         # our own ruleset as the other side (watch: the projection of what we applied)
         # knows who owned what it loses; a kernel listing knows nothing (empty)
         self.known_live = live.owners
+        self._sides: tuple | None = (desired, live, focus)  # indexed on first need
+
+    def __getattr__(self, name: str):
+        # by_ip, by_index, map_users: built when a set or element asks (a diff with no
+        # such change, e.g. `plan --refresh` with nothing to do, never walks both sides)
+        if name in ("by_ip", "by_index", "map_users") and self._sides is not None:
+            self._index(*self._sides)
+            self._sides = None
+            return getattr(self, name)
+        raise AttributeError(name)
+
+    def _index(self, desired: Ruleset, live: Ruleset, focus: dict | None) -> None:
         self.by_ip: dict[str, str] = {}  # service/endpoint IP → owner, for plain set keys
         self.by_index: dict[tuple[str, str, str], str] = {}  # (family, map, index) → owner (layout sharded)
         self.map_users: dict[tuple[str, str], set[str]] = {}  # (family, map) → its Services, both sides

@@ -14,7 +14,7 @@ from reconciler import lazy_exports
 __all__, __getattr__ = lazy_exports(__name__, {
     "conntrack": ("cleanup_udp",),
     "health": ("HealthChecker",),
-    "live": ("OTHER_KINDS", "canonical", "chain_policy", "fingerprint", "kernel_token", "read_live",
+    "live": ("OTHER_KINDS", "canonical", "chain_policy", "fingerprint", "kernel_token", "parse_live", "read_live",
              "parse_duration", "read_live_objects", "read_runtime_keys", "table_flags", "table_others"),
     "probes": ("ProbeLoop", "check_probe", "probe_all", "raise_fd_limit"),
     "nft": ("Fake", "Interface", "Libnftables", "NamespaceThread", "NftError", "NotFound", "Transaction"),

@@ -38,6 +38,8 @@ _COMMENT_TAIL = re.compile(r'\s+comment\s+"([^"]*)"$')
 
 def split_comment(text: str) -> tuple[str, str | None]:
     """`body comment "c"` → (body, c); nft prints a rule's comment last."""
+    if '"' not in text:  # most rules: no comment to look for
+        return text.strip(), None
     m = _COMMENT_TAIL.search(text)
     if m is None:
         return text.strip(), None
@@ -125,53 +127,75 @@ def _nest(tokens: list[str]) -> list:
     return out
 
 
+# Tokens canonical_rule treats by context (the others by their form alone, _token_form).
+_CONTEXT = frozenset({"mark", "dnat", "snat", "meta", *_OPS})
+
+
 @lru_cache(maxsize=65536)
 def canonical_rule(text: str) -> str:
     """The normal form of a rule body (no comment), equal for our text and nft's listing."""
-    toks = _TOKEN.findall(text)
+    # Without quotes, braces or commas the tokens are the words (a listing's usual rule;
+    # str.split is several times cheaper than the token pattern).
+    toks = _TOKEN.findall(text) if ('"' in text or "{" in text or "}" in text or "," in text) else text.split()
+    forms = _FORMS
     out: list[str] = []
-    i = 0
-    while i < len(toks):
+    i, n = 0, len(toks)
+    while i < n:
         t = toks[i]
-        prev = out[-1] if out else ""
-        is_hex, form = _token_form(t)
-        if t == "mark" and prev not in ("meta", "ct"):
-            out += ["meta", "mark"]
+        form = forms.get(t)
+        if form is None:
+            form = _token_form(t)
+        if form:  # an address that normalises, or (a hex number's form,)
+            out.append(form if form.__class__ is str else form[0])
+        elif t not in _CONTEXT:
+            if t.isdigit() and len(out) >= 2 and out[-1] in ("!=", "==") and _HEX.fullmatch(out[-2]):
+                out.append("0x%08x" % int(t))  # `mark and 0x4000 != 0`
+            else:
+                out.append(t)
+        elif t == "mark":
+            out += ("mark",) if out and out[-1] in ("meta", "ct") else ("meta", "mark")
         elif t in _OPS:
             out.append(_OPS[t])
-        elif is_hex:
-            out.append(form)
-        elif t.isdigit() and prev in ("!=", "==") and len(out) >= 2 and _HEX.fullmatch(out[-2]):
-            out.append("0x%08x" % int(t))  # `mark and 0x4000 != 0`
         elif t == "dnat" or t == "snat":
             out.append(t)
             # `dnat ip addr . port to …` lists as `dnat ip to …`
             if toks[i + 1 : i + 2] in (["ip"], ["ip6"]) and toks[i + 2 : i + 6] == ["addr", ".", "port", "to"]:
                 out += [toks[i + 1], "to"]
                 i += 5
-        elif (
-            t == "meta"
-            and toks[i + 1 : i + 2] == ["l4proto"]
-            and i + 3 < len(toks)
-            and toks[i + 2] in _L4
-            and toks[i + 3] == toks[i + 2]
-        ):
+        elif i + 3 < n and toks[i + 1] == "l4proto" and toks[i + 2] in _L4 and toks[i + 3] == toks[i + 2]:
             i += 3  # `meta l4proto tcp tcp dport 80`: nft drops the implied dependency
             continue
         else:
-            out.append(form)
+            out.append(t)
         i += 1
-    return " ".join(_nest(out))
+    return " ".join(_nest(out) if "{" in out else out)
 
 
-@lru_cache(maxsize=1 << 17)
-def _token_form(t: str) -> tuple[bool, str]:
-    """(whether `t` is a hex number, its normal form out of context): a listing repeats
-    its keywords and addresses thousands of times; each is parsed once."""
+# token -> its normal form out of context: "" when it is its own, the new text when an
+# address normalises, (form,) for a hex number. A listing repeats its keywords and
+# addresses thousands of times: each is parsed once.
+_FORMS: dict[str, object] = {}
+
+
+_V4_OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+_V4 = re.compile(rf"{_V4_OCTET}(?:\.{_V4_OCTET}){{3}}")
+
+
+def _token_form(t: str):
     if _HEX.fullmatch(t):
-        return True, "0x%08x" % int(t, 16)
-    nets = _ip(t) if t not in ("{", "}", ",") else None
-    return False, (_net_text(nets[0]) if nets and len(nets) == 1 else t)
+        form = ("0x%08x" % int(t, 16),)
+    elif _V4.fullmatch(t) or (t.count(":") == 1 and "." in t):
+        # an IPv4 address in nft's spelling lists as itself; `10.0.0.1:80` (one colon
+        # and a dot) is no address: both without ipaddress's parse (or its exception)
+        form = ""
+    else:
+        nets = _ip(t) if t not in ("{", "}", ",") else None
+        form = _net_text(nets[0]) if nets and len(nets) == 1 else t
+        if form == t:
+            form = ""
+    if len(_FORMS) < (1 << 17):
+        _FORMS[t] = form
+    return form
 
 
 def canonical_rule_obj(rule: Rule) -> Rule:
@@ -386,28 +410,55 @@ def _parse_set(name: str, kind: str, body: list[str]) -> NamedSet:
             elems_text = " ".join(chunk).rstrip()[:-1]
         # size, policy, gc-interval, auto-merge: kernel/nft defaults we never set
     if elems_text and "dynamic" not in s.flags:  # dynamic sets: filled by the kernel
-        for e in _split_top(elems_text):
-            el = _parse_element(e, kind == "map")
-            s.elements[el.key] = el
+        if '"' in elems_text or "timeout" in elems_text or "expires" in elems_text:
+            for e in _split_top(elems_text):
+                el = _parse_element(e, kind == "map")
+                s.elements[el.key] = el
+        else:
+            s.elements = _plain_elements(elems_text, kind == "map")
     return s
+
+
+def _plain_elements(text: str, is_map: bool) -> dict:
+    """_parse_element of every element of a list without quotes or runtime attributes
+    (all of a 10,000-Service listing's 85,000), inlined: key -> Element."""
+    out = {}
+    strip = str.strip
+    for item in text.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        value = None
+        if is_map:
+            item, _, value = item.partition(" : ")
+            value = value.strip() if _ else None
+        key = tuple(map(strip, item.split(" . "))) if " . " in item else (item.strip(),)
+        out[key] = Element(key, value, None)
+    return out
 
 
 def read_live(nft: Interface, table_name: str) -> Ruleset:
     """nftrec's tables (both families) as a canonical Ruleset; absent tables are absent."""
     from reconciler import progress
 
-    rs = Ruleset()
     with progress.step(f"listing table {table_name} in the kernel"):
-        for family in FAMILIES:
-            text = nft.list_table(family, table_name)
-            if text is not None:
-                try:
-                    rs.tables[family] = parse_table(text, family)
-                except ValueError as e:
-                    raise NftError(
-                        f"cannot read table {family} {table_name}: {e}. Something other than nftrec "
-                        f"put it there; look with `nft list table {family} {table_name}`, delete it by "
-                        f"hand, or run `nftrec cleanup` and apply again") from None
+        return parse_live({family: nft.list_table(family, table_name) for family in FAMILIES}, table_name)
+
+
+def parse_live(listings: dict[str, str | None], table_name: str) -> Ruleset:
+    """read_live's Ruleset from its listings ({family: list_table's text or None}), for a
+    caller that listed them itself (`plan --refresh` starts the listing early)."""
+    rs = Ruleset()
+    for family in FAMILIES:
+        text = listings.get(family)
+        if text is not None:
+            try:
+                rs.tables[family] = parse_table(text, family)
+            except ValueError as e:
+                raise NftError(
+                    f"cannot read table {family} {table_name}: {e}. Something other than nftrec "
+                    f"put it there; look with `nft list table {family} {table_name}`, delete it by "
+                    f"hand, or run `nftrec cleanup` and apply again") from None
     return rs
 
 

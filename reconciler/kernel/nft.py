@@ -307,16 +307,25 @@ class NamespaceThread:
             done.set()
 
     def call(self, fn: Callable[[], T]) -> T:
+        return self.submit(fn)()
+
+    def submit(self, fn: Callable[[], T]) -> Callable[[], T]:
+        """Queue `fn` on the thread now; the returned function waits for its result (or
+        raises its exception). The caller's thread runs on meanwhile: a listing spends
+        its time in libnftables and the kernel, outside the GIL."""
         if not self._thread.is_alive():
             raise NftError("the nft worker thread is closed")
         box: list = []
         done = threading.Event()
         self._q.put((fn, box, done))
-        done.wait()
-        ok, value = box[0]
-        if ok:
-            return value
-        raise value
+
+        def wait() -> T:
+            done.wait()
+            ok, value = box[0]
+            if ok:
+                return value
+            raise value
+        return wait
 
     def close(self) -> None:
         if self._thread.is_alive():
@@ -455,11 +464,19 @@ class Libnftables:
         self._worker.call(lambda: self._cmd(script))
 
     def list_table(self, family: str, table: str) -> str | None:
+        return self.list_table_later(family, table)()
+
+    def list_table_later(self, family: str, table: str) -> Callable[[], str | None]:
+        """list_table, started now on the worker thread; the returned function waits for
+        the listing (`plan --refresh` lists while it reads the manifests)."""
         cmd = table_cmd("list", Table(family, table))
-        try:
-            return self._worker.call(lambda: self._cmd(cmd, _LIST_FLAGS))
-        except NotFound:
-            return None
+
+        def listing() -> str | None:
+            try:
+                return self._cmd(cmd, _LIST_FLAGS)
+            except NotFound:
+                return None
+        return self._worker.submit(listing)
 
     def list_objects(self, family: str, table: str, chains: list[str], sets: list[NamedSet]) -> str | None:
         cmds = [chain_cmd("list", family, table, Chain(c)) for c in chains]
