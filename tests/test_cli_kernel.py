@@ -196,6 +196,14 @@ def op_owners(op: str, ips: dict[str, set[str]], plan: dict | None = None) -> se
     if plan is not None and (_LAYOUT_MAP.match(name or "") or (
             kind in ("set", "map") and (verb == "flush" or "elements = {" in rest))):
         return {s["service"] for s in plan["services"] for o in s["objects"] if o.get("name") == name}
+    if plan is not None and verb == "add" and kind in ("set", "map") and "elements" not in rest \
+            and not _SVC_CHAIN.match(name or ""):
+        # a bare re-declaration of an existing shared set (a no-op for the kernel) before
+        # the chain declarations that use it (changes.transaction_for step 5): it belongs
+        # to the Services whose chains in this transaction reference it
+        users = [o for o in plan["transaction"] if o.startswith("add chain ") and f"@{name}" in o]
+        if users:
+            return set().union(*(op_owners(o, ips) for o in users))
     if kind in ("chain", "rule", "set", "map"):
         own = _SVC_CHAIN.match(name or "")
         return {own.group(1)} if own else set()
