@@ -548,3 +548,112 @@ def test_cross_file_problems_through_the_cache_equal_a_cold_read(tmp_path, seed)
         same(cached, read_inventory(root))
         found += len(cached.problems)
     assert found  # the edits did make documents of different files disagree
+
+
+# --- summaries: an unchanged clean file's documents are not decoded --------------------------
+
+
+def _clean_tree(root: Path) -> None:
+    dump(root, "a.yaml", [
+        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "a", "namespace": "ns"},
+         "spec": {"type": "NodePort", "clusterIP": "10.96.0.10",
+                  "ports": [{"name": "http", "port": 80, "targetPort": "web", "nodePort": 30080}]}},
+        {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+         "metadata": {"name": "a-1", "namespace": "ns", "labels": {"kubernetes.io/service-name": "a"}},
+         "addressType": "IPv4", "ports": [{"name": "http", "port": 8080}],
+         "endpoints": [{"addresses": ["10.244.0.1"]}]}])
+    dump(root, "b.yaml", [
+        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "b", "namespace": "ns"},
+         "spec": {"clusterIP": "10.96.0.11", "ports": [{"port": 80}]}}])
+
+
+def _count_decodes(monkeypatch) -> list:
+    decoded = []
+    real = intake_cache._decode
+    monkeypatch.setattr(intake_cache, "_decode", lambda *a: decoded.append(a[1]) or real(*a))
+    return decoded
+
+
+def test_a_warm_read_of_clean_files_decodes_only_their_summaries(tmp_path, monkeypatch):
+    root = tmp_path / "m"
+    _clean_tree(root)
+    read_inventory_cached(root, tmp_path / "c")
+    decoded = _count_decodes(monkeypatch)
+    warm = read_inventory_cached(root, tmp_path / "c")
+    assert decoded == []
+    same(warm, read_inventory(root))
+    assert warm.problems == []
+    # ... whose objects keep their origins (compile's per-Service tokens)
+    assert all(id(o) in warm.inventory.origins for o in (*warm.inventory.services, *warm.inventory.endpoint_slices))
+
+
+@pytest.mark.parametrize("edit, expect, decodes", [
+    # a Service in the edited file claims the unchanged file's ClusterIP and port
+    (lambda t: t.replace("10.96.0.11", "10.96.0.10"), "already claimed", True),
+    # the same NodePort
+    (lambda t: t.replace("  clusterIP: 10.96.0.11\n", "  clusterIP: 10.96.0.11\n  type: NodePort\n")
+     .replace("- port: 80\n", "- port: 81\n    nodePort: 30080\n"), "already used by", False),  # names the other Service, no position
+    # a duplicate of the unchanged file's Service
+    (lambda t: t.replace("name: b\n", "name: a\n"), "defined twice", True),
+    # a problem in the edited file only (a slice of no Service): nothing to decode
+    (lambda t: t + "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: a-2, namespace: ns, "
+     "labels: {kubernetes.io/service-name: gone}}\naddressType: IPv4\nports: [{name: web, port: 8080}]\nendpoints: []\n", None, False),
+])
+def test_a_problem_about_an_unchanged_summarized_file_equals_a_cold_read(tmp_path, monkeypatch, caplog, edit, expect, decodes):
+    """The cross-document checks report with positions in the unchanged file: its payload
+    is decoded then, and the problems are exactly a cold read's."""
+    root = tmp_path / "m"
+    _clean_tree(root)
+    read_inventory_cached(root, tmp_path / "c")
+    b = root / "b.yaml"
+    b.write_text(edit(b.read_text()))
+    decoded = _count_decodes(monkeypatch)
+    caplog.set_level(logging.DEBUG, logger="nftrec")
+    res = read_inventory_cached(root, tmp_path / "c")
+    same(res, read_inventory(root))
+    if expect is not None:
+        assert any(expect in p.message for p in res.problems), res.problems
+        assert bool(decoded) == decodes == ("decoding their documents" in caplog.text)
+    else:
+        assert res.problems and all(p.file.endswith("b.yaml") for p in res.problems)
+        assert decoded == []
+
+
+def test_a_damaged_summary_is_ignored_and_rebuilt(tmp_path, caplog):
+    import hashlib
+
+    root, entry = _one_entry(tmp_path)
+    good = entry.read_bytes()
+    head, _, body = good.partition(b"\n")
+    _, _, payload = body.partition(b"\n")
+    bad = b'[["Service", 1]]\n' + payload
+    h = json.loads(head)
+    h["sha256"] = hashlib.sha256(bad).hexdigest()
+    entry.write_bytes(json.dumps(h).encode() + b"\n" + bad)
+    caplog.set_level(logging.DEBUG, logger="nftrec")
+    res = read_inventory_cached(root, tmp_path / "c")
+    same(res, read_inventory(root))
+    assert "wrong shape" in caplog.text
+    assert entry.read_bytes() == good
+
+
+def test_the_cross_view_holds_what_the_cross_checks_read():
+    """validate.cross_view keeps every field the cross checks read (and drops the rest):
+    the checks over the views find exactly the problems of the whole documents."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from reconciler.intake.validate import cross_view
+
+    svc = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "a", "labels": {"x": "y"}},
+           "spec": {"type": "LoadBalancer", "clusterIPs": ["10.96.0.1"], "selector": {"a": "b"},
+                    "externalIPs": ["192.0.2.1"], "ports": [{"name": "h", "port": 80, "nodePort": 30000, "appProtocol": "x"}]},
+           "status": {"loadBalancer": {"ingress": [{"ip": "192.0.2.9", "ipMode": "VIP", "ports": []}]}, "conditions": []}}
+    assert cross_view("Service", svc) == {
+        "spec": {"type": "LoadBalancer", "clusterIPs": ["10.96.0.1"], "externalIPs": ["192.0.2.1"],
+                 "ports": [{"name": "h", "port": 80, "nodePort": 30000}]},
+        "status": {"loadBalancer": {"ingress": [{"ip": "192.0.2.9", "ipMode": "VIP"}]}}}
+    svc["metadata"]["annotations"] = {"probe.nftrec.io/readiness": "tcpSocket: {port: 80}"}
+    assert cross_view("Service", svc) is None  # probes.check_ports reads the annotation
+    sl = {"kind": "EndpointSlice", "metadata": {"name": "s", "labels": {"kubernetes.io/service-name": "a", "o": "p"}},
+          "addressType": "IPv4", "ports": [{"name": "h", "port": 1, "protocol": "UDP"}], "endpoints": [{"addresses": ["10.0.0.1"]}]}
+    assert cross_view("EndpointSlice", sl) == {"metadata": {"labels": {"kubernetes.io/service-name": "a"}},
+                                               "addressType": "IPv4", "ports": [{"name": "h", "protocol": "UDP"}]}

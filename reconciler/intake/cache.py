@@ -19,7 +19,14 @@ files (duplicates, cross-document checks, notices per kind, --strict) runs on ev
 
 Format: JSON only (no pickle or marshal: reading a cache must never run code or crash the
 interpreter). One file per key, `<key[:2]>/<key>.jsonl` (JSON Lines): a header line
-`{"formatVersion", "nftrec", "key", "sha256" (of the rest)}` and the payload. An entry that
+`{"formatVersion", "nftrec", "key", "sha256" (of the rest)}`, the summary line, then the
+payload. The summary (null unless the file is clean: no problem of its own, every
+document a valid object without a probe annotation) holds per document its identity, its
+model objects and `validate.cross_view`, the few fields the cross-document checks read.
+A warm read decodes only the summaries of clean files (no documents: a stand-in `_Stub`
+holds the view); when a cross-document check has something to report about one of them
+(it needs positions), every such file's payload is decoded and the tree checked again,
+so problems are always the ones a cold read finds. An entry that
 is unreadable, damaged (checksum), of another format or nftrec, or of the wrong shape is
 ignored with a debug line (`NFTREC_LOG_LEVEL=debug`) and rewritten. Writes are atomic
 (temp file + rename, `reconciler.atomic`), so concurrent nftrec processes never see half an
@@ -48,9 +55,9 @@ from reconciler.intake.sources import is_stdin
 from reconciler.intake.load import Document, SourceFile
 from reconciler.intake.problems import Problem
 from reconciler.intake.schema_errors import Obj
-from reconciler.intake.validate import DocumentCheck, check_document, check_tree
+from reconciler.intake.validate import DocumentCheck, check_document, check_tree, cross_view
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: a summary line before the payload
 MAX_ENTRIES = 4096
 _TEMP_MAX_AGE = 3600.0
 _MODEL_TYPES = {c.__name__: c for c in (model.Service, model.ServicePort, model.LoadBalancerIngress,
@@ -103,12 +110,32 @@ class _Corrupt(Exception):
     """An entry that cannot be trusted."""
 
 
+class _NeedFull(Exception):
+    """A check asked a summarized document for more than its cross view (a position)."""
+
+
+class _Stub:
+    """A summarized document in the tree check: only `data` (validate.cross_view of the
+    document); anything else (file, source, index: what a problem's position needs)
+    raises _NeedFull, and _assemble decodes the payloads and checks again."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: dict) -> None:
+        self.data = data
+
+    def __getattr__(self, name):
+        raise _NeedFull(name)
+
+
 @dataclass
 class _FileResult:
     problems: list[Problem]  # load's problems for this file
     docs: list[Document]
     checks: list[DocumentCheck]
     models: list[list | None]  # per document: its model objects, None when not valid on its own
+    # a summarized result (docs are _Stub): how to get the whole one (_decode of the payload)
+    full: Callable[[], "_FileResult"] | None = None
 
 
 class Cache:
@@ -124,7 +151,8 @@ class Cache:
     def path(self, key: str) -> Path:
         return self.dir / key[:2] / f"{key}.jsonl"
 
-    def get(self, key: str) -> dict | None:
+    def get(self, key: str) -> tuple[bytes, bytes] | None:
+        """The entry's summary line and payload (checked, not decoded), or None."""
         path = self.path(key)
         try:
             raw = path.read_bytes()
@@ -159,7 +187,9 @@ class Cache:
         from reconciler import __version__
 
         try:
-            body = json.dumps(payload, ensure_ascii=True, separators=(",", ":"), allow_nan=True).encode("ascii")
+            # summary line, payload; ensure_ascii and no indent: neither holds a newline
+            body = b"\n".join(json.dumps(part, ensure_ascii=True, separators=(",", ":"), allow_nan=True).encode("ascii")
+                              for part in (payload.get("summary"), {k: v for k, v in payload.items() if k != "summary"}))
         except (TypeError, ValueError, RecursionError) as e:  # a value JSON cannot hold
             return f"not caching an entry ({e})"
         header = json.dumps({"formatVersion": FORMAT_VERSION, "nftrec": str(__version__), "key": key,
@@ -220,7 +250,7 @@ def _unlink(p: Path) -> None:
         pass
 
 
-def _check_entry(raw: bytes, key: str) -> dict:
+def _check_entry(raw: bytes, key: str) -> tuple[bytes, bytes]:
     from reconciler import __version__
 
     head, sep, body = raw.partition(b"\n")
@@ -240,13 +270,21 @@ def _check_entry(raw: bytes, key: str) -> dict:
         raise _Corrupt("it belongs to another key (a foreign or moved file)")
     if header.get("sha256") != hashlib.sha256(body).hexdigest():
         raise _Corrupt("its checksum does not match (damaged)")
+    summary, sep, payload = body.partition(b"\n")
+    if not sep:
+        raise _Corrupt("wrong shape (no summary line)")
+    return summary, payload
+
+
+def _json_object(b: bytes, what: str):
+    """A summary (a JSON array or null) or payload (an object) decoded; _Corrupt if not."""
     try:
-        payload = json.loads(body)
+        v = json.loads(b)
     except (ValueError, RecursionError):
-        raise _Corrupt("the payload is not JSON") from None
-    if not isinstance(payload, dict):
-        raise _Corrupt("the payload is not a JSON object")
-    return payload
+        raise _Corrupt(f"the {what} is not JSON") from None
+    if not (type(v) is dict if what == "payload" else v is None or type(v) is list):
+        raise _Corrupt(f"the {what} is not a JSON {'object' if what == 'payload' else 'array'}")
+    return v
 
 
 # --- encoding: path-free -------------------------------------------------------------------
@@ -335,7 +373,25 @@ def _model_in(v: list, display: str):
     return obj
 
 
+def _summary(res: _FileResult, display: str) -> list | None:
+    """Per document [kind, namespace, name, cross view, model objects] when the file is
+    clean (see the module doc), else None."""
+    if res.problems:
+        return None
+    out = []
+    for doc, chk, models in zip(res.docs, res.checks, res.models):
+        o = chk.obj
+        if o is None or not o.valid or chk.problems or chk.unknown_kind is not None or models is None:
+            return None
+        view = cross_view(o.kind, doc.data)
+        if view is None:
+            return None
+        out.append([o.kind, o.namespace, o.name, view, [_model_out(m, display) for m in models]])
+    return out
+
+
 def _encode(res: _FileResult, display: str) -> dict:
+    summary = _summary(res, display)
     docs = []
     for doc, chk, models in zip(res.docs, res.checks, res.models):
         o = chk.obj
@@ -345,9 +401,10 @@ def _encode(res: _FileResult, display: str) -> dict:
             "obj": None if o is None else [o.kind, o.namespace, o.name, o.valid],
             "problems": [_problem_out(p, display) for p in chk.problems],
             "unknown": chk.unknown_kind,
-            "models": None if models is None else [_model_out(m, display) for m in models],
+            # with a summary, the models are there only (read from it in either case)
+            "models": None if models is None or summary is not None else [_model_out(m, display) for m in models],
         })
-    return {"problems": [_problem_out(p, display) for p in res.problems], "docs": docs}
+    return {"summary": summary, "problems": [_problem_out(p, display) for p in res.problems], "docs": docs}
 
 
 def _decode(payload: dict, display: str, real: Path, raw: bytes) -> _FileResult:
@@ -372,6 +429,39 @@ def _decode(payload: dict, display: str, real: Path, raw: bytes) -> _FileResult:
         m = d["models"]
         models.append(None if m is None else [_model_in(x, display) for x in m])
     return _FileResult(problems, docs, checks, models)
+
+
+def _decode_summary(summary: list, display: str, real: Path, raw: bytes, payload: bytes) -> _FileResult:
+    """A clean file's result from its summary: _Stub documents (their cross view), their
+    objects and models; `full` decodes the payload into the whole result, with these
+    same model objects (Inventory.origins and compile's identity checks see no change)."""
+    if type(summary) is not list:
+        raise _Corrupt("the summary has the wrong shape")
+    docs, checks, models = [], [], []
+    for d in summary:
+        kind, ns, name, view, ms = d
+        if not (type(kind) is str and type(ns) is str and type(name) is str and type(view) is dict and type(ms) is list):
+            raise _Corrupt("a summarized document has the wrong shape")
+        stub = _Stub(view)
+        docs.append(stub)
+        checks.append(DocumentCheck(Obj(stub, kind, ns, name, True), (), None))
+        models.append([_model_in(x, display) for x in ms])
+
+    def full() -> _FileResult:
+        try:
+            res = _decode(_json_object(payload, "payload"), display, real, raw)
+            if len(res.docs) != len(models):
+                raise _Corrupt("the payload and the summary disagree")
+        except (_Corrupt, KeyError, TypeError, ValueError, AttributeError, RecursionError, UnicodeDecodeError) as e:
+            # its checksum held, so a foreign writer's entry: parse the file (as read
+            # again now; the digest was taken from `raw`, as for any file edited after)
+            logs.log.debug(f"intake cache: ignoring the payload of {display}'s entry ({type(e).__name__}: {e}); "
+                           "parsing the file")
+            return _parse_file(display, real, raw, encode=False)[0]
+        res.models = models
+        return res
+
+    return _FileResult([], docs, checks, models, full)
 
 
 # --- one file, one tree ----------------------------------------------------------------------
@@ -458,10 +548,14 @@ def read_file_cached(display: str, real: Path, cache: Cache | None, hasher, raw:
     if raw is None or cache is None:
         return _parse(display, real, hasher)
     key = _key(raw, real)
-    payload = cache.get(key)
-    if payload is not None:
+    entry = cache.get(key)
+    if entry is not None:
         try:
-            res = _decode(payload, display, real, raw)
+            summary = _json_object(entry[0], "summary")
+            if summary is not None:
+                res = _decode_summary(summary, display, real, raw, entry[1])
+            else:
+                res = _decode(_json_object(entry[1], "payload"), display, real, raw)
         except _Corrupt as e:
             logs.log.debug(f"intake cache: ignoring {cache.path(key)}: {e}; parsing the file and rewriting the entry")
         except (KeyError, TypeError, ValueError, AttributeError, RecursionError, UnicodeDecodeError) as e:
@@ -595,7 +689,19 @@ def _read_inventory_cached(root: str | Path, cache_dir: Path | str | None, *, st
 
 
 def _assemble(resolved, files: int, problems: list[Problem], results, *, strict: bool) -> InventoryResult:
-    """The per-file results in path order → the tree's digest, checks and inventory."""
+    """The per-file results in path order → the tree's digest, checks and inventory.
+    When a cross-document check needs more of a summarized document than its cross view
+    (it reports a problem about it, with a position), the summarized files' whole
+    results are decoded and the tree checked again: the same problems as a cold read."""
+    try:
+        return _assemble_once(resolved, files, list(problems), results, strict=strict)
+    except _NeedFull:
+        logs.log.debug("intake cache: a cross-document problem involves unchanged files; decoding their documents")
+        whole = [(res.full() if res.full is not None else res, parts, key) for res, parts, key in results]
+        return _assemble_once(resolved, files, problems, whole, strict=strict)
+
+
+def _assemble_once(resolved, files: int, problems: list[Problem], results, *, strict: bool) -> InventoryResult:
     hasher = hashlib.sha256()
     docs: list[Document] = []
     checks: list[DocumentCheck] = []

@@ -12,7 +12,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from reconciler.intake.load import Document, LoadResult, Yaml11Bool, locate
-from reconciler.intake.probes import check_annotation as check_probe_annotation, check_ports as check_probe_ports
+from reconciler.intake.probes import annotation_text as probe_annotation_text, check_annotation as check_probe_annotation, \
+    check_ports as check_probe_ports
 from reconciler.intake.problems import NOTICE, WARNING, Problem, field_path, safe_name, show
 from reconciler.intake.schema_errors import SERVICE_NAME_LABEL, Obj, Report, ip_message, schema_problem
 from reconciler.intake.schemas import parse_cidr, parse_ip, special_ip, validator
@@ -250,6 +251,64 @@ _CANONICAL_V4 = re.compile(rf"{_OCTET}(?:\.{_OCTET}){{3}}")
 
 def _canonical_ip(ip: str) -> str:
     return ip if _CANONICAL_V4.fullmatch(ip) else str(parse_ip(ip))
+
+
+def _pick(d, keys: tuple) -> dict:
+    return {k: d[k] for k in keys if k in d} if isinstance(d, dict) else d
+
+
+_SVC_SPEC = ("type", "clusterIPs", "clusterIP", "externalIPs")
+_SVC_PORT = ("name", "protocol", "port", "nodePort", "targetPort")
+_SLICE_PORT = ("name", "protocol")
+
+
+def cross_view(kind: str, data: dict) -> dict | None:
+    """The part of a valid document that `_cross` and probes.check_ports read, as a
+    smaller document of the same shape: run on it, they find exactly what they find on
+    the whole one as long as they report nothing about it (a report needs positions, i.e.
+    the whole document). The intake cache keeps it per document so an unchanged file's
+    documents need not be decoded (intake/cache.py). None for a Service with a probe
+    annotation (check_ports reads it; rare enough to take the whole document).
+    Keep in step with `_cross`: every key it reads is copied here."""
+    if kind == "Service":
+        if probe_annotation_text(data) is not None:
+            return None
+        spec = data.get("spec")
+        out: dict = {}
+        if isinstance(spec, dict):
+            s = _pick(spec, _SVC_SPEC)
+            if "ports" in spec:
+                ports = spec["ports"]
+                s["ports"] = [_pick(p, _SVC_PORT) for p in ports] if isinstance(ports, list) else ports
+            out["spec"] = s
+        elif "spec" in data:
+            out["spec"] = spec
+        status = data.get("status")
+        if "status" in data:
+            lb = status.get("loadBalancer") if isinstance(status, dict) else None
+            if isinstance(lb, dict):
+                ing = lb.get("ingress")
+                lb = {"ingress": [_pick(i, ("ip", "ipMode")) for i in ing] if isinstance(ing, list) else ing} \
+                    if "ingress" in lb else {}
+            out["status"] = {"loadBalancer": lb} if isinstance(status, dict) and "loadBalancer" in status \
+                else ({} if isinstance(status, dict) else status)
+        return out
+    if kind == "EndpointSlice":
+        out = {"metadata": {"labels": {SERVICE_NAME_LABEL: data["metadata"]["labels"][SERVICE_NAME_LABEL]}}}
+        if "addressType" in data:
+            out["addressType"] = data["addressType"]
+        if "ports" in data:
+            ports = data["ports"]
+            out["ports"] = [_pick(p, _SLICE_PORT) for p in ports] if isinstance(ports, list) else ports
+        return out
+    if kind == "Endpoints":
+        subsets = data.get("subsets")
+        if not isinstance(subsets, list):
+            return {"subsets": subsets} if "subsets" in data else {}
+        return {"subsets": [{"ports": [_pick(p, _SLICE_PORT) for p in s["ports"]] if isinstance(s.get("ports"), list)
+                             else s.get("ports")} if isinstance(s, dict) and "ports" in s else
+                            ({} if isinstance(s, dict) else s) for s in subsets]}
+    return {}  # ServiceCIDR: not cross-checked
 
 
 def _cross(rep: Report, objs: list[Obj]) -> None:
