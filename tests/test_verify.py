@@ -14,7 +14,7 @@ import copy
 
 import pytest
 
-from reconciler.compile import digest_bytes, known_digest_bytes
+from reconciler.compile import digest_bytes, digest_parts, known_digest_bytes
 from reconciler.engine import CommandError, Target, commit, make_plan
 from reconciler.engine.verify import OVERLAP_MAX_OPS, Prepared, expected, verify_listed
 from reconciler.kernel import fingerprint, kernel_token, read_live
@@ -76,7 +76,7 @@ def test_prepared_computes_what_is_computed_after_the_commit(tmp_path):
     commit(nft, TABLE, desired, plan, {}, from_memory=None)
     prepared.join()
     assert prepared.expected == expected(desired)
-    assert prepared.body == digest_bytes(desired)
+    assert b"".join(prepared.body) == digest_bytes(desired)
     unlisted = Prepared(desired, plan, listed=False)
     unlisted.join()
     assert unlisted.expected is None and unlisted.body == prepared.body
@@ -88,8 +88,9 @@ def test_prepared_computes_what_is_computed_after_the_commit(tmp_path):
 def test_known_digest_bytes_serve_only_their_ruleset_inside_the_block(tmp_path):
     desired = ruleset(tmp_path, edit=False)
     other = copy.deepcopy(desired)
-    with known_digest_bytes(desired, b"marker"):
+    with known_digest_bytes(desired, [b"mar", b"ker"]):
         assert digest_bytes(desired) == b"marker"
+        assert digest_parts(desired) == [b"mar", b"ker"]
         assert digest_bytes(other) != b"marker"  # equal, but not the same object
     assert digest_bytes(desired) == digest_bytes(other) != b"marker"
     with known_digest_bytes(desired, None):  # nothing prepared: computed as usual

@@ -12,7 +12,7 @@ object by object, to fail with the differences (or to pass, should the fingerpri
 over something `diff` ignores). A cold `apply` at 1,000 Services spent ~0.15-0.2 s in that
 diff; the fingerprints cost ~0.02 s each.
 
-The desired side's fingerprint and the history entry's bytes (`compile.digest_bytes`)
+The desired side's fingerprint and the history entry's bytes (`compile.digest_parts`)
 do not depend on the kernel, so `Prepared` computes them on a thread while the commit
 runs: libnftables runs without the GIL (ctypes releases it), so the main process would
 otherwise sit idle for the whole commit (0.15-0.3 s at 1,000 Services).
@@ -23,7 +23,7 @@ from __future__ import annotations
 import threading
 
 from reconciler import logs
-from reconciler.compile import Ruleset, digest_bytes
+from reconciler.compile import Ruleset, digest_parts
 from reconciler.engine.plan import Plan
 from reconciler.engine.sync import verify_applied
 from reconciler.engine.target import Target
@@ -64,7 +64,7 @@ def verify_listed(nft: Libnftables, target: Target, desired: Ruleset,
 
 
 class Prepared:
-    """expected(ruleset) (when `listed`: verification will list) and digest_bytes(ruleset),
+    """expected(ruleset) (when `listed`: verification will list) and digest_parts(ruleset),
     computed on a thread while the plan's transaction commits. Either is None when it was
     not computed (an empty or large transaction: see OVERLAP_MAX_OPS; or it failed), and
     its user computes it then, failing there as it always did. `join()` after the commit.
@@ -81,7 +81,7 @@ class Prepared:
             try:
                 if listed:
                     self.expected = expected(ruleset)
-                self.body = digest_bytes(ruleset)
+                self.body = digest_parts(ruleset)
             except Exception:  # left to the caller's own call, which reports it
                 pass
 
