@@ -347,7 +347,6 @@ class Libnftables:
         self._ctx = self._worker.call(self._new_ctx)
         self._nl: socket.socket | None = None
         self._seq = 0
-        self._renewal_queued = False  # worker thread only
 
     # Runs on the worker thread only.
     def in_namespace(self, fn: Callable[[], T]) -> T:
@@ -394,29 +393,11 @@ class Libnftables:
         if size + len(out) >= _TRIM_AFTER:
             self._renew_ctx()
             trim_heap()
-        else:
-            self._renew_later()
         if rc != 0:
             if where is not None:  # "/proc/self/fd/7:3:39-45: Error: ..." -> "transaction line 3:39-45: ..."
                 err = err.replace(f"{where}:", "transaction line ")
             raise _error_for(err or out, text())
         return out
-
-    def _renew_later(self) -> None:
-        """Replace the context once the worker is idle, i.e. after the current call has
-        answered (its caller is not kept waiting for nft's frees). A small command can
-        fill a big cache: reading back one set of a 10,000-Service table fetches every
-        set's elements, and `nftrec watch` held ~100 MB of that between its partial
-        syncs. Nothing is lost: our next commit changes the generation, so nft would
-        refetch its cache anyway. Runs on the worker thread."""
-        if not self._renewal_queued:
-            self._renewal_queued = True
-            self._worker.submit(self._renew_queued)
-
-    def _renew_queued(self) -> None:
-        self._renewal_queued = False
-        if self._ctx:  # not closed meanwhile
-            self._renew_ctx()
 
     def _renew_ctx(self) -> None:
         """Replace the context (see _TRIM_AFTER): nft's cache goes with the old one. The new
@@ -427,10 +408,10 @@ class Libnftables:
 
     def close(self) -> None:
         if self._ctx:
-            def free():  # on the worker, after any queued renewal (_renew_later)
-                ctx, self._ctx = self._ctx, None
-                if ctx:
-                    self._lib.nft_ctx_free(ctx)
+            ctx, self._ctx = self._ctx, None
+
+            def free():
+                self._lib.nft_ctx_free(ctx)
                 if self._nl is not None:
                     self._nl.close()
 
