@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -384,3 +385,31 @@ def test_record_noop_moves_the_revision_and_keeps_ruleset_digests_and_token(stor
     assert sorted(store.history_dir.iterdir()) == files
     # an apply from a saved plan or a rollback clears them: no fast path afterwards
     assert store.record_applied("rev3", ruleset(2), "fp", 8).input_digest is None
+
+
+def test_history_entry_bytes_are_unchanged_by_the_write_in_parts(tmp_path):
+    """The history entry is written in parts (header, ruleset bytes, end) instead of one
+    concatenated copy; the file is byte for byte what nftrec wrote before (sha256 pinned
+    from commit 6d10dc3), with a body larger than any write buffer and non-ASCII text."""
+    t = Table("ip", "nftrec")
+    t.chains["services"] = Chain("services", rules=tuple(
+        Rule(f"ip daddr 10.0.{i // 250}.{i % 250} drop") for i in range(3000)))
+    s = NamedSet("cluster-ips", "ipv4_addr")
+    for i in range(5000):
+        s.add(Element((f"172.30.{i // 250}.{i % 250}",)))
+    t.sets["cluster-ips"] = s
+    rs = Ruleset(tables={"ip": t}, owners={f"ip chain svc{i}": f"default/svc\u00e9{i}" for i in range(5000)})
+    st = StateStore(tmp_path, None, "nftrec", clock=lambda: "2026-05-09T12:00:00Z")
+    status = st.record_applied('rev "1"\u00e9', rs, None, 7, "plan-1")
+    (entry,) = st.history_dir.iterdir()
+    data = entry.read_bytes()
+    assert entry.name == "000001-371d8e9d9d8f.json"
+    assert len(data) == 630837
+    assert hashlib.sha256(data).hexdigest() == "bbb92412c0a23b82e74d4eceed5812738fcbfd77073b9862cb3b9eeb76e2ced5"
+    assert status.desired_digest == digest(rs) == "371d8e9d9d8f5452936b18fd7a5b24350cb2a2310372e00d9376a27ec31a4489"
+    assert st.load_ruleset(st.history()[-1]) == rs
+
+
+def test_atomic_write_of_parts(tmp_path):
+    atomic_write(tmp_path / "a", iter([b"one ", b"", bytearray(b"two "), b"three"]))
+    assert (tmp_path / "a").read_bytes() == b"one two three"

@@ -14,9 +14,9 @@ import copy
 
 import pytest
 
-from reconciler.compile import digest_bytes, known_digest_bytes
-from reconciler.engine import CommandError, Target, commit, make_plan
-from reconciler.engine.verify import OVERLAP_MAX_OPS, Prepared, expected, verify_listed
+from reconciler.compile import digest_bytes, digest_parts, known_digest_bytes
+from reconciler.engine import CommandError, Target, commit, forgotten_affinity_ids, make_plan, touched_objects
+from reconciler.engine.verify import OVERLAP_MAX_OPS, Prepared, expected, slim_created, verify_listed
 from reconciler.kernel import fingerprint, kernel_token, read_live
 from test_sync import TABLE, CountingFake, ruleset
 
@@ -76,7 +76,7 @@ def test_prepared_computes_what_is_computed_after_the_commit(tmp_path):
     commit(nft, TABLE, desired, plan, {}, from_memory=None)
     prepared.join()
     assert prepared.expected == expected(desired)
-    assert prepared.body == digest_bytes(desired)
+    assert b"".join(prepared.body) == digest_bytes(desired)
     unlisted = Prepared(desired, plan, listed=False)
     unlisted.join()
     assert unlisted.expected is None and unlisted.body == prepared.body
@@ -88,9 +88,30 @@ def test_prepared_computes_what_is_computed_after_the_commit(tmp_path):
 def test_known_digest_bytes_serve_only_their_ruleset_inside_the_block(tmp_path):
     desired = ruleset(tmp_path, edit=False)
     other = copy.deepcopy(desired)
-    with known_digest_bytes(desired, b"marker"):
+    with known_digest_bytes(desired, [b"mar", b"ker"]):
         assert digest_bytes(desired) == b"marker"
+        assert digest_parts(desired) == [b"mar", b"ker"]
         assert digest_bytes(other) != b"marker"  # equal, but not the same object
     assert digest_bytes(desired) == digest_bytes(other) != b"marker"
     with known_digest_bytes(desired, None):  # nothing prepared: computed as usual
         assert digest_bytes(desired) == digest_bytes(other)
+
+
+def test_slim_created_keeps_what_is_read_after_the_commit(tmp_path):
+    """A plan that creates its tables, slimmed before the commit, answers every question
+    apply and watch ask after it as the whole plan does; any other plan is kept whole."""
+    nft = CountingFake()
+    desired = ruleset(tmp_path, edit=False)
+    plan = make_plan(desired, read_live(nft, TABLE))
+    slim = slim_created(plan)
+    assert slim is not plan and len(plan.changes) > len(plan.changes.families) == len(slim.changes)
+    assert touched_objects(slim) is touched_objects(plan) is None
+    assert forgotten_affinity_ids(slim) == forgotten_affinity_ids(plan) == {}
+    assert [(s.action, s.service, s.summary) for s in slim.services] == \
+        [(s.action, s.service, s.summary) for s in plan.services] != []
+    assert slim.transaction is plan.transaction and slim.desired is plan.desired and not slim.empty
+    commit(nft, TABLE, desired, slim, {}, from_memory=None)
+    edited = ruleset(tmp_path, edit=True)
+    partial = make_plan(edited, read_live(nft, TABLE))
+    assert not partial.empty and touched_objects(partial) is not None
+    assert slim_created(partial) is partial

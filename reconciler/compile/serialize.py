@@ -108,7 +108,10 @@ def canonical_json(obj: Any) -> bytes:
 
 def digest(rs: Ruleset) -> str:
     """sha256 hex of the canonical JSON of `rs` (chains and sets sorted by name)."""
-    return hashlib.sha256(digest_bytes(rs)).hexdigest()
+    h = hashlib.sha256()
+    for part in digest_parts(rs):
+        h.update(part)
+    return h.hexdigest()
 
 
 def digest_json(doc: dict) -> str:
@@ -116,20 +119,21 @@ def digest_json(doc: dict) -> str:
     return hashlib.sha256(digest_form(doc)).hexdigest()
 
 
-# (ruleset, its digest_bytes) inside a `known_digest_bytes` block, else None
-_known: tuple[Ruleset, bytes] | None = None
+# (ruleset, its digest_parts) inside a `known_digest_bytes` block, else None
+_known: tuple[Ruleset, list] | None = None
 
 
 @contextmanager
-def known_digest_bytes(rs: Ruleset, body: bytes | None):
-    """Inside the block, digest_bytes(rs) returns `body`: the bytes computed earlier (apply
-    encodes them while nft commits, engine/verify.py). `rs` must not have changed since;
-    the block is kept to the one call that needs them. body None: no effect."""
+def known_digest_bytes(rs: Ruleset, parts: list | None):
+    """Inside the block, digest_parts(rs) returns `parts` (and digest_bytes their join):
+    the parts computed earlier (apply encodes them while nft commits, engine/verify.py).
+    `rs` must not have changed since; the block is kept to the one call that needs them.
+    parts None: no effect."""
     global _known
-    if body is None:
+    if parts is None:
         yield
         return
-    _known = (rs, body)
+    _known = (rs, parts)
     try:
         yield
     finally:
@@ -137,10 +141,18 @@ def known_digest_bytes(rs: Ruleset, body: bytes | None):
 
 
 def digest_bytes(rs: Ruleset) -> bytes:
-    """digest_form(ruleset_to_json(rs)), byte for byte, without holding the whole JSON
-    document at once: each chain and set is encoded on its own and joined (canonical JSON
-    is compositional: sorted keys, no whitespace). At 10,000 Services the document held
-    ~150 MB while the bytes are ~25 MB; the state store writes these bytes."""
+    """digest_form(ruleset_to_json(rs)), byte for byte: the join of digest_parts(rs)."""
+    return b"".join(digest_parts(rs))
+
+
+def digest_parts(rs: Ruleset) -> list:
+    """digest_bytes(rs) as a list of byte strings (bytes or memoryviews) whose
+    concatenation it is, without holding the whole JSON document at once: each chain and
+    set is encoded on its own (canonical JSON is compositional: sorted keys, no
+    whitespace). At 10,000 Services the document held ~150 MB while the bytes are
+    ~25 MB, and joining them held another 25 MB on top: the state store hashes and
+    writes the parts one by one. An object a lazily read ruleset never decoded is a view
+    of the recorded bytes (engine/recorded.py), not a copy."""
     known = _known
     if known is not None and known[0] is rs:
         return known[1]
@@ -153,13 +165,13 @@ def digest_bytes(rs: Ruleset) -> bytes:
             raise SerializeError(f"table {t.name!r} is filed under family {family!r} but says {t.family!r}")
         parts.append(b"," if i else b"")
         parts.append(b'{"chains":[')
-        parts.append(_encoded(t.chains, _chain_to_json, enc))
+        _encoded(parts, t.chains, _chain_to_json, enc)
         parts.append(f'],"comment":{enc(t.comment)},"family":{enc(t.family)},"name":{enc(t.name)},"sets":['
                      .encode("ascii"))
-        parts.append(_encoded(t.sets, _set_to_json, enc))
+        _encoded(parts, t.sets, _set_to_json, enc)
         parts.append(b"]}")
     parts.append(b"]}")
-    return b"".join(parts)
+    return parts
 
 
 _OWNERS_CHUNK = 4096
@@ -176,15 +188,16 @@ def _owners_bytes(owners: dict, enc) -> bytes:
     return ("{" + ",".join(chunks) + "}").encode("ascii")
 
 
-def _encoded(objs, to_json, enc) -> bytes:
-    """The chains or sets of a table, in name order, comma-separated. A lazily read
-    ruleset (engine/recorded.py) hands back the exact bytes of every object it never
-    decoded (`raw`), so a one-Service change re-encodes only what it touched."""
+def _encoded(parts: list, objs, to_json, enc) -> None:
+    """Append the chains or sets of a table to `parts`, in name order, comma-separated. A
+    lazily read ruleset (engine/recorded.py) hands back the exact bytes of every object it
+    never decoded (`raw`), so a one-Service change re-encodes only what it touched."""
     raw = getattr(objs, "raw", None)
-    if raw is None:
-        return b",".join(enc(to_json(objs[n])).encode("ascii") for n in sorted(objs))
-    return b",".join(r if (r := raw(n)) is not None else enc(to_json(objs[n])).encode("ascii")
-                     for n in sorted(objs))
+    for i, n in enumerate(sorted(objs)):
+        if i:
+            parts.append(b",")
+        r = raw(n) if raw is not None else None
+        parts.append(r if r is not None else enc(to_json(objs[n])).encode("ascii"))
 
 
 def digest_form(doc: dict) -> bytes:

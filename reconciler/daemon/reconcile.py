@@ -33,7 +33,7 @@ from reconciler.compile import (
 from reconciler.daemon.runner import Fatal, SyncFailed
 from reconciler.engine import (
     CommandError, StateCorrupt, Target, clean_udp_conntrack, commit, diff, forget_affinity_clients, make_plan,
-    read_history, read_status, short_revision, verify_commit,
+    read_history, read_status, short_revision, slim_created, verify_commit,
 )
 from reconciler.daemon import health
 from reconciler.intake import (
@@ -384,6 +384,8 @@ class Daemon:
                     old_p, new_p = project(self.applied.ruleset, static, frags), project(desired.ruleset, static, frags)
                 plan = make_plan(new_p, canonical(old_p), services)
             pending = health.begin(self, desired, plan)  # healthChecks: what to restore, before the commit
+            if full:  # never re-planned (from_memory None): a created table's plan slimmed
+                plan = slim_created(plan)
             plan, replanned = commit(nft, self.target.table, desired.ruleset, plan, services,
                                      from_memory=None if full else "memory")
             if replanned:

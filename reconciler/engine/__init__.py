@@ -34,4 +34,5 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "target": ("CommandError", "Target", "short_revision"),
     "teardown": ("KUBE_PROXY_TABLE", "cleanup"),
     "trace": ("Packet", "UnknownExpression", "run_trace", "trace_packet"),
+    "verify": ("slim_created",),
 })

@@ -37,7 +37,7 @@ from reconciler.engine.probes import probe_status_json, probe_status_lines, read
 from reconciler.engine.state import HOST, StateCorrupt, read_history, read_status
 from reconciler.engine.sync import clean_udp_conntrack, commit, forget_affinity_clients, touched_objects, verify_touched
 from reconciler.engine.target import CommandError, Target, short_revision
-from reconciler.engine.verify import Prepared, verify_listed
+from reconciler.engine.verify import Prepared, slim_created, verify_listed
 from reconciler.kernel import Libnftables, NftError, canonical, fingerprint, kernel_token, read_live
 
 EXIT_OK, EXIT_ERROR, EXIT_CHANGES = 0, 1, 2
@@ -245,6 +245,8 @@ def run_apply(target: Target, *, desired=None, plan_path: Path | None = None,
                                            digest=digest(ruleset), timeout=confirm.timeout, checks=confirm.checks)
         listed = verify == "full" or touched_objects(plan) is None  # verification lists the tables
         prepared = Prepared(ruleset, plan, listed)
+        if not fast:  # a plan from a listing is never re-planned by commit: slim it now
+            plan = slim_created(plan)
         try:
             plan, _ = commit(nft, target.table, ruleset, plan, services,
                              from_memory="the recorded state" if fast else None)
