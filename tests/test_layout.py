@@ -20,7 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from _nft_samples import CONFIG, add_service, ep, epp, rich_inventory, sl, sp, svc, with_endpoints, with_service
 from test_kernel_accepts import configs, inventories
 from reconciler.compile.layout import (
-    AFFINITY_SET, COMPACT_AT, FIREWALL_RULES_MAX, Pick, affinity_key, allocate, allocation_of, capacity, chain_range, is_layout_map,
+    AFFINITY_SET, COMPACT_AT, FIREWALL_RULES_MAX, HAIRPIN_SET_PREFIX, HAIRPIN_VMAP, Pick, affinity_key, allocate,
+    allocation_of, capacity, chain_range, hairpin_dispatch, hairpin_set, is_layout_map,
     relocate, shard,
 )
 from reconciler.compile.ruleset import NamedSet, Rule, Ruleset, Table, chain_id, element_id, set_id
@@ -38,14 +39,34 @@ def inline(rs: Ruleset) -> Ruleset:
     """The sharded ruleset written the way kube-proxy writes it: each range back into an
     anonymous map in its rule, the shared maps (and their owners) gone; the shared
     affinity set back into one set per endpoint (each id checked against kube-proxy's set
-    name); firewall chains' `return` rules back into `ip saddr != { … } drop`."""
+    name); firewall chains' `return` rules back into `ip saddr != { … } drop`; the
+    hairpin-connections shards back into the one set and its rule (each element checked to
+    be in the shard of its address)."""
     out = Ruleset(owners={k: v for k, v in rs.owners.items()
                           if not any(k.startswith(f"{f} element endpoint-") and is_layout_map(k.split()[2])
                                      for f in ("ip", "ip6"))})
+    for k in [k for k in out.owners if k.split()[1:2] == ["element"] and
+              k.split()[2].startswith(HAIRPIN_SET_PREFIX)]:
+        fam, _, name, key = k.split(" ", 3)
+        out.owners[f"{fam} element hairpin-connections {key}"] = out.owners.pop(k)
     for fam, t in rs.tables.items():
         chains = {}
         affinity_sets = {}
+        hairpin = NamedSet("hairpin-connections", f"{t.sets[HAIRPIN_VMAP].type} . {t.sets[HAIRPIN_VMAP].type}"
+                           " . inet_proto . inet_service", comment="service hairpin connections")
+        for name, s in t.sets.items():
+            if name.startswith(HAIRPIN_SET_PREFIX):
+                for e in s.elements.values():
+                    assert hairpin_set(e.key[0]) == name
+                    hairpin.add(e)
         for name, c in t.chains.items():
+            if name.startswith("hairpin-"):
+                continue
+            if name == "masquerading":
+                assert c.rules[-1].body == hairpin_dispatch(fam)
+                c = replace(c, rules=c.rules[:-1] + (Rule(
+                    f"ct status dnat {fam} saddr . {fam} daddr . meta l4proto . th dport "
+                    "@hairpin-connections masquerade fully-random"),))
             r = chain_range(c)
             if r is not None:
                 m, k, n = r
@@ -75,7 +96,9 @@ def inline(rs: Ruleset) -> Ruleset:
                 sources = [re.fullmatch(rf"{fam} saddr (\S+) return", r.body).group(1) for r in rules[:-1]]
                 rules = [Rule(f"{fam} saddr != {{ {' , '.join(sources)} }} drop")]
             chains[name] = replace(c, rules=tuple(rules))
-        sets = {n: s for n, s in t.sets.items() if not is_layout_map(n) and n != AFFINITY_SET}
+        sets = {n: s for n, s in t.sets.items() if not is_layout_map(n) and n != AFFINITY_SET
+                and not n.startswith(HAIRPIN_SET_PREFIX) and n != HAIRPIN_VMAP}
+        sets["hairpin-connections"] = hairpin
         out.tables[fam] = Table(t.family, t.name, t.comment, chains, {**sets, **affinity_sets})
     return out
 

@@ -23,7 +23,9 @@ from reconciler.compile.services import FAMILIES, NODEPORT_IPS, FamilyFragment, 
     check_fragment_references, compile_service, compile_static, family_context, slices_by_service
 from reconciler.intake import Inventory, NodeConfig
 
-STATIC_FILLED = frozenset({NODEPORT_IPS})  # sets whose elements only the static part writes
+# sets whose elements only the static part writes (the node's addresses; the sharded
+# hairpin dispatch, compile/layout.py)
+STATIC_FILLED = frozenset({NODEPORT_IPS, layout.HAIRPIN_VMAP})
 
 
 @dataclass
