@@ -408,3 +408,40 @@ def test_affinity_uses_the_shared_set_with_one_id_per_service_port_and_endpoint(
     checks = [r.body for r in policy.rules[:-1]]
     assert checks == [f"{ids[e]} @{AFFINITY_SET} goto {e}" for e in
                       (r.split(" goto ")[1] for r in checks)] and len(checks) == 2
+
+
+# --- hairpin-connections in shards ---------------------------------------------------------
+
+
+def test_hairpin_shard_is_the_low_six_bits_of_the_address():
+    assert [hairpin_set(ip) for ip in ("10.244.0.0", "10.244.0.63", "10.244.0.64", "10.244.1.42")] == [
+        "hairpin-connections-00", "hairpin-connections-3f", "hairpin-connections-00", "hairpin-connections-2a"]
+    assert hairpin_set("fd00:10:244::1:3e") == "hairpin-connections-3e"
+    assert hairpin_dispatch("ip6") == "ct status dnat ip6 daddr and ::3f vmap @hairpin-shards"
+
+
+def test_a_moved_local_endpoint_rewrites_only_its_old_shard(backend):
+    """Every local endpoint has a hairpin element; moving one rewrites the shard of its old
+    address (flush + declaration of that shard's other elements) and declares the new
+    address's element in its shard: no other hairpin set, no `delete element`."""
+    inv = rich_inventory()
+    for i in range(200):
+        inv = add_service(inv, svc("hp", f"s{i:03d}", cips=(f"172.30.5.{1 + i}",), ports=[sp(80)]),
+                          sl("hp", f"s{i:03d}", [ep(f"10.185.0.{i}", "edge-7"), ep(f"10.186.0.{i}")], [epp(8080)]))
+    _sync(backend, compile_ruleset(inv, SH))
+    edited = with_endpoints(inv, "hp/s007", "IPv4", [ep("10.185.1.77", "edge-7"), ep("10.186.0.7")])
+    desired = compile_ruleset(edited, SH)
+    changes, tx = _sync(backend, desired)
+    old, new = hairpin_set("10.185.0.7"), hairpin_set("10.185.1.77")
+    assert old != new
+    assert {c.name for c in changes if c.kind == "element" and c.name.startswith("hairpin")} == {old, new}
+    assert not [op for op in tx if op.startswith("delete element")], tx.ops
+    assert [op for op in tx if op.startswith("flush set ip nftrec hairpin")] == [f"flush set ip nftrec {old}"]
+    t = desired.tables["ip"]
+    # the old shard declared with all it keeps, the new one with the added element only
+    for name, n in ((old, len(t.sets[old].elements)), (new, 1)):
+        decl = [op for op in tx if op.startswith(f"add set ip nftrec {name} ") and "elements =" in op]
+        assert len(decl) == 1 and decl[0].count(" . tcp . 8080") == n, decl
+    assert len(t.sets[old].elements) < 10  # ~200 / 64 of the elements, not all of them
+    live = read_live(backend, CONFIG.table_name)
+    assert diff(relocate(desired, live), live).empty
