@@ -53,6 +53,7 @@ import hashlib
 import ipaddress
 import re
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from reconciler.compile.ruleset import Chain, Element, NamedSet, Rule, Ruleset, chain_id, element_id, set_id
 
@@ -210,21 +211,34 @@ def hairpin_dispatch(family: str) -> str:
     return f"ct status dnat {family} daddr and {_hairpin_mask(family)} vmap @{HAIRPIN_VMAP}"
 
 
-def hairpin_skeleton(family: str, addr_type: str) -> tuple[list[NamedSet], list[Chain]]:
-    """The static part: the shard sets (empty), the dispatch vmap (masked address → goto
-    the shard's chain) and the chains, each with kube-proxy's rule on its shard."""
+@lru_cache(maxsize=8)
+def _hairpin_parts(family: str, addr_type: str) -> tuple[tuple[Element, ...], tuple[Chain, ...]]:
+    """The skeleton's immutable parts (vmap elements, chains), built once: every watch
+    sync compiles the static part, and building these 128 objects each time cost more
+    than the rest of it."""
     addr = ipaddress.IPv4Address if family == "ip" else ipaddress.IPv6Address
-    vmap = NamedSet(HAIRPIN_VMAP, addr_type, "verdict", comment="hairpin-connections shard by endpoint address")
-    sets, chains = [], []
-    for i in range(HAIRPIN_SHARDS):
-        x = "%02x" % i
-        sets.append(NamedSet(HAIRPIN_SET_PREFIX + x, f"{addr_type} . {addr_type} . inet_proto . inet_service",
-                             comment="service hairpin connections"))
-        vmap.add(Element((str(addr(i)),), f"goto {HAIRPIN_CHAIN_PREFIX}{x}"))
-        chains.append(Chain(HAIRPIN_CHAIN_PREFIX + x, (Rule(
-            f"{family} saddr . {family} daddr . meta l4proto . th dport "
-            f"@{HAIRPIN_SET_PREFIX}{x} masquerade fully-random"),)))
-    return sets + [vmap], chains
+    shards = ["%02x" % i for i in range(HAIRPIN_SHARDS)]
+    elements = tuple(Element((str(addr(i)),), f"goto {HAIRPIN_CHAIN_PREFIX}{x}") for i, x in enumerate(shards))
+    chains = tuple(Chain(HAIRPIN_CHAIN_PREFIX + x, (Rule(
+        f"{family} saddr . {family} daddr . meta l4proto . th dport "
+        f"@{HAIRPIN_SET_PREFIX}{x} masquerade fully-random"),)) for x in shards)
+    return elements, chains
+
+
+def hairpin_sets(family: str, addr_type: str) -> list[NamedSet]:
+    """The static part's sets: the shards (empty) and the dispatch vmap (masked address →
+    goto the shard's chain). New objects each call: a compile adds elements to them."""
+    elements, _ = _hairpin_parts(family, addr_type)
+    sets = [NamedSet(HAIRPIN_SET_PREFIX + "%02x" % i, f"{addr_type} . {addr_type} . inet_proto . inet_service",
+                     comment="service hairpin connections") for i in range(HAIRPIN_SHARDS)]
+    sets.append(NamedSet(HAIRPIN_VMAP, addr_type, "verdict", comment="hairpin-connections shard by endpoint address",
+                         elements={e.key: e for e in elements}))
+    return sets
+
+
+def hairpin_chains(family: str, addr_type: str) -> list[Chain]:
+    """The static part's shard chains, each with kube-proxy's rule on its shard."""
+    return list(_hairpin_parts(family, addr_type)[1])
 
 
 def is_layout_map(name: str) -> bool:

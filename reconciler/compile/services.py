@@ -264,7 +264,7 @@ def _static_sets(ctx: FamilyContext) -> list[NamedSet]:
             nodeport.add(Element((ip,)))
         sets.append(nodeport)
     if sharded_hairpin(ctx):
-        sets += layout.hairpin_skeleton(ctx.family, a)[0]
+        sets += layout.hairpin_sets(ctx.family, a)
     else:
         sets.append(NamedSet(HAIRPIN, f"{a} . {a} . inet_proto . inet_service",
                              comment="service hairpin connections"))
@@ -351,7 +351,7 @@ def _static_chains(ctx: FamilyContext, service_cidrs: Sequence[str]) -> list[Cha
               comment="helper for @no-endpoint-services / @no-endpoint-nodeports"),
     ]
     if sharded_hairpin(ctx):
-        chains += layout.hairpin_skeleton(ctx.family, ctx.addr_type)[1]
+        chains += layout.hairpin_chains(ctx.family, ctx.addr_type)
     return chains
 
 
