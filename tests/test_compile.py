@@ -817,3 +817,18 @@ def test_property_fragments_union_owners_and_determinism():
                         assert whole.owners[element_id(fam, s.name, k)] in keys
 
     check()
+
+
+def test_with_elements_copies_every_field_of_a_named_set():
+    """NamedSet.with_elements is dataclasses.replace(…, elements=…) written out (speed):
+    a field added to NamedSet and not to it fails here."""
+    import dataclasses
+
+    from reconciler.compile.ruleset import Element, NamedSet
+
+    s = NamedSet("affinity-clients", "ip saddr . numgen random mod 1", "verdict", ("dynamic", "timeout"), 600,
+                 "a comment", {("1.2.3.4",): Element(("1.2.3.4",))}, True, 4096)
+    assert {f.name for f in dataclasses.fields(NamedSet)} == {
+        "name", "type", "value_type", "flags", "timeout", "comment", "elements", "typeof", "size"}
+    new = {("5.6.7.8",): Element(("5.6.7.8",))}
+    assert s.with_elements(new) == dataclasses.replace(s, elements=new) and s.with_elements(new).elements is new

@@ -218,7 +218,7 @@ def _swap(prev: Compiled, static: Ruleset, fragments: dict, changed_keys: frozen
         """The set, copied before its first change (prev's ruleset stays as it was)."""
         t = rs.tables[fam]
         if (fam, name) not in copied:
-            t.sets[name] = replace(t.sets[name], elements=dict(t.sets[name].elements))
+            t.sets[name] = t.sets[name].with_elements(dict(t.sets[name].elements))
             copied.add((fam, name))
         return t.sets[name]
 
@@ -414,10 +414,10 @@ def project(rs: Ruleset, static: Ruleset, fragments: list) -> Ruleset:
                 want = keys[name]
                 # in the set's own order (a plan's element lists must not depend on hashing)
                 cut.add((fam, name))
-                table.sets[name] = replace(s, elements={k: e for k, e in s.elements.items() if k in want}
-                                           if len(want) * 4 > len(s.elements) else
-                                           {k: s.elements[k] for k in sorted(want, key=_index_order)
-                                            if k in s.elements})
+                table.sets[name] = s.with_elements({k: e for k, e in s.elements.items() if k in want}
+                                                   if len(want) * 4 > len(s.elements) else
+                                                   {k: s.elements[k] for k in sorted(want, key=_index_order)
+                                                    if k in s.elements})
                 for k in table.sets[name].elements:
                     o = rs.owners.get(element_id(fam, name, k))
                     if o:
