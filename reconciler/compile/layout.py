@@ -36,7 +36,7 @@ a final `drop`, up to FIREWALL_RULES_MAX ranges; more keep kube-proxy's set.
 
 kube-proxy's `hairpin-connections` (one element per local endpoint, one rule in
 `masquerading`) is split into HAIRPIN_SHARDS sets by the endpoint address's low bits
-(`hairpin_shard`): `ct status dnat ip daddr & 0.0.0.63 vmap @hairpin-shards` jumps to
+(`hairpin_shard`): `ct status dnat ip daddr & 0.0.0.63 vmap @hairpin-shards` goes (`goto`) to
 `hairpin-XX`, whose one rule is kube-proxy's lookup in `hairpin-connections-XX`. One
 lookup per packet either way; a moved local endpoint rewrites one ~1/64 shard through its
 declaration (engine/changes.rewritten_sets) instead of the whole set (10,000 elements at
@@ -212,7 +212,7 @@ def hairpin_dispatch(family: str) -> str:
 
 
 @lru_cache(maxsize=8)
-def _hairpin_parts(family: str, addr_type: str) -> tuple[tuple[Element, ...], tuple[Chain, ...]]:
+def _hairpin_parts(family: str) -> tuple[tuple[Element, ...], tuple[Chain, ...]]:
     """The skeleton's immutable parts (vmap elements, chains), built once: every watch
     sync compiles the static part, and building these 128 objects each time cost more
     than the rest of it."""
@@ -228,7 +228,7 @@ def _hairpin_parts(family: str, addr_type: str) -> tuple[tuple[Element, ...], tu
 def hairpin_sets(family: str, addr_type: str) -> list[NamedSet]:
     """The static part's sets: the shards (empty) and the dispatch vmap (masked address →
     goto the shard's chain). New objects each call: a compile adds elements to them."""
-    elements, _ = _hairpin_parts(family, addr_type)
+    elements, _ = _hairpin_parts(family)
     sets = [NamedSet(HAIRPIN_SET_PREFIX + "%02x" % i, f"{addr_type} . {addr_type} . inet_proto . inet_service",
                      comment="service hairpin connections") for i in range(HAIRPIN_SHARDS)]
     sets.append(NamedSet(HAIRPIN_VMAP, addr_type, "verdict", comment="hairpin-connections shard by endpoint address",
@@ -236,9 +236,9 @@ def hairpin_sets(family: str, addr_type: str) -> list[NamedSet]:
     return sets
 
 
-def hairpin_chains(family: str, addr_type: str) -> list[Chain]:
+def hairpin_chains(family: str) -> list[Chain]:
     """The static part's shard chains, each with kube-proxy's rule on its shard."""
-    return list(_hairpin_parts(family, addr_type)[1])
+    return list(_hairpin_parts(family)[1])
 
 
 def is_layout_map(name: str) -> bool:

@@ -351,7 +351,7 @@ def _static_chains(ctx: FamilyContext, service_cidrs: Sequence[str]) -> list[Cha
               comment="helper for @no-endpoint-services / @no-endpoint-nodeports"),
     ]
     if sharded_hairpin(ctx):
-        chains += layout.hairpin_chains(ctx.family, ctx.addr_type)
+        chains += layout.hairpin_chains(ctx.family)
     return chains
 
 
