@@ -241,6 +241,13 @@ def hairpin_chains(family: str) -> list[Chain]:
     return list(_hairpin_parts(family)[1])
 
 
+def is_hairpin_skeleton(name: str) -> bool:
+    """A chain or set name of the sharded hairpin skeleton (shards, their chains, the
+    dispatch vmap): objects that depend on the family and the layout only."""
+    return name == HAIRPIN_VMAP or name.startswith(HAIRPIN_SET_PREFIX) or (
+        name.startswith(HAIRPIN_CHAIN_PREFIX) and len(name) == len(HAIRPIN_CHAIN_PREFIX) + 2)
+
+
 def is_layout_map(name: str) -> bool:
     return name.startswith((DNAT_PREFIX, VMAP_PREFIX))
 
