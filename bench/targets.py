@@ -809,7 +809,8 @@ def table(R: dict, results: dict[int, dict]) -> str:
         if t:
             base, fac = t
             limit = {"P": P * fac, "K": (K or 0) * fac, "MB": fac}[base]
-            met = "met" if value <= limit else "**missed**"
+            # the limit is in seconds (P, K) or MB: compare `secs`, not a figure in ms
+            met = "met" if (value if base == "MB" else secs) <= limit else "**missed**"
         rows.append((metric, shown + (f" {note}" if note else ""), rp, rk, target_text(key, n), met))
 
     def target_text(key, n=n):

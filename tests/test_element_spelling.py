@@ -17,12 +17,14 @@ import pytest
 
 import reconciler.engine.changes as changes_mod
 from _nft_samples import CONFIG, add_service, ep, epp, rich_inventory, sl, sp, svc, with_endpoints
-from reconciler.compile.layout import relocate
+from reconciler.compile.layout import hairpin_set, relocate
 from reconciler.compile.services import compile_ruleset
 from reconciler.engine.changes import diff, transaction_for
 from reconciler.kernel.live import read_live
 
 TABLE = CONFIG.table_name
+# the hairpin-connections set of a local endpoint (layout sharded: its shard, compile/layout.py)
+HP_NEW, HP_ONE = hairpin_set("10.180.9.1"), hairpin_set("10.180.0.1")
 BASE = rich_inventory()
 NEW = add_service(BASE, svc("ns9", "new", "NodePort", cips=("172.30.0.99",), ports=[sp(80, name="web", node_port=30099)]),
                   sl("ns9", "new", [ep("10.180.9.1", "edge-7"), ep("10.180.9.2")], [epp(8080, name="web")]))
@@ -50,7 +52,8 @@ def test_a_new_service_s_elements_go_through_the_sets_declarations(backend, layo
     ch, tx = sync(backend, NEW, layout)
     assert not verbs(tx, "add element", "delete element", "flush"), tx.ops
     added = {c.name for c in ch if c.kind == "element"}
-    assert {"cluster-ips", "service-ips", "service-nodeports", "hairpin-connections"} <= added
+    hairpin = HP_NEW if layout == "sharded" else "hairpin-connections"
+    assert {"cluster-ips", "service-ips", "service-nodeports", hairpin} <= added
     for name in added:
         decl = [op for op in verbs(tx, f"add set ip nftrec {name} {{", f"add map ip nftrec {name} {{")
                 if "elements = {" in op]
@@ -76,7 +79,7 @@ def test_a_set_that_cannot_be_declared_makes_every_removal_a_delete(backend):
     # no-endpoint-services (elements with a comment: not declarable), its hairpin element goes
     sync(backend, BASE)
     ch, tx = sync(backend, with_endpoints(BASE, "ns1/one", "IPv4", []))
-    assert {c.name for c in ch if c.kind == "element" and c.action == "remove"} == {"service-ips", "hairpin-connections"}
+    assert {c.name for c in ch if c.kind == "element" and c.action == "remove"} == {"service-ips", HP_ONE}
     assert not verbs(tx, "flush set", "flush map")  # a rewrite would not save the cache fill
     assert len(verbs(tx, "delete element")) == 2
     # and back: no-endpoint-services loses its element (not declarable): deletes again
@@ -107,15 +110,15 @@ def test_a_projection_rewrites_only_sets_it_kept_whole(backend):
     frags = [f for k in changed for f in (c1.fragments.get(k), c2.fragments.get(k)) if f]
     old_p, new_p = project(c1.ruleset, static, frags), project(c2.ruleset, static, frags)
     assert new_p.partial and not c2.ruleset.partial
-    assert ("ip", "hairpin-connections") not in new_p.partial  # the Service has elements there
+    assert ("ip", HP_NEW) not in new_p.partial  # the Service has elements there
     tx = transaction_for(diff(new_p, canonical(old_p)), new_p)
-    assert verbs(tx, "flush set ip nftrec hairpin-connections") and not verbs(tx, "delete element")
+    assert verbs(tx, f"flush set ip nftrec {HP_NEW}") and not verbs(tx, "delete element")
     flushed = {(op.split()[2], op.split()[4]) for op in verbs(tx, "flush set", "flush map")}
     assert not new_p.partial & flushed
     # the same projection with that set marked cut: deletes, never a flush of it
-    cut = dc_replace(new_p, partial=new_p.partial | {("ip", "hairpin-connections")})
+    cut = dc_replace(new_p, partial=new_p.partial | {("ip", HP_NEW)})
     tx_cut = transaction_for(diff(cut, canonical(old_p)), cut)
-    assert verbs(tx_cut, "delete element ip nftrec hairpin-connections") and not verbs(tx_cut, "flush set", "flush map")
+    assert verbs(tx_cut, f"delete element ip nftrec {HP_NEW}") and not verbs(tx_cut, "flush set", "flush map")
     backend.run(tx)
     live = read_live(backend, TABLE)
     assert diff(relocate(c2.ruleset, live), live).empty  # every other Service's elements kept

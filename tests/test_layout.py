@@ -20,7 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from _nft_samples import CONFIG, add_service, ep, epp, rich_inventory, sl, sp, svc, with_endpoints, with_service
 from test_kernel_accepts import configs, inventories
 from reconciler.compile.layout import (
-    AFFINITY_SET, COMPACT_AT, FIREWALL_RULES_MAX, Pick, affinity_key, allocate, allocation_of, capacity, chain_range, is_layout_map,
+    AFFINITY_SET, COMPACT_AT, FIREWALL_RULES_MAX, HAIRPIN_SET_PREFIX, HAIRPIN_VMAP, Pick, affinity_key, allocate,
+    allocation_of, capacity, chain_range, hairpin_dispatch, hairpin_set, is_layout_map,
     relocate, shard,
 )
 from reconciler.compile.ruleset import NamedSet, Rule, Ruleset, Table, chain_id, element_id, set_id
@@ -38,14 +39,34 @@ def inline(rs: Ruleset) -> Ruleset:
     """The sharded ruleset written the way kube-proxy writes it: each range back into an
     anonymous map in its rule, the shared maps (and their owners) gone; the shared
     affinity set back into one set per endpoint (each id checked against kube-proxy's set
-    name); firewall chains' `return` rules back into `ip saddr != { … } drop`."""
+    name); firewall chains' `return` rules back into `ip saddr != { … } drop`; the
+    hairpin-connections shards back into the one set and its rule (each element checked to
+    be in the shard of its address)."""
     out = Ruleset(owners={k: v for k, v in rs.owners.items()
                           if not any(k.startswith(f"{f} element endpoint-") and is_layout_map(k.split()[2])
                                      for f in ("ip", "ip6"))})
+    for k in [k for k in out.owners if k.split()[1:2] == ["element"] and
+              k.split()[2].startswith(HAIRPIN_SET_PREFIX)]:
+        fam, _, name, key = k.split(" ", 3)
+        out.owners[f"{fam} element hairpin-connections {key}"] = out.owners.pop(k)
     for fam, t in rs.tables.items():
         chains = {}
         affinity_sets = {}
+        hairpin = NamedSet("hairpin-connections", f"{t.sets[HAIRPIN_VMAP].type} . {t.sets[HAIRPIN_VMAP].type}"
+                           " . inet_proto . inet_service", comment="service hairpin connections")
+        for name, s in t.sets.items():
+            if name.startswith(HAIRPIN_SET_PREFIX):
+                for e in s.elements.values():
+                    assert hairpin_set(e.key[0]) == name
+                    hairpin.add(e)
         for name, c in t.chains.items():
+            if name.startswith("hairpin-"):
+                continue
+            if name == "masquerading":
+                assert c.rules[-1].body == hairpin_dispatch(fam)
+                c = replace(c, rules=c.rules[:-1] + (Rule(
+                    f"ct status dnat {fam} saddr . {fam} daddr . meta l4proto . th dport "
+                    "@hairpin-connections masquerade fully-random"),))
             r = chain_range(c)
             if r is not None:
                 m, k, n = r
@@ -75,7 +96,9 @@ def inline(rs: Ruleset) -> Ruleset:
                 sources = [re.fullmatch(rf"{fam} saddr (\S+) return", r.body).group(1) for r in rules[:-1]]
                 rules = [Rule(f"{fam} saddr != {{ {' , '.join(sources)} }} drop")]
             chains[name] = replace(c, rules=tuple(rules))
-        sets = {n: s for n, s in t.sets.items() if not is_layout_map(n) and n != AFFINITY_SET}
+        sets = {n: s for n, s in t.sets.items() if not is_layout_map(n) and n != AFFINITY_SET
+                and not n.startswith(HAIRPIN_SET_PREFIX) and n != HAIRPIN_VMAP}
+        sets["hairpin-connections"] = hairpin
         out.tables[fam] = Table(t.family, t.name, t.comment, chains, {**sets, **affinity_sets})
     return out
 
@@ -385,3 +408,40 @@ def test_affinity_uses_the_shared_set_with_one_id_per_service_port_and_endpoint(
     checks = [r.body for r in policy.rules[:-1]]
     assert checks == [f"{ids[e]} @{AFFINITY_SET} goto {e}" for e in
                       (r.split(" goto ")[1] for r in checks)] and len(checks) == 2
+
+
+# --- hairpin-connections in shards ---------------------------------------------------------
+
+
+def test_hairpin_shard_is_the_low_six_bits_of_the_address():
+    assert [hairpin_set(ip) for ip in ("10.244.0.0", "10.244.0.63", "10.244.0.64", "10.244.1.42")] == [
+        "hairpin-connections-00", "hairpin-connections-3f", "hairpin-connections-00", "hairpin-connections-2a"]
+    assert hairpin_set("fd00:10:244::1:3e") == "hairpin-connections-3e"
+    assert hairpin_dispatch("ip6") == "ct status dnat ip6 daddr and ::3f vmap @hairpin-shards"
+
+
+def test_a_moved_local_endpoint_rewrites_only_its_old_shard(backend):
+    """Every local endpoint has a hairpin element; moving one rewrites the shard of its old
+    address (flush + declaration of that shard's other elements) and declares the new
+    address's element in its shard: no other hairpin set, no `delete element`."""
+    inv = rich_inventory()
+    for i in range(200):
+        inv = add_service(inv, svc("hp", f"s{i:03d}", cips=(f"172.30.5.{1 + i}",), ports=[sp(80)]),
+                          sl("hp", f"s{i:03d}", [ep(f"10.185.0.{i}", "edge-7"), ep(f"10.186.0.{i}")], [epp(8080)]))
+    _sync(backend, compile_ruleset(inv, SH))
+    edited = with_endpoints(inv, "hp/s007", "IPv4", [ep("10.185.1.77", "edge-7"), ep("10.186.0.7")])
+    desired = compile_ruleset(edited, SH)
+    changes, tx = _sync(backend, desired)
+    old, new = hairpin_set("10.185.0.7"), hairpin_set("10.185.1.77")
+    assert old != new
+    assert {c.name for c in changes if c.kind == "element" and c.name.startswith("hairpin")} == {old, new}
+    assert not [op for op in tx if op.startswith("delete element")], tx.ops
+    assert [op for op in tx if op.startswith("flush set ip nftrec hairpin")] == [f"flush set ip nftrec {old}"]
+    t = desired.tables["ip"]
+    # the old shard declared with all it keeps, the new one with the added element only
+    for name, n in ((old, len(t.sets[old].elements)), (new, 1)):
+        decl = [op for op in tx if op.startswith(f"add set ip nftrec {name} ") and "elements =" in op]
+        assert len(decl) == 1 and decl[0].count(" . tcp . 8080") == n, decl
+    assert len(t.sets[old].elements) < 10  # ~200 / 64 of the elements, not all of them
+    live = read_live(backend, CONFIG.table_name)
+    assert diff(relocate(desired, live), live).empty

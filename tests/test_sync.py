@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from reconciler.compile import compile_ruleset
+from reconciler.compile.layout import hairpin_set
 from reconciler.engine import CommandError, Target, commit, make_plan, touched_objects, verify_touched
 from reconciler.intake import load_node_config, read_inventory
 from reconciler.kernel import Fake, kernel_token, read_live
@@ -82,9 +83,11 @@ def test_only_the_objects_the_transaction_wrote_are_read_back(applied):
     touched = touched_objects(plan)
     assert touched["ip"][0] == ["service-SUSTUHLJ-default/web/tcp/http"]
     # layout sharded: the new endpoint's element went into the port's shared map too
-    assert [s.name for s in touched["ip"][1]] == ["endpoint-dnat-tcp-12", "hairpin-connections"]
+    # and its hairpin element into its address's shard of hairpin-connections
+    hairpin = hairpin_set("10.244.0.13")
+    assert [s.name for s in touched["ip"][1]] == ["endpoint-dnat-tcp-12", hairpin]
     assert nft.object_listings == [("ip", ("service-SUSTUHLJ-default/web/tcp/http",),
-                                    ("endpoint-dnat-tcp-12", "hairpin-connections"))]
+                                    ("endpoint-dnat-tcp-12", hairpin))]
 
 
 def test_a_touched_object_that_differs_is_an_error(applied):

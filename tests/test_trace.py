@@ -192,6 +192,17 @@ def test_hairpin_endpoint_reaching_itself_is_masqueraded(edge):
     assert trace(edge, "10.244.0.72", "10.96.0.17", 80).masquerade == {False}
 
 
+def test_ipv6_hairpin_goes_through_the_shard_of_the_endpoint_address():
+    """layout sharded: `ip6 daddr & ::3f vmap @hairpin-shards` picks the shard chain of the
+    DNATed address; only the branch back to the client itself is masqueraded."""
+    ex = _example("dual-stack")
+    tr = trace(ex, "fd00:10:244::10", "fd00:10:96::1:10", 80)
+    by_ep = {o.endpoint: o for o in tr.outcomes}
+    assert by_ep["[fd00:10:244::10]:8080"].masquerade and not by_ep["[fd00:10:244::1:10]:8080"].masquerade
+    steps = [(s.chain, s.index) for s in by_ep["[fd00:10:244::10]:8080"].steps]
+    assert ("masquerading", 1) in steps and ("hairpin-10", 0) in steps
+
+
 def test_ipv6_uses_the_ip6_table():
     ex = _example("dual-stack")
     tr = trace(ex, "fd00:10:244::5", "fd00:10:96::1:10", 80)

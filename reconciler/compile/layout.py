@@ -34,6 +34,14 @@ firewall chain, one anonymous set per Service port: the kernel binds each by wal
 whole transaction, O(N^2) at cold load) are one `ip saddr R return` rule per range and
 a final `drop`, up to FIREWALL_RULES_MAX ranges; more keep kube-proxy's set.
 
+kube-proxy's `hairpin-connections` (one element per local endpoint, one rule in
+`masquerading`) is split into HAIRPIN_SHARDS sets by the endpoint address's low bits
+(`hairpin_shard`): `ct status dnat ip daddr & 0.0.0.63 vmap @hairpin-shards` goes (`goto`) to
+`hairpin-XX`, whose one rule is kube-proxy's lookup in `hairpin-connections-XX`. One
+lookup per packet either way; a moved local endpoint rewrites one ~1/64 shard through its
+declaration (engine/changes.rewritten_sets) instead of the whole set (10,000 elements at
+10k Services: its flush + re-declaration, and as many `nft monitor` events).
+
 The allocation is not stored anywhere: it is read back from a ruleset's rule texts
 (`allocation_of`, works on the compiler's texts and on nft's listing) and passed to the
 next compile (`services.assemble(previous=…)`) or applied afterwards (`relocate`).
@@ -42,8 +50,10 @@ next compile (`services.assemble(previous=…)`) or applied afterwards (`relocat
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import re
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from reconciler.compile.ruleset import Chain, Element, NamedSet, Rule, Ruleset, chain_id, element_id, set_id
 
@@ -167,6 +177,75 @@ def affinity_updates(chain: Chain) -> dict[tuple[int, int], str]:
             if m is not None:
                 out[(int(m.group(1) or 0), int(m.group(2) or 0))] = m.group(3)
     return out
+
+
+# --- hairpin-connections, sharded -------------------------------------------------------
+
+# Shards of hairpin-connections: a power of two (the vmap key is the address masked to its
+# low bits). Pod addresses of one node share their high bits (the node's pod CIDR), so the
+# low bits spread its local endpoints evenly. Changing it moves every element once.
+HAIRPIN_SHARDS = 64
+HAIRPIN_VMAP = "hairpin-shards"
+HAIRPIN_SET_PREFIX = "hairpin-connections-"
+HAIRPIN_CHAIN_PREFIX = "hairpin-"
+
+
+def _hairpin_mask(family: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    return (ipaddress.IPv4Address if family == "ip" else ipaddress.IPv6Address)(HAIRPIN_SHARDS - 1)
+
+
+def hairpin_shard(ip: str) -> str:
+    """Two hex digits: the shard of a local endpoint address (its low bits, the value of
+    the dispatch rule's `ip daddr & <mask>` for a packet to it)."""
+    return "%02x" % (int(ipaddress.ip_address(ip)) & (HAIRPIN_SHARDS - 1))
+
+
+def hairpin_set(ip: str) -> str:
+    """The hairpin-connections shard holding the element of a local endpoint `ip`."""
+    return HAIRPIN_SET_PREFIX + hairpin_shard(ip)
+
+
+def hairpin_dispatch(family: str) -> str:
+    """The `masquerading` chain's hairpin rule (kube-proxy: the set lookup itself)."""
+    # `and`, not `&`: rule bodies keep to check_rule_body's characters; nft lists `&`
+    return f"ct status dnat {family} daddr and {_hairpin_mask(family)} vmap @{HAIRPIN_VMAP}"
+
+
+@lru_cache(maxsize=8)
+def _hairpin_parts(family: str) -> tuple[tuple[Element, ...], tuple[Chain, ...]]:
+    """The skeleton's immutable parts (vmap elements, chains), built once: every watch
+    sync compiles the static part, and building these 128 objects each time cost more
+    than the rest of it."""
+    addr = ipaddress.IPv4Address if family == "ip" else ipaddress.IPv6Address
+    shards = ["%02x" % i for i in range(HAIRPIN_SHARDS)]
+    elements = tuple(Element((str(addr(i)),), f"goto {HAIRPIN_CHAIN_PREFIX}{x}") for i, x in enumerate(shards))
+    chains = tuple(Chain(HAIRPIN_CHAIN_PREFIX + x, (Rule(
+        f"{family} saddr . {family} daddr . meta l4proto . th dport "
+        f"@{HAIRPIN_SET_PREFIX}{x} masquerade fully-random"),)) for x in shards)
+    return elements, chains
+
+
+def hairpin_sets(family: str, addr_type: str) -> list[NamedSet]:
+    """The static part's sets: the shards (empty) and the dispatch vmap (masked address →
+    goto the shard's chain). New objects each call: a compile adds elements to them."""
+    elements, _ = _hairpin_parts(family)
+    sets = [NamedSet(HAIRPIN_SET_PREFIX + "%02x" % i, f"{addr_type} . {addr_type} . inet_proto . inet_service",
+                     comment="service hairpin connections") for i in range(HAIRPIN_SHARDS)]
+    sets.append(NamedSet(HAIRPIN_VMAP, addr_type, "verdict", comment="hairpin-connections shard by endpoint address",
+                         elements={e.key: e for e in elements}))
+    return sets
+
+
+def hairpin_chains(family: str) -> list[Chain]:
+    """The static part's shard chains, each with kube-proxy's rule on its shard."""
+    return list(_hairpin_parts(family)[1])
+
+
+def is_hairpin_skeleton(name: str) -> bool:
+    """A chain or set name of the sharded hairpin skeleton (shards, their chains, the
+    dispatch vmap): objects that depend on the family and the layout only."""
+    return name == HAIRPIN_VMAP or name.startswith(HAIRPIN_SET_PREFIX) or (
+        name.startswith(HAIRPIN_CHAIN_PREFIX) and len(name) == len(HAIRPIN_CHAIN_PREFIX) + 2)
 
 
 def is_layout_map(name: str) -> bool:

@@ -152,6 +152,12 @@ class NamedSet:
     def add(self, element: Element) -> None:
         self.elements[element.key] = element
 
+    def with_elements(self, elements: dict) -> "NamedSet":
+        """`dataclasses.replace(self, elements=elements)` at a fraction of its cost (a
+        watch sync's projections copy ~300 sets: replace() was ~10 % of a 1k sync)."""
+        return NamedSet(self.name, self.type, self.value_type, self.flags, self.timeout, self.comment,
+                        elements, self.typeof, self.size)
+
 
 @dataclass
 class Table:

@@ -263,9 +263,12 @@ def _static_sets(ctx: FamilyContext) -> list[NamedSet]:
         for ip in ctx.nodeport_ips:
             nodeport.add(Element((ip,)))
         sets.append(nodeport)
+    if sharded_hairpin(ctx):
+        sets += layout.hairpin_sets(ctx.family, a)
+    else:
+        sets.append(NamedSet(HAIRPIN, f"{a} . {a} . inet_proto . inet_service",
+                             comment="service hairpin connections"))
     sets += [
-        NamedSet(HAIRPIN, f"{a} . {a} . inet_proto . inet_service",
-                 comment="service hairpin connections"),
         NamedSet(NO_EP_SERVICES, f"{a} . inet_proto . inet_service", "verdict",
                  comment="vmap to drop or reject packets to services with no endpoints"),
         NamedSet(NO_EP_NODEPORTS, "inet_proto . inet_service", "verdict",
@@ -286,6 +289,17 @@ def shared_affinity(ctx: FamilyContext) -> bool:
     """ClientIP affinity through the one shared set (compile/layout.py) instead of
     kube-proxy's set per endpoint."""
     return ctx.layout == "sharded" and layout.SHARD_AFFINITY
+
+
+def sharded_hairpin(ctx: FamilyContext) -> bool:
+    """hairpin-connections as HAIRPIN_SHARDS sets behind a vmap (compile/layout.py)
+    instead of kube-proxy's one set."""
+    return ctx.layout == "sharded"
+
+
+def hairpin_set_of(ctx: FamilyContext, ip: str) -> str:
+    """The set holding the hairpin element of local endpoint `ip`."""
+    return layout.hairpin_set(ip) if sharded_hairpin(ctx) else HAIRPIN
 
 
 def _static_chains(ctx: FamilyContext, service_cidrs: Sequence[str]) -> list[Chain]:
@@ -328,13 +342,16 @@ def _static_chains(ctx: FamilyContext, service_cidrs: Sequence[str]) -> list[Cha
         Chain(SERVICES, tuple(services)),
         Chain(MASQUERADING, (
             Rule(f"mark and {ctx.mark} != 0 mark set mark xor {ctx.mark} masquerade fully-random"),
-            Rule(f"ct status dnat {ipx} saddr . {ipx} daddr . meta l4proto . th dport "
+            Rule(layout.hairpin_dispatch(ipx) if sharded_hairpin(ctx) else
+                 f"ct status dnat {ipx} saddr . {ipx} daddr . meta l4proto . th dport "
                  f"@{HAIRPIN} masquerade fully-random"),
         )),
         Chain(CLUSTER_IPS_CHECK, tuple(cluster_check)),
         Chain(REJECT_CHAIN, (Rule("reject"),),
               comment="helper for @no-endpoint-services / @no-endpoint-nodeports"),
     ]
+    if sharded_hairpin(ctx):
+        chains += layout.hairpin_chains(ctx.family)
     return chains
 
 
@@ -631,7 +648,7 @@ def _compile_port(service: Service, port: ServicePort, cluster_ip: str,
     # hairpin-connections: every local endpoint reachable from here (§12 item 2)
     for ep in cat.all_reachable:
         if ep.is_local:
-            ff.add_element(HAIRPIN, Element((ep.ip, ep.ip, proto, str(ep.port))))
+            ff.add_element(hairpin_set_of(ctx, ep.ip), Element((ep.ip, ep.ip, proto, str(ep.port))))
 
     uses_cluster_chain = bool(cluster_eps) and uses_cluster
     uses_local_chain = bool(local_eps) and uses_local

@@ -392,7 +392,17 @@ class Evaluator:
             """A value selector at toks[j]: (value, next index) or None."""
             t = toks[j:j + 2]
             if len(t) == 2 and t[0] == fam and t[1] in ("saddr", "daddr"):
-                return (st.src if t[1] == "saddr" else st.daddr), j + 2
+                value = st.src if t[1] == "saddr" else st.daddr
+                if toks[j + 2:j + 3] == ["&"] and j + 3 < len(toks):
+                    # `ip daddr & 0.0.0.63`: the sharded hairpin dispatch (compile/layout.py)
+                    try:
+                        a, mask = ipaddress.ip_address(value), ipaddress.ip_address(toks[j + 3])
+                    except ValueError:
+                        raise _Unknown(" ".join(toks[j:j + 4])) from None
+                    if a.version != mask.version:
+                        raise _Unknown(" ".join(toks[j:j + 4]))
+                    return str(type(a)(int(a) & int(mask))), j + 4
+                return value, j + 2
             if t == ["meta", "l4proto"]:
                 return st.proto, j + 2
             if t == ["th", "dport"]:
