@@ -7,8 +7,11 @@ line (commands.py) and cli.py's plain `apply`, which runs without importing type
 
 from __future__ import annotations
 
+import gc
 import os
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from reconciler import logs
 from reconciler.engine.lock import LockHeld
@@ -48,3 +51,21 @@ def intake_cache_dir(state_root: Path) -> Path | None:
     if os.environ.get("NFTREC_INTAKE_CACHE", "").lower() in ("0", "off", "no", "false"):
         return None
     return Path(state_root) / "cache" / "intake"
+
+
+@contextmanager
+def read_frozen() -> Iterator[None]:
+    """For a one-shot command's input read: the cyclic GC paused (as intake pauses it), and
+    everything alive at the end frozen (gc.freeze) before the GC runs again. The read's
+    objects (documents, models) stay alive and acyclic until the process exits; enabled
+    again right after the read, the GC's first collection scanned them all once more,
+    finding nothing (~0.03 s at 1,000 Services, ~10x that at 10,000). Only for a process
+    that exits after its command: a frozen object is never collected as part of a cycle."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.freeze()
+        if was:
+            gc.enable()
