@@ -114,7 +114,7 @@ def _apply(opts: dict, target, config: Path | None) -> int:
     check and the pending-confirmation check were made in `_noop` already."""
     from reconciler import logs
     from reconciler.engine import InvalidInput, config_cache_dir, guard, intake_cache_dir, load_desired, \
-        record_invalid, recover_pending, run_apply
+        read_frozen, record_invalid, recover_pending, run_apply
 
     def recover() -> int:  # as commands._target: roll back a confirmation window left open
         recover_pending(target)
@@ -124,9 +124,10 @@ def _apply(opts: dict, target, config: Path | None) -> int:
         return 1
     directory = Path(opts.get("dir", "."))
     try:
-        desired = load_desired(directory, config, strict=opts.get("strict", False), netns=target.netns,
-                               cache_dir=intake_cache_dir(target.state_root), compile=False,
-                               config_cache=config_cache_dir(target.state_root))
+        with read_frozen():  # this process exits after the apply
+            desired = load_desired(directory, config, strict=opts.get("strict", False), netns=target.netns,
+                                   cache_dir=intake_cache_dir(target.state_root), compile=False,
+                                   config_cache=config_cache_dir(target.state_root))
     except InvalidInput as e:
         logs.log.error(str(e))
         guard(record_invalid, target, e)

@@ -47,3 +47,28 @@ def test_the_version_read_without_importlib_metadata_is_importlib_metadatas(tmp_
     (tmp_path / "nftrec-9.1.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: nftrec\nVersion: 9.1\n\nVersion: 0\n")
     monkeypatch.setattr(sys, "path", [str(tmp_path)] + sys.path)
     assert _installed_version() == "9.1" == importlib.metadata.version("nftrec")
+
+
+def test_read_frozen_pauses_the_gc_and_freezes_what_the_read_left():
+    """engine.entry.read_frozen (cli.py's plain apply): no collection during the read, none
+    that rescans its objects after it, and the GC as it was before."""
+    import gc
+
+    from reconciler.engine import read_frozen
+
+    assert gc.isenabled()
+    frozen = gc.get_freeze_count()
+    try:
+        with read_frozen():
+            assert not gc.isenabled()
+            kept = [[i] for i in range(1000)]
+        assert gc.isenabled()
+        assert gc.get_freeze_count() >= frozen + len(kept)
+        assert not any(gc.is_tracked(x) and any(x is y for y in gc.get_objects(0)) for x in kept[:3])
+        gc.disable()
+        with read_frozen():
+            pass
+        assert not gc.isenabled()  # left as it was
+    finally:
+        gc.enable()
+        gc.unfreeze()  # the rest of this test process collects as usual

@@ -9,7 +9,8 @@ is kube-proxy's chain and set names; `serialize` turns a Ruleset into JSON and b
 saved plans); `incremental` recompiles only the Services that changed (`nftrec watch`);
 `topology` is which hints kube-proxy follows, and the hints nftrec derives from
 `trafficDistribution` where no EndpointSlice controller writes them; `layout` is the
-default sharded endpoint maps (`layout: kube-proxy` keeps kube-proxy's anonymous maps).
+default sharded endpoint maps (`layout: kube-proxy` keeps kube-proxy's anonymous maps);
+`forked` compiles part of a one-shot command's Services in a forked child (both cores).
 """
 
 from reconciler import lazy_exports

@@ -237,7 +237,10 @@ def diff(desired: Ruleset, live: Ruleset) -> Changes:
     """What differs between `desired` (as compiled) and `live` (from read_live).
     Two projections (compile.project) compare only their `focus` keys of a shared set."""
     focus = _focus(desired, live)
-    want = canonical(desired)
+    # Rules are compared in canonical form, so only a table the kernel has needs it: a new
+    # table's chains are only added, and transaction_for writes `desired`'s own rules.
+    # (Canonicalising every rule was ~0.07 s of a cold plan at 1,000 Services.)
+    want = canonical(desired) if any(fam in live.tables for fam in desired.tables) else desired
     who = _Owners(desired, live, focus)
     out = Changes()
     for fam in sorted(set(want.tables) | set(live.tables)):

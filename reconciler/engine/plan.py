@@ -63,10 +63,15 @@ def _endpoints_by_owner(rs: Ruleset, owners: set[str]) -> dict[str, set[str]]:
             if eps is None:
                 continue
             for rule in chain.rules:
-                for ip, port in _DNAT_ONE.findall(rule.body):
-                    eps.add(f"{ip}:{port}")
-                for ip, port in _DNAT_MAP.findall(rule.body):
-                    eps.add(f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}")
+                body = rule.body
+                # a substring test is cheaper than a regex scan, and most rules hold
+                # neither pattern's literal part
+                if "dnat to " in body:
+                    for ip, port in _DNAT_ONE.findall(body):
+                        eps.add(f"{ip}:{port}")
+                if " : " in body:
+                    for ip, port in _DNAT_MAP.findall(body):
+                        eps.add(f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}")
             rng = chain_range(chain)  # layout sharded: the chain's index range of a shared map
             if rng is not None and rng[0] in t.sets:
                 elems = t.sets[rng[0]].elements
