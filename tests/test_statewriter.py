@@ -57,3 +57,23 @@ def test_max_delay_bounds_the_wait_and_a_crashing_write_does_not_stop_the_thread
         stop.set()
         t.join()
         w.close()
+
+
+def test_a_finished_write_is_not_kept_alive_by_the_thread():
+    """The revision a write records is freed once written, not held while the thread
+    waits for the next write."""
+    import gc
+    import weakref
+
+    class Revision:
+        pass
+
+    w = StateWriter(idle=0, max_delay=0)
+    rev = Revision()
+    gone = weakref.ref(rev)
+    w.submit(lambda rev=rev: rev)
+    del rev
+    assert w.flush(timeout=5)
+    gc.collect()
+    assert gone() is None
+    w.close()

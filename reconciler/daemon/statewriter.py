@@ -111,7 +111,14 @@ class StateWriter:
                 self._busy = True
             began = time.monotonic()
             try:
-                write()
+                try:
+                    write()
+                finally:
+                    # the write's closure holds the revision it records: dropped now, not
+                    # when the next write comes, so after_write can free it and it never
+                    # outlives the daemon's own reference (no RSS change measured at 10k:
+                    # idle 357 MB either way, bench/README "After the fourth round")
+                    write = None
                 if self.after_write is not None:
                     self.after_write()
             except Exception as e:  # the write functions log their own errors; never kill the thread
