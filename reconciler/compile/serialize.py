@@ -108,8 +108,13 @@ def canonical_json(obj: Any) -> bytes:
 
 def digest(rs: Ruleset) -> str:
     """sha256 hex of the canonical JSON of `rs` (chains and sets sorted by name)."""
+    return parts_digest(digest_parts(rs))
+
+
+def parts_digest(parts) -> str:
+    """sha256 hex of the concatenation of `parts` (digest_parts), hashed one by one."""
     h = hashlib.sha256()
-    for part in digest_parts(rs):
+    for part in parts:
         h.update(part)
     return h.hexdigest()
 

@@ -35,7 +35,8 @@ from typing import Any, Callable, Iterator
 from reconciler import logs
 from reconciler.atomic import atomic_write, fsync_dir  # noqa: F401 - planfile and tests use them from here
 from reconciler.compile import Ruleset
-from reconciler.compile import SerializeError, digest, digest_parts, ruleset_from_json, ruleset_from_text
+from reconciler.compile import SerializeError, digest, digest_parts, parts_digest, ruleset_from_json, \
+    ruleset_from_text
 
 FORMAT_VERSION = 1
 HISTORY_KEEP = 5
@@ -397,10 +398,7 @@ class StateStore:
         st = self.status()
         now = self._clock()
         body = digest_parts(ruleset)  # once: the digest and the history file
-        h = hashlib.sha256()
-        for part in body:
-            h.update(part)
-        d = h.hexdigest()
+        d = parts_digest(body)
         # Sequence numbers come from file names only, so a damaged entry (which history()
         # reports) never blocks recording an apply that already reached the kernel.
         files = self._history_files()
