@@ -7,35 +7,24 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from reconciler.compile import forked
 from reconciler.compile.ruleset import NftSyntaxError
 from reconciler.compile.services import FAMILIES, family_context, slices_by_service
-from reconciler.intake import load_node_config, read_inventory
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "bench"))
-import targets  # noqa: E402  (the benchmark's realistic Service mix)
+from benchmix import bench_mix
 
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    d = tmp_path_factory.mktemp("forked")
-    targets.generate(d / "m", 300, 3)
-    (d / "cfg.yaml").write_text(targets.NODE_CONFIG)
-    cfg, problems = load_node_config(str(d / "cfg.yaml"), discover=False)
-    assert not problems
-    res = read_inventory(d / "m")
-    assert not [p for p in res.problems if p.is_error]
-    services = sorted(res.inventory.services, key=lambda s: (s.namespace, s.name))
+    inventory, cfg = bench_mix(tmp_path_factory.mktemp("forked"), 300, 3)
+    services = sorted(inventory.services, key=lambda s: (s.namespace, s.name))
     assert len(services) >= forked.MIN_SERVICES
     contexts = {f: family_context(cfg, f) for f in FAMILIES}
-    return services, slices_by_service(res.inventory.endpoint_slices), cfg, contexts
+    return services, slices_by_service(inventory.endpoint_slices), cfg, contexts
 
 
 @pytest.fixture

@@ -17,7 +17,6 @@ import dataclasses
 import json
 import random
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -27,25 +26,17 @@ from reconciler.compile import allocation_of, compile_oneshot, compile_ruleset, 
 from reconciler.compile.incremental import _memo_allocation
 from reconciler.engine.recorded import lazy_ruleset
 from reconciler.engine.plan import format_text, make_plan
-from reconciler.intake import config_digest, load_node_config, read_inventory
+from reconciler.intake import config_digest, load_node_config
 from reconciler.kernel import canonical
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "bench"))
-import targets  # noqa: E402  (the benchmark's realistic Service mix)
+from benchmix import bench_mix, targets
 from test_cli_kernel import netns2  # noqa: E402,F401  (a second throwaway namespace)
 
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    d = tmp_path_factory.mktemp("oneshot")
-    targets.generate(d / "m", 240, 4)
-    (d / "cfg.yaml").write_text(targets.NODE_CONFIG)
-    cfg, problems = load_node_config(str(d / "cfg.yaml"), discover=False)
-    assert not problems
-    res = read_inventory(d / "m")
-    assert not [p for p in res.problems if p.is_error]
-    return res.inventory, cfg, config_digest(cfg, strict=False)
+    inventory, cfg = bench_mix(tmp_path_factory.mktemp("oneshot"), 240, 4)
+    return inventory, cfg, config_digest(cfg, strict=False)
 
 
 def _norm(op) -> str:
@@ -221,7 +212,6 @@ def test_unchanged_files_keep_their_memo_digests_and_the_result_is_the_full_comp
 def test_a_replaced_model_object_is_hashed_again(tmp_path):
     """An object that is not the one the intake read (probe results, a test's replace)
     has no origin: its Service's digest is computed, so the change is seen."""
-    from reconciler.compile import incremental
     from reconciler.intake import read_inventory_cached
 
     targets.generate(tmp_path / "m", 120, 3)

@@ -11,29 +11,19 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
 from reconciler.compile import Element, compile_ruleset, digest, digest_bytes, ruleset_from_json, ruleset_to_json
 from reconciler.engine.recorded import LazyObjects, lazy_ruleset
 from reconciler.engine.state import StateStore
-from reconciler.intake import load_node_config, read_inventory
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "bench"))
-import targets  # noqa: E402  (the benchmark's realistic Service mix)
+from benchmix import bench_mix
 
 
 @pytest.fixture(scope="module")
 def rs(tmp_path_factory):
-    d = tmp_path_factory.mktemp("recorded")
-    targets.generate(d / "m", 150, 3)
-    (d / "cfg.yaml").write_text(targets.NODE_CONFIG)
-    cfg, problems = load_node_config(str(d / "cfg.yaml"), discover=False)
-    assert not problems
-    return compile_ruleset(read_inventory(d / "m").inventory, cfg)
+    return compile_ruleset(*bench_mix(tmp_path_factory.mktemp("recorded"), 150, 3))
 
 
 def _decoded(lazy) -> int:
