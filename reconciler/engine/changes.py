@@ -440,7 +440,8 @@ def transaction_for(changes: Changes, desired: Ruleset) -> Transaction:
         for c in fc.elements_removed + fc.elements_changed:
             if c.name not in rewrite:
                 tx.delete(fam, T, c.old, set=d.sets[c.name])
-        # 5. Rules of new and rewritten chains (everything they reference exists now),
+        # 5. Rules of new and rewritten chains (what they reference exists now, or, for a
+        # new chain, is declared earlier in this step: `_rules_order`),
         # each chain's through its declaration (`chain_rules_cmd`: no nft cache fill, as
         # `add rule` does); nft then resolves a rule's `@set` only among the sets this
         # transaction declares, so the existing ones they use are re-declared (the same
