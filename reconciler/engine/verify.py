@@ -33,7 +33,7 @@ from reconciler.kernel import Libnftables, canonical, fingerprint, kernel_token,
 # Above this many operations the commit is not overlapped: at 10,000 Services (20,644
 # operations) the history bytes (~25 MB) and the canonical copy would sit on top of nft's
 # own peak (~240 MB for the transaction's parse tree); computed after the commit instead,
-# once nft's memory is trimmed (kernel/nft.py). ~5,000 Services: it was 20,000 while every
+# once nft's memory is trimmed (kernel/nft.py). ~4,500 Services (1k: 2,988); it was 20,000 while every
 # new chain was declared twice (engine/changes.transaction_for), the same size boundary.
 OVERLAP_MAX_OPS = 10_000
 
