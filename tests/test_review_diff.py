@@ -92,13 +92,14 @@ def repo(tmp_path_factory) -> Path:
     return r
 
 
-# 15 operations: the hairpin elements lost (legacy) and gained (web, cache) are in three
-# shards of hairpin-connections (layout sharded): one flushed, two declared
+# 14 operations: the hairpin elements lost (legacy) and gained (web, cache) are in three
+# shards of hairpin-connections (layout sharded): one flushed, two declared; the new
+# chain of cache declared once, with its rule (engine/changes.transaction_for)
 EXPECTED_TEXT = """\
 + default/cache ClusterIP 10.96.0.30:6379/TCP -> 1 endpoint
 - default/legacy
 ~ default/web endpoints +10.244.0.14:8080; hairpin-connections-0e +1
-Plan: 1 to add, 1 to change, 1 to remove; 15 nft operations.
+Plan: 1 to add, 1 to change, 1 to remove; 14 nft operations.
 """
 
 
@@ -141,10 +142,10 @@ def test_git_json_names_both_commits(repo):
     assert doc["old"] == {"source": "HEAD~1", "revision": git(repo, "rev-parse", "HEAD~1").strip()}
     assert doc["new"] == {"source": "HEAD", "revision": git(repo, "rev-parse", "HEAD").strip()}
     assert doc["changed"] is True
-    assert doc["summary"] == {"add": 1, "change": 1, "remove": 1, "operations": 15}
+    assert doc["summary"] == {"add": 1, "change": 1, "remove": 1, "operations": 14}
     assert [(s["action"], s["service"]) for s in doc["services"]] == [
         ("+", "default/cache"), ("-", "default/legacy"), ("~", "default/web")]
-    assert len(doc["transaction"]) == 15
+    assert len(doc["transaction"]) == 14
 
 
 def test_git_markdown_is_a_pull_request_comment(repo):
@@ -154,14 +155,14 @@ def test_git_markdown_is_a_pull_request_comment(repo):
     lines = md.splitlines()
     assert lines[0] == "<!-- nftrec-diff -->"
     assert lines[1] == "### nftrec diff `HEAD~1` → `HEAD`"
-    assert "**Plan: 1 to add, 1 to change, 1 to remove; 15 nft operations.**" in lines
+    assert "**Plan: 1 to add, 1 to change, 1 to remove; 14 nft operations.**" in lines
     assert "| `+` | `default/cache` | ClusterIP 10.96.0.30:6379/TCP -&gt; 1 endpoint |" in lines
     assert "| `-` | `default/legacy` | removed |" in lines
     assert "| `~` | `default/web` | endpoints +10.244.0.14:8080; hairpin-connections-0e +1 |" in lines
-    start = lines.index("<details><summary>Transaction: 15 nft operations, one atomic commit on each node</summary>")
+    start = lines.index("<details><summary>Transaction: 14 nft operations, one atomic commit on each node</summary>")
     end = lines.index("</details>")
     block = lines[start + 2:end - 1]
-    assert block[0] == "```" and block[-1] == "```" and len(block) == 17
+    assert block[0] == "```" and block[-1] == "```" and len(block) == 16
     assert "delete chain ip nftrec service-YYRJGEZM-default/legacy/tcp/http" in block
 
 
