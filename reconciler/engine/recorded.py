@@ -9,6 +9,14 @@ and `sets` are `LazyObjects`: a mapping that decodes an object (through
 Services that replaces a 1.3-3 s decode of 19,000 chains and 5,000 sets by an index of a
 few ms, plus the handful of objects the change touches.
 
+A set whose elements take LAZY_ELEMENTS_BYTES or more (at 10,000 Services the static
+sets cluster-ips, service-ips and service-nodeports: 3,000-11,000 elements each) gets
+them as `LazyElements`: an element is found by its key in the text and decoded alone,
+changes are kept aside, and the set's next history bytes are its recorded ones with the
+changed elements cut out and spliced in (`LazyElements.encoded`). A one-Service change
+then reads and writes a handful of its elements; anything needing all of them (iterating,
+len) decodes the set whole, with the changes replayed.
+
 `LazyObjects.raw(name)` gives back the exact bytes of an object that was never decoded,
 so `compile.digest_bytes` re-uses them for the next history entry instead of encoding
 every object again. An object that was decoded is encoded again: it may have been
