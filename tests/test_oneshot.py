@@ -304,3 +304,16 @@ def test_ruleset_from_text_reads_what_ruleset_from_json_reads(world):
         ruleset_from_text(text[:-40])
     with pytest.raises(SerializeError, match="formatVersion"):
         ruleset_from_text(text.replace('"formatVersion":1', '"formatVersion":9', 1))
+
+
+@pytest.mark.parametrize("row", [
+    ["ip", "c", "m", 0], ["ip", "c", "m", 0, 1, 2], ("ip", "c", "m", 0, 1), ["ip", "c", 3, 0, 1],
+    ["ip", None, "m", 0, 1], ["ip", "c", "m", "0", 1], ["ip", "c", "m", 0, True], ["ip", "c", "m", 0.0, 1], "row",
+])
+def test_a_malformed_memo_allocation_row_is_not_used(row):
+    """A compiled.json allocation row of the wrong shape: the caller reads the ruleset's
+    chains instead (None), never a half-read allocation."""
+    good = ["ip", "svc-x/tcp/80", "endpoint-dnat-tcp-01", 8, 2]
+    assert _memo_allocation({"allocation": [good]}) == {("ip", "svc-x/tcp/80"): ("endpoint-dnat-tcp-01", 8, 2)}
+    assert _memo_allocation({"allocation": [good, row]}) is None
+    assert _memo_allocation({"allocation": "x"}) is None and _memo_allocation({}) is None

@@ -685,11 +685,13 @@ def _memo_allocation(memo: dict) -> dict | None:
     if not isinstance(rows, list):
         return None
     out = {}
-    for row in rows:
-        if not (isinstance(row, list) and len(row) == 5 and all(type(x) is str for x in row[:3])
-                and all(type(x) is int for x in row[3:])):
+    for row in rows:  # ~19,000 at 10,000 Services: plain type checks, no generator per row
+        if type(row) is not list or len(row) != 5:
             return None
-        out[(row[0], row[1])] = (row[2], row[3], row[4])
+        fam, chain, m, k, n = row
+        if not (type(fam) is str and type(chain) is str and type(m) is str and type(k) is int and type(n) is int):
+            return None
+        out[(fam, chain)] = (m, k, n)
     return out
 
 
