@@ -24,6 +24,7 @@ import pytest
 from reconciler.compile import allocation_of, compile_oneshot, compile_ruleset, digest, digest_bytes, \
     ruleset_from_json, ruleset_to_json
 from reconciler.compile.incremental import _memo_allocation
+from reconciler.engine import recorded as recorded_mod
 from reconciler.engine.recorded import lazy_ruleset
 from reconciler.engine.plan import format_text, make_plan
 from reconciler.intake import config_digest, load_node_config
@@ -80,8 +81,12 @@ def _edit(inv, rnd: random.Random, serial: int):
     return dataclasses.replace(inv, endpoint_slices=tuple(slices), services=tuple(svcs))
 
 
-@pytest.mark.parametrize("seed", range(12))
-def test_incremental_equals_full_compile_and_plan(world, seed):
+@pytest.mark.parametrize("seed,lazy_elements", [(seed, None) for seed in range(12)] + [(seed, 0) for seed in range(4)])
+def test_incremental_equals_full_compile_and_plan(world, seed, lazy_elements, monkeypatch):
+    """lazy_elements=0: every recorded set's elements read lazily (at this size none
+    reaches recorded.LAZY_ELEMENTS_BYTES; at 10,000 Services the big static sets do)."""
+    if lazy_elements is not None:
+        monkeypatch.setattr(recorded_mod, "LAZY_ELEMENTS_BYTES", lazy_elements)
     inv, cfg, cd = world
     rnd = random.Random(seed)
     first = compile_oneshot(inv, cfg, cd)
@@ -299,3 +304,16 @@ def test_ruleset_from_text_reads_what_ruleset_from_json_reads(world):
         ruleset_from_text(text[:-40])
     with pytest.raises(SerializeError, match="formatVersion"):
         ruleset_from_text(text.replace('"formatVersion":1', '"formatVersion":9', 1))
+
+
+@pytest.mark.parametrize("row", [
+    ["ip", "c", "m", 0], ["ip", "c", "m", 0, 1, 2], ("ip", "c", "m", 0, 1), ["ip", "c", 3, 0, 1],
+    ["ip", None, "m", 0, 1], ["ip", "c", "m", "0", 1], ["ip", "c", "m", 0, True], ["ip", "c", "m", 0.0, 1], "row",
+])
+def test_a_malformed_memo_allocation_row_is_not_used(row):
+    """A compiled.json allocation row of the wrong shape: the caller reads the ruleset's
+    chains instead (None), never a half-read allocation."""
+    good = ["ip", "svc-x/tcp/80", "endpoint-dnat-tcp-01", 8, 2]
+    assert _memo_allocation({"allocation": [good]}) == {("ip", "svc-x/tcp/80"): ("endpoint-dnat-tcp-01", 8, 2)}
+    assert _memo_allocation({"allocation": [good, row]}) is None
+    assert _memo_allocation({"allocation": "x"}) is None and _memo_allocation({}) is None

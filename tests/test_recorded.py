@@ -89,3 +89,51 @@ def test_store_reads_lazily_only_the_digest_form(rs, tmp_path):
     old.write_text(json.dumps(doc, indent=2))
     got = store.load_ruleset(store.history()[-1], lazy=True)
     assert isinstance(got.tables["ip"].chains, dict) and got == rs
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_lazy_elements_behave_as_the_decoded_dict(rs, seed, monkeypatch):
+    """A set's elements read lazily (LazyElements): the same answers, the same dict (in the
+    same order) once iterated, and digest_bytes the digest form of the changed ruleset,
+    for random reads, additions (before, between and after the recorded keys),
+    replacements and deletions; a read or a change decodes nothing else."""
+    import random
+
+    from reconciler.engine import recorded
+
+    monkeypatch.setattr(recorded, "LAZY_ELEMENTS_BYTES", 0)
+    rnd = random.Random(seed)
+    text = digest_bytes(rs)
+    lazy, plain = lazy_ruleset(text), ruleset_from_json(json.loads(text))
+    names = [n for n, s in plain.tables["ip"].sets.items() if len(s.elements) > 3]
+    for name in rnd.sample(names, min(3, len(names))):
+        have, want = lazy.tables["ip"].sets[name].elements, plain.tables["ip"].sets[name].elements
+        assert isinstance(have, recorded.LazyElements)
+        if rnd.random() < 0.5:  # a copy to change, as compile_oneshot's _patch makes
+            lazy.tables["ip"].sets[name] = lazy.tables["ip"].sets[name].with_elements(have.copy())
+            have = lazy.tables["ip"].sets[name].elements
+        keys = list(want)
+        if seed % 2 == 0:  # past either end of the recorded keys
+            for k in (("~",) * len(keys[0]), ("!",) * len(keys[0])):
+                have[k] = want[k] = Element(k, None, "c")
+        for _ in range(rnd.randrange(1, 12)):
+            r = rnd.random()
+            k = rnd.choice(keys)
+            if rnd.random() < 0.4:  # a key not recorded: before, between or after the recorded ones
+                k = tuple(x + rnd.choice(["", "0", "~"]) for x in k) if rnd.random() < 0.7 else (rnd.choice("!~"),) * len(k)
+            if r < 0.5:
+                assert (k in have) == (k in want) and have.get(k) == want.get(k)
+            elif r < 0.8:
+                e = Element(k, None if want.get(k) is None or rnd.random() < 0.5 else want[k].value, "c")
+                have[k] = want[k] = e
+            else:
+                assert have.pop(k, None) == want.pop(k, None)
+        assert have._d is None, "reads and changes decode no set whole"
+        assert bytes(have.encoded()) == b",".join(json.dumps(
+            {"key": list(e.key), "value": e.value, "comment": e.comment}, sort_keys=True, separators=(",", ":")
+        ).encode() for e in sorted(want.values(), key=lambda e: e.key))
+    body = digest_bytes(lazy)
+    assert body == digest_bytes(plain) and hashlib.sha256(body).hexdigest() == digest(plain)
+    for name in names:  # iterated: the dict the eager reader plus the same changes gives
+        assert list(lazy.tables["ip"].sets[name].elements.items()) == list(plain.tables["ip"].sets[name].elements.items())
+    assert lazy == plain

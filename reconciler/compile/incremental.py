@@ -421,7 +421,9 @@ def project(rs: Ruleset, static: Ruleset, fragments: list) -> Ruleset:
                 want = keys[name]
                 # in the set's own order (a plan's element lists must not depend on hashing)
                 cut.add((fam, name))
-                table.sets[name] = s.with_elements({k: e for k, e in s.elements.items() if k in want}
+                # (`not want` first: len() of a recorded set read lazily decodes it)
+                table.sets[name] = s.with_elements({} if not want else
+                                                   {k: e for k, e in s.elements.items() if k in want}
                                                    if len(want) * 4 > len(s.elements) else
                                                    {k: s.elements[k] for k in sorted(want, key=_index_order)
                                                     if k in s.elements})
@@ -526,8 +528,11 @@ def fragments_of(rs: Ruleset, keys: set[str] | None = None) -> dict[str, Service
     # a lazily read ruleset, engine/recorded.py, decodes nothing else)
     holding = None
     if keys is not None:
-        holding = {tuple(oid.split(" ", 3)[::2][:2]) for oid, o in owners.items()
-                   if o in keys and oid.split(" ", 2)[1] == "element"}
+        holding = {}  # (family, set) -> the element ids of the Services asked for
+        for oid, o in owners.items():
+            if o in keys and oid.split(" ", 2)[1] == "element":
+                fam, _, name, _ = oid.split(" ", 3)
+                holding.setdefault((fam, name), []).append(oid)
     for fam, t in rs.tables.items():
         for name in t.chains:
             o = owners.get(chain_id(fam, name))
@@ -553,13 +558,30 @@ def fragments_of(rs: Ruleset, keys: set[str] | None = None) -> dict[str, Service
                 if ff is not None:
                     ff.sets[name] = t.sets[name]
             elif not layout.is_layout_map(name) and (holding is None or (fam, name) in holding):
+                elements = t.sets[name].elements
                 prefix = f"{fam} element {name} "
-                for key, e in t.sets[name].elements.items():
+                found = _owned(elements, prefix, holding[(fam, name)]) if holding is not None else None
+                for key, e in found if found is not None else elements.items():
                     o = owners.get(prefix + " . ".join(key))
                     ff = ff_of(o, fam) if o is not None else None
                     if ff is not None:
                         ff.elements[(name, key)] = e
     return out
+
+
+def _owned(elements, prefix: str, oids: list) -> list | None:
+    """(key, element) of the element ids `oids` of one set, looked up by key (a recorded
+    set read lazily decodes just those, engine/recorded.py), in the set's key order as
+    iterating it gives; None when an id does not lead back to one of its elements (the
+    caller then reads them all)."""
+    out = []
+    for oid in oids:
+        key = tuple(oid[len(prefix):].split(" . "))
+        e = elements.get(key)
+        if e is None or prefix + " . ".join(key) != oid:
+            return None
+        out.append((key, e))
+    return sorted(out, key=lambda ke: ke[0])
 
 
 def _exact(rs: Ruleset, fragments) -> bool:
@@ -663,11 +685,13 @@ def _memo_allocation(memo: dict) -> dict | None:
     if not isinstance(rows, list):
         return None
     out = {}
-    for row in rows:
-        if not (isinstance(row, list) and len(row) == 5 and all(type(x) is str for x in row[:3])
-                and all(type(x) is int for x in row[3:])):
+    for row in rows:  # ~19,000 at 10,000 Services: plain type checks, no generator per row
+        if type(row) is not list or len(row) != 5:
             return None
-        out[(row[0], row[1])] = (row[2], row[3], row[4])
+        fam, chain, m, k, n = row
+        if not (type(fam) is str and type(chain) is str and type(m) is str and type(k) is int and type(n) is int):
+            return None
+        out[(fam, chain)] = (m, k, n)
     return out
 
 
@@ -741,7 +765,8 @@ def _patch(rs: Ruleset, old_frags: list, new_frags: list, offsets: dict) -> Rule
         t = rs.tables[fam]
         if (fam, name) not in copied:
             s = t.sets.get(name)
-            t.sets[name] = layout.map_for(fam, name) if s is None else replace(s, elements=dict(s.elements))
+            # .copy(): a recorded set read lazily (engine/recorded.py) stays lazy
+            t.sets[name] = layout.map_for(fam, name) if s is None else s.with_elements(s.elements.copy())
             copied.add((fam, name))
         return t.sets[name]
 
