@@ -860,6 +860,8 @@ def assemble_placed(static: Ruleset, fragments: Iterable[ServiceFragment],
             for p in ff.picks:
                 picks.append(p)
                 owners[(p.family, p.chain)] = frag.service_key
+    for t in static.tables.values():
+        layout.prune_hairpin(t)  # layout sharded: only the shards that hold an element
     alloc = layout.place(static, picks, owners, previous or {}) if picks else {}
     _check_references(static)
     return static, alloc
