@@ -40,7 +40,9 @@ kube-proxy's `hairpin-connections` (one element per local endpoint, one rule in
 `hairpin-XX`, whose one rule is kube-proxy's lookup in `hairpin-connections-XX`. One
 lookup per packet either way; a moved local endpoint rewrites one ~1/64 shard through its
 declaration (engine/changes.rewritten_sets) instead of the whole set (10,000 elements at
-10k Services: its flush + re-declaration, and as many `nft monitor` events).
+10k Services: its flush + re-declaration, and as many `nft monitor` events). A shard
+(set, chain, vmap element) exists only while it holds an element (`prune_hairpin`,
+`settle_hairpin_shards`): a small node does not carry 64 empty ones.
 
 The allocation is not stored anywhere: it is read back from a ruleset's rule texts
 (`allocation_of`, works on the compiler's texts and on nft's listing) and passed to the
