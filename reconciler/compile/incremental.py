@@ -772,7 +772,7 @@ def _patch(rs: Ruleset, old_frags: list, new_frags: list, offsets: dict) -> Rule
         return t.sets[name]
 
     maps_touched: set[tuple[str, str]] = set()
-    hairpin: set[tuple[str, str]] = set()
+    filled: set[tuple[str, str]] = set()  # sets whose elements changed (for the hairpin shards)
     for frag in old_frags:
         for fam, ff in frag.families.items():
             t = rs.tables[fam]
@@ -793,7 +793,7 @@ def _patch(rs: Ruleset, old_frags: list, new_frags: list, offsets: dict) -> Rule
             for (sn, key) in ff.elements:
                 writable(fam, sn).elements.pop(key, None)
                 owners.pop(element_id(fam, sn, key), None)
-                hairpin.add((fam, sn))
+                filled.add((fam, sn))
     for frag in sorted(new_frags, key=lambda f: f.service_key):
         owner = frag.service_key
         for fam, ff in frag.families.items():
@@ -807,7 +807,7 @@ def _patch(rs: Ruleset, old_frags: list, new_frags: list, offsets: dict) -> Rule
             for (sn, key), e in ff.elements.items():
                 writable(fam, sn).elements[key] = e
                 owners[element_id(fam, sn, key)] = owner
-                hairpin.add((fam, sn))
+                filled.add((fam, sn))
             for p in ff.picks:
                 k = offsets[(p.family, p.chain)]
                 if k:
@@ -822,8 +822,8 @@ def _patch(rs: Ruleset, old_frags: list, new_frags: list, offsets: dict) -> Rule
     for fam, m in maps_touched:  # assemble declares only the maps some pick uses
         if not rs.tables[fam].sets[m].elements:
             del rs.tables[fam].sets[m]
-    for fam in {fam for fam, _ in hairpin}:  # and only the hairpin shards holding an element
-        layout.settle_hairpin_shards(rs.tables[fam], sorted(n for f, n in hairpin
+    for fam in {fam for fam, _ in filled}:  # and only the hairpin shards holding an element
+        layout.settle_hairpin_shards(rs.tables[fam], sorted(n for f, n in filled
                                                            if f == fam and layout.is_hairpin_shard(n)))
     for frag in new_frags:
         check_fragment_references(rs, frag)
