@@ -787,7 +787,7 @@ def test_property_fragments_union_owners_and_determinism():
     from hypothesis import strategies as st
     from test_kernel_accepts import configs, inventories
 
-    from reconciler.compile.layout import AFFINITY_SET
+    from reconciler.compile.layout import AFFINITY_SET, HAIRPIN_VMAP, hairpin_chain_of, is_hairpin_shard
 
     @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
     @given(inventories(), configs(), st.randoms(use_true_random=False))
@@ -812,7 +812,11 @@ def test_property_fragments_union_owners_and_determinism():
                     assert set_id(fam, s.name) not in whole.owners and not s.elements
                 elif s.name.startswith("affinity-"):
                     assert whole.owners[set_id(fam, s.name)] in keys
+                elif s.name == HAIRPIN_VMAP:  # one element per shard that holds one: no owner
+                    assert {v.value for v in s.elements.values()} == {
+                        f"goto {hairpin_chain_of(n)}" for n in t.sets if is_hairpin_shard(n)}
                 elif s.name not in STATIC_FILLED:  # elements of the static part
+                    assert s.elements or not is_hairpin_shard(s.name)  # a shard exists while it holds one
                     for k in s.elements:
                         assert whole.owners[element_id(fam, s.name, k)] in keys
 

@@ -30,7 +30,7 @@ from reconciler.engine.changes import Changes, diff, owner_of_name, transaction_
 from reconciler.kernel.live import read_live
 from reconciler.kernel.nft import Fake, Libnftables, Transaction
 from reconciler.compile.ruleset import BaseHook, Chain, Rule, Ruleset, Table
-from reconciler.compile.layout import is_layout_map, relocate
+from reconciler.compile.layout import is_hairpin_skeleton, is_layout_map, relocate
 
 TABLE = CONFIG.table_name
 
@@ -137,8 +137,11 @@ EDITS = {
 
 def _owners(changes: Changes) -> set:
     """Owners of the changes; a shared endpoint map of the sharded layout created or
-    removed (its first user came or its last one left) counts as none."""
-    return {c.owner for c in changes if not (c.owner is None and c.kind == "set" and is_layout_map(c.name))}
+    removed (its first user came or its last one left) counts as none, and so does a
+    hairpin shard (its set, chain and dispatch vmap element: its first element came or
+    its last one left)."""
+    return {c.owner for c in changes if not (c.owner is None and (
+        c.kind == "set" and is_layout_map(c.name) or is_hairpin_skeleton(c.name)))}
 
 
 @pytest.mark.parametrize("layout", ["sharded", "kube-proxy"])
@@ -160,7 +163,8 @@ def test_single_edit_touches_only_that_service(backend, edit, layout):
     shared = {s for s in base.tables["ip"].sets if owner_of_name(s) is None}
     for op in tx:
         name = op.split()[4]
-        assert owner_of_name(name) == key or name in shared or (layout == "sharded" and is_layout_map(name)), op
+        assert owner_of_name(name) == key or name in shared or (
+            layout == "sharded" and (is_layout_map(name) or is_hairpin_skeleton(name))), op
     assert_in_sync(backend, desired)
     # and back again
     changes, _ = sync(backend, base)

@@ -445,3 +445,63 @@ def test_a_moved_local_endpoint_rewrites_only_its_old_shard(backend):
     assert len(t.sets[old].elements) < 10  # ~200 / 64 of the elements, not all of them
     live = read_live(backend, CONFIG.table_name)
     assert diff(relocate(desired, live), live).empty
+
+
+def test_a_shard_exists_while_it_holds_an_element():
+    """A shard (set, chain, dispatch vmap element) is compiled only when a local endpoint
+    falls in it. Its first element and its last one's removal, through the watch's swap
+    and projections and the one-shot patch, give the full compile's ruleset, and the
+    projections' diff is the full rulesets' diff (shard objects included)."""
+    from reconciler.compile import compile_oneshot, digest, project
+    from reconciler.compile.layout import is_hairpin_shard
+
+    def shards(rs):
+        t = rs.tables["ip"]
+        names = {n for n in t.sets if is_hairpin_shard(n)}
+        assert all(t.sets[n].elements for n in names)  # no empty shard
+        assert {n[len("hairpin-"):] for n in t.chains if n.startswith("hairpin-")} == \
+            {n[len(HAIRPIN_SET_PREFIX):] for n in names}
+        assert {e.value for e in t.sets[HAIRPIN_VMAP].elements.values()} == \
+            {f"goto hairpin-{n[len(HAIRPIN_SET_PREFIX):]}" for n in names}
+        return names
+
+    inv = rich_inventory()
+    base = compile_ruleset(inv, SH)
+    before = shards(base)
+    assert 0 < len(before) < 64
+    ip = next(f"10.185.0.{i}" for i in range(64) if hairpin_set(f"10.185.0.{i}") not in before)
+    added = add_service(inv, svc("hp", "new", cips=("172.30.5.1",), ports=[sp(80)]),
+                        sl("hp", "new", [ep(ip, "edge-7")], [epp(8080)]))
+    assert shards(compile_ruleset(added, SH)) == before | {hairpin_set(ip)}
+
+    def oracle_changes(a, b):
+        return sorted((c.action, c.kind, c.name, c.key or ()) for c in diff(b, canonical(a)))
+
+    c1 = compile_incremental(inv, SH, None)
+    c2 = compile_incremental(added, SH, c1)  # the first element of the shard
+    c3 = compile_incremental(inv, SH, c2)  # its last one gone
+    for old, new in ((c1, c2), (c2, c3)):
+        assert new.swapped and new.ruleset == compile_ruleset(new.inventory, SH, previous=old.ruleset)
+        frags = [f for k in changed_services(old, new) for f in (old.fragments.get(k), new.fragments.get(k)) if f]
+        got = diff(project(new.ruleset, new.static, frags), canonical(project(old.ruleset, new.static, frags)))
+        assert sorted((c.action, c.kind, c.name, c.key or ()) for c in got) == oracle_changes(old.ruleset, new.ruleset)
+        assert {(c.action, c.kind, c.name) for c in got if c.kind != "element"} >= {
+            ("add" if new is c2 else "remove", kind, name)
+            for kind, name in (("set", hairpin_set(ip)), ("chain", "hairpin-" + hairpin_set(ip)[-2:]))}
+    assert shards(c3.ruleset) == before
+
+    from reconciler.compile import ruleset_from_json, ruleset_to_json
+
+    def copy(rs):  # compile_oneshot consumes the applied ruleset it is given
+        return ruleset_from_json(ruleset_to_json(rs))
+
+    one1 = compile_oneshot(inv, SH, "cd")
+    one2 = compile_oneshot(added, SH, "cd", copy(one1.ruleset), one1.memo)
+    assert one2.changed == {"hp/new"} and digest(one2.ruleset) == digest(compile_ruleset(added, SH))
+    assert oracle_changes(one1.ruleset, one2.ruleset) == sorted(
+        (c.action, c.kind, c.name, c.key or ()) for c in diff(one2.desired_part, canonical(one2.applied_part)))
+    one3 = compile_oneshot(inv, SH, "cd", copy(one2.ruleset), one2.memo)
+    assert one3.changed == {"hp/new"} and digest(one3.ruleset) == digest(base)
+    assert shards(one3.ruleset) == before
+    assert oracle_changes(one2.ruleset, one3.ruleset) == sorted(
+        (c.action, c.kind, c.name, c.key or ()) for c in diff(one3.desired_part, canonical(one3.applied_part)))

@@ -92,14 +92,15 @@ def repo(tmp_path_factory) -> Path:
     return r
 
 
-# 14 operations: the hairpin elements lost (legacy) and gained (web, cache) are in three
-# shards of hairpin-connections (layout sharded): one flushed, two declared; the new
-# chain of cache declared once, with its rule (engine/changes.transaction_for)
+# 22 operations: the hairpin elements lost (legacy) and gained (web, cache) are the only
+# ones of their shards of hairpin-connections (layout sharded): one shard removed (set,
+# chain, dispatch vmap element), two created; shared objects, as the dispatch vmap is
 EXPECTED_TEXT = """\
 + default/cache ClusterIP 10.96.0.30:6379/TCP -> 1 endpoint
 - default/legacy
 ~ default/web endpoints +10.244.0.14:8080; hairpin-connections-0e +1
-Plan: 1 to add, 1 to change, 1 to remove; 14 nft operations.
+~ table ip (shared objects +6 -3: hairpin-07, hairpin-0e, hairpin-28 and 4 more)
+Plan: 1 to add, 1 to change, 1 to remove; 22 nft operations.
 """
 
 
@@ -121,7 +122,7 @@ def test_git_detailed_exitcode_and_no_changes(repo):
     assert back.returncode == 0, back.stderr
     assert "- default/cache\n" in back.stdout
     assert "+ default/legacy ClusterIP 10.96.0.17:80/TCP -> 1 endpoint\n" in back.stdout
-    assert "~ default/web endpoints -10.244.0.14:8080; hairpin-connections-0e -1\n" in back.stdout
+    assert "~ default/web endpoints -10.244.0.14:8080\n" in back.stdout  # its shard goes whole (shared)
 
 
 def test_git_merge_base_range(repo):
@@ -142,10 +143,10 @@ def test_git_json_names_both_commits(repo):
     assert doc["old"] == {"source": "HEAD~1", "revision": git(repo, "rev-parse", "HEAD~1").strip()}
     assert doc["new"] == {"source": "HEAD", "revision": git(repo, "rev-parse", "HEAD").strip()}
     assert doc["changed"] is True
-    assert doc["summary"] == {"add": 1, "change": 1, "remove": 1, "operations": 14}
+    assert doc["summary"] == {"add": 1, "change": 1, "remove": 1, "operations": 22}
     assert [(s["action"], s["service"]) for s in doc["services"]] == [
         ("+", "default/cache"), ("-", "default/legacy"), ("~", "default/web")]
-    assert len(doc["transaction"]) == 14
+    assert len(doc["transaction"]) == 22
 
 
 def test_git_markdown_is_a_pull_request_comment(repo):
@@ -155,14 +156,14 @@ def test_git_markdown_is_a_pull_request_comment(repo):
     lines = md.splitlines()
     assert lines[0] == "<!-- nftrec-diff -->"
     assert lines[1] == "### nftrec diff `HEAD~1` → `HEAD`"
-    assert "**Plan: 1 to add, 1 to change, 1 to remove; 14 nft operations.**" in lines
+    assert "**Plan: 1 to add, 1 to change, 1 to remove; 22 nft operations.**" in lines
     assert "| `+` | `default/cache` | ClusterIP 10.96.0.30:6379/TCP -&gt; 1 endpoint |" in lines
     assert "| `-` | `default/legacy` | removed |" in lines
     assert "| `~` | `default/web` | endpoints +10.244.0.14:8080; hairpin-connections-0e +1 |" in lines
-    start = lines.index("<details><summary>Transaction: 14 nft operations, one atomic commit on each node</summary>")
+    start = lines.index("<details><summary>Transaction: 22 nft operations, one atomic commit on each node</summary>")
     end = lines.index("</details>")
     block = lines[start + 2:end - 1]
-    assert block[0] == "```" and block[-1] == "```" and len(block) == 16
+    assert block[0] == "```" and block[-1] == "```" and len(block) == 24
     assert "delete chain ip nftrec service-YYRJGEZM-default/legacy/tcp/http" in block
 
 

@@ -81,13 +81,14 @@ def test_only_the_objects_the_transaction_wrote_are_read_back(applied):
     assert live is None and after == kernel_token(nft) == token + 1
     assert nft.full_listings == 0
     touched = touched_objects(plan)
-    assert touched["ip"][0] == ["service-SUSTUHLJ-default/web/tcp/http"]
     # layout sharded: the new endpoint's element went into the port's shared map too
-    # and its hairpin element into its address's shard of hairpin-connections
+    # and its hairpin element into its address's shard of hairpin-connections, the
+    # shard's first: the shard's set and chain are new, and the dispatch vmap got its element
     hairpin = hairpin_set("10.244.0.13")
-    assert [s.name for s in touched["ip"][1]] == ["endpoint-dnat-tcp-12", hairpin]
-    assert nft.object_listings == [("ip", ("service-SUSTUHLJ-default/web/tcp/http",),
-                                    ("endpoint-dnat-tcp-12", hairpin))]
+    assert touched["ip"][0] == ["hairpin-0d", "service-SUSTUHLJ-default/web/tcp/http"]
+    assert [s.name for s in touched["ip"][1]] == ["endpoint-dnat-tcp-12", hairpin, "hairpin-shards"]
+    assert nft.object_listings == [("ip", ("hairpin-0d", "service-SUSTUHLJ-default/web/tcp/http"),
+                                    ("endpoint-dnat-tcp-12", hairpin, "hairpin-shards"))]
 
 
 def test_a_touched_object_that_differs_is_an_error(applied):

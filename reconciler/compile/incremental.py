@@ -24,9 +24,8 @@ from reconciler.compile.services import FAMILIES, NODEPORT_IPS, FamilyFragment, 
     check_fragment_references, compile_service, compile_static, family_context, slices_by_service
 from reconciler.intake import Inventory, NodeConfig
 
-# sets whose elements only the static part writes (the node's addresses; the sharded
-# hairpin dispatch, compile/layout.py)
-STATIC_FILLED = frozenset({NODEPORT_IPS, layout.HAIRPIN_VMAP})
+# sets whose elements only the static part writes (the node's addresses)
+STATIC_FILLED = frozenset({NODEPORT_IPS})
 
 
 @dataclass
@@ -226,6 +225,7 @@ def _swap(prev: Compiled, static: Ruleset, fragments: dict, changed_keys: frozen
     alloc = dict(prev.allocation)
     owners = rs.owners
     maps: set[tuple[str, str]] = set()
+    hairpin: set[tuple[str, str]] = set()  # hairpin shards that gain or lose elements
     # out: the old fragments
     for key in changed:
         frag = old_frags.get(key)
@@ -247,6 +247,8 @@ def _swap(prev: Compiled, static: Ruleset, fragments: dict, changed_keys: frozen
                     return None  # shared: the next Service in key order owns it; assemble decides
                 del writable(fam, set_name).elements[k]
                 del owners[eid]
+                if layout.is_hairpin_shard(set_name):
+                    hairpin.add((fam, set_name))
             for p in ff.picks:
                 r = alloc.pop((fam, p.chain), None)
                 if r is None:
@@ -280,6 +282,11 @@ def _swap(prev: Compiled, static: Ruleset, fragments: dict, changed_keys: frozen
                 t.chains[name] = c
                 owners[chain_id(fam, name)] = key
             for (set_name, k), e in ff.elements.items():
+                if layout.is_hairpin_shard(set_name):
+                    if set_name not in t.sets:  # the shard's first element: created below
+                        t.sets[set_name] = layout.empty_hairpin_shard(t, set_name)
+                        copied.add((fam, set_name))
+                    hairpin.add((fam, set_name))
                 if set_name not in t.sets or k in t.sets[set_name].elements:
                     return None  # now shared (or a missing set): assemble decides
                 writable(fam, set_name).add(e)
@@ -324,6 +331,8 @@ def _swap(prev: Compiled, static: Ruleset, fragments: dict, changed_keys: frozen
         maps.add((p.family, p.map))
     if any(not rs.tables[fam].sets[m].elements for fam, m in maps):
         return None  # a map no pick uses any more: place() would not create it
+    for fam in {fam for fam, _ in hairpin}:  # as assemble's prune_hairpin leaves them
+        layout.settle_hairpin_shards(rs.tables[fam], sorted(n for f, n in hairpin if f == fam))
     for key in changed:
         if key in fragments:
             check_fragment_references(rs, fragments[key])
@@ -369,6 +378,7 @@ def project(rs: Ruleset, static: Ruleset, fragments: list) -> Ruleset:
         whole_sets: set[str] = {n for n in st.sets if n in STATIC_FILLED and not skip(n)} if st else set()
         compared_whole = set(whole_sets)  # the others kept whole: only `keys` compared (Ruleset.focus)
         keys: dict[str, set] = {n: set() for n in st.sets if not skip(n)} if st else {}
+        shards: set[str] = set()  # the hairpin shards the fragments have elements in
         for frag in fragments:
             ff = frag.families.get(fam)
             if ff is None:
@@ -384,6 +394,8 @@ def project(rs: Ruleset, static: Ruleset, fragments: list) -> Ruleset:
             for set_name, key in ff.elements:
                 whole_sets.add(set_name)
                 keys.setdefault(set_name, set()).add(key)  # whose owners the plan names
+                if set_name.startswith(layout.HAIRPIN_SET_PREFIX):
+                    shards.add(set_name)
             # layout "sharded": the map and keys are the range the chain has in *this*
             # ruleset (not necessarily the pick's map: a Service that gained ClientIP
             # affinity moves from a dnat map to a vmap under the same chain name)
@@ -397,6 +409,15 @@ def project(rs: Ruleset, static: Ruleset, fragments: list) -> Ruleset:
                 r = layout.chain_range(c) if c is not None else None
                 if r is not None:
                     keys.setdefault(r[0], set()).update((str(i),) for i in range(r[1], r[1] + r[2]))
+        # Only these shards can exist on one side and not the other (a shard exists while
+        # its set has an element, layout.settle_hairpin_shards): their chains, and their
+        # keys of the dispatch vmap (kept whole: a transaction may rewrite it, <= 64
+        # elements).
+        for name in sorted(shards):
+            if layout.is_hairpin_shard(name):
+                chains.append(layout.hairpin_chain_of(name))
+                whole_sets.add(layout.HAIRPIN_VMAP)
+                keys.setdefault(layout.HAIRPIN_VMAP, set()).add(layout.hairpin_vmap_key(fam, name))
         table = Table(t.family, t.name, t.comment)
         for name in chains:
             c = t.chains.get(name)
@@ -709,9 +730,9 @@ def _patch_fits(rs: Ruleset, changed: set[str], new_frags: list) -> bool:
             ids += [(chain_id(fam, n), n in t.chains) for n in ff.chains]
             for (sn, k) in ff.elements:
                 s = t.sets.get(sn)
-                if s is None:
+                if s is None and not layout.is_hairpin_shard(sn):  # a shard is made by _patch
                     return False
-                ids.append((element_id(fam, sn, k), k in s.elements))
+                ids.append((element_id(fam, sn, k), s is not None and k in s.elements))
             for oid, exists in ids:
                 if oid in seen or (exists and owners.get(oid) not in changed):
                     return False
@@ -766,11 +787,17 @@ def _patch(rs: Ruleset, old_frags: list, new_frags: list, offsets: dict) -> Rule
         if (fam, name) not in copied:
             s = t.sets.get(name)
             # .copy(): a recorded set read lazily (engine/recorded.py) stays lazy
-            t.sets[name] = layout.map_for(fam, name) if s is None else s.with_elements(s.elements.copy())
+            if s is not None:
+                t.sets[name] = s.with_elements(s.elements.copy())
+            elif layout.is_hairpin_shard(name):
+                t.sets[name] = layout.empty_hairpin_shard(t, name)
+            else:
+                t.sets[name] = layout.map_for(fam, name)
             copied.add((fam, name))
         return t.sets[name]
 
     maps_touched: set[tuple[str, str]] = set()
+    filled: set[tuple[str, str]] = set()  # sets whose elements changed (for the hairpin shards)
     for frag in old_frags:
         for fam, ff in frag.families.items():
             t = rs.tables[fam]
@@ -791,6 +818,7 @@ def _patch(rs: Ruleset, old_frags: list, new_frags: list, offsets: dict) -> Rule
             for (sn, key) in ff.elements:
                 writable(fam, sn).elements.pop(key, None)
                 owners.pop(element_id(fam, sn, key), None)
+                filled.add((fam, sn))
     for frag in sorted(new_frags, key=lambda f: f.service_key):
         owner = frag.service_key
         for fam, ff in frag.families.items():
@@ -804,6 +832,7 @@ def _patch(rs: Ruleset, old_frags: list, new_frags: list, offsets: dict) -> Rule
             for (sn, key), e in ff.elements.items():
                 writable(fam, sn).elements[key] = e
                 owners[element_id(fam, sn, key)] = owner
+                filled.add((fam, sn))
             for p in ff.picks:
                 k = offsets[(p.family, p.chain)]
                 if k:
@@ -818,6 +847,9 @@ def _patch(rs: Ruleset, old_frags: list, new_frags: list, offsets: dict) -> Rule
     for fam, m in maps_touched:  # assemble declares only the maps some pick uses
         if not rs.tables[fam].sets[m].elements:
             del rs.tables[fam].sets[m]
+    for fam in {fam for fam, _ in filled}:  # and only the hairpin shards holding an element
+        layout.settle_hairpin_shards(rs.tables[fam], sorted(n for f, n in filled
+                                                           if f == fam and layout.is_hairpin_shard(n)))
     for frag in new_frags:
         check_fragment_references(rs, frag)
     return rs

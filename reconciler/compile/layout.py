@@ -40,7 +40,9 @@ kube-proxy's `hairpin-connections` (one element per local endpoint, one rule in
 `hairpin-XX`, whose one rule is kube-proxy's lookup in `hairpin-connections-XX`. One
 lookup per packet either way; a moved local endpoint rewrites one ~1/64 shard through its
 declaration (engine/changes.rewritten_sets) instead of the whole set (10,000 elements at
-10k Services: its flush + re-declaration, and as many `nft monitor` events).
+10k Services: its flush + re-declaration, and as many `nft monitor` events). A shard
+(set, chain, vmap element) exists only while it holds an element (`prune_hairpin`,
+`settle_hairpin_shards`): a small node does not carry 64 empty ones.
 
 The allocation is not stored anywhere: it is read back from a ruleset's rule texts
 (`allocation_of`, works on the compiler's texts and on nft's listing) and passed to the
@@ -225,12 +227,17 @@ def _hairpin_parts(family: str) -> tuple[tuple[Element, ...], tuple[Chain, ...]]
     return elements, chains
 
 
+def _hairpin_shard_set(family: str, name: str) -> NamedSet:
+    a = "ipv4_addr" if family == "ip" else "ipv6_addr"
+    return NamedSet(name, f"{a} . {a} . inet_proto . inet_service", comment="service hairpin connections")
+
+
 def hairpin_sets(family: str, addr_type: str) -> list[NamedSet]:
-    """The static part's sets: the shards (empty) and the dispatch vmap (masked address →
-    goto the shard's chain). New objects each call: a compile adds elements to them."""
+    """The static part's sets: every shard (empty) and the dispatch vmap (masked address
+    → goto the shard's chain). assemble then keeps only the shards that got an element
+    (`prune_hairpin`). New objects each call: a compile adds elements to them."""
     elements, _ = _hairpin_parts(family)
-    sets = [NamedSet(HAIRPIN_SET_PREFIX + "%02x" % i, f"{addr_type} . {addr_type} . inet_proto . inet_service",
-                     comment="service hairpin connections") for i in range(HAIRPIN_SHARDS)]
+    sets = [_hairpin_shard_set(family, HAIRPIN_SET_PREFIX + "%02x" % i) for i in range(HAIRPIN_SHARDS)]
     sets.append(NamedSet(HAIRPIN_VMAP, addr_type, "verdict", comment="hairpin-connections shard by endpoint address",
                          elements={e.key: e for e in elements}))
     return sets
@@ -241,9 +248,71 @@ def hairpin_chains(family: str) -> list[Chain]:
     return list(_hairpin_parts(family)[1])
 
 
+def is_hairpin_shard(name: str) -> bool:
+    """A `hairpin-connections-XX` set name."""
+    return name.startswith(HAIRPIN_SET_PREFIX) and len(name) == len(HAIRPIN_SET_PREFIX) + 2
+
+
+def hairpin_chain_of(shard_set: str) -> str:
+    """The chain holding the rule on a shard set (`hairpin-connections-2a` → `hairpin-2a`)."""
+    return HAIRPIN_CHAIN_PREFIX + shard_set[len(HAIRPIN_SET_PREFIX):]
+
+
+def hairpin_vmap_key(family: str, shard_set: str) -> tuple[str]:
+    """The dispatch vmap's key for a shard set (`hairpin-connections-2a` → ("0.0.0.42",))."""
+    return _hairpin_parts(family)[0][int(shard_set[len(HAIRPIN_SET_PREFIX):], 16)].key
+
+
+# A shard exists (set, chain, vmap element) only while its set has an element: a small
+# node has a few local endpoints, and 64 empty shards per family were most of its table
+# (examples/edge-small: 528 operations cold instead of 136). A packet whose shard is absent
+# misses the vmap, and a vmap miss is no match: the rule falls through exactly as the
+# lookup in an empty set did (it is the last rule of `masquerading`).
+
+def empty_hairpin_shard(table, shard_set: str) -> NamedSet:
+    """A new empty shard set (the caller adds elements, then `settle_hairpin_shards`)."""
+    return _hairpin_shard_set(table.family, shard_set)
+
+
+def settle_hairpin_shards(table, shard_sets, copy_vmap: bool = True) -> None:
+    """Make the shards `shard_sets` of `table` (changed in place) exist exactly when their
+    set has an element: a set with elements gets its chain and vmap element, an empty or
+    missing one loses set, chain and vmap element. `copy_vmap`: the vmap is copied before
+    its first change (the table's sets may be shared with another ruleset)."""
+    vmap = table.sets.get(HAIRPIN_VMAP)
+    if vmap is None:
+        return  # layout kube-proxy: one hairpin-connections set, always there
+    parts = _hairpin_parts(table.family)
+    copied = not copy_vmap
+    for name in shard_sets:
+        i = int(name[len(HAIRPIN_SET_PREFIX):], 16)
+        element, chain = parts[0][i], parts[1][i]
+        s = table.sets.get(name)
+        live = s is not None and bool(s.elements)
+        if live == (chain.name in table.chains) and live == (element.key in vmap.elements):
+            continue
+        if not copied:
+            vmap = table.sets[HAIRPIN_VMAP] = vmap.with_elements(dict(vmap.elements))
+            copied = True
+        if live:
+            table.chains[chain.name] = chain
+            vmap.elements[element.key] = element
+        else:
+            table.sets.pop(name, None)
+            table.chains.pop(chain.name, None)
+            vmap.elements.pop(element.key, None)
+
+
+def prune_hairpin(table) -> None:
+    """Drop the shards no element went into (assemble, after every fragment is merged)."""
+    settle_hairpin_shards(table, [n for n, s in table.sets.items() if not s.elements and is_hairpin_shard(n)],
+                          copy_vmap=False)
+
+
 def is_hairpin_skeleton(name: str) -> bool:
     """A chain or set name of the sharded hairpin skeleton (shards, their chains, the
-    dispatch vmap): objects that depend on the family and the layout only."""
+    dispatch vmap): objects whose presence depends only on the hairpin elements (the
+    shards') of Services."""
     return name == HAIRPIN_VMAP or name.startswith(HAIRPIN_SET_PREFIX) or (
         name.startswith(HAIRPIN_CHAIN_PREFIX) and len(name) == len(HAIRPIN_CHAIN_PREFIX) + 2)
 

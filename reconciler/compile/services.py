@@ -845,7 +845,8 @@ def assemble(static: Ruleset, fragments: Iterable[ServiceFragment],
              previous: layout.Allocation | None = None) -> Ruleset:
     """static part + union of fragments (merged in Service-key order), then the index
     ranges of the sharded layout placed, keeping `previous`'s where they fit
-    (layout.allocate; None: from scratch). `static` is modified in place and returned."""
+    (layout.allocate; None: from scratch), and the hairpin shards no fragment filled
+    dropped (layout.prune_hairpin). `static` is modified in place and returned."""
     return assemble_placed(static, fragments, previous)[0]
 
 
@@ -860,6 +861,8 @@ def assemble_placed(static: Ruleset, fragments: Iterable[ServiceFragment],
             for p in ff.picks:
                 picks.append(p)
                 owners[(p.family, p.chain)] = frag.service_key
+    for t in static.tables.values():
+        layout.prune_hairpin(t)  # layout sharded: only the shards that hold an element
     alloc = layout.place(static, picks, owners, previous or {}) if picks else {}
     _check_references(static)
     return static, alloc
