@@ -1,0 +1,43 @@
+"""daemon/watcher.py on a real inotify: git-sync's link swap triggers a sync, also when
+watchdog does not pair the rename's two halves (its pairing delay is off: module doc of
+_no_move_pairing_delay)."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+from reconciler.daemon.watcher import Watcher
+
+
+def _swap(gs: Path, rev: str) -> None:
+    tmp = gs / ".tmp-link"
+    tmp.symlink_to(rev)
+    os.replace(tmp, gs / "current")  # a rename: IN_MOVED_FROM .tmp-link, IN_MOVED_TO current
+
+
+def test_link_swaps_trigger_and_moves_are_not_held(tmp_path):
+    from watchdog.observers.inotify_move_event_grouper import InotifyMoveEventGrouper
+
+    gs = tmp_path / "gitsync"
+    for r in ("rev-a", "rev-b"):
+        (gs / r).mkdir(parents=True)
+        (gs / r / "svc.yaml").write_text("kind: Service\n")
+    (gs / "current").symlink_to("rev-a")
+    fired = threading.Event()
+    w = Watcher(gs / "current", fired.set, debounce=0.01, debounce_max=0.1)
+    # constructing a Watcher switched the pairing delay off (an IN_MOVED_FROM waited up to
+    # 0.5 s, and held every later event with it)
+    assert InotifyMoveEventGrouper.delay == 0
+    w.start()
+    try:
+        w.follow(str(gs / "rev-a"))
+        for i, rev in enumerate(["rev-b", "rev-a"] * 5):
+            fired.clear()
+            w.take_changes()
+            _swap(gs, rev)
+            assert fired.wait(10), f"swap {i} to {rev} never triggered"
+            assert w.take_changes() is None  # a swap asks for a walk of the tree
+    finally:
+        w.stop()
