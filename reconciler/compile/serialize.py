@@ -79,8 +79,14 @@ def _set_to_json(s: NamedSet) -> dict:
         "comment": s.comment,
         **({"typeof": True} if s.typeof else {}),  # absent: old state files stay readable
         **({"size": s.size} if s.size is not None else {}),  # likewise
-        "elements": [{"key": list(e.key), "value": e.value, "comment": e.comment} for e in elements],
+        "elements": [element_to_json(e) for e in elements],
     }
+
+
+def element_to_json(e: Element) -> dict:
+    """One set element's JSON form (in `_set_to_json`'s elements; engine/recorded.py
+    splices single elements into recorded bytes with it)."""
+    return {"key": list(e.key), "value": e.value, "comment": e.comment}
 
 
 def ruleset_to_json(rs: Ruleset) -> dict:

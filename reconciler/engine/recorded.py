@@ -37,7 +37,8 @@ import re
 from bisect import bisect_left
 from collections.abc import MutableMapping
 
-from reconciler.compile import Element, Ruleset, SerializeError, Table, ruleset_from_json
+from reconciler.compile import Element, Ruleset, SerializeError, Table, canonical_json, element_to_json, \
+    ruleset_from_json
 
 _HEAD = b'{"formatVersion":1,"owners":'
 _TABLES = b'},"tables":['
@@ -141,7 +142,6 @@ def _one(family: str, kind: str, d, name: str):
 LAZY_ELEMENTS_BYTES = 64 * 1024
 _ELEMENTS_END = b'],"flags":['  # a set's keys are sorted: "elements" is followed by "flags"
 _ELEMENT_START = re.compile(rb'\{"comment":')
-_ENCODE = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode
 
 
 class LazyElements(MutableMapping):
@@ -183,7 +183,7 @@ class LazyElements(MutableMapping):
         """(start, end) of the element keyed `key` in the text, or None."""
         if type(key) is not tuple or not all(type(x) is str for x in key):
             return None
-        p = self._buf.find(b'"key":' + _ENCODE(list(key)).encode("ascii") + b',"value":', self._start, self._end)
+        p = self._buf.find(b'"key":' + canonical_json(list(key)) + b',"value":', self._start, self._end)
         if p < 0:
             return None
         a = self._buf.rfind(b'{"comment":', self._start, p)
@@ -277,7 +277,7 @@ class LazyElements(MutableMapping):
                 out.append(buf[starts[done]:starts[i] - 1 if i < n else end])
             done = max(done, i + 1 if replaces else i)
             if e is not None:
-                out.append(_ENCODE({"key": list(e.key), "value": e.value, "comment": e.comment}).encode("ascii"))
+                out.append(canonical_json(element_to_json(e)))
         if done < n:
             out.append(buf[starts[done]:end])
         return b",".join(out)
