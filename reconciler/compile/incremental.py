@@ -394,7 +394,7 @@ def project(rs: Ruleset, static: Ruleset, fragments: list) -> Ruleset:
             for set_name, key in ff.elements:
                 whole_sets.add(set_name)
                 keys.setdefault(set_name, set()).add(key)  # whose owners the plan names
-                if set_name.startswith(layout.HAIRPIN_SET_PREFIX):
+                if layout.is_hairpin_shard(set_name):
                     shards.add(set_name)
             # layout "sharded": the map and keys are the range the chain has in *this*
             # ruleset (not necessarily the pick's map: a Service that gained ClientIP
@@ -414,10 +414,9 @@ def project(rs: Ruleset, static: Ruleset, fragments: list) -> Ruleset:
         # keys of the dispatch vmap (kept whole: a transaction may rewrite it, <= 64
         # elements).
         for name in sorted(shards):
-            if layout.is_hairpin_shard(name):
-                chains.append(layout.hairpin_chain_of(name))
-                whole_sets.add(layout.HAIRPIN_VMAP)
-                keys.setdefault(layout.HAIRPIN_VMAP, set()).add(layout.hairpin_vmap_key(fam, name))
+            chains.append(layout.hairpin_chain_of(name))
+            whole_sets.add(layout.HAIRPIN_VMAP)
+            keys.setdefault(layout.HAIRPIN_VMAP, set()).add(layout.hairpin_vmap_key(fam, name))
         table = Table(t.family, t.name, t.comment)
         for name in chains:
             c = t.chains.get(name)
