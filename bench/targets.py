@@ -25,7 +25,7 @@ Local; 100 Services per file, 100 EndpointSlices per file):
       bench/scale.py's layout emitter from the same compiled Services, `nft -f`, for
       reference (up to --classic-up-to Services);
   nftrec, each command a subprocess, fresh namespace, fresh --state-dir (empty intake
-      cache): cold `apply`; `plan --detailed-exitcode` (no-op); the same with --refresh;
+      cache): the intake alone (`validate`, its own empty cache; issue 8 item 7); cold `apply`; `plan --detailed-exitcode` (no-op); the same with --refresh;
       one endpoint of one EndpointSlice moved → `apply`; peak RSS of each (/usr/bin/time -v);
   watch  `nftrec watch` on a git-sync layout (`current -> .worktrees/<sha>`, a new
       `git worktree` of one repository per commit, an atomic symlink swap), fresh namespace and state dir:
@@ -400,6 +400,11 @@ def measure_oneshot(c: Ctx) -> dict:
     state = c.tmp / "state-oneshot"
     ns = c.nss.add("apply")
     try:
+        # issue 8 item 7: the intake alone (read, schema, checks, model) with an empty cache;
+        # `validate` touches no kernel, and its own state dir leaves the apply's cache empty
+        R["intake_cold"] = c.nftrec(c.tmp / "state-validate", "validate", c.root, "--config", c.cfg,
+                                    what="cold validate")
+        log(f"  cold intake (validate, empty cache) {R['intake_cold']['wall']:.2f} s")
         R["apply_cold"] = c.nftrec(state, "apply", c.root, "--config", c.cfg, ns=ns, rss=True, what="cold apply")
         log(f"  cold apply {R['apply_cold']['wall']:.2f} s, {R['apply_cold']['rss_mb']:.0f} MB")
         R["plan"] = c.nftrec(state, "plan", c.root, "--config", c.cfg, "--detailed-exitcode", ns=ns, rss=True,
@@ -772,6 +777,7 @@ def bench_size(args, nss: Namespaces, n: int) -> dict:
 
 # metric → size → (baseline, factor): the SPEC §7 targets ("x10k": × the 10k cold apply)
 TARGETS = {
+    "intake_cold": {10000: ("s", 2.5)},  # item 7: an absolute figure, not a ratio
     "apply_cold": {1000: ("P", 2), 10000: ("K", 0.5)},
     "plan": {1000: ("P", 0.5), 10000: ("P", 0.1)},
     "plan_refresh": {10000: ("P", 1)},
@@ -815,7 +821,7 @@ def table(R: dict, results: dict[int, dict]) -> str:
             met = "n/a (no K in this run)"
         elif t:
             base, fac = t
-            limit = {"P": P * fac, "K": K * fac if K else 0, "MB": fac}[base]
+            limit = {"P": P * fac, "K": K * fac if K else 0, "MB": fac, "s": fac}[base]
             # the limit is in seconds (P, K) or MB: compare `secs`, not a figure in ms
             met = "met" if (value if base == "MB" else secs) <= limit else "**missed**"
         rows.append((metric, shown + (f" {note}" if note else ""), rp, rk, target_text(key, n), met))
@@ -825,7 +831,8 @@ def table(R: dict, results: dict[int, dict]) -> str:
         if not t:
             return ""
         base, fac = t
-        return f"<= {fac} MB" if base == "MB" else f"<= {fac}x the 10k figure" if base == "x" else f"<= {fac} {base}"
+        return (f"<= {fac} MB" if base == "MB" else f"<= {fac}x the 10k figure" if base == "x"
+                else f"<= {fac} s (item 7)" if base == "s" else f"<= {fac} {base}")
 
     row("P: PyYAML CSafeLoader, all manifests, fresh process", "", P,
         note=f"({R['P']['documents']} docs; {R['P']['in_process']:.2f} s in process; median of "
@@ -841,6 +848,10 @@ def table(R: dict, results: dict[int, dict]) -> str:
     oneshot = "apply_cold" in R  # not with --watch-only
     if oneshot:
         ac, pl, pr, ae = R["apply_cold"], R["plan"], R["plan_refresh"], R["apply_edit"]
+        ic = R.get("intake_cold")
+        if ic:
+            row("cold intake: `validate`, empty intake cache", "intake_cold", ic["wall"],
+                note=f"(user {ic.get('user', 0):.2f} / sys {ic.get('sys', 0):.2f}, all processes)")
         row("cold `apply` (empty state dir and kernel)", "apply_cold", ac["wall"])
         row("`plan`, nothing to change", "plan", pl["wall"], note=f"(exit {pl['rc']})")
         row("`plan --refresh`, nothing to change", "plan_refresh", pr["wall"], note=f"(exit {pr['rc']})")
