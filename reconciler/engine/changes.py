@@ -120,7 +120,8 @@ def owner_of_name(name: str) -> str | None:
 
 
 class _Owners:
-    """Who owns an object: desired.owners first, else derived from names and values."""
+    """Who owns an object: desired.owners first, else derived from names and values
+    (a hairpin shard's set, chain and vmap element: from its elements' owners, `_shard`)."""
 
     def __init__(self, desired: Ruleset, live: Ruleset, focus: dict | None = None):
         self.known = desired.owners
@@ -201,7 +202,9 @@ class _Owners:
     def element(self, fam: str, set_name: str, e: Element) -> str | None:
         eid = element_id(fam, set_name, e.key)
         o = self.known.get(eid) or self.known_live.get(eid) or self._from_value(e)
-        if o is None and set_name == HAIRPIN_VMAP:  # `goto hairpin-XX`: that shard's owner, if one
+        if o is None and set_name == HAIRPIN_VMAP:
+            # `… : goto hairpin-XX`: that shard's owner, if one; asked before the indexes,
+            # which hold no vmap key (building them walks both sides)
             return self._shard(fam, e.value.split()[-1]) if e.value else None
         return o or self.by_index.get((fam, set_name, e.key[0])) or self.by_ip.get(e.key[0])
 
