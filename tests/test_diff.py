@@ -27,10 +27,11 @@ from _nft_samples import (
 from reconciler.compile.services import compile_ruleset
 from reconciler.intake.model import Inventory
 from reconciler.engine.changes import Changes, diff, owner_of_name, transaction_for
-from reconciler.kernel.live import read_live
+from reconciler.kernel.live import canonical, read_live
+from reconciler.compile.incremental import changed_services, compile_incremental, project
 from reconciler.kernel.nft import Fake, Libnftables, Transaction
 from reconciler.compile.ruleset import BaseHook, Chain, Rule, Ruleset, Table
-from reconciler.compile.layout import is_hairpin_skeleton, is_layout_map, relocate
+from reconciler.compile.layout import hairpin_chain_of, hairpin_set, hairpin_vmap_key, is_layout_map, relocate
 
 TABLE = CONFIG.table_name
 
@@ -137,11 +138,10 @@ EDITS = {
 
 def _owners(changes: Changes) -> set:
     """Owners of the changes; a shared endpoint map of the sharded layout created or
-    removed (its first user came or its last one left) counts as none, and so does a
-    hairpin shard (its set, chain and dispatch vmap element: its first element came or
-    its last one left)."""
-    return {c.owner for c in changes if not (c.owner is None and (
-        c.kind == "set" and is_layout_map(c.name) or is_hairpin_skeleton(c.name)))}
+    removed (its first user came or its last one left) counts as none. A hairpin shard
+    created or removed (its set, chain and dispatch vmap element) is the Service's whose
+    elements it holds (changes._Owners._shard): counted."""
+    return {c.owner for c in changes if not (c.owner is None and c.kind == "set" and is_layout_map(c.name))}
 
 
 @pytest.mark.parametrize("layout", ["sharded", "kube-proxy"])
@@ -159,17 +159,85 @@ def test_single_edit_touches_only_that_service(backend, edit, layout):
     # every chain/set the transaction names belongs to that Service, or is a shared set
     # whose elements (owned by it, checked above) were edited or whose definition is
     # re-declared for the rules that use it (changes.transaction_for, step 5), or a
-    # created/removed map
+    # created/removed map, or an object the diff gives that Service (a hairpin shard's chain)
     shared = {s for s in base.tables["ip"].sets if owner_of_name(s) is None}
+    its = {c.name for c in changes if c.owner == key}
     for op in tx:
         name = op.split()[4]
-        assert owner_of_name(name) == key or name in shared or (
-            layout == "sharded" and (is_layout_map(name) or is_hairpin_skeleton(name))), op
+        assert owner_of_name(name) == key or name in shared or name in its or (
+            layout == "sharded" and is_layout_map(name)), op
     assert_in_sync(backend, desired)
     # and back again
     changes, _ = sync(backend, base)
     assert _owners(changes) == {key}, [(c.kind, c.name, c.key, c.owner) for c in changes if c.owner != key]
     assert_in_sync(backend, base)
+
+
+def _shard_owners(changes: Changes, ip: str) -> dict[tuple[str, str], str | None]:
+    """(kind, name) → owner of the changes to the hairpin shard of local endpoint `ip`:
+    its set, its chain, its dispatch vmap element, and its elements (by address)."""
+    shard = hairpin_set(ip)
+    out = {}
+    for c in changes:
+        if c.name == shard or c.name == hairpin_chain_of(shard) or (
+                c.name == "hairpin-shards" and c.key == hairpin_vmap_key(c.family, shard)):
+            out[(c.kind, c.name if c.kind != "element" or c.name != shard else c.key[0])] = c.owner
+    return out
+
+
+# Two Services, each with one local endpoint in the same hairpin shard (no BASE endpoint's)
+_HP_A = (svc("ns9", "a", cips=("172.30.0.91",), ports=[sp(80)]), sl("ns9", "a", [ep("10.180.9.40", "edge-7")], [epp(80)]))
+_HP_B = (svc("ns9", "b", cips=("172.30.0.92",), ports=[sp(80)]), sl("ns9", "b", [ep("10.180.8.40", "edge-7")], [epp(80)]))
+
+
+def test_hairpin_shard_is_its_one_services_else_shared(backend):
+    """A hairpin shard (layout sharded) is created with its first element and removed
+    with its last one: its set, chain and dispatch vmap element are the Service's whose
+    elements it holds, or shared when it holds two Services' (each element stays its
+    Service's)."""
+    a, b = _HP_A, _HP_B
+    assert hairpin_set("10.180.9.40") == hairpin_set("10.180.8.40") == "hairpin-connections-28"
+    base, with_a, with_b, both = (compiled(BASE), compiled(add_service(BASE, *a)), compiled(add_service(BASE, *b)),
+                                  compiled(add_service(add_service(BASE, *a), *b)))
+    assert "hairpin-connections-28" not in base.tables["ip"].sets
+    skeleton = [("set", "hairpin-connections-28"), ("chain", "hairpin-28"), ("element", "hairpin-shards")]
+    sync(backend, base)
+    # one Service fills it: all of it is that Service's, created and removed
+    changes, tx = sync(backend, with_a)
+    assert _shard_owners(changes, "10.180.9.40") == {**dict.fromkeys(skeleton, "ns9/a"), ("element", "10.180.9.40"): "ns9/a"}
+    assert {c.owner for c in changes} == {"ns9/a"} and any(op.startswith("add chain ip nftrec hairpin-28 ") for op in tx)
+    # a second Service's element in the existing shard: only that element changes
+    changes, _ = sync(backend, both)
+    assert _shard_owners(changes, "10.180.9.40") == {("element", "10.180.8.40"): "ns9/b"}
+    # the first one's goes, the shard stays (the second's)
+    changes, _ = sync(backend, with_b)
+    assert _shard_owners(changes, "10.180.9.40") == {("element", "10.180.9.40"): "ns9/a"}
+    # its last element gone: removed (its elements with the set), the second Service's
+    changes, tx = sync(backend, base)
+    assert _shard_owners(changes, "10.180.9.40") == dict.fromkeys(skeleton, "ns9/b")
+    assert "delete chain ip nftrec hairpin-28" in tx
+    # two Services fill it in one edit, or both leave: shared (each element its Service's)
+    changes, _ = sync(backend, both)
+    assert _shard_owners(changes, "10.180.9.40") == {
+        **dict.fromkeys(skeleton, None), ("element", "10.180.9.40"): "ns9/a", ("element", "10.180.8.40"): "ns9/b"}
+    changes, _ = sync(backend, base)
+    assert _shard_owners(changes, "10.180.9.40") == dict.fromkeys(skeleton, None)
+    assert_in_sync(backend, base)
+
+
+def test_hairpin_shard_owner_between_two_projections():
+    """`watch` diffs two projections (compile.project): a shard's created objects are its
+    Service's, and so are its removed ones (the recorded side's owners)."""
+    c0 = compile_incremental(BASE, CONFIG, None)
+    c1 = compile_incremental(add_service(BASE, *_HP_A), CONFIG, c0)
+    c2 = compile_incremental(BASE, CONFIG, c1)
+    skeleton = {("set", "hairpin-connections-28"): "ns9/a", ("chain", "hairpin-28"): "ns9/a",
+                ("element", "hairpin-shards"): "ns9/a"}
+    for old, new, want in ((c0, c1, {**skeleton, ("element", "10.180.9.40"): "ns9/a"}), (c1, c2, skeleton)):
+        frags = [f for k in changed_services(old, new) for f in (old.fragments.get(k), new.fragments.get(k)) if f]
+        got = diff(project(new.ruleset, new.static, frags), canonical(project(old.ruleset, new.static, frags)))
+        assert _shard_owners(got, "10.180.9.40") == want
+        assert {c.owner for c in got} == {"ns9/a"}
 
 
 @pytest.mark.parametrize("layout", ["sharded", "kube-proxy"])

@@ -94,3 +94,37 @@ def test_recreated_table_says_so_once_instead_of_listing_every_object():
     ip_only = [s for s in plan.services if all(c.family == "ip" for c in s.changes)]
     assert ip_only and all(s.summary == "rewritten with table ip" for s in ip_only), ip_only[0].summary
     assert plan.transaction.ops[0] == "delete table ip nftrec"
+
+
+def _with(inv, *services):
+    for s, slice_ in services:
+        inv = replace(inv, services=inv.services + (s,), endpoint_slices=inv.endpoint_slices + (slice_,))
+    return inv
+
+
+def test_hairpin_shard_is_listed_under_its_one_service_else_shared():
+    """A hairpin shard created (or removed) with one Service's elements is that Service's
+    in the text and the JSON; with two Services' it is a shared object (layout sharded)."""
+    inv = rich_inventory()
+    a = (svc("ns9", "a", cips=("172.30.0.91",), ports=[sp(80)]), sl("ns9", "a", [ep("10.180.9.40", "edge-7")], [epp(80)]))
+    b = (svc("ns9", "b", cips=("172.30.0.92",), ports=[sp(80)]), sl("ns9", "b", [ep("10.180.8.40", "edge-7")], [epp(80)]))
+    shard = {("set", "hairpin-connections-28", None), ("chain", "hairpin-28", None), ("element", "hairpin-shards", ("0.0.0.40",))}
+
+    def objects(changes):
+        return {(o["kind"], o["name"], tuple(o["key"]) if o["key"] else None) for o in changes}
+
+    for new, old in ((_with(inv, a), inv), (inv, _with(inv, a))):  # created, removed
+        plan = make_plan(compile_ruleset(new, CONFIG), _live(old))
+        doc = to_json(plan)
+        assert [s["service"] for s in doc["services"]] == ["ns9/a"] and doc["shared"] == [], doc["shared"]
+        assert shard <= objects(doc["services"][0]["objects"])
+        assert "shared objects" not in format_text(plan)
+    # two Services' elements: created (and removed) as shared objects, each element its Service's
+    for new, old in ((_with(inv, a, b), inv), (inv, _with(inv, a, b))):
+        plan = make_plan(compile_ruleset(new, CONFIG), _live(old))
+        doc = to_json(plan)
+        assert [s["service"] for s in doc["services"]] == ["ns9/a", "ns9/b"]
+        assert objects(doc["shared"]) == shard
+        assert not shard & objects(o for s in doc["services"] for o in s["objects"])
+        sign = "+" if new is not inv else "-"
+        assert f"~ table ip (shared objects {sign}3: hairpin-28, hairpin-connections-28, hairpin-shards)" in format_text(plan)

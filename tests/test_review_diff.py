@@ -94,12 +94,11 @@ def repo(tmp_path_factory) -> Path:
 
 # 22 operations: the hairpin elements lost (legacy) and gained (web, cache) are the only
 # ones of their shards of hairpin-connections (layout sharded): one shard removed (set,
-# chain, dispatch vmap element), two created; shared objects, as the dispatch vmap is
+# chain, dispatch vmap element), two created, each its one Service's (no shared objects)
 EXPECTED_TEXT = """\
 + default/cache ClusterIP 10.96.0.30:6379/TCP -> 1 endpoint
 - default/legacy
-~ default/web endpoints +10.244.0.14:8080; hairpin-connections-0e +1
-~ table ip (shared objects +6 -3: hairpin-07, hairpin-0e, hairpin-28 and 4 more)
+~ default/web endpoints +10.244.0.14:8080; hairpin-connections-0e +1; hairpin-shards +1
 Plan: 1 to add, 1 to change, 1 to remove; 22 nft operations.
 """
 
@@ -122,7 +121,8 @@ def test_git_detailed_exitcode_and_no_changes(repo):
     assert back.returncode == 0, back.stderr
     assert "- default/cache\n" in back.stdout
     assert "+ default/legacy ClusterIP 10.96.0.17:80/TCP -> 1 endpoint\n" in back.stdout
-    assert "~ default/web endpoints -10.244.0.14:8080\n" in back.stdout  # its shard goes whole (shared)
+    assert "~ default/web endpoints -10.244.0.14:8080; hairpin-shards -1\n" in back.stdout  # its shard goes whole
+    assert "shared objects" not in back.stdout
 
 
 def test_git_merge_base_range(repo):
@@ -159,7 +159,8 @@ def test_git_markdown_is_a_pull_request_comment(repo):
     assert "**Plan: 1 to add, 1 to change, 1 to remove; 22 nft operations.**" in lines
     assert "| `+` | `default/cache` | ClusterIP 10.96.0.30:6379/TCP -&gt; 1 endpoint |" in lines
     assert "| `-` | `default/legacy` | removed |" in lines
-    assert "| `~` | `default/web` | endpoints +10.244.0.14:8080; hairpin-connections-0e +1 |" in lines
+    assert "| `~` | `default/web` | endpoints +10.244.0.14:8080; hairpin-connections-0e +1; hairpin-shards +1 |" in lines
+    assert not any("shared objects" in line for line in lines)
     start = lines.index("<details><summary>Transaction: 22 nft operations, one atomic commit on each node</summary>")
     end = lines.index("</details>")
     block = lines[start + 2:end - 1]

@@ -17,7 +17,8 @@ from reconciler import lazy_exports
 
 __all__, __getattr__ = lazy_exports(__name__, {
     "incremental": ("Compiled", "OneShot", "changed_services", "compile_incremental", "compile_oneshot", "project"),
-    "layout": ("AFFINITY_SET", "LAYOUTS", "affinity_updates", "allocation_of", "chain_range", "relocate"),
+    "layout": ("AFFINITY_SET", "HAIRPIN_VMAP", "LAYOUTS", "affinity_updates", "allocation_of", "chain_range",
+               "hairpin_shard_of", "relocate"),
     "naming": ("join_host_port",),
     "nodeports": ("NodePortSelection", "describe_view_change", "node_address_view", "select_nodeport_ips"),
     "probes": ("ProbeTarget", "probe_targets", "with_probe_results"),

@@ -258,6 +258,16 @@ def hairpin_chain_of(shard_set: str) -> str:
     return HAIRPIN_CHAIN_PREFIX + shard_set[len(HAIRPIN_SET_PREFIX):]
 
 
+def hairpin_shard_of(name: str) -> str | None:
+    """The shard set a hairpin shard object belongs to: a shard set itself, a shard's
+    chain (`hairpin-2a` → `hairpin-connections-2a`); None for any other name."""
+    if is_hairpin_shard(name):
+        return name
+    if name.startswith(HAIRPIN_CHAIN_PREFIX) and len(name) == len(HAIRPIN_CHAIN_PREFIX) + 2:
+        return HAIRPIN_SET_PREFIX + name[len(HAIRPIN_CHAIN_PREFIX):]
+    return None
+
+
 def hairpin_vmap_key(family: str, shard_set: str) -> tuple[str]:
     """The dispatch vmap's key for a shard set (`hairpin-connections-2a` → ("0.0.0.42",))."""
     return _hairpin_parts(family)[0][int(shard_set[len(HAIRPIN_SET_PREFIX):], 16)].key

@@ -21,8 +21,9 @@ from typing import Iterator
 
 from reconciler.kernel import OTHER_KINDS, canonical, chain_policy, table_flags, table_others
 from reconciler.kernel import Transaction
-from reconciler.compile import Chain, Element, NamedSet, NftSyntaxError, Ruleset, Table, chain_id, chain_range, \
-    chain_rules_cmd, check_name, declarable, element_id, set_cmd, set_elements_cmd, set_id
+from reconciler.compile import HAIRPIN_VMAP, Chain, Element, NamedSet, NftSyntaxError, Ruleset, Table, chain_id, \
+    chain_range, chain_rules_cmd, check_name, declarable, element_id, hairpin_shard_of, set_cmd, set_elements_cmd, \
+    set_id
 
 # --- the result ----------------------------------------------------------------------------
 
@@ -119,7 +120,8 @@ def owner_of_name(name: str) -> str | None:
 
 
 class _Owners:
-    """Who owns an object: desired.owners first, else derived from names and values."""
+    """Who owns an object: desired.owners first, else derived from names and values
+    (a hairpin shard's set, chain and vmap element: from its elements' owners, `_shard`)."""
 
     def __init__(self, desired: Ruleset, live: Ruleset, focus: dict | None = None):
         self.known = desired.owners
@@ -127,6 +129,8 @@ class _Owners:
         # knows who owned what it loses; a kernel listing knows nothing (empty)
         self.known_live = live.owners
         self._sides: tuple | None = (desired, live, focus)  # indexed on first need
+        self._rulesets = (desired, live)  # where a hairpin shard's elements are read (`_shard`)
+        self._shards: dict[tuple[str, str], str | None] = {}  # (family, shard set) → its one owner
 
     def __getattr__(self, name: str):
         # by_ip, by_index, map_users: built when a set or element asks (a diff with no
@@ -183,7 +187,7 @@ class _Owners:
         return None
 
     def chain(self, fam: str, name: str) -> str | None:
-        return self.known.get(chain_id(fam, name)) or owner_of_name(name)
+        return self.known.get(chain_id(fam, name)) or owner_of_name(name) or self._shard(fam, name)
 
     def set(self, fam: str, name: str) -> str | None:
         o = self.known.get(set_id(fam, name)) or owner_of_name(name)
@@ -193,12 +197,49 @@ class _Owners:
             users = self.map_users.get((fam, name), set())
             if len(users) == 1:
                 return next(iter(users))
-        return o
+        return o or self._shard(fam, name)
 
     def element(self, fam: str, set_name: str, e: Element) -> str | None:
         eid = element_id(fam, set_name, e.key)
-        return (self.known.get(eid) or self.known_live.get(eid) or self._from_value(e)
-                or self.by_index.get((fam, set_name, e.key[0])) or self.by_ip.get(e.key[0]))
+        o = self.known.get(eid) or self.known_live.get(eid) or self._from_value(e)
+        if o is None and set_name == HAIRPIN_VMAP:
+            # `… : goto hairpin-XX`: that shard's owner, if one; asked before the indexes,
+            # which hold no vmap key (building them walks both sides)
+            return self._shard(fam, e.value.split()[-1]) if e.value else None
+        return o or self.by_index.get((fam, set_name, e.key[0])) or self.by_ip.get(e.key[0])
+
+    def _shard(self, fam: str, name: str) -> str | None:
+        """The owner of a hairpin shard's set or chain (layout sharded): the one Service
+        owning every element of the shard's set, else None (shared).
+
+        A shard (set, chain, dispatch vmap element) exists only while its set holds an
+        element, so it is created with its first element and removed with its last one:
+        like a shared endpoint map used by one Service (`set`), that is this Service's
+        change. Read where the set exists: desired (created), else live (removed; a
+        recorded projection's owners included, `element`). Two Services' elements in it:
+        shared."""
+        shard = hairpin_shard_of(name)
+        if shard is None:
+            return None
+        if (fam, shard) not in self._shards:
+            self._shards[(fam, shard)] = self._sole_owner(fam, shard)
+        return self._shards[(fam, shard)]
+
+    def _sole_owner(self, fam: str, shard: str) -> str | None:
+        for rs in self._rulesets:
+            t = rs.tables.get(fam)
+            s = t.sets.get(shard) if t is not None else None
+            if s is not None:
+                break
+        else:
+            return None
+        owner = None
+        for e in s.elements.values():
+            o = self.element(fam, shard, e)
+            if o is None or (owner is not None and o != owner):
+                return None  # an element of no Service, or of a second one
+            owner = o
+        return owner
 
 
 # --- diff ----------------------------------------------------------------------------------
