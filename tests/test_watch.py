@@ -205,6 +205,15 @@ def _step(intake, d: Path, cfg, prev):
             frags = [f for k in changed for f in (prev.fragments.get(k), c.fragments.get(k)) if f]
             small = diff(project(c.ruleset, static, frags), canonical(project(prev.ruleset, static, frags)))
             assert sorted(x.id for x in small) == whole
+            if prev.static == c.static:  # the daemon then leaves the skeleton's chains out: same plan
+                assert c.static is prev.static  # handed on, not compiled again
+                from reconciler.engine.plan import make_plan
+                new_p = project(c.ruleset, static, frags, static_chains=False)
+                old_p = canonical(project(prev.ruleset, static, frags, static_chains=False))
+                assert sorted(x.id for x in diff(new_p, old_p)) == whole
+                with_chains = make_plan(project(c.ruleset, static, frags),
+                                        canonical(project(prev.ruleset, static, frags)))
+                assert make_plan(new_p, old_p).transaction.ops == with_chains.transaction.ops
     return snap, c
 
 
@@ -479,6 +488,55 @@ def test_git_worktree_swaps_ask_git_and_equal_the_oracle(tmp_path, sub):
             f.write_text(f.read_text().replace("10.244.", "10.243.", 1))
             snap, c = _step(intake, cur, cfg, c)
     assert asked == 21 and len(intake._files) == snap.files
+
+
+@pytest.mark.parametrize("object_format", ["sha1", "sha256"])
+def test_checkout_blobs_from_the_index_equal_ls_tree(tmp_path, monkeypatch, object_format):
+    """A checkout's files and ids come from its own index (no git process) and equal
+    `git ls-tree` of its commit; a file edited after the checkout, even with its size and
+    mtime kept, has no id (its ctime moved); an index of a form not read here (version
+    4, split, torn) falls back to `git ls-tree`."""
+    from reconciler.intake import git as G
+
+    src = tmp_path / "src"
+    (src / "m" / "deep").mkdir(parents=True)
+    for i in range(5):  # names of several lengths: each entry's NUL padding differs
+        (src / "m" / ("d" * i + f"f{i}.yaml")).write_text(f"x: {i}\n")
+    (src / "m" / "deep" / "g.yaml").write_text("y: 1\n")
+    (src / "m" / "run.yaml").write_text("z: 1\n")
+    (src / "m" / "run.yaml").chmod(0o755)
+    (src / "other.txt").write_text("not under m\n")
+    _git(src, "init", "-q", f"--object-format={object_format}")
+    _git(src, "add", "-A")
+    _git(src, "commit", "-q", "-m", "0")
+    wt = tmp_path / "wt"
+    _git(src, "worktree", "add", "-q", "--detach", str(wt), "HEAD")
+    listed = {}
+    for line in _git(wt, "ls-tree", "-r", "--full-tree", "HEAD", "--", "m").splitlines():
+        meta, path = line.split("\t")
+        mode, _, oid = meta.split(" ")
+        listed[path[len("m/"):]] = (mode, oid)
+    assert len(listed) == 7 and {len(oid) for _, oid in listed.values()} == {40 if object_format == "sha1" else 64}
+    asked = []
+    real_git = G._git
+    monkeypatch.setattr(G, "_git", lambda *a, **k: asked.append(a[1]) or real_git(*a, **k))
+    assert G.checkout_blobs(wt / "m") == listed and asked == []
+    f = wt / "m" / "deep" / "g.yaml"
+    st = f.stat()
+    f.write_text("y: 2\n")  # same size
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert G.checkout_blobs(wt / "m") == {**listed, "deep/g.yaml": ("100644", None)} and asked == []
+    index = Path(_git(wt, "rev-parse", "--git-path", "index"))
+    if not index.is_absolute():
+        index = wt / index
+    for form in (["--index-version", "4"], ["--split-index"]):
+        _git(wt, "update-index", *form)
+        assert G._index_blobs(index, wt, "m/") is None
+        assert G.checkout_blobs(wt / "m") == listed and asked[-1] == "ls-tree"  # the commit's, as before
+        _git(wt, "update-index", "--no-split-index", "--index-version", "2")
+    assert G.checkout_blobs(wt / "m") == {**listed, "deep/g.yaml": ("100644", None)}
+    index.write_bytes(index.read_bytes()[:-5])
+    assert G._index_blobs(index, wt, "m/") is None and G.checkout_blobs(wt / "m") == listed
 
 
 def test_changed_paths_look_at_those_files_only(tmp_path, monkeypatch):

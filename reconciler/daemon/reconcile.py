@@ -130,6 +130,7 @@ class Daemon:
         # on their own thread; None: written in place (in-process tests)
         self.writer = None
         self._settle = False  # a full sync just ended: settle_heap()
+        self._gc_paused = False  # the cyclic GC is off until this sync's commit (_pause_gc)
         # watcher.take_changes (main sets it): the files written since the last read; a
         # partial sync then reads only those (no walk of the tree)
         self.changes: Callable[[], set[str] | None] | None = None
@@ -240,6 +241,7 @@ class Daemon:
         try:
             return self._sync_once()
         finally:
+            self._resume_gc()
             if self._settle:  # here, once the full sync's listing and plan are out of scope
                 self._settle = False
                 settle_heap()
@@ -257,6 +259,8 @@ class Daemon:
                 self.last_digest = None  # recompile everything with the new config
             self.need_full = True
         full_due = self.last_full is None or self.clock() - self.last_full >= self.config.full_sync_period
+        if not (self.need_full or full_due) and self.applied is not None:
+            self._pause_gc()
         if (self.need_full or full_due) and self.last_full is not None:
             self.refresh_addresses()
         self._take_addresses()
@@ -292,6 +296,23 @@ class Daemon:
             self.need_full = True
             raise
         return self._next_full_in()
+
+    def _pause_gc(self) -> None:
+        """A revision expected to be a partial sync: no cyclic GC until its commit. Its
+        allocations (a few thousand objects that outlive the sync: the new revision's
+        dicts and fragments) then cost one young collection after the kernel has the
+        rules, instead of collections inside the sync, some of them older generations
+        (measured at 1,000 Services: ~1 ms of GC per sync at the median, up to ~9 ms).
+        Reference counting still frees everything that is not in a cycle. Not for full
+        syncs: the objects a full sync keeps are settled by settle_heap()."""
+        if gc.isenabled():
+            gc.disable()
+            self._gc_paused = True
+
+    def _resume_gc(self) -> None:
+        if self._gc_paused:
+            self._gc_paused = False
+            gc.enable()
 
     def _next_full_in(self) -> float | None:
         if self.last_full is None:
@@ -381,7 +402,13 @@ class Daemon:
                     static = desired.static if desired.static is not None else \
                         compile_static(desired.config, desired.inventory)
                     frags = [f for k in changed for f in (self.applied.fragments.get(k), desired.fragments.get(k)) if f]
-                    old_p, new_p = project(self.applied.ruleset, static, frags), project(desired.ruleset, static, frags)
+                    # the same skeleton (compile_incremental hands prev's on): its chains are equal on
+                    # both sides, so neither projection holds them (15 chains per table, canonicalised
+                    # and compared per sync)
+                    same = self.applied.static is not None and (self.applied.static is static or
+                                                                self.applied.static == static)
+                    old_p = project(self.applied.ruleset, static, frags, static_chains=not same)
+                    new_p = project(desired.ruleset, static, frags, static_chains=not same)
                 plan = make_plan(new_p, canonical(old_p), services)
             pending = health.begin(self, desired, plan)  # healthChecks: what to restore, before the commit
             if full:  # never re-planned (from_memory None): a created table's plan slimmed
@@ -400,6 +427,7 @@ class Daemon:
             health.undo(self, pending, f"the sync could not be verified: {e}")
             self._failed(desired, start, full, str(e))
         kernel_done = self.clock()
+        self._resume_gc()
         if pending is not None and not health.passed(self, desired, pending, start, full):
             return  # rolled back to the previous ruleset; waiting for a new revision
         # the rules are live (kernel_done); before the token is kept: the cleanup commits too

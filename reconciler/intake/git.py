@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import os
 import posixpath
+import struct
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -196,15 +197,15 @@ def read_revision(directory: Path, rev: str, commit: str | None = None, *, stric
     return inventory_from_load(loaded, strict=strict)
 
 
-def _checkout(root: Path) -> tuple[Path, str, str] | None:
-    """(worktree top, commit checked out, root's path below the top) of a directory inside
-    a git checkout, from the files under .git (no subprocess), or None."""
+def _checkout(root: Path) -> tuple[Path, Path, str, str] | None:
+    """(worktree top, its git directory, commit checked out, root's path below the top) of
+    a directory inside a git checkout, from the files under .git (no subprocess), or None."""
     for top in (root, *root.parents):
         dot_git = top / ".git"
         if dot_git.exists():
             gitdir = _gitdir_of(dot_git)
             commit = _git_commit(gitdir) if gitdir else None
-            return (top, commit, root.relative_to(top).as_posix()) if commit else None
+            return (top, gitdir, commit, root.relative_to(top).as_posix()) if commit else None
     return None
 
 
@@ -217,23 +218,30 @@ def blob_id(raw, object_format: int) -> str:
     return h.hexdigest()
 
 
-def checkout_blobs(root: Path) -> dict[str, tuple[str, str]] | None:
-    """{path below root: (mode, object id)} of every entry of the commit checked out at
-    `root` (a directory inside a git checkout, e.g. a git-sync worktree), from one
-    `git ls-tree`; None when root is not in a checkout or git fails. The caller compares
-    the ids with those of the bytes it holds (blob_id): what it read before is then known
-    exactly, whatever the old checkout held; only the new checkout is taken to hold its
-    commit's files, as git-sync's do (it never edits a worktree it published)."""
+def checkout_blobs(root: Path) -> dict[str, tuple[str, str | None]] | None:
+    """{path below root: (mode, object id)} of every file of the checkout at `root` (a
+    directory inside a git checkout, e.g. a git-sync worktree); None when root is not in a
+    checkout or git fails. The caller compares the ids with those of the bytes it holds
+    (blob_id): what it read before is then known exactly, whatever the old checkout held.
+
+    From the checkout's own index when it can be read (`_index_blobs`, no subprocess): an
+    id only where the file's stat is the one the index recorded, as git's own status
+    check, else None (the caller reads that file). Otherwise one `git ls-tree` of the
+    commit checked out: then the new checkout is taken to hold its commit's files, as
+    git-sync's do (it never edits a worktree it published)."""
     co = _checkout(root)
     if co is None:
         return None
-    top, commit, sub = co
+    top, gitdir, commit, sub = co
+    prefix = "" if sub == "." else sub + "/"
+    blobs = _index_blobs(gitdir / "index", top, prefix)
+    if blobs is not None:
+        return blobs
     try:
         out = _git(top, "ls-tree", "-r", "-z", "--full-tree", commit, "--", sub)
     except GitError:
         return None
-    prefix = "" if sub == "." else sub + "/"
-    blobs: dict[str, tuple[str, str]] = {}
+    blobs = {}
     for item in out.split(b"\0"):
         if not item:
             continue
@@ -244,3 +252,85 @@ def checkout_blobs(root: Path) -> dict[str, tuple[str, str]] | None:
             return None
         blobs[full[len(prefix):]] = (mode, oid)
     return blobs
+
+
+# git's index (Documentation/gitformat-index.txt), versions 2 and 3: a 12-byte header,
+# entries (ten 32-bit stat fields, the object id, 16-bit flags, v3: 16-bit extended
+# flags, the path NUL-padded to a multiple of 8 bytes), extensions, the checksum.
+_STAT = struct.Struct(">10I")  # ctime s, ns; mtime s, ns; dev; ino; mode; uid; gid; size
+_ASSUME_VALID, _EXTENDED, _STAGE = 0x8000, 0x4000, 0x3000
+_SKIP_WORKTREE, _INTENT_TO_ADD = 0x4000, 0x2000
+_U32 = 0xFFFFFFFF
+
+
+def _index_blobs(path: Path, top: Path, prefix: str) -> dict[str, tuple[str, str | None]] | None:
+    """checkout_blobs from the index file `path` of the checkout at `top`, for the paths
+    under `prefix`: a file's id where its lstat (mtime, ctime, inode, size, as git's
+    status check compares them) is the index entry's, None for the rest. ctime cannot be
+    set back by a user, so an edit after the checkout, even of the same size with the
+    mtime restored, is seen. (An entry git calls racily clean, its file written in the
+    index's own timestamp tick, as a fresh checkout's files are on a coarse clock, is
+    taken as the index says: as `git ls-tree` of the commit was, on git-sync's word
+    that it never edits a worktree it published.) None for the whole when the index is
+    missing, torn (its checksum, which also tells sha1 from sha256 ids), unmerged, of
+    version 4, split or sparse: the caller then asks git."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    if data[:4] != b"DIRC" or len(data) < 32:
+        return None
+    version, count = struct.unpack_from(">II", data, 4)
+    if version not in (2, 3):
+        return None
+    for algo, n in ((hashlib.sha1, 20), (hashlib.sha256, 32)):
+        if len(data) >= 12 + n and algo(memoryview(data)[:-n]).digest() == data[-n:]:
+            break
+    else:
+        return None  # torn, or written without a checksum (index.skipHash)
+    end = len(data) - n
+    out: dict[str, tuple[str, str | None]] = {}
+    pos = 12
+    try:
+        for _ in range(count):
+            ctime_s, ctime_ns, mtime_s, mtime_ns, _dev, ino, mode, _uid, _gid, size = _STAT.unpack_from(data, pos)
+            oid = data[pos + 40:pos + 40 + n].hex()
+            (flags,) = struct.unpack_from(">H", data, pos + 40 + n)
+            head = pos + 42 + n
+            extended = 0
+            if flags & _EXTENDED:
+                if version < 3:
+                    return None
+                (extended,) = struct.unpack_from(">H", data, head)
+                head += 2
+            if flags & _STAGE:
+                return None  # a merge in progress: not a checkout of one commit
+            nul = data.index(b"\0", head, end)
+            name = data[head:nul].decode("utf-8", "surrogateescape")
+            pos += (nul - pos + 8) & ~7  # the entry NUL-padded to a multiple of 8 bytes
+            if not name.startswith(prefix):
+                continue
+            kind = f"{mode:o}"
+            trusted = kind in ("100644", "100755") and not flags & _ASSUME_VALID and \
+                not extended & (_SKIP_WORKTREE | _INTENT_TO_ADD)
+            if trusted:
+                try:
+                    st = os.lstat(f"{top}/{name}")
+                except OSError:
+                    st = None
+                trusted = (st is not None and (st.st_mtime_ns // 1_000_000_000) & _U32 == mtime_s
+                           and st.st_mtime_ns % 1_000_000_000 == mtime_ns
+                           and (st.st_ctime_ns // 1_000_000_000) & _U32 == ctime_s
+                           and st.st_ctime_ns % 1_000_000_000 == ctime_ns
+                           and st.st_ino & _U32 == ino and st.st_size & _U32 == size)
+            out[name[len(prefix):]] = (kind, oid if trusted else None)
+        while pos < end:  # extensions: a split index's entries are elsewhere, a sparse one's are directories
+            sig = data[pos:pos + 4]
+            if sig in (b"link", b"sdir"):
+                return None
+            (size,) = struct.unpack_from(">I", data, pos + 4)
+            pos += 8 + size
+    except (struct.error, ValueError):
+        return None
+    return out if pos == end else None

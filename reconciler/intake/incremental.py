@@ -8,9 +8,10 @@ that as its oracle), with caches for a long-running reader such as `nftrec watch
   same display path in the old one, and only files whose bytes differ are parsed). Files
   modified within RACY_SECONDS of a read are compared again next time (mtime
   granularity, as git's "racy" files). When the new worktree is a git checkout
-  (git-sync's are), `git ls-tree` of its commit gives each file's object id instead
+  (git-sync's are), its index (each file's object id, vouched for by the file's stat),
+  else `git ls-tree` of its commit, gives each file's object id instead
   (intake/git.checkout_blobs); a file whose id is that of the bytes read before
-  (git.blob_id) is only stat'ed (a size check), the others are read; when the commit
+  (git.blob_id) is only stat'ed (a size check), the others are read; when the checkout
   holds the same manifest files, the old walk stands, re-rooted;
 - documents: an edited YAML file re-parses only its changed documents (intake/yamldocs.py);
 - validation: per-document checks are cached per file version; a new version reuses the
@@ -269,7 +270,7 @@ class Intake:
             mode, oid = blobs[_relative(real, root)]
         except KeyError:
             return False
-        if mode not in ("100644", "100755"):
+        if mode not in ("100644", "100755") or oid is None:  # None: the index cannot vouch for it
             return False
         if e.blob is None or len(e.blob) != len(oid):
             skip = len(display.encode("utf-8", "surrogateescape")) + 1

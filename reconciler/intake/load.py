@@ -286,6 +286,9 @@ def _file_problem(file: str, message: str, line: int = 0, col: int = 0) -> Probl
 # --- hostile-input guards ----------------------------------------------------------------
 
 
+_CONTROL = bytes([*range(0x01, 0x09), 0x0B, 0x0C, *range(0x0E, 0x20), 0x7F])  # decode_text refuses these
+
+
 def decode_text(raw: bytes) -> str:
     if b"\x00" in raw:
         raise Refused("this file contains NUL bytes, so it is binary, not YAML or JSON; remove it from the manifest directory")
@@ -294,7 +297,10 @@ def decode_text(raw: bytes) -> str:
     except UnicodeDecodeError as e:
         line = raw[: e.start].count(b"\n") + 1
         raise Refused(f"this file is not valid UTF-8 (byte {e.start}); save it as UTF-8 or remove it", line, 1) from None
-    bad = re.search(r"[\x01-\x08\x0b\x0c\x0e-\x1f\x7f]", text)
+    # the search only when one is there: a translate of the bytes is ~8x cheaper than
+    # the regex over the text (UTF-8 encodes these characters, and only them, as these bytes)
+    bad = re.search(r"[\x01-\x08\x0b\x0c\x0e-\x1f\x7f]", text) if len(raw.translate(None, _CONTROL)) != len(raw) \
+        else None
     if bad:
         line = text.count("\n", 0, bad.start()) + 1
         col = bad.start() - text.rfind("\n", 0, bad.start())

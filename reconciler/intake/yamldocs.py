@@ -50,7 +50,8 @@ def _key(segment: str) -> bytes:
 def split(text: str) -> list[tuple[int, str]] | None:
     """[(first line, 0-based; segment text)], or None when the text is unusual (module doc)."""
     # `%` directives apply to the next document, `...` ends one without starting another
-    if (any(c in text for c in _ODD_CHARS) or text.startswith("%") or "\n%" in text
+    # ("%" first: a one-character search, where "\n%" tries every line break)
+    if (any(c in text for c in _ODD_CHARS) or ("%" in text and (text.startswith("%") or "\n%" in text))
             or _line_starts(text, "...")):
         return None
     starts = _line_starts(text, "---")

@@ -347,6 +347,7 @@ class Libnftables:
         self._ctx = self._worker.call(self._new_ctx)
         self._nl: socket.socket | None = None
         self._seq = 0
+        self._cookie: int | None = None  # the worker's namespace's, once read (netns_cookie)
 
     # Runs on the worker thread only.
     def in_namespace(self, fn: Callable[[], T]) -> T:
@@ -535,7 +536,11 @@ class Libnftables:
     def netns_cookie(self) -> int | None:
         """The namespace's SO_NETNS_COOKIE (Linux >= 5.14): unique for the boot and never
         reused, unlike a namespace's inode number, which a namespace deleted and re-created
-        under the same name often gets back. None where the kernel lacks it."""
+        under the same name often gets back. None where the kernel lacks it. Read once:
+        the worker thread never leaves its namespace (a watch sync asked every time, a
+        netlink socket opened and closed on the worker per token)."""
+        if self._cookie is not None:
+            return self._cookie
 
         def cookie() -> int | None:
             with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 12) as s:
@@ -544,7 +549,8 @@ class Libnftables:
                 except OSError:
                     return None
 
-        return self._worker.call(cookie)
+        self._cookie = self._worker.call(cookie)
+        return self._cookie
 
     def _nl_request(self, cmd: int, dump: bool = False) -> list[tuple[int, bytes, int, int]]:
         """One nf_tables netlink request on the worker thread (so inside the namespace);
