@@ -494,8 +494,8 @@ def test_git_worktree_swaps_ask_git_and_equal_the_oracle(tmp_path, sub):
 def test_checkout_blobs_from_the_index_equal_ls_tree(tmp_path, monkeypatch, object_format):
     """A checkout's files and ids come from its own index (no git process) and equal
     `git ls-tree` of its commit; a file edited after the checkout, even with its size and
-    mtime kept, has no id (its ctime moved); an index of a form not read here (version
-    4, split, torn) falls back to `git ls-tree`."""
+    mtime kept, has no id (its ctime moved); version 4 is read too; an index of a form not
+    read here (split, torn) falls back to `git ls-tree`."""
     from reconciler.intake import git as G
 
     src = tmp_path / "src"
@@ -529,12 +529,14 @@ def test_checkout_blobs_from_the_index_equal_ls_tree(tmp_path, monkeypatch, obje
     index = Path(_git(wt, "rev-parse", "--git-path", "index"))
     if not index.is_absolute():
         index = wt / index
-    for form in (["--index-version", "4"], ["--split-index"]):
-        _git(wt, "update-index", *form)
-        assert G._index_blobs(index, wt, "m/") is None
-        assert G.checkout_blobs(wt / "m") == listed and asked[-1] == "ls-tree"  # the commit's, as before
-        _git(wt, "update-index", "--no-split-index", "--index-version", "2")
-    assert G.checkout_blobs(wt / "m") == {**listed, "deep/g.yaml": ("100644", None)}
+    edited = {**listed, "deep/g.yaml": ("100644", None)}
+    _git(wt, "update-index", "--index-version", "4")  # path-compressed entries: dulwich reads them
+    assert G.checkout_blobs(wt / "m") == edited and asked == []
+    _git(wt, "update-index", "--split-index")  # entries partly in a shared index: not read here
+    assert G._index_blobs(index, wt, "m/") is None
+    assert G.checkout_blobs(wt / "m") == listed and asked[-1] == "ls-tree"  # the commit's, as before
+    _git(wt, "update-index", "--no-split-index", "--index-version", "2")
+    assert G.checkout_blobs(wt / "m") == edited
     index.write_bytes(index.read_bytes()[:-5])
     assert G._index_blobs(index, wt, "m/") is None and G.checkout_blobs(wt / "m") == listed
 

@@ -16,9 +16,9 @@ of the new worktree read unless its content changed).
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import posixpath
-import struct
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -254,83 +254,66 @@ def checkout_blobs(root: Path) -> dict[str, tuple[str, str | None]] | None:
     return blobs
 
 
-# git's index (Documentation/gitformat-index.txt), versions 2 and 3: a 12-byte header,
-# entries (ten 32-bit stat fields, the object id, 16-bit flags, v3: 16-bit extended
-# flags, the path NUL-padded to a multiple of 8 bytes), extensions, the checksum.
-_STAT = struct.Struct(">10I")  # ctime s, ns; mtime s, ns; dev; ino; mode; uid; gid; size
-_ASSUME_VALID, _EXTENDED, _STAGE = 0x8000, 0x4000, 0x3000
-_SKIP_WORKTREE, _INTENT_TO_ADD = 0x4000, 0x2000
-_U32 = 0xFFFFFFFF
+_ASSUME_VALID = 0x8000  # git's index entry flags (Documentation/gitformat-index.txt)
+_SKIP_WORKTREE, _INTENT_TO_ADD = 0x4000, 0x2000  # its extended flags (version 3 and later)
+_U32 = 0xFFFFFFFF  # the index keeps the low 32 bits of each stat field
 
 
 def _index_blobs(path: Path, top: Path, prefix: str) -> dict[str, tuple[str, str | None]] | None:
-    """checkout_blobs from the index file `path` of the checkout at `top`, for the paths
-    under `prefix`: a file's id where its lstat (mtime, ctime, inode, size, as git's
-    status check compares them) is the index entry's, None for the rest. ctime cannot be
-    set back by a user, so an edit after the checkout, even of the same size with the
-    mtime restored, is seen. (An entry git calls racily clean, its file written in the
-    index's own timestamp tick, as a fresh checkout's files are on a coarse clock, is
-    taken as the index says: as `git ls-tree` of the commit was, on git-sync's word
-    that it never edits a worktree it published.) None for the whole when the index is
-    missing, torn (its checksum, which also tells sha1 from sha256 ids), unmerged, of
-    version 4, split or sparse: the caller then asks git."""
+    """checkout_blobs from the index file `path` of the checkout at `top` (read with
+    dulwich), for the paths under `prefix`: a file's id where its lstat (mtime, ctime,
+    inode, size, as git's status check compares them) is the index entry's, None for the
+    rest. ctime cannot be set back by a user, so an edit after the checkout, even of the
+    same size with the mtime restored, is seen. (An entry git calls racily clean, its file
+    written in the index's own timestamp tick, as a fresh checkout's files are on a coarse
+    clock, is taken as the index says: as `git ls-tree` of the commit was, on git-sync's
+    word that it never edits a worktree it published.) None for the whole when the index
+    is missing, torn (its checksum, which also tells sha1 from sha256 ids), unmerged,
+    split or sparse: the caller then asks git."""
+    from dulwich.index import ConflictedIndexEntry, IndexChecksumReader, read_index_dict_with_version
+    from dulwich.object_format import SHA1, SHA256
+
     try:
         with open(path, "rb") as f:
             data = f.read()
     except OSError:
         return None
-    if data[:4] != b"DIRC" or len(data) < 32:
-        return None
-    version, count = struct.unpack_from(">II", data, 4)
-    if version not in (2, 3):
-        return None
-    for algo, n in ((hashlib.sha1, 20), (hashlib.sha256, 32)):
-        if len(data) >= 12 + n and algo(memoryview(data)[:-n]).digest() == data[-n:]:
-            break
+    for fmt in (SHA1, SHA256):  # the trailer is the checksum of the rest, in the repository's hash
+        n = fmt.oid_length
+        if len(data) > 12 + n:
+            h = fmt.new_hash()
+            h.update(memoryview(data)[:-n])
+            if h.digest() == data[-n:]:
+                break
     else:
         return None  # torn, or written without a checksum (index.skipHash)
-    end = len(data) - n
-    out: dict[str, tuple[str, str | None]] = {}
-    pos = 12
     try:
-        for _ in range(count):
-            ctime_s, ctime_ns, mtime_s, mtime_ns, _dev, ino, mode, _uid, _gid, size = _STAT.unpack_from(data, pos)
-            oid = data[pos + 40:pos + 40 + n].hex()
-            (flags,) = struct.unpack_from(">H", data, pos + 40 + n)
-            head = pos + 42 + n
-            extended = 0
-            if flags & _EXTENDED:
-                if version < 3:
-                    return None
-                (extended,) = struct.unpack_from(">H", data, head)
-                head += 2
-            if flags & _STAGE:
-                return None  # a merge in progress: not a checkout of one commit
-            nul = data.index(b"\0", head, end)
-            name = data[head:nul].decode("utf-8", "surrogateescape")
-            pos += (nul - pos + 8) & ~7  # the entry NUL-padded to a multiple of 8 bytes
-            if not name.startswith(prefix):
-                continue
-            kind = f"{mode:o}"
-            trusted = kind in ("100644", "100755") and not flags & _ASSUME_VALID and \
-                not extended & (_SKIP_WORKTREE | _INTENT_TO_ADD)
-            if trusted:
-                try:
-                    st = os.lstat(f"{top}/{name}")
-                except OSError:
-                    st = None
-                trusted = (st is not None and (st.st_mtime_ns // 1_000_000_000) & _U32 == mtime_s
-                           and st.st_mtime_ns % 1_000_000_000 == mtime_ns
-                           and (st.st_ctime_ns // 1_000_000_000) & _U32 == ctime_s
-                           and st.st_ctime_ns % 1_000_000_000 == ctime_ns
-                           and st.st_ino & _U32 == ino and st.st_size & _U32 == size)
-            out[name[len(prefix):]] = (kind, oid if trusted else None)
-        while pos < end:  # extensions: a split index's entries are elsewhere, a sparse one's are directories
-            sig = data[pos:pos + 4]
-            if sig in (b"link", b"sdir"):
-                return None
-            (size,) = struct.unpack_from(">I", data, pos + 4)
-            pos += 8 + size
-    except (struct.error, ValueError):
+        entries, _version, extensions = read_index_dict_with_version(IndexChecksumReader(io.BytesIO(data), fmt), fmt)
+    except Exception:  # dulwich's parse errors have no common base: any of them means "ask git"
         return None
-    return out if pos == end else None
+    if b"" in entries or any(e.signature in (b"link", b"sdir") for e in extensions):
+        # split (entries live in a shared index too; dulwich 1.2 reads its `link` extension
+        # as an entry with an empty path) or sparse (directories as entries)
+        return None
+    out: dict[str, tuple[str, str | None]] = {}
+    for raw, entry in entries.items():
+        name = raw.decode("utf-8", "surrogateescape")
+        if not name.startswith(prefix):
+            continue
+        if isinstance(entry, ConflictedIndexEntry):
+            return None  # a merge in progress: not a checkout of one commit
+        kind = f"{entry.mode:o}"
+        trusted = kind in ("100644", "100755") and not entry.flags & _ASSUME_VALID and \
+            not entry.extended_flags & (_SKIP_WORKTREE | _INTENT_TO_ADD)
+        if trusted:
+            try:
+                st = os.lstat(f"{top}/{name}")
+            except OSError:
+                st = None
+            trusted = (st is not None
+                       and tuple(entry.mtime) == ((st.st_mtime_ns // 1_000_000_000) & _U32, st.st_mtime_ns % 1_000_000_000)
+                       and tuple(entry.ctime) == ((st.st_ctime_ns // 1_000_000_000) & _U32, st.st_ctime_ns % 1_000_000_000)
+                       and entry.ino == st.st_ino & _U32 and entry.size == st.st_size & _U32)
+        sha = entry.sha.decode("ascii") if isinstance(entry.sha, bytes) else entry.sha
+        out[name[len(prefix):]] = (kind, sha if trusted else None)
+    return out
