@@ -107,3 +107,9 @@ def with_endpoints(inv: Inventory, key: str, fam: str, endpoints) -> Inventory:
 
 def add_service(inv: Inventory, service: Service, *slices: EndpointSlice) -> Inventory:
     return replace(inv, services=inv.services + (service,), endpoint_slices=inv.endpoint_slices + slices)
+
+
+# Two Services, each with one local endpoint (node edge-7) in the same hairpin shard,
+# hairpin-connections-28 (layout sharded), which no rich_inventory() endpoint uses
+HAIRPIN_A = (svc("ns9", "a", cips=("172.30.0.91",), ports=[sp(80)]), sl("ns9", "a", [ep("10.180.9.40", "edge-7")], [epp(80)]))
+HAIRPIN_B = (svc("ns9", "b", cips=("172.30.0.92",), ports=[sp(80)]), sl("ns9", "b", [ep("10.180.8.40", "edge-7")], [epp(80)]))

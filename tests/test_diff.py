@@ -14,6 +14,8 @@ import pytest
 
 from _nft_samples import (
     CONFIG,
+    HAIRPIN_A,
+    HAIRPIN_B,
     add_service,
     ep,
     epp,
@@ -185,17 +187,12 @@ def _shard_owners(changes: Changes, ip: str) -> dict[tuple[str, str], str | None
     return out
 
 
-# Two Services, each with one local endpoint in the same hairpin shard (no BASE endpoint's)
-_HP_A = (svc("ns9", "a", cips=("172.30.0.91",), ports=[sp(80)]), sl("ns9", "a", [ep("10.180.9.40", "edge-7")], [epp(80)]))
-_HP_B = (svc("ns9", "b", cips=("172.30.0.92",), ports=[sp(80)]), sl("ns9", "b", [ep("10.180.8.40", "edge-7")], [epp(80)]))
-
-
 def test_hairpin_shard_is_its_one_services_else_shared(backend):
     """A hairpin shard (layout sharded) is created with its first element and removed
     with its last one: its set, chain and dispatch vmap element are the Service's whose
     elements it holds, or shared when it holds two Services' (each element stays its
     Service's)."""
-    a, b = _HP_A, _HP_B
+    a, b = HAIRPIN_A, HAIRPIN_B
     assert hairpin_set("10.180.9.40") == hairpin_set("10.180.8.40") == "hairpin-connections-28"
     base, with_a, with_b, both = (compiled(BASE), compiled(add_service(BASE, *a)), compiled(add_service(BASE, *b)),
                                   compiled(add_service(add_service(BASE, *a), *b)))
@@ -229,7 +226,7 @@ def test_hairpin_shard_owner_between_two_projections():
     """`watch` diffs two projections (compile.project): a shard's created objects are its
     Service's, and so are its removed ones (the recorded side's owners)."""
     c0 = compile_incremental(BASE, CONFIG, None)
-    c1 = compile_incremental(add_service(BASE, *_HP_A), CONFIG, c0)
+    c1 = compile_incremental(add_service(BASE, *HAIRPIN_A), CONFIG, c0)
     c2 = compile_incremental(BASE, CONFIG, c1)
     skeleton = {("set", "hairpin-connections-28"): "ns9/a", ("chain", "hairpin-28"): "ns9/a",
                 ("element", "hairpin-shards"): "ns9/a"}

@@ -15,7 +15,7 @@ from reconciler.compile.services import compile_ruleset
 from reconciler.kernel.live import canonical
 from reconciler.engine.plan import format_text, make_plan, to_json
 from reconciler.compile.ruleset import Ruleset
-from _nft_samples import CONFIG, ep, epp, rich_inventory, sl, sp, svc
+from _nft_samples import CONFIG, HAIRPIN_A, HAIRPIN_B, add_service, ep, epp, rich_inventory, sl, sp, svc
 
 
 def _live(inv) -> Ruleset:
@@ -96,31 +96,24 @@ def test_recreated_table_says_so_once_instead_of_listing_every_object():
     assert plan.transaction.ops[0] == "delete table ip nftrec"
 
 
-def _with(inv, *services):
-    for s, slice_ in services:
-        inv = replace(inv, services=inv.services + (s,), endpoint_slices=inv.endpoint_slices + (slice_,))
-    return inv
-
-
 def test_hairpin_shard_is_listed_under_its_one_service_else_shared():
     """A hairpin shard created (or removed) with one Service's elements is that Service's
     in the text and the JSON; with two Services' it is a shared object (layout sharded)."""
     inv = rich_inventory()
-    a = (svc("ns9", "a", cips=("172.30.0.91",), ports=[sp(80)]), sl("ns9", "a", [ep("10.180.9.40", "edge-7")], [epp(80)]))
-    b = (svc("ns9", "b", cips=("172.30.0.92",), ports=[sp(80)]), sl("ns9", "b", [ep("10.180.8.40", "edge-7")], [epp(80)]))
+    a, b = HAIRPIN_A, HAIRPIN_B
     shard = {("set", "hairpin-connections-28", None), ("chain", "hairpin-28", None), ("element", "hairpin-shards", ("0.0.0.40",))}
 
     def objects(changes):
         return {(o["kind"], o["name"], tuple(o["key"]) if o["key"] else None) for o in changes}
 
-    for new, old in ((_with(inv, a), inv), (inv, _with(inv, a))):  # created, removed
+    for new, old in ((add_service(inv, *a), inv), (inv, add_service(inv, *a))):  # created, removed
         plan = make_plan(compile_ruleset(new, CONFIG), _live(old))
         doc = to_json(plan)
         assert [s["service"] for s in doc["services"]] == ["ns9/a"] and doc["shared"] == [], doc["shared"]
         assert shard <= objects(doc["services"][0]["objects"])
         assert "shared objects" not in format_text(plan)
     # two Services' elements: created (and removed) as shared objects, each element its Service's
-    for new, old in ((_with(inv, a, b), inv), (inv, _with(inv, a, b))):
+    for new, old in ((add_service(add_service(inv, *a), *b), inv), (inv, add_service(add_service(inv, *a), *b))):
         plan = make_plan(compile_ruleset(new, CONFIG), _live(old))
         doc = to_json(plan)
         assert [s["service"] for s in doc["services"]] == ["ns9/a", "ns9/b"]

@@ -500,7 +500,7 @@ def test_checkout_blobs_from_the_index_equal_ls_tree(tmp_path, monkeypatch, obje
 
     src = tmp_path / "src"
     (src / "m" / "deep").mkdir(parents=True)
-    for i in range(5):  # names of several lengths: each entry's NUL padding differs
+    for i in range(5):  # names of several lengths (index entries are NUL-padded to 8 bytes)
         (src / "m" / ("d" * i + f"f{i}.yaml")).write_text(f"x: {i}\n")
     (src / "m" / "deep" / "g.yaml").write_text("y: 1\n")
     (src / "m" / "run.yaml").write_text("z: 1\n")

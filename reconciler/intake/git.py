@@ -314,6 +314,5 @@ def _index_blobs(path: Path, top: Path, prefix: str) -> dict[str, tuple[str, str
                        and tuple(entry.mtime) == ((st.st_mtime_ns // 1_000_000_000) & _U32, st.st_mtime_ns % 1_000_000_000)
                        and tuple(entry.ctime) == ((st.st_ctime_ns // 1_000_000_000) & _U32, st.st_ctime_ns % 1_000_000_000)
                        and entry.ino == st.st_ino & _U32 and entry.size == st.st_size & _U32)
-        sha = entry.sha.decode("ascii") if isinstance(entry.sha, bytes) else entry.sha
-        out[name[len(prefix):]] = (kind, sha if trusted else None)
+        out[name[len(prefix):]] = (kind, entry.sha.decode("ascii") if trusted else None)  # hex bytes
     return out
