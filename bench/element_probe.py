@@ -4,14 +4,14 @@
     sudo .venv/bin/python bench/element_probe.py                  # 10,000 Services x 5
     sudo .venv/bin/python bench/element_probe.py --services 1000
 
-Loads bench/layout.py's issue-8 mix (layout sharded) with `nft -f` into a throwaway
+Loads the benchmark's mix (bench/mix.py, layout sharded) with `nft -f` into a throwaway
 namespace `nftrec-bench-probe-<pid>` (deleted in a `finally`), then times, with the nft
 binary (`nft -f` of a one-transaction script, process start included) and through
 libnftables in-process right after a `read_live` on the same context (as `apply` runs):
 
   * `delete element` of one index of an endpoint shard (+ its re-adding declaration, so
     the table stays the same), and `add element` / `delete element` on the non-typeof
-    shared sets (cluster-ips, service-ips, hairpin-connections);
+    shared sets (cluster-ips, service-ips, the largest hairpin-connections shard);
   * the same element written through the set's declaration (`add set|map … { … ;
     elements = { … } ; }`);
   * `flush map|set` + the declaration of all of its elements (the rewrite that
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -37,7 +38,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-import layout as bench_layout  # noqa: E402  (bench/layout.py: the mix)
+import mix  # noqa: E402
 from reconciler.compile.layout import allocation_of  # noqa: E402
 from reconciler.compile.render import render_script  # noqa: E402
 from reconciler.compile.ruleset import element_cmd, rule_cmd, set_elements_cmd  # noqa: E402
@@ -57,14 +58,15 @@ def main(argv=None) -> int:
         raise SystemExit("needs root (network namespaces)")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     n = args.services
-    desired = compile_ruleset(bench_layout.inventory(n, 5), bench_layout.config("sharded"))
+    tmp = Path(tempfile.mkdtemp(prefix="nftrec-bench-probe-"))
+    mix.generate(tmp / "m", n, 5)
+    desired = compile_ruleset(*mix.read(tmp / "m", mix.NODE_CONFIG + "layout: sharded\n"))
     t4 = desired.tables["ip"]
-    k = n // 2 - (n // 2) % 10  # bench/layout.py's ClusterIP Service
+    k = mix.edit_service(n)  # a ClusterIP Service without affinity
     chain = next(c for (_f, c) in allocation_of(desired) if f"/svc-{k}/" in c)
     shard, off, _n = allocation_of(desired)[("ip", chain)]
     rule = t4.chains[chain].rules[-1]
     ns = f"nftrec-bench-probe-{os.getpid()}"
-    tmp = Path(tempfile.mkdtemp(prefix="nftrec-bench-probe-"))
     subprocess.run(["ip", "netns", "add", ns], check=True)
     nft = None
     try:
@@ -99,10 +101,11 @@ def main(argv=None) -> int:
               f"flush map ip {T} {shard}\n" + set_elements_cmd("ip", T, s, [*s.elements.values(), spare]))
         timed("`flush chain` + `add rule` (the Service's selection rule)",
               f"flush chain ip {T} {chain}\n" + rule_cmd("ip", T, chain, rule))
-        for name in ("cluster-ips", "service-ips", "hairpin-connections"):
+        hairpin = max((x for x in t4.sets if x.startswith("hairpin-connections-")), key=lambda x: len(t4.sets[x].elements))
+        for name in ("cluster-ips", "service-ips", hairpin):
             s = t4.sets[name]
             e0 = next(iter(s.elements.values()))
-            key = ("172.31.255.1",) + e0.key[1:] if name != "hairpin-connections" else ("10.255.0.1",) * 2 + e0.key[2:]
+            key = ("172.31.255.1",) + e0.key[1:] if name != hairpin else ("10.255.0.1",) * 2 + e0.key[2:]
             e = replace(e0, key=key)
             timed(f"`add element` + `delete element` on {name}",
                   element_cmd("add", "ip", T, s, e) + "\n" + element_cmd("delete", "ip", T, s, e))
@@ -114,9 +117,7 @@ def main(argv=None) -> int:
         if nft is not None:
             nft.close()
         subprocess.run(["ip", "netns", "delete", ns], check=False)
-        for f in tmp.iterdir():
-            f.unlink()
-        tmp.rmdir()
+        shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 

@@ -1,19 +1,16 @@
 #!/usr/bin/env python3
 """Kernel-side scaling of a cold apply: how `nft -f` of the transaction `apply` sends to an
-empty kernel grows with the number of Services (issue 8: 30k <= 3.5x the 10k figure).
+empty kernel grows with the number of Services (the linearity target: 30k <= 3.5x 10k).
 
-    sudo .venv/bin/python bench/kernel_scaling.py                         # 3k, 10k, 30k (~2 min)
+    sudo .venv/bin/python bench/kernel_scaling.py                         # 3k, 10k, 30k
     sudo .venv/bin/python bench/kernel_scaling.py --sizes 3000,10000
     sudo .venv/bin/python bench/kernel_scaling.py --src /tmp/old-nftrec   # another checkout, same method
 
-Inventory: bench/layout.py's issue 8 mix (the `--src` checkout's copy) (5 endpoints, every tenth Service ClientIP
-affinity, every twentieth a LoadBalancer with source ranges). For each size, a child
-process imports nftrec from `--src` (default: this checkout), compiles, and writes the cold
-transaction (`transaction_for(diff(desired, empty))`, exactly what `apply` commits); it is
-then loaded with `nft -f` in a fresh namespace `nftrec-bench-scale-*` (deleted in a
-`finally`; the host ruleset is never touched). Printed: user and sys CPU of the nft process
-(sys = the kernel's netlink/commit work; wall is unreliable on a shared machine) and each
-size's ratio to the previous one.
+Per size, the mix (bench/mix.py, 5 endpoints) is written once; a child process imports
+nftrec from `--src` (default: this checkout), reads and compiles it, and writes the cold
+transaction (`transaction_for(diff(desired, empty))`, what `apply` commits); `nft -f` loads
+it into a fresh namespace. Printed: user and sys CPU of the nft process (sys is the
+kernel's work; wall is unreliable on a shared machine) and each size's ratio to the last.
 """
 
 from __future__ import annotations
@@ -26,15 +23,19 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import mix  # noqa: E402
+from layout import timed_nft_file  # noqa: E402
 
 _CHILD = r"""
 import sys
 sys.path.insert(0, {src!r}); sys.path.insert(0, {bench!r})
-import layout as L
-from reconciler.compile.services import compile_ruleset
-from reconciler.compile.ruleset import Ruleset
+import mix
+from pathlib import Path
+from reconciler.compile import Ruleset, compile_ruleset
 from reconciler.engine.changes import diff, transaction_for
-rs = compile_ruleset(L.inventory({n}, 5), L.config("sharded"))
+rs = compile_ruleset(*mix.read(Path({root!r}), mix.NODE_CONFIG + "layout: sharded\n"))
 t = rs.tables["ip"]
 open({out!r}, "w").write(transaction_for(diff(rs, Ruleset()), rs).text() + "\n")
 print(len(t.sets), len(t.chains), sum(len(c.rules) for c in t.chains.values()))
@@ -42,15 +43,11 @@ print(len(t.sets), len(t.chains), sum(len(c.rules) for c in t.chains.values()))
 
 
 def load(path: Path, timeout: float) -> dict:
-    """user/sys CPU of `nft -f path` in a fresh namespace (this checkout's bench/layout.py
-    times it; the namespace is always deleted)."""
-    sys.path.insert(0, str(HERE))
-    import layout
-
+    """user/sys CPU of `nft -f path` in a fresh namespace (always deleted)."""
     ns = f"nftrec-bench-scale-{os.getpid()}"
     subprocess.run(["ip", "netns", "add", ns], check=True)
     try:
-        return layout.timed_nft_file(ns, path, timeout)
+        return timed_nft_file(ns, path, timeout)
     finally:
         subprocess.run(["ip", "netns", "delete", ns], check=False)
 
@@ -71,9 +68,10 @@ def main(argv=None) -> int:
     prev = None
     with tempfile.TemporaryDirectory(prefix="nftrec-bench-scale-") as tmp:
         for n in (int(x) for x in args.sizes.split(",")):
-            out = Path(tmp) / f"cold-{n}.nft"
-            # that checkout's bench/layout.py (it puts its own checkout first on sys.path)
-            code = _CHILD.format(src=args.src, bench=str(Path(args.src) / "bench"), n=n, out=str(out))
+            root, out = Path(tmp) / f"m-{n}", Path(tmp) / f"cold-{n}.nft"
+            mix.generate(root, n, 5)
+            # the mix of this checkout, the code of --src (first on its sys.path)
+            code = _CHILD.format(src=args.src, bench=str(HERE), root=str(root), out=str(out))
             counts = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True,
                                     timeout=args.timeout).stdout.split()
             r = load(out, args.timeout)

@@ -1,35 +1,21 @@
 #!/usr/bin/env python3
-"""Layout benchmark: kube-proxy's shape (K) against nftrec's default `sharded` layout, in
-the same run, with issue 8's realistic mix.
+"""Layout benchmark: kube-proxy's layout (K) against nftrec's default `sharded` layout, in
+the same run, on the benchmark's Service mix (bench/mix.py).
 
     sudo .venv/bin/python bench/layout.py                  # 10,000 Services x 5 endpoints
     sudo .venv/bin/python bench/layout.py --services 1000  # quick
-    sudo .venv/bin/python bench/layout.py --json out.json
 
-Mix (Service i): 70 % ClusterIP, 20 % NodePort, 10 % LoadBalancer (an ingress IP; every
-other one with loadBalancerSourceRanges); every tenth Service sessionAffinity ClientIP;
-every 20th (a NodePort) externalTrafficPolicy Local; M ready endpoints, one of them on
-this node for every third Service; one TCP port.
-
-For each layout (kube-proxy, then sharded), in a fresh namespace `nftrec-bench-layout-*`
-(deleted in a `finally`; the host ruleset is never touched):
-  * compile (in-process, `compile_ruleset`) and render;
-  * cold load: `nft -f` of the rendered script (the issue's K for the kube-proxy layout);
-  * cold apply's commit: the transaction nftrec's `apply` computes against an empty
-    kernel (`diff` + `transaction_for`), run through libnftables in-process, as apply does
-    (a second fresh namespace);
-  * `read_live` (listing + parsing, what `plan --refresh` and verification pay);
-  * one-Service changes, each planned as apply plans them (listing, relocate, diff,
-    transaction) and committed through libnftables, then undone; 3x, median:
-    an endpoint added to a ClusterIP Service (5 -> 6), one added to a ClientIP-affinity
-    Service, a new Service with 5 endpoints.
-Every figure is printed with its ratio to the kube-proxy layout's in the same run.
+For each layout, in fresh namespaces `nftrec-bench-layout-*` (deleted in a `finally`):
+compile and render in-process; `nft -f` of the script (cold load); the transaction a cold
+`apply` computes, committed through libnftables as `apply` does; `read_live`; then three
+one-Service changes (an endpoint added to a ClusterIP Service and to a ClientIP-affinity
+Service, a Service added), each planned as `apply` plans it, committed and undone,
+--reps times (median). Every figure is printed with its ratio to the kube-proxy layout's.
 """
 
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import json
 import os
 import shutil
@@ -38,81 +24,53 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
 
-from reconciler.compile.layout import relocate  # noqa: E402
-from reconciler.compile.render import render_script  # noqa: E402
-from reconciler.compile.services import compile_ruleset  # noqa: E402
+import mix  # noqa: E402
+from reconciler.compile import compile_ruleset, relocate, render_script  # noqa: E402
 from reconciler.engine.changes import diff, transaction_for  # noqa: E402
-from reconciler.intake.model import (  # noqa: E402
-    Endpoint, EndpointPort, EndpointSlice, Inventory, LoadBalancerIngress, NodeConfig, Service, ServicePort,
-)
-from reconciler.kernel.live import read_live  # noqa: E402
-from reconciler.kernel.nft import Libnftables  # noqa: E402
+from reconciler.kernel import Libnftables, read_live  # noqa: E402
 
-NODE = "bench-node"
 TABLE = "nftrec"
-SVC_NET = ipaddress.ip_network("172.30.0.0/16")
-EP_NET = ipaddress.ip_network("10.128.0.0/9")
-LB_NET = ipaddress.ip_network("100.64.0.0/16")
 
 
-def service(i: int) -> Service:
-    r = i % 10
-    typ = "LoadBalancer" if r == 9 else "NodePort" if r in (7, 8) else "ClusterIP"
-    node_port = 30000 + (i // 10) * 3 + (r - 7) if typ != "ClusterIP" and (i // 10) * 3 + 2 < 2767 else 0
-    if typ != "ClusterIP" and not node_port:
-        typ = "ClusterIP"  # node-port range exhausted (> ~27,000 Services)
-    lb = (LoadBalancerIngress(str(LB_NET.network_address + 1 + i // 10)),) if typ == "LoadBalancer" else ()
-    return Service(
-        namespace=f"ns-{i // 500}", name=f"svc-{i}", type=typ,
-        cluster_ips=(str(SVC_NET.network_address + 10 + i),), ip_families=("IPv4",),
-        ports=(ServicePort("http", "TCP", 80, 8080, node_port),),
-        load_balancer_ingress=lb,
-        load_balancer_source_ranges=("192.168.0.0/16", "203.0.113.0/24") if lb and i % 20 == 19 else (),
-        external_traffic_policy="Local" if r == 8 and i % 20 == 8 else "Cluster",
-        session_affinity="ClientIP" if i % 10 == 5 else "None",
-        affinity_timeout_seconds=10800,
-    )
+def affinity_service(n: int) -> int:
+    """A Service with ClientIP affinity from the middle of the table."""
+    k = n // 2
+    while not mix.has_affinity(k):
+        k += 1
+    return k
 
 
-def endpoints(i: int, m: int, extra: int = 0) -> EndpointSlice:
-    base = int(EP_NET.network_address) + 1 + i * (m + 2)
-    eps = tuple(Endpoint((str(ipaddress.ip_address(base + j)),),
-                         node_name=NODE if (j == 0 and i % 3 == 0) else f"node-{j % 7}")
-                for j in range(m + extra))
-    return EndpointSlice(f"ns-{i // 500}", f"svc-{i}-abcde", f"svc-{i}", "IPv4", eps,
-                         (EndpointPort("http", "TCP", 8080),))
+def inventories(tmp: Path, n: int, m: int):
+    """(the mix's Inventory, {change: Inventory after it}), read through nftrec's intake
+    from manifests that differ only by the change."""
+    base = tmp / "m"
+    mix.generate(base, n, m)
+    inv, _ = mix.read(base)
+    changed = {}
+    for what, k, fresh in (("endpoint added (ClusterIP)", mix.edit_service(n), 0),
+                           ("endpoint added (ClientIP affinity)", affinity_service(n), 1)):
+        d = tmp / f"edit{fresh}"
+        shutil.copytree(base, d)
+        mix.write_slice_file(d, k, n, m, {k: mix.ep_ips(k, m) + [mix.fresh_ip(n, m, fresh)]})
+        changed[what] = mix.read(d)[0]
+    d = tmp / "added"
+    mix.generate(d, n + 1, m)  # the same tree plus Service n
+    changed["Service added"] = mix.read(d)[0]
+    return inv, changed
 
 
-def inventory(n: int, m: int) -> Inventory:
-    return Inventory(tuple(service(i) for i in range(n)), tuple(endpoints(i, m) for i in range(n)), revision="bench")
+def node_config(tmp: Path, layout: str):
+    from reconciler.intake import load_node_config
 
-
-def config(layout: str) -> NodeConfig:
-    return NodeConfig(NODE, node_ips=("192.168.99.2",), cluster_cidrs=(str(EP_NET),), service_cidrs=(str(SVC_NET),),
-                      table_name=TABLE, layout=layout)
-
-
-def edits(inv: Inventory, n: int, m: int) -> dict[str, Inventory]:
-    k = n // 2 - (n // 2) % 10  # a ClusterIP Service (i % 10 == 0)
-    a = k + 5  # ClientIP affinity
-    sl = list(inv.endpoint_slices)
-    grow = sl.copy()
-    grow[k] = endpoints(k, m, extra=1)
-    aff = sl.copy()
-    aff[a] = endpoints(a, m, extra=1)
-    new = n + 1  # i % 10 == 1: ClusterIP
-    added = Inventory(inv.services + (replace(service(new), name="svc-new"),),
-                      inv.endpoint_slices + (replace(endpoints(new, m), service_name="svc-new", name="svc-new-x"),),
-                      revision="bench+new")
-    return {"endpoint added (ClusterIP)": replace(inv, endpoint_slices=tuple(grow)),
-            "endpoint added (ClientIP affinity)": replace(inv, endpoint_slices=tuple(aff)),
-            "Service added": added}
+    path = tmp / f"node-{layout}.yaml"
+    path.write_text(mix.NODE_CONFIG + f"layout: {layout}\n")
+    return load_node_config(str(path), discover=False)[0]
 
 
 class Netns:
@@ -138,10 +96,9 @@ def timed_nft_file(ns: str, path: Path, timeout: float) -> dict:
     return {"wall": wall, "user": ru.ru_utime, "sys": ru.ru_stime}
 
 
-def run_layout(layout: str, inv: Inventory, changed: dict[str, Inventory], tmp: Path, reps: int,
-               timeout: float) -> dict:
+def run_layout(layout: str, inv, changed: dict, tmp: Path, reps: int, timeout: float) -> dict:
     R: dict = {}
-    cfg = config(layout)
+    cfg = node_config(tmp, layout)
     t = time.perf_counter()
     desired = compile_ruleset(inv, cfg)
     R["compile_s"] = time.perf_counter() - t
@@ -222,7 +179,7 @@ UNDONE = {"endpoint added (ClusterIP)": "= endpoint removed", "endpoint added (C
 
 def table(R: dict) -> str:
     K, S = R["kube-proxy"], R["sharded"]
-    out = [f"{R['services']:,} Services x {R['endpoints']} endpoints (issue 8 mix), one run",
+    out = [f"{R['services']:,} Services x {R['endpoints']} endpoints (bench/mix.py), one run",
            "", "| metric | kube-proxy layout (K) | sharded | sharded / K |", "|---|---|---|---|"]
 
     def row(name, k, s, fmt="{:.2f} s"):
@@ -258,9 +215,6 @@ def main(argv=None) -> int:
     ap.add_argument("--json")
     ap.add_argument("--keep", action="store_true", help="keep the scripts and transactions (path on stderr)")
     ap.add_argument("--layouts", default="kube-proxy,sharded", help="comma-separated, in run order")
-    ap.add_argument("--affinity", choices=("sharded", "kube-proxy"), default="sharded",
-                    help="layout sharded: ClientIP affinity through shared vmaps and the shared affinity set "
-                         "(default) or kube-proxy's anonymous vmaps and per-endpoint sets")
     args = ap.parse_args(argv)
     if os.geteuid() != 0:
         raise SystemExit("needs root (network namespaces)")
@@ -269,14 +223,10 @@ def main(argv=None) -> int:
     # `timeout` sends SIGTERM: leave through the `finally`s, which delete the namespaces
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     n, m = args.services, args.endpoints
-    inv = inventory(n, m)
-    changed = edits(inv, n, m)
-    import reconciler.compile.layout as layout_mod
-
-    layout_mod.SHARD_AFFINITY = args.affinity == "sharded"
-    R = {"services": n, "endpoints": m, "reps": args.reps, "affinity": args.affinity}
+    R = {"services": n, "endpoints": m, "reps": args.reps}
     tmp = tempfile.mkdtemp(prefix="nftrec-bench-layout-")
     try:
+        inv, changed = inventories(Path(tmp), n, m)
         for layout in args.layouts.split(","):
             R[layout] = run_layout(layout, inv, changed, Path(tmp), args.reps, args.timeout)
     finally:

@@ -1,4 +1,4 @@
-"""Readiness-probe scale benchmark (issue 10): N probed endpoints every P seconds from one
+"""Readiness-probe scale benchmark: N probed endpoints every P seconds from one
 process, the daemon's own ProbeManager (one asyncio thread in the namespace, bounded
 concurrency), against local TCP listeners on 127.0.0.0/8 inside a throwaway network
 namespace. Reports the probe rate achieved, CPU (share of one core) and RSS.

@@ -12,7 +12,6 @@ import os
 import random
 import re
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
@@ -472,10 +471,9 @@ def test_decoded_model_objects_are_what_their_init_builds(tmp_path):
     order, equal, same hash and repr, and still frozen."""
     import dataclasses
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-    import targets
+    from benchmix import mix
 
-    targets.generate(tmp_path / "t", 30, 3)
+    mix.generate(tmp_path / "t", 30, 3)
     for src in (tmp_path / "t", EXAMPLES):
         cold = read_inventory(src).inventory
         read_inventory_cached(src, tmp_path / "c")
@@ -528,10 +526,9 @@ def test_cross_file_problems_through_the_cache_equal_a_cold_read(tmp_path, seed)
     """Chained random edits that make documents of different files disagree: the cached
     read (unchanged files from the cache, edited ones parsed) reports exactly the
     problems, with file:line, and the model of a cold read without a cache."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-    import targets
+    from benchmix import mix
 
-    targets.generate(tmp_path / "orig", 120, 2)
+    mix.generate(tmp_path / "orig", 120, 2)
     for f in (tmp_path / "orig" / "services").iterdir():  # 4 smaller files of Services
         docs = _docs(f)
         for j in range(0, len(docs), 30):
@@ -640,7 +637,6 @@ def test_a_damaged_summary_is_ignored_and_rebuilt(tmp_path, caplog):
 def test_the_cross_view_holds_what_the_cross_checks_read():
     """validate.cross_view keeps every field the cross checks read (and drops the rest):
     the checks over the views find exactly the problems of the whole documents."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
     from reconciler.intake.validate import cross_view
 
     svc = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "a", "labels": {"x": "y"}},

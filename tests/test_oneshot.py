@@ -30,7 +30,7 @@ from reconciler.engine.plan import format_text, make_plan
 from reconciler.intake import config_digest, load_node_config
 from reconciler.kernel import canonical
 
-from benchmix import bench_mix, targets
+from benchmix import bench_mix, mix
 from test_cli_kernel import netns2  # noqa: E402,F401  (a second throwaway namespace)
 
 
@@ -155,13 +155,13 @@ def test_service_input_digest_ignores_file_positions_only(world):
 
 
 def _file_edit(root: Path, n: int, rnd: random.Random, serial: int) -> None:
-    """Random edits of a bench/targets tree on disk: endpoints moved in a slice file, a
+    """Random edits of a bench/mix tree on disk: endpoints moved in a slice file, a
     Service document dropped from its file, a Service flipped to ClientIP affinity."""
     for _ in range(rnd.randrange(1, 3)):
         k = rnd.randrange(n)
-        ips = targets.ep_ips(k, 4)
-        ips[rnd.randrange(4)] = targets.fresh_ip(n, 4, serial * 10 + rnd.randrange(10))
-        targets.write_slice_file(root, k, n, 4, {k: ips})
+        ips = mix.ep_ips(k, 4)
+        ips[rnd.randrange(4)] = mix.fresh_ip(n, 4, serial * 10 + rnd.randrange(10))
+        mix.write_slice_file(root, k, n, 4, {k: ips})
     f = rnd.choice(sorted((root / "services").iterdir()))
     docs = f.read_text().split("---\n")
     if rnd.random() < 0.5 and len(docs) > 1:
@@ -183,8 +183,8 @@ def test_unchanged_files_keep_their_memo_digests_and_the_result_is_the_full_comp
 
     n = 240
     root, cache = tmp_path / "m", tmp_path / "cache"
-    targets.generate(root, n, 4)
-    (tmp_path / "cfg.yaml").write_text(targets.NODE_CONFIG)
+    mix.generate(root, n, 4)
+    (tmp_path / "cfg.yaml").write_text(mix.NODE_CONFIG)
     cfg, _ = load_node_config(str(tmp_path / "cfg.yaml"), discover=False)
     cd = config_digest(cfg, strict=False)
     real = incremental.service_input_digest
@@ -219,8 +219,8 @@ def test_a_replaced_model_object_is_hashed_again(tmp_path):
     has no origin: its Service's digest is computed, so the change is seen."""
     from reconciler.intake import read_inventory_cached
 
-    targets.generate(tmp_path / "m", 120, 3)
-    (tmp_path / "cfg.yaml").write_text(targets.NODE_CONFIG)
+    mix.generate(tmp_path / "m", 120, 3)
+    (tmp_path / "cfg.yaml").write_text(mix.NODE_CONFIG)
     cfg, _ = load_node_config(str(tmp_path / "cfg.yaml"), discover=False)
     cd = config_digest(cfg, strict=False)
     inv = read_inventory_cached(tmp_path / "m", tmp_path / "cache").inventory

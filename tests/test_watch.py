@@ -231,11 +231,10 @@ def test_incremental_chain_of_random_edits_equals_oracle(seed, tmp_path):
     from reconciler.compile import changed_services, compile_incremental, compile_ruleset
     from reconciler.intake import load_node_config, read_inventory
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-    import targets
+    from benchmix import mix
 
-    targets.generate(tmp_path / "m", 120, 3)
-    (tmp_path / "cfg.yaml").write_text(targets.NODE_CONFIG)
+    mix.generate(tmp_path / "m", 120, 3)
+    (tmp_path / "cfg.yaml").write_text(mix.NODE_CONFIG)
     cfg, _ = load_node_config(str(tmp_path / "cfg.yaml"), discover=False)
     inv = read_inventory(tmp_path / "m").inventory
     rnd = random.Random(seed)
