@@ -373,7 +373,7 @@ def test_removed_and_changed_endpoints_rewrite_their_shard_without_delete_elemen
     assert diff(relocate(base, live), live).empty
 
 
-# --- the shapes that replace named and anonymous sets (linear kernel cost, bench "30k") --
+# --- the shapes that replace named and anonymous sets (linear kernel cost, bench/kernel_scaling.py) --
 
 
 def _lb(n_ranges: int):
