@@ -258,9 +258,6 @@ def main(argv=None) -> int:
     ap.add_argument("--json")
     ap.add_argument("--keep", action="store_true", help="keep the scripts and transactions (path on stderr)")
     ap.add_argument("--layouts", default="kube-proxy,sharded", help="comma-separated, in run order")
-    ap.add_argument("--affinity", choices=("sharded", "kube-proxy"), default="sharded",
-                    help="layout sharded: ClientIP affinity through shared vmaps and the shared affinity set "
-                         "(default) or kube-proxy's anonymous vmaps and per-endpoint sets")
     args = ap.parse_args(argv)
     if os.geteuid() != 0:
         raise SystemExit("needs root (network namespaces)")
@@ -271,10 +268,7 @@ def main(argv=None) -> int:
     n, m = args.services, args.endpoints
     inv = inventory(n, m)
     changed = edits(inv, n, m)
-    import reconciler.compile.layout as layout_mod
-
-    layout_mod.SHARD_AFFINITY = args.affinity == "sharded"
-    R = {"services": n, "endpoints": m, "reps": args.reps, "affinity": args.affinity}
+    R = {"services": n, "endpoints": m, "reps": args.reps}
     tmp = tempfile.mkdtemp(prefix="nftrec-bench-layout-")
     try:
         for layout in args.layouts.split(","):

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field, fields, replace
 from operator import attrgetter
 
 from reconciler.compile import layout
-from reconciler.compile.forked import compile_services
 from reconciler.compile.ruleset import Chain, Element, NamedSet, Ruleset, Table, chain_id, element_id, set_id
 from reconciler.compile.services import FAMILIES, NODEPORT_IPS, FamilyFragment, ServiceFragment, assemble_placed, \
     check_fragment_references, compile_service, compile_static, family_context, slices_by_service
@@ -709,7 +708,7 @@ def compile_oneshot(inventory: Inventory, config: NodeConfig, config_digest: str
                 memo_out["allocation"] = _allocation_json(alloc)
                 return OneShot(ruleset, static, memo_out, changed, applied_part, project(ruleset, static, frags),
                                recompiled=len(new_frags))
-    fragments = compile_services(services, by_svc, config, contexts)  # both cores (forked.py)
+    fragments = [compile_service(svc, by_svc.get(svc.key, ()), config, contexts) for svc in services]
     ruleset, alloc = assemble_placed(compile_static(config, inventory), fragments, before)
     memo_out["exact"] = _exact(ruleset, fragments)
     memo_out["allocation"] = _allocation_json(alloc)

@@ -60,11 +60,6 @@ from functools import lru_cache
 from reconciler.compile.ruleset import Chain, Element, NamedSet, Rule, Ruleset, chain_id, element_id, set_id
 
 LAYOUTS = ("sharded", "kube-proxy")
-# ClientIP affinity Services: their endpoint choice as a range of a shared verdict map
-# and their entries in the shared affinity set (True), or kube-proxy's anonymous vmap and
-# set per endpoint (False). A module switch for bench/layout.py (`--affinity`); see
-# docs/kube-proxy-behaviours.md deviation 14 for the measurements.
-SHARD_AFFINITY = True
 DEFAULT_LAYOUT = "sharded"
 # Source ranges written as one rule each (more: kube-proxy's anonymous set); a rule is
 # a linear test per new connection, so the list stays short.

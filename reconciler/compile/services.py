@@ -288,7 +288,7 @@ def _static_sets(ctx: FamilyContext) -> list[NamedSet]:
 def shared_affinity(ctx: FamilyContext) -> bool:
     """ClientIP affinity through the one shared set (compile/layout.py) instead of
     kube-proxy's set per endpoint."""
-    return ctx.layout == "sharded" and layout.SHARD_AFFINITY
+    return ctx.layout == "sharded"
 
 
 def sharded_hairpin(ctx: FamilyContext) -> bool:
@@ -724,7 +724,7 @@ def _compile_port(service: Service, port: ServicePort, cluster_ip: str,
     def policy_rules(chain: str, eps: Sequence[EndpointInfo]) -> tuple[Rule, ...]:
         # kube-proxy writes an anonymous map for N > 1 endpoints, and for ClientIP
         # affinity an anonymous vmap for any N: each becomes an index range here
-        if sharded and (affinity and layout.SHARD_AFFINITY or not affinity and len(eps) > 1):
+        if sharded and (affinity or len(eps) > 1):
             if affinity:
                 pick = layout.vmap_pick(fam, chain, tuple(
                     f"goto {check_name(naming.endpoint_chain(ep_base(e)))}" for e in eps))
