@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from contextlib import contextmanager
 from typing import Any
 
 from reconciler.compile.ruleset import BaseHook, Chain, Element, NamedSet, Rule, Ruleset, Table
@@ -130,27 +129,6 @@ def digest_json(doc: dict) -> str:
     return hashlib.sha256(digest_form(doc)).hexdigest()
 
 
-# (ruleset, its digest_parts) inside a `known_digest_bytes` block, else None
-_known: tuple[Ruleset, list] | None = None
-
-
-@contextmanager
-def known_digest_bytes(rs: Ruleset, parts: list | None):
-    """Inside the block, digest_parts(rs) returns `parts` (and digest_bytes their join):
-    the parts computed earlier (apply encodes them while nft commits, engine/verify.py).
-    `rs` must not have changed since; the block is kept to the one call that needs them.
-    parts None: no effect."""
-    global _known
-    if parts is None:
-        yield
-        return
-    _known = (rs, parts)
-    try:
-        yield
-    finally:
-        _known = None
-
-
 def digest_bytes(rs: Ruleset) -> bytes:
     """digest_form(ruleset_to_json(rs)), byte for byte: the join of digest_parts(rs)."""
     return b"".join(digest_parts(rs))
@@ -164,9 +142,6 @@ def digest_parts(rs: Ruleset) -> list:
     ~25 MB, and joining them held another 25 MB on top: the state store hashes and
     writes the parts one by one. An object a lazily read ruleset never decoded is a view
     of the recorded bytes (engine/recorded.py), not a copy."""
-    known = _known
-    if known is not None and known[0] is rs:
-        return known[1]
     enc = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode
     parts = [b'{"formatVersion":', enc(FORMAT_VERSION).encode("ascii"), b',"owners":',
              _owners_bytes(rs.owners, enc), b',"tables":[']
