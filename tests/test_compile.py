@@ -8,17 +8,11 @@ import random
 
 import pytest
 
-from reconciler.compile.services import (
-    CompileError,
-    EndpointInfo,
-    categorize_endpoints,
-    compile_ruleset,
-    compile_service,
-    compile_static,
-    assemble,
-    endpoints_for_port,
-    family_context,
-)
+from reconciler.compile.assemble import assemble
+from reconciler.compile.parse import CompileError
+from reconciler.compile.services import compile_ruleset, compile_service
+from reconciler.compile.skeleton import compile_static, family_context
+from reconciler.compile.topology import EndpointInfo, categorize_endpoints, endpoints_for_port
 from reconciler.intake.model import (
     Endpoint,
     EndpointPort,
@@ -30,7 +24,7 @@ from reconciler.intake.model import (
     ServiceCIDR,
     ServicePort,
 )
-from reconciler.compile.incremental import STATIC_FILLED
+from reconciler.compile.projection import STATIC_FILLED
 from reconciler.compile.render import render_script
 from reconciler.compile.ruleset import NftSyntaxError, chain_id, element_id, set_id
 
@@ -261,7 +255,7 @@ def test_fragments_union_equals_whole():
     whole = compile_ruleset(inv, CFG)
     for order in (list(reversed(OVERALL_SERVICES)), random.Random(3).sample(OVERALL_SERVICES, len(OVERALL_SERVICES))):
         frags = [compile_service(s, OVERALL_SLICES, CFG) for s in order]
-        parts = assemble(compile_static(CFG, inv), frags)
+        parts = assemble(compile_static(CFG, inv), frags)[0]
         assert render_script(parts) == render_script(whole)
         assert parts.owners == whole.owners
     # each fragment holds exactly the objects its owner is recorded for, plus shared
@@ -796,7 +790,7 @@ def test_property_fragments_union_owners_and_determinism():
         svcs = list(inv.services)
         rnd.shuffle(svcs)
         frags = [compile_service(s, inv.endpoint_slices, cfg) for s in svcs]
-        parts = assemble(compile_static(cfg, inv), frags)
+        parts = assemble(compile_static(cfg, inv), frags)[0]
         assert render_script(parts) == render_script(whole)
         assert parts.owners == whole.owners
         sl = list(inv.endpoint_slices)

@@ -360,17 +360,24 @@ def allocation_of(rs: Ruleset | None) -> Allocation:
 # --- allocating -------------------------------------------------------------------------
 
 
-def allocate(picks: list[Pick], previous: Allocation) -> dict[tuple[str, str], int]:
+def allocate(picks: list[Pick], previous: Allocation, reserved: Allocation | None = None
+             ) -> dict[tuple[str, str], int] | None:
     """Offsets for `picks`: a previous range in the same map is kept while N fits its
-    capacity and it overlaps no range kept before it (chains in name order); the rest go
-    to the map's high-water mark, in name order. Deterministic in (picks, previous)."""
+    capacity and it overlaps no range kept before it (the `reserved` ranges of other
+    chains first, then chains in name order); the rest go to the map's high-water mark,
+    in name order. A map that would pass COMPACT_AT is allocated again from 0, or, when
+    it holds reserved ranges (they cannot move), the answer is None."""
     by_map: dict[tuple[str, str], list[Pick]] = {}
     for p in picks:
         by_map.setdefault((p.family, p.map), []).append(p)
+    taken: dict[tuple[str, str], list[tuple[int, int]]] = {}
+    for (fam, _chain), (m, k, n) in (reserved or {}).items():
+        if (fam, m) in by_map:
+            taken.setdefault((fam, m), []).append((k, k + capacity(n)))
     out: dict[tuple[str, str], int] = {}
-    for (fam, _m), group in by_map.items():
+    for (fam, m), group in by_map.items():
         group.sort(key=lambda p: p.chain)
-        kept: list[tuple[int, int]] = []
+        kept = list(taken.get((fam, m), ()))
         rest: list[Pick] = []
         for p in group:
             prev = previous.get((fam, p.chain))
@@ -383,6 +390,8 @@ def allocate(picks: list[Pick], previous: Allocation) -> dict[tuple[str, str], i
             rest.append(p)
         hwm = max((b for _a, b in kept), default=0)
         if hwm + sum(capacity(len(p.values)) for p in rest) > COMPACT_AT:
+            if (fam, m) in taken:
+                return None
             hwm, rest = 0, group  # compaction: every range of this map moves once
         for p in rest:
             out[(fam, p.chain)] = hwm
@@ -392,9 +401,8 @@ def allocate(picks: list[Pick], previous: Allocation) -> dict[tuple[str, str], i
 
 def place(rs: Ruleset, picks: list[Pick], owners: dict[tuple[str, str], str],
           previous: Allocation) -> Allocation:
-    """Write the picks into `rs` (in place): each chain's last rule gets its offset, the
-    maps (only those used, in name order) get the elements, owned by the chain's Service
-    (`owners`: (family, chain) -> Service key). Returns the allocation made."""
+    """Allocate the picks' ranges and write them into `rs` (in place), declaring the maps
+    used (only those, in name order). Returns the allocation made."""
     offsets = allocate(picks, previous)
     for fam, name in sorted({(p.family, p.map) for p in picks}):
         t = rs.tables[fam]
@@ -408,6 +416,13 @@ def place(rs: Ruleset, picks: list[Pick], owners: dict[tuple[str, str], str],
         if owned:
             t.sets = {**{n: s for n, s in t.sets.items() if set_id(fam, n) not in rs.owners},
                       **{n: t.sets[n] for n in owned}}
+    return write_picks(rs, picks, offsets, owners)
+
+
+def write_picks(rs: Ruleset, picks: list[Pick], offsets: dict, owners: dict[tuple[str, str], str]) -> Allocation:
+    """Each pick's chain gets its offset in its last rule and its map the elements, owned
+    by the chain's Service (`owners`: (family, chain) -> Service key). The maps exist and
+    may be changed. Returns the allocation of the picks."""
     alloc: Allocation = {}
     out_owners = rs.owners
     for p in picks:  # the hot loop of a 10,000-Service compile: no dataclasses.replace
