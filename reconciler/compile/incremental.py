@@ -122,11 +122,10 @@ def compile_incremental(inventory: Inventory, config: NodeConfig, prev: Compiled
 def _recompile_changed(inventory: Inventory, config: NodeConfig, prev: Compiled, contexts: dict
                        ) -> tuple[dict, dict, int, dict, set]:
     """compile_incremental's loop for an unchanged static part and node: (inputs,
-    fragments, Services compiled, slices by key, keys looked at) from prev's, touching only the Services
-    whose Service object or slices are not the very objects prev was compiled from (the
-    intake hands back the same model object for an unchanged document): a pass over
-    object ids instead of a comparison per Service (~0.5 s at 10,000 Services). An equal
-    new object (a file re-read) is compared and its fragment kept."""
+    fragments, Services compiled, slices by key, keys looked at) from prev's, touching
+    only the Services whose objects are not the very ones prev was compiled from (the
+    intake hands back the same object for an unchanged document): a pass over object ids,
+    not a comparison per Service. An equal new object is compared and its fragment kept."""
     old = prev.inventory
     keys: set[str] = set()
     came_svc: dict[str, object] = {}

@@ -18,16 +18,11 @@ def _index_order(key: tuple[str, ...]) -> tuple:
 
 
 def project(rs: Ruleset, static: Ruleset, fragments: list, *, static_chains: bool = True) -> Ruleset:
-    """`rs` restricted to the static skeleton's objects and the objects of `fragments`
-    (chains, affinity sets, and only those elements of shared sets). Diffing two
-    projections made with the same static part and the old + new fragments of every
-    changed Service gives the same changes as diffing the whole rulesets: every object
-    left out belongs to an unchanged Service in both. The shared sets kept whole for the
-    transaction name the keys the fragments own in `focus`: the diff compares only those
-    (the rest is equal on both sides), so its cost follows the change, not the sets.
-    `static_chains=False`: the skeleton's chains are left out too, for a caller whose two
-    rulesets were assembled from equal skeletons (no fragment writes a skeleton chain, so
-    they are equal on both sides); its sets stay (the changed chains' rules name them)."""
+    """`rs` restricted to the skeleton's objects and those of `fragments` (the old and new
+    fragments of every changed Service): diffing two such projections gives the changes of
+    diffing the whole rulesets, since every object left out is equal on both sides. Shared
+    sets kept whole name the keys the fragments own in `focus` (the diff compares those).
+    `static_chains=False`: the skeleton's chains left out too (equal skeletons)."""
     out = Ruleset()
     cut: set[tuple[str, str]] = set()
     for fam, t in rs.tables.items():
@@ -36,7 +31,7 @@ def project(rs: Ruleset, static: Ruleset, fragments: list, *, static_chains: boo
         # layout only, so it is equal on both sides of any projection: its chains, its
         # vmap and the shards no changed Service has elements in are left out (otherwise
         # ~130 chains and ~130 sets per table copied, canonicalised and compared per
-        # watch sync: ~7 ms of a ~30 ms 1k sync).
+        # watch sync).
         skip = layout.is_hairpin_skeleton
         chains = [n for n in st.chains if not skip(n)] if st and static_chains else []
         # A set the static part fills (nodeport-ips: the node's addresses) is kept whole:
@@ -56,7 +51,7 @@ def project(rs: Ruleset, static: Ruleset, fragments: list, *, static_chains: boo
             # transaction then writes it exactly as for the whole rulesets (a set losing
             # elements flushed and re-declared, engine/changes.rewritten_sets, instead of
             # nft 1.0.6's 0.5-1 s `delete element`); the diff compares its other elements
-            # (equal on both sides) at a few ms per 10,000.
+            # (equal on both sides).
             for set_name, key in ff.elements:
                 whole_sets.add(set_name)
                 keys.setdefault(set_name, set()).add(key)  # whose owners the plan names

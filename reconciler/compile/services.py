@@ -17,7 +17,7 @@ from reconciler.compile.ruleset import FAMILIES, Chain, Element, NamedSet, Rule,
     check_comment, check_name
 from reconciler.compile.skeleton import CLUSTER_IPS, FIREWALL_IPS, NO_EP_NODEPORTS, NO_EP_SERVICES, \
     REJECT_CHAIN, SERVICE_IPS, SERVICE_NODEPORTS, FamilyContext, compile_static, family_context, \
-    hairpin_set_of, shared_affinity
+    hairpin_set_of
 from reconciler.compile.topology import EndpointInfo, categorize_endpoints, derive_hints, endpoints_for_port
 from reconciler.intake import EndpointSlice, Inventory, NodeConfig, Service, ServicePort
 
@@ -48,7 +48,7 @@ class ServiceFragment:
 
 
 def cluster_ip_for(service: Service, family: str) -> str | None:
-    """GetClusterIPByFamily (reference §1): with ipFamilies, the clusterIPs entry at the
+    """kube-proxy's GetClusterIPByFamily: with ipFamilies, the clusterIPs entry at the
     index of this family; without, the (first) clusterIP if its family matches."""
     if service.type == "ExternalName" or service.headless:
         return None
@@ -147,7 +147,7 @@ def _compile_port(service: Service, port: ServicePort, cluster_ip: str,
     def ep_base(ep: EndpointInfo) -> str:
         return naming.endpoint_chain_base(service.namespace, service.name, pname, proto, ep.string)
 
-    # hairpin-connections: every local endpoint reachable from here (§12 item 2)
+    # hairpin-connections: every local endpoint reachable from here
     for ep in cat.all_reachable:
         if ep.is_local:
             ff.add_element(hairpin_set_of(ctx, ep.ip), Element((ep.ip, ep.ip, proto, str(ep.port))))
@@ -169,7 +169,7 @@ def _compile_port(service: Service, port: ServicePort, cluster_ip: str,
     else:
         internal_verdict = external_verdict = "drop"
 
-    # --- elements (reference §3.1) ---
+    # --- elements ---
     ff.add_element(CLUSTER_IPS, Element((cluster_ip,)))
     ckey = (cluster_ip, proto, svc_port)
     if has_internal:
@@ -198,14 +198,14 @@ def _compile_port(service: Service, port: ServicePort, cluster_ip: str,
         if not has_external:
             ff.add_element(NO_EP_NODEPORTS, Element(k, external_verdict, comment))
 
-    # --- chains (reference §4, §12) ---
+    # --- chains ---
     affinity_chains: list[Chain] = []
     if affinity:
         timeout = int(service.affinity_timeout_seconds)
         if not 1 <= timeout <= 86400:
             raise CompileError(f"Service {service.key}: sessionAffinity timeout {timeout} "
                                "is outside 1..86400 seconds")
-        shared = shared_affinity(ctx)
+        shared = ctx.sharded
         for ep in cat.all_reachable:
             b = ep_base(ep)
             aset = check_name(naming.affinity_set(b))
@@ -221,23 +221,22 @@ def _compile_port(service: Service, port: ServicePort, cluster_ip: str,
                 Rule(f"meta l4proto {proto} dnat to {check_atom(ep.string)}"),
             )))
 
-    sharded = ctx.layout == "sharded"
 
     def policy_rules(chain: str, eps: Sequence[EndpointInfo]) -> tuple[Rule, ...]:
         # kube-proxy writes an anonymous map for N > 1 endpoints, and for ClientIP
         # affinity an anonymous vmap for any N: each becomes an index range here
-        if sharded and (affinity or len(eps) > 1):
+        if ctx.sharded and (affinity or len(eps) > 1):
             if affinity:
                 pick = layout.vmap_pick(fam, chain, tuple(
                     f"goto {check_name(naming.endpoint_chain(ep_base(e)))}" for e in eps))
-                jumps = _affinity_jumps(fam, eps, ep_base, shared_affinity(ctx))[:-1]
+                jumps = _affinity_jumps(fam, eps, ep_base, ctx.sharded)[:-1]
             else:
                 pick = layout.dnat_pick(fam, chain, proto, tuple(f"{check_atom(e.ip)} . {e.port}" for e in eps))
                 jumps = ()
             ff.picks.append(pick)
             return jumps + (layout.pick_rule(pick, 0),)
         if affinity:
-            return _affinity_jumps(fam, eps, ep_base, shared_affinity(ctx))
+            return _affinity_jumps(fam, eps, ep_base, ctx.sharded)
         return (_dnat_rule(fam, proto, eps),)
 
     if uses_cluster_chain:
@@ -262,7 +261,7 @@ def _compile_port(service: Service, port: ServicePort, cluster_ip: str,
                 ipaddress.ip_address(ctx.node_ip) in ipaddress.ip_network(r) for r in ranges):
             # VIP-style LBs loop node-originated traffic back with the VIP as source.
             sources += [ip for ip in lb_vips if ip not in sources]
-        if sharded and len(sources) <= layout.FIREWALL_RULES_MAX:
+        if ctx.sharded and len(sources) <= layout.FIREWALL_RULES_MAX:
             # the same test without kube-proxy's anonymous set (layout.py): `return`
             # leaves this goto'd chain exactly as running off its end does
             fw_rules = tuple(Rule(f"{fam} saddr {check_atom(src)} return") for src in sources) + (Rule("drop"),)
@@ -283,7 +282,7 @@ def _dedupe(nets: Iterable) -> tuple[str, ...]:
 
 
 def _dnat_rule(fam: str, proto: str, eps: Sequence[EndpointInfo]) -> Rule:
-    """1 endpoint → plain `dnat to`; N → one numgen map (§12 item 5, after #140723)."""
+    """1 endpoint → plain `dnat to`; N → one numgen map (as kube-proxy since it dropped the per-endpoint rules)."""
     if len(eps) == 1:
         return Rule(f"meta l4proto {proto} dnat to {check_atom(eps[0].string)}")
     elems = " , ".join(f"{i} : {check_atom(e.ip)} . {e.port}" for i, e in enumerate(eps))

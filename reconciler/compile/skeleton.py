@@ -16,7 +16,7 @@ from reconciler.intake import Inventory, NodeConfig
 
 TABLE_COMMENT = "rules for nftrec"
 
-# static object names (reference §2, §3, §12)
+# kube-proxy's static object names
 CLUSTER_IPS = "cluster-ips"
 NODEPORT_IPS = "nodeport-ips"
 HAIRPIN = "hairpin-connections"
@@ -52,6 +52,11 @@ class FamilyContext:
     nodeport_match_all: bool
     nodeport_ips: tuple[str, ...]  # elements of nodeport-ips (when not match-all)
     layout: str = layout.DEFAULT_LAYOUT  # "sharded" | "kube-proxy" (compile/layout.py)
+
+    @property
+    def sharded(self) -> bool:
+        """The sharded layout: endpoint maps, the shared affinity set and hairpin shards."""
+        return self.layout == "sharded"
 
     @property
     def addr_type(self) -> str:
@@ -94,7 +99,7 @@ def family_context(config: NodeConfig, family: str) -> FamilyContext:
     cluster = [parse_net(c, "clusterCIDRs") for c in config.cluster_cidrs]
     cluster = collapse_nets(n for n in cluster if family_of(n) == family)
 
-    # nodePortAddresses (reference §6, compile/nodeports.py): the node's interface
+    # nodePortAddresses (compile/nodeports.py): the node's interface
     # addresses inside the CIDRs; without a look at the interfaces (render), the node IPs.
     addresses = config.host_addresses
     if addresses is None:
@@ -128,7 +133,7 @@ def _layout(config: NodeConfig) -> str:
 
 # --- the static part ---------------------------------------------------------------------
 
-BASE_CHAINS = (  # reference §2.1, in creation order
+BASE_CHAINS = (  # kube-proxy's, in creation order
     ("filter-prerouting-pre-dnat", BaseHook("filter", "prerouting", -110)),
     ("filter-output-pre-dnat", BaseHook("filter", "output", -110)),
     ("filter-input", BaseHook("filter", "input", 0)),
@@ -139,7 +144,7 @@ BASE_CHAINS = (  # reference §2.1, in creation order
     ("nat-postrouting", BaseHook("nat", "postrouting", 100)),
 )
 
-JUMPS = (  # reference §2.2: (from, extra, to), in order
+JUMPS = (  # kube-proxy's (from, extra, to), in order
     ("filter-input", "ct state new", NODEPORT_EP_CHECK),
     ("filter-input", "ct state new", SERVICE_EP_CHECK),
     ("filter-forward", "ct state new", SERVICE_EP_CHECK),
@@ -164,7 +169,7 @@ def _static_sets(ctx: FamilyContext) -> list[NamedSet]:
         for ip in ctx.nodeport_ips:
             nodeport.add(Element((ip,)))
         sets.append(nodeport)
-    if sharded_hairpin(ctx):
+    if ctx.sharded:
         sets += layout.hairpin_sets(ctx.family, a)
     else:
         sets.append(NamedSet(HAIRPIN, f"{a} . {a} . inet_proto . inet_service",
@@ -181,26 +186,14 @@ def _static_sets(ctx: FamilyContext) -> list[NamedSet]:
         NamedSet(SERVICE_NODEPORTS, "inet_proto . inet_service", "verdict",
                  comment="NodePort traffic"),
     ]
-    if shared_affinity(ctx):
+    if ctx.sharded:
         sets.append(layout.affinity_set(ctx.family, ctx.addr_type))
     return sets
 
 
-def shared_affinity(ctx: FamilyContext) -> bool:
-    """ClientIP affinity through the one shared set (compile/layout.py) instead of
-    kube-proxy's set per endpoint."""
-    return ctx.layout == "sharded"
-
-
-def sharded_hairpin(ctx: FamilyContext) -> bool:
-    """hairpin-connections as HAIRPIN_SHARDS sets behind a vmap (compile/layout.py)
-    instead of kube-proxy's one set."""
-    return ctx.layout == "sharded"
-
-
 def hairpin_set_of(ctx: FamilyContext, ip: str) -> str:
     """The set holding the hairpin element of local endpoint `ip`."""
-    return layout.hairpin_set(ip) if sharded_hairpin(ctx) else HAIRPIN
+    return layout.hairpin_set(ip) if ctx.sharded else HAIRPIN
 
 
 def _static_chains(ctx: FamilyContext, service_cidrs: Sequence[str]) -> list[Chain]:
@@ -243,7 +236,7 @@ def _static_chains(ctx: FamilyContext, service_cidrs: Sequence[str]) -> list[Cha
         Chain(SERVICES, tuple(services)),
         Chain(MASQUERADING, (
             Rule(f"mark and {ctx.mark} != 0 mark set mark xor {ctx.mark} masquerade fully-random"),
-            Rule(layout.hairpin_dispatch(ipx) if sharded_hairpin(ctx) else
+            Rule(layout.hairpin_dispatch(ipx) if ctx.sharded else
                  f"ct status dnat {ipx} saddr . {ipx} daddr . meta l4proto . th dport "
                  f"@{HAIRPIN} masquerade fully-random"),
         )),
@@ -251,7 +244,7 @@ def _static_chains(ctx: FamilyContext, service_cidrs: Sequence[str]) -> list[Cha
         Chain(REJECT_CHAIN, (Rule("reject"),),
               comment="helper for @no-endpoint-services / @no-endpoint-nodeports"),
     ]
-    if sharded_hairpin(ctx):
+    if ctx.sharded:
         chains += layout.hairpin_chains(ctx.family)
     return chains
 

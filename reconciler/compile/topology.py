@@ -166,7 +166,7 @@ def endpoints_for_port(
 
 def _slice_order(slices: Iterable[EndpointSlice]) -> list[EndpointSlice]:
     """Slices by (namespace, name), then by their whole content (repr) where two share
-    a name. repr is taken only then: for every slice it cost ~10 % of a cold compile."""
+    a name (repr formats every field: taken only then)."""
     slices = list(slices)
     names = {(s.namespace, s.name) for s in slices}
     if len(names) == len(slices):
@@ -199,7 +199,7 @@ def categorize_endpoints(
     endpoints: Sequence[EndpointInfo], *, uses_cluster: bool, uses_local: bool, zone: str,
     node_name: str = "",
 ) -> Categorized:
-    """kube-proxy's CategorizeEndpoints (reference §4.7): usable = ready, falling back
+    """kube-proxy's CategorizeEndpoints: usable = ready, falling back
     to serving+terminating independently for Cluster and Local policy; Cluster policy
     follows node or zone hints (topology.topology_mode)."""
     if not endpoints:
