@@ -194,7 +194,7 @@ def _step(intake, d: Path, cfg, prev):
         return snap, prev
     c = compile_incremental(snap.inventory, cfg, prev)
     assert c.ruleset == compile_ruleset(snap.inventory, cfg)
-    if prev is not None:  # the swap (compile/incremental._swap, assemble.patch) equals assembling everything
+    if prev is not None:  # the swap (compile/incremental._swap: assemble.patch) equals assembling everything
         whole = compile_incremental(snap.inventory, cfg, None, prev.ruleset)
         assert c.ruleset == whole.ruleset and c.allocation == whole.allocation and c.shared == whole.shared
     if prev is not None:

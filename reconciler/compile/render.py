@@ -58,7 +58,7 @@ def render_table(table: Table) -> list[str]:
 def render_header(config) -> str:
     """The comment lines `nftrec render` puts before the script: where nodeport-ips came
     from (render reads no interfaces; plan, apply and watch do)."""
-    from reconciler.compile.services import family_context
+    from reconciler.compile.skeleton import family_context
 
     if all(family_context(config, f).nodeport_match_all for f in FAMILIES):
         return ""

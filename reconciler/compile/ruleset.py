@@ -186,7 +186,7 @@ class Ruleset:
     # Which Service ("namespace/name") each object belongs to, for plans grouped by
     # Service. Keys are `object_id(...)` strings; objects of no Service are absent.
     owners: dict[str, str] = field(default_factory=dict)
-    # A projection (compile/incremental.project): (family, set name) of the shared sets
+    # A projection (compile/projection.project): (family, set name) of the shared sets
     # it cut down to some Services' elements; a transaction must not flush and re-declare
     # those whole. Empty for a whole ruleset.
     partial: frozenset = field(default=frozenset(), compare=False)
