@@ -41,7 +41,7 @@ class Compiled:
     static: Ruleset | None = None
     shared: frozenset = frozenset()
     swapped: bool = False  # built by _swap (for logs and tests)
-    # every EndpointSlice by Service key (orphans too), for the next step's _changed_inputs;
+    # every EndpointSlice by Service key (orphans too), for the next step's _recompile_changed;
     # and the Services whose fragment differs from `base`'s (the Compiled this one was
     # made from, weakly held), which changed_services answers without a pass over all
     slices: dict | None = field(default=None, repr=False, compare=False)
@@ -186,8 +186,6 @@ def _same_slices(a: tuple, b: tuple) -> bool:
         return False
     key = attrgetter("name")
     return sorted(a, key=key) == sorted(b, key=key)
-
-
 
 
 def _swap(prev: Compiled, static: Ruleset, fragments: dict, changed: frozenset | None

@@ -413,20 +413,23 @@ def write_picks(rs: Ruleset, picks: list[Pick], offsets: dict, owners: dict[tupl
     return alloc
 
 
+def pick_of(family: str, chain: Chain, sets) -> Pick | None:
+    """The pick of a placed Service chain: its index range with the values its map
+    (`sets[map]`) holds there; None for a chain that selects no range."""
+    r = chain_range(chain) if "/" in chain.name else None
+    if r is None:
+        return None
+    m, k, n = r
+    elems = sets[m].elements
+    body = chain.rules[-1].body
+    return Pick(family, chain.name, m, body[: body.index("numgen random mod ")],
+                tuple(elems[(str(k + i),)].value for i in range(n)))
+
+
 def picks_of(rs: Ruleset) -> list[Pick]:
     """The picks of a placed ruleset (its chains' index ranges and their elements)."""
-    out = []
-    for fam, t in rs.tables.items():
-        for name, c in t.chains.items():
-            r = chain_range(c) if "/" in name else None
-            if r is None:
-                continue
-            m, k, n = r
-            elems = t.sets[m].elements
-            body = c.rules[-1].body
-            head = body[: body.index("numgen random mod ")]
-            out.append(Pick(fam, name, m, head, tuple(elems[(str(k + i),)].value for i in range(n))))
-    return out
+    return [p for fam, t in rs.tables.items() for c in t.chains.values()
+            if (p := pick_of(fam, c, t.sets)) is not None]
 
 
 def relocate(rs: Ruleset, previous: Ruleset | None) -> Ruleset:

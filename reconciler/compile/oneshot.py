@@ -76,7 +76,7 @@ def fragments_of(rs: Ruleset, keys: set[str] | None = None) -> dict[str, Service
     placed them, read back from an assembled ruleset by owner: their chains (a pick
     chain's last rule back at offset 0, its values from the map's range), their own sets
     and their elements of the static sets. Exact only for a ruleset whose elements each
-    came from one Service (`_exact`)."""
+    came from one Service (the memo's "exact": no element shared)."""
     out: dict[str, ServiceFragment] = {}
 
     def ff_of(owner: str, fam: str) -> FamilyFragment | None:
@@ -108,15 +108,10 @@ def fragments_of(rs: Ruleset, keys: set[str] | None = None) -> dict[str, Service
             if ff is None:
                 continue
             c = t.chains[name]
-            r = layout.chain_range(c) if "/" in name else None
-            if r is not None:
-                m, k, n = r
-                elems = t.sets[m].elements
-                body = c.rules[-1].body
-                p = layout.Pick(fam, name, m, body[: body.index("numgen random mod ")],
-                                tuple(elems[(str(k + i),)].value for i in range(n)))
+            p = layout.pick_of(fam, c, t.sets)
+            if p is not None:
                 ff.picks.append(p)
-                if k:
+                if c.rules[-1] != layout.pick_rule(p, 0):  # back to offset 0, as compiled
                     c = Chain(c.name, c.rules[:-1] + (layout.pick_rule(p, 0),), c.base, c.comment)
             ff.chains[name] = c
         for name in t.sets:
@@ -152,7 +147,6 @@ def _owned(elements, prefix: str, oids: list) -> list | None:
     return sorted(out, key=lambda ke: ke[0])
 
 
-
 @dataclass
 class OneShot:
     """A one-shot compile: the whole desired ruleset, and what changed since `applied`."""
@@ -167,8 +161,6 @@ class OneShot:
     applied_part: Ruleset | None = None
     desired_part: Ruleset | None = None
     recompiled: int = 0
-
-
 
 
 def compile_oneshot(inventory: Inventory, config: NodeConfig, config_digest: str | None,

@@ -18,7 +18,6 @@ class CompileError(NftSyntaxError):
     """Input the compiler refuses to turn into rules (it would be unsafe or ambiguous)."""
 
 
-
 def parse_ip(text: str, what: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
     # '%' would smuggle an IPv6 scope id (arbitrary text) through ipaddress.
     if not isinstance(text, str) or "%" in text:
@@ -67,7 +66,6 @@ def name_part(value: str, what: str) -> str:
 
 def set_literal(items: Sequence[str], sep: str) -> str:
     return "{ " + sep.join(check_atom(i) for i in items) + " }"
-
 
 
 def collapse_nets(nets: Iterable) -> tuple[str, ...]:

@@ -86,7 +86,6 @@ class FamilyContext:
         return self.saddr_in(self.cluster_cidrs, negate=True)
 
 
-
 def family_context(config: NodeConfig, family: str) -> FamilyContext:
     if family not in FAMILIES:
         raise CompileError(f"unsupported family {family!r}")
