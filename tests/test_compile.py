@@ -8,17 +8,11 @@ import random
 
 import pytest
 
-from reconciler.compile.services import (
-    CompileError,
-    EndpointInfo,
-    categorize_endpoints,
-    compile_ruleset,
-    compile_service,
-    compile_static,
-    assemble,
-    endpoints_for_port,
-    family_context,
-)
+from reconciler.compile.assemble import assemble
+from reconciler.compile.parse import CompileError
+from reconciler.compile.services import compile_ruleset, compile_service
+from reconciler.compile.skeleton import compile_static, family_context
+from reconciler.compile.topology import EndpointInfo, categorize_endpoints, endpoints_for_port
 from reconciler.intake.model import (
     Endpoint,
     EndpointPort,
@@ -30,7 +24,7 @@ from reconciler.intake.model import (
     ServiceCIDR,
     ServicePort,
 )
-from reconciler.compile.incremental import STATIC_FILLED
+from reconciler.compile.projection import STATIC_FILLED
 from reconciler.compile.render import render_script
 from reconciler.compile.ruleset import NftSyntaxError, chain_id, element_id, set_id
 
@@ -261,7 +255,7 @@ def test_fragments_union_equals_whole():
     whole = compile_ruleset(inv, CFG)
     for order in (list(reversed(OVERALL_SERVICES)), random.Random(3).sample(OVERALL_SERVICES, len(OVERALL_SERVICES))):
         frags = [compile_service(s, OVERALL_SLICES, CFG) for s in order]
-        parts = assemble(compile_static(CFG, inv), frags)
+        parts = assemble(compile_static(CFG, inv), frags)[0]
         assert render_script(parts) == render_script(whole)
         assert parts.owners == whole.owners
     # each fragment holds exactly the objects its owner is recorded for, plus shared
@@ -796,7 +790,7 @@ def test_property_fragments_union_owners_and_determinism():
         svcs = list(inv.services)
         rnd.shuffle(svcs)
         frags = [compile_service(s, inv.endpoint_slices, cfg) for s in svcs]
-        parts = assemble(compile_static(cfg, inv), frags)
+        parts = assemble(compile_static(cfg, inv), frags)[0]
         assert render_script(parts) == render_script(whole)
         assert parts.owners == whole.owners
         sl = list(inv.endpoint_slices)
@@ -821,6 +815,49 @@ def test_property_fragments_union_owners_and_determinism():
                         assert whole.owners[element_id(fam, s.name, k)] in keys
 
     check()
+
+
+def test_property_patch_equals_assemble_or_leaves_the_ruleset_alone():
+    """Over random inventories and random edits (Services dropped, renamed, their slices
+    cut): assemble.patch of the changed Services' fragments into the assembled ruleset
+    is exactly compile_ruleset(edited, previous=it), allocation included; where patch
+    declines, the ruleset it was given is as it was."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+    from test_kernel_accepts import configs, inventories
+
+    from reconciler.compile import allocation_of, digest
+    from reconciler.compile.assemble import patch
+
+    patched = []
+
+    @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(inventories(), configs(), st.randoms(use_true_random=False))
+    def check(inv, cfg, rnd):
+        import dataclasses
+
+        svcs = [s for s in inv.services if rnd.random() < 0.8]
+        svcs = [dataclasses.replace(s, name=s.name + "-b") if rnd.random() < 0.1 else s for s in svcs]
+        slices = [dataclasses.replace(sl, endpoints=sl.endpoints[:rnd.randrange(len(sl.endpoints) + 1)])
+                  if rnd.random() < 0.3 else sl for sl in inv.endpoint_slices if rnd.random() < 0.9]
+        edited = Inventory(tuple(svcs), tuple(slices), inv.service_cidrs)
+        before = {s.key: compile_service(s, inv.endpoint_slices, cfg) for s in inv.services}
+        after = {s.key: compile_service(s, edited.endpoint_slices, cfg) for s in edited.services}
+        rs, alloc, shared = assemble(compile_static(cfg, inv), before.values())
+        was = digest(rs)
+        changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+        got = patch(rs, alloc, [before[k] for k in changed if k in before],
+                    [after[k] for k in changed if k in after], shared)
+        if got is None:
+            assert digest(rs) == was
+            return
+        want = compile_ruleset(edited, cfg, previous=compile_ruleset(inv, cfg))
+        assert rs == want and rs.owners == want.owners and digest(rs) == digest(want)
+        assert got == allocation_of(want)
+        patched.append(bool(changed))
+
+    check()
+    assert any(patched)  # some examples did patch a change
 
 
 def test_with_elements_copies_every_field_of_a_named_set():

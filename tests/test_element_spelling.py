@@ -89,14 +89,14 @@ def test_a_set_that_cannot_be_declared_makes_every_removal_a_delete(backend):
 
 def test_a_projection_rewrites_only_sets_it_kept_whole(backend):
     """watch's partial syncs and one-shot runs plan from projections
-    (compile/incremental.project). A shared set a changed Service has elements in is kept
+    (compile/projection.project). A shared set a changed Service has elements in is kept
     whole there, so a removal is the same flush + declaration as for the whole rulesets;
     a set the projection cut down (`Ruleset.partial`) is never flushed, which would drop
     every other Service's elements."""
     from dataclasses import replace as dc_replace
 
-    from reconciler.compile.incremental import changed_services, compile_incremental, project
-    from reconciler.compile.services import compile_static
+    from reconciler.compile import changed_services, compile_incremental, project
+    from reconciler.compile import compile_static
     from reconciler.kernel.live import canonical
 
     cfg = replace(CONFIG, layout="sharded")

@@ -9,7 +9,8 @@ import pytest
 
 from reconciler.compile.nodeports import NodePortAddressesError, select_nodeport_ips
 from reconciler.compile.ruleset import element_id
-from reconciler.compile.services import compile_ruleset, family_context
+from reconciler.compile.services import compile_ruleset
+from reconciler.compile.skeleton import family_context
 from reconciler.intake.model import Inventory, LoadBalancerIngress, NodeConfig, Service, ServicePort
 
 # a node with a WAN link, a LAN with a secondary address, loopback, link-local, a
@@ -120,8 +121,8 @@ def _lb(name, ranges=()):
 
 
 def test_address_change_recompiles_only_what_depends_on_node_addresses():
-    from reconciler.compile.incremental import changed_services, compile_incremental, project
-    from reconciler.compile.services import compile_static
+    from reconciler.compile import changed_services, compile_incremental, project
+    from reconciler.compile import compile_static
     from reconciler.engine.changes import diff
     from reconciler.kernel.live import canonical
 

@@ -1,4 +1,4 @@
-"""One-shot incremental compile and diff (compile/incremental.py `compile_oneshot`, used by
+"""One-shot incremental compile and diff (compile/oneshot.py `compile_oneshot`, used by
 engine/apply.py `plan_desired`): a `plan`/`apply` after an apply compiles only the
 Services whose input changed, patches them into the recorded ruleset and diffs only them.
 
@@ -23,7 +23,7 @@ import pytest
 
 from reconciler.compile import allocation_of, compile_oneshot, compile_ruleset, digest, digest_bytes, \
     ruleset_from_json, ruleset_to_json
-from reconciler.compile.incremental import _memo_allocation
+from reconciler.compile.oneshot import _memo_allocation
 from reconciler.engine import recorded as recorded_mod
 from reconciler.engine.recorded import lazy_ruleset
 from reconciler.engine.plan import format_text, make_plan
@@ -141,7 +141,7 @@ def test_memo_that_does_not_fit_compiles_everything(world):
 
 
 def test_service_input_digest_ignores_file_positions_only(world):
-    from reconciler.compile.incremental import service_input_digest
+    from reconciler.compile.oneshot import service_input_digest
     from reconciler.intake import Source
 
     inv = world[0]
@@ -178,7 +178,7 @@ def test_unchanged_files_keep_their_memo_digests_and_the_result_is_the_full_comp
     """Read through the intake cache, Services of unchanged files take their input digest
     from the memo (not hashed again); the memo's digests, the ruleset and the plan are
     still those of a full compile, round after round."""
-    from reconciler.compile import incremental
+    from reconciler.compile import oneshot
     from reconciler.intake import read_inventory_cached
 
     n = 240
@@ -187,9 +187,9 @@ def test_unchanged_files_keep_their_memo_digests_and_the_result_is_the_full_comp
     (tmp_path / "cfg.yaml").write_text(mix.NODE_CONFIG)
     cfg, _ = load_node_config(str(tmp_path / "cfg.yaml"), discover=False)
     cd = config_digest(cfg, strict=False)
-    real = incremental.service_input_digest
+    real = oneshot.service_input_digest
     hashed: list[str] = []
-    monkeypatch.setattr(incremental, "service_input_digest", lambda svc, sl: hashed.append(svc.key) or real(svc, sl))
+    monkeypatch.setattr(oneshot, "service_input_digest", lambda svc, sl: hashed.append(svc.key) or real(svc, sl))
     first = compile_oneshot(read_inventory_cached(root, cache).inventory, cfg, cd)
     assert len(first.memo["tokens"]) == n  # every Service came through the cache
     applied, memo = first.ruleset, json.loads(json.dumps(first.memo))
@@ -206,7 +206,7 @@ def test_unchanged_files_keep_their_memo_digests_and_the_result_is_the_full_comp
         assert one.changed is not None
         # only Services with a document in an edited file were hashed (at most 3 files of 100)
         assert 0 < len(hashed) <= 300 and len(hashed) < len(inv.services)
-        by_svc = incremental.slices_by_service(inv.endpoint_slices)
+        by_svc = oneshot.slices_by_service(inv.endpoint_slices)
         assert one.memo["services"] == {s.key: real(s, by_svc.get(s.key, ())) for s in inv.services}
         assert digest(one.ruleset) == digest(full)
         plan, full_plan = make_plan(one.desired_part, canonical(one.applied_part)), make_plan(full, canonical(recorded))

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.compile.services import EndpointInfo, categorize_endpoints, compile_ruleset
+from reconciler.compile.services import compile_ruleset
+from reconciler.compile.topology import EndpointInfo, categorize_endpoints
 from reconciler.compile.render import render_script
 from reconciler.compile.topology import derive_hints, derive_slice, derived_topology_hints, topology_mode
 from reconciler.compile import derived_topology_hints as exported_derived_topology_hints

@@ -14,7 +14,7 @@ import copy
 
 import pytest
 
-from reconciler.compile import digest_bytes, digest_parts, known_digest_bytes
+from reconciler.compile import digest_bytes, digest_parts
 from reconciler.engine import CommandError, Target, commit, forgotten_affinity_ids, make_plan, touched_objects
 from reconciler.engine.verify import OVERLAP_MAX_OPS, Prepared, expected, slim_created, verify_listed
 from reconciler.kernel import fingerprint, kernel_token, read_live
@@ -83,18 +83,6 @@ def test_prepared_computes_what_is_computed_after_the_commit(tmp_path):
     empty = Prepared(desired, make_plan(desired, read_live(nft, TABLE)), listed=True)  # nothing to commit
     empty.join()
     assert empty.expected is None and empty.body is None
-
-
-def test_known_digest_bytes_serve_only_their_ruleset_inside_the_block(tmp_path):
-    desired = ruleset(tmp_path, edit=False)
-    other = copy.deepcopy(desired)
-    with known_digest_bytes(desired, [b"mar", b"ker"]):
-        assert digest_bytes(desired) == b"marker"
-        assert digest_parts(desired) == [b"mar", b"ker"]
-        assert digest_bytes(other) != b"marker"  # equal, but not the same object
-    assert digest_bytes(desired) == digest_bytes(other) != b"marker"
-    with known_digest_bytes(desired, None):  # nothing prepared: computed as usual
-        assert digest_bytes(desired) == digest_bytes(other)
 
 
 def test_slim_created_keeps_what_is_read_after_the_commit(tmp_path):

@@ -136,7 +136,7 @@ def test_intake_and_incremental_compile_equal_the_whole_pipeline(tmp_path):
     from reconciler.compile.services import compile_ruleset
     from reconciler.engine.changes import diff
     from reconciler.kernel.live import canonical
-    from reconciler.compile.services import compile_static
+    from reconciler.compile import compile_static
     from reconciler.compile import changed_services, compile_incremental, project
     from reconciler.intake import Intake
 
@@ -184,7 +184,7 @@ def test_intake_and_incremental_compile_equal_the_whole_pipeline(tmp_path):
 def _step(intake, d: Path, cfg, prev):
     """One read + incremental compile, checked against the whole pipeline (the oracle):
     inventory, ruleset, and the projected (fast-path) diff against the whole diff."""
-    from reconciler.compile.services import compile_ruleset, compile_static
+    from reconciler.compile import compile_ruleset, compile_static
     from reconciler.engine.changes import diff
     from reconciler.kernel.live import canonical
     from reconciler.compile import changed_services, compile_incremental, project
@@ -194,7 +194,7 @@ def _step(intake, d: Path, cfg, prev):
         return snap, prev
     c = compile_incremental(snap.inventory, cfg, prev)
     assert c.ruleset == compile_ruleset(snap.inventory, cfg)
-    if prev is not None:  # the swap (compile/incremental._swap) equals assembling everything
+    if prev is not None:  # the swap (compile/incremental._swap: assemble.patch) equals assembling everything
         whole = compile_incremental(snap.inventory, cfg, None, prev.ruleset)
         assert c.ruleset == whole.ruleset and c.allocation == whole.allocation and c.shared == whole.shared
     if prev is not None:

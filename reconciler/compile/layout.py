@@ -1,53 +1,9 @@
-"""The `sharded` endpoint-selection layout (nftrec's default; `layout: kube-proxy` turns
-it off). Study and measurements: bench/README.md, docs/kube-proxy-behaviours.md.
-
-kube-proxy picks a Service port's endpoint with one *anonymous* map per Service port
-(`numgen random mod N map { 0 : A , 1 : B … }`, and for ClientIP affinity an anonymous
-verdict map `numgen random mod N vmap { 0 : goto endpoint-… }`). The kernel's cost of
+"""The `sharded` endpoint-selection layout (nftrec's default; `layout: kube-proxy` turns it
+off). kube-proxy writes an anonymous map per Service port, and the kernel's cost of
 anonymous sets is quadratic in their number (naming `__map%d` and every set lookup walk
-the table's set list). Here the same uniform draw indexes a range of a *shared* map:
-
-    meta l4proto tcp dnat ip addr . port to numgen random mod 5 offset 40 map @endpoint-dnat-tcp-2a
-    numgen random mod 3 offset 8 vmap @endpoint-vmap-11          (ClientIP affinity)
-
-with elements `40 : 10.0.0.1 . 8080 … 44 : …` / `8 : goto endpoint-… …`. A Service port's
-map is one of 256 shards chosen by a hash of its chain name (stateless), one set of shards
-per protocol (`typeof numgen random mod 1 : ip daddr . tcp dport`: nft 1.0.6 refuses a
-udp rule on a tcp-typed map, and a `th dport` map for any rule added in a later
-transaction: "conflicting protocols specified"); its offset is
-allocated (`allocate`): an existing range is kept while the endpoints still fit its
-capacity (next power of two >= N), new and grown ranges go to the shard's high-water
-mark, so a change touches only the changed Service's elements and rule. Offset 0 is
-written without `offset` (nft omits it when listing).
-
-ClientIP affinity keeps kube-proxy's per-endpoint chains (`update` + `dnat`) and its
-per-endpoint check in the policy chain, but the per-endpoint dynamic sets
-(`affinity-XXXX-ns/svc/tcp/p80__10.0.0.1/8080`, one named set each: the kernel finds a
-set by name with a walk of the table's set list, so N sets cost O(N^2) to load) become
-one shared set per table, `affinity-clients`, keyed by the client address and a 64-bit
-id of kube-proxy's set name (`affinity_key`; nft 1.0.6 accepts no literal in the
-concatenation of a lookup, so each half is written `numgen random mod 1 offset K`,
-which is always K).
-
-A LoadBalancer's source ranges (kube-proxy: `ip saddr != { R1 , R2 } drop` in its
-firewall chain, one anonymous set per Service port: the kernel binds each by walking the
-whole transaction, O(N^2) at cold load) are one `ip saddr R return` rule per range and
-a final `drop`, up to FIREWALL_RULES_MAX ranges; more keep kube-proxy's set.
-
-kube-proxy's `hairpin-connections` (one element per local endpoint, one rule in
-`masquerading`) is split into HAIRPIN_SHARDS sets by the endpoint address's low bits
-(`hairpin_shard`): `ct status dnat ip daddr & 0.0.0.63 vmap @hairpin-shards` goes (`goto`) to
-`hairpin-XX`, whose one rule is kube-proxy's lookup in `hairpin-connections-XX`. One
-lookup per packet either way; a moved local endpoint rewrites one ~1/64 shard through its
-declaration (engine/changes.rewritten_sets) instead of the whole set (10,000 elements at
-10k Services: its flush + re-declaration, and as many `nft monitor` events). A shard
-(set, chain, vmap element) exists only while it holds an element (`prune_hairpin`,
-`settle_hairpin_shards`): a small node does not carry 64 empty ones.
-
-The allocation is not stored anywhere: it is read back from a ruleset's rule texts
-(`allocation_of`, works on the compiler's texts and on nft's listing) and passed to the
-next compile (`services.assemble(previous=…)`) or applied afterwards (`relocate`).
-"""
+the table's set list). Here the same uniform draw indexes a range of a shared map,
+`numgen random mod 5 offset 40 map @endpoint-dnat-tcp-2a`; the same idea shards the
+affinity sets, the firewall's source ranges and hairpin-connections (sections below)."""
 
 from __future__ import annotations
 
@@ -60,29 +16,29 @@ from functools import lru_cache
 from reconciler.compile.ruleset import Chain, Element, NamedSet, Rule, Ruleset, chain_id, element_id, set_id
 
 LAYOUTS = ("sharded", "kube-proxy")
-# ClientIP affinity Services: their endpoint choice as a range of a shared verdict map
-# and their entries in the shared affinity set (True), or kube-proxy's anonymous vmap and
-# set per endpoint (False). A module switch for bench/layout.py (`--affinity`); see
-# docs/kube-proxy-behaviours.md deviation 14 for the measurements.
-SHARD_AFFINITY = True
 DEFAULT_LAYOUT = "sharded"
-# Source ranges written as one rule each (more: kube-proxy's anonymous set); a rule is
-# a linear test per new connection, so the list stays short.
+# A LoadBalancer's source ranges as one `ip saddr R return` rule each and a final `drop`
+# (kube-proxy: `ip saddr != { R1 , R2 } drop`, an anonymous set per Service port, which
+# the kernel binds by walking the whole transaction); a rule is a linear test per new
+# connection, so above this many ranges kube-proxy's set is kept.
 FIREWALL_RULES_MAX = 16
 AFFINITY_SET = "affinity-clients"
 # kube-proxy's per-endpoint sets hold nft's default 65,535 clients each; the shared set
 # holds every (client, endpoint) pair of the table, so it gets 64 times that.
 AFFINITY_SET_SIZE = 64 * 65536
-# 256, not 64: a map's cost at load is (rules bound to it) x (its elements + bindings)
-# (nf_tables_bind_set, nft_add_set_elem); with 64 maps that product made 30,000 Services
-# cost 4.8x the kernel time of 10,000 (bench/README.md "30k"). Changing it moves every
-# Service to another map once.
+# A Service port's map is one of SHARDS, by a hash of its chain name, one set of shards
+# per protocol (nft 1.0.6 refuses a udp rule on a tcp-typed map, and a `th dport` map
+# for a rule added in a later transaction). 256, not 64: a map's cost at load is (rules
+# bound to it) x (its elements + bindings) (nf_tables_bind_set, nft_add_set_elem), which
+# grew faster than the Services with 64. Changing it moves every Service's range once.
 SHARDS = 256
 PROTOCOLS = ("tcp", "udp", "sctp")
 DNAT_PREFIX = "endpoint-dnat-"
 VMAP_PREFIX = "endpoint-vmap-"
 # Offsets stay far below 2^32 (numgen + offset is a 32-bit register); a shard whose
 # high-water mark passes this (leaked ranges of moved Services) is re-allocated from 0.
+# A range is kept while its endpoints fit its capacity, so a change touches only the
+# changed Service's elements and rule; offset 0 is written without `offset` (nft omits it).
 COMPACT_AT = 1 << 24
 
 # The tail of a Service chain's last rule in this layout, in our text and in nft's
@@ -142,6 +98,12 @@ def map_for(family: str, name: str) -> NamedSet:
                     comment="endpoint chain by Service index range (ClientIP affinity)")
 
 
+# ClientIP affinity keeps kube-proxy's per-endpoint chains and checks, but its dynamic set
+# per endpoint (one named set each: the kernel finds a set by name with a walk of the
+# table's set list, so N sets cost O(N^2) to load) becomes one shared set per table keyed
+# by the client and a 64-bit id of kube-proxy's set name. nft 1.0.6 accepts no literal in
+# the concatenation of a lookup, so each id half is `numgen random mod 1 offset K`.
+
 def affinity_set(family: str, addr_type: str) -> NamedSet:
     """The shared affinity set of a table (the skeleton declares it; dynamic: only
     `update` fills it, each element with its Service's timeout)."""
@@ -182,6 +144,10 @@ def affinity_updates(chain: Chain) -> dict[tuple[int, int], str]:
 
 
 # --- hairpin-connections, sharded -------------------------------------------------------
+# kube-proxy's one set (a rule in `masquerading`) is split by the endpoint address's low
+# bits: `ct status dnat ip daddr & 0.0.0.63 vmap @hairpin-shards` goes to `hairpin-XX`,
+# whose one rule is kube-proxy's lookup in `hairpin-connections-XX`. One lookup per packet
+# either way; a moved local endpoint rewrites one shard instead of the whole set.
 
 # Shards of hairpin-connections: a power of two (the vmap key is the address masked to its
 # low bits). Pod addresses of one node share their high bits (the node's pod CIDR), so the
@@ -216,8 +182,7 @@ def hairpin_dispatch(family: str) -> str:
 @lru_cache(maxsize=8)
 def _hairpin_parts(family: str) -> tuple[tuple[Element, ...], tuple[Chain, ...]]:
     """The skeleton's immutable parts (vmap elements, chains), built once: every watch
-    sync compiles the static part, and building these 128 objects each time cost more
-    than the rest of it."""
+    sync compiles the static part, and these 128 objects are most of it."""
     addr = ipaddress.IPv4Address if family == "ip" else ipaddress.IPv6Address
     shards = ["%02x" % i for i in range(HAIRPIN_SHARDS)]
     elements = tuple(Element((str(addr(i)),), f"goto {HAIRPIN_CHAIN_PREFIX}{x}") for i, x in enumerate(shards))
@@ -274,8 +239,8 @@ def hairpin_vmap_key(family: str, shard_set: str) -> tuple[str]:
 
 
 # A shard exists (set, chain, vmap element) only while its set has an element: a small
-# node has a few local endpoints, and 64 empty shards per family were most of its table
-# (examples/edge-small: 528 operations cold instead of 136). A packet whose shard is absent
+# node has a few local endpoints, and 64 empty shards per family would be most of its
+# table. A packet whose shard is absent
 # misses the vmap, and a vmap miss is no match: the rule falls through exactly as the
 # lookup in an empty set did (it is the last rule of `masquerading`).
 
@@ -365,17 +330,24 @@ def allocation_of(rs: Ruleset | None) -> Allocation:
 # --- allocating -------------------------------------------------------------------------
 
 
-def allocate(picks: list[Pick], previous: Allocation) -> dict[tuple[str, str], int]:
+def allocate(picks: list[Pick], previous: Allocation, reserved: Allocation | None = None
+             ) -> dict[tuple[str, str], int] | None:
     """Offsets for `picks`: a previous range in the same map is kept while N fits its
-    capacity and it overlaps no range kept before it (chains in name order); the rest go
-    to the map's high-water mark, in name order. Deterministic in (picks, previous)."""
+    capacity and it overlaps no range kept before it (the `reserved` ranges of other
+    chains first, then chains in name order); the rest go to the map's high-water mark,
+    in name order. A map that would pass COMPACT_AT is allocated again from 0, or, when
+    it holds reserved ranges (they cannot move), the answer is None."""
     by_map: dict[tuple[str, str], list[Pick]] = {}
     for p in picks:
         by_map.setdefault((p.family, p.map), []).append(p)
+    taken: dict[tuple[str, str], list[tuple[int, int]]] = {}
+    for (fam, _chain), (m, k, n) in (reserved or {}).items():
+        if (fam, m) in by_map:
+            taken.setdefault((fam, m), []).append((k, k + capacity(n)))
     out: dict[tuple[str, str], int] = {}
-    for (fam, _m), group in by_map.items():
+    for (fam, m), group in by_map.items():
         group.sort(key=lambda p: p.chain)
-        kept: list[tuple[int, int]] = []
+        kept = list(taken.get((fam, m), ()))
         rest: list[Pick] = []
         for p in group:
             prev = previous.get((fam, p.chain))
@@ -388,6 +360,8 @@ def allocate(picks: list[Pick], previous: Allocation) -> dict[tuple[str, str], i
             rest.append(p)
         hwm = max((b for _a, b in kept), default=0)
         if hwm + sum(capacity(len(p.values)) for p in rest) > COMPACT_AT:
+            if (fam, m) in taken:
+                return None
             hwm, rest = 0, group  # compaction: every range of this map moves once
         for p in rest:
             out[(fam, p.chain)] = hwm
@@ -397,9 +371,8 @@ def allocate(picks: list[Pick], previous: Allocation) -> dict[tuple[str, str], i
 
 def place(rs: Ruleset, picks: list[Pick], owners: dict[tuple[str, str], str],
           previous: Allocation) -> Allocation:
-    """Write the picks into `rs` (in place): each chain's last rule gets its offset, the
-    maps (only those used, in name order) get the elements, owned by the chain's Service
-    (`owners`: (family, chain) -> Service key). Returns the allocation made."""
+    """Allocate the picks' ranges and write them into `rs` (in place), declaring the maps
+    used (only those, in name order). Returns the allocation made."""
     offsets = allocate(picks, previous)
     for fam, name in sorted({(p.family, p.map) for p in picks}):
         t = rs.tables[fam]
@@ -413,9 +386,16 @@ def place(rs: Ruleset, picks: list[Pick], owners: dict[tuple[str, str], str],
         if owned:
             t.sets = {**{n: s for n, s in t.sets.items() if set_id(fam, n) not in rs.owners},
                       **{n: t.sets[n] for n in owned}}
+    return write_picks(rs, picks, offsets, owners)
+
+
+def write_picks(rs: Ruleset, picks: list[Pick], offsets: dict, owners: dict[tuple[str, str], str]) -> Allocation:
+    """Each pick's chain gets its offset in its last rule and its map the elements, owned
+    by the chain's Service (`owners`: (family, chain) -> Service key). The maps exist and
+    may be changed. Returns the allocation of the picks."""
     alloc: Allocation = {}
     out_owners = rs.owners
-    for p in picks:  # the hot loop of a 10,000-Service compile: no dataclasses.replace
+    for p in picks:  # the hot loop of a large compile: no dataclasses.replace
         k = offsets[(p.family, p.chain)]
         t = rs.tables[p.family]
         if k:
@@ -433,20 +413,23 @@ def place(rs: Ruleset, picks: list[Pick], owners: dict[tuple[str, str], str],
     return alloc
 
 
+def pick_of(family: str, chain: Chain, sets) -> Pick | None:
+    """The pick of a placed Service chain: its index range with the values its map
+    (`sets[map]`) holds there; None for a chain that selects no range."""
+    r = chain_range(chain) if "/" in chain.name else None
+    if r is None:
+        return None
+    m, k, n = r
+    elems = sets[m].elements
+    body = chain.rules[-1].body
+    return Pick(family, chain.name, m, body[: body.index("numgen random mod ")],
+                tuple(elems[(str(k + i),)].value for i in range(n)))
+
+
 def picks_of(rs: Ruleset) -> list[Pick]:
     """The picks of a placed ruleset (its chains' index ranges and their elements)."""
-    out = []
-    for fam, t in rs.tables.items():
-        for name, c in t.chains.items():
-            r = chain_range(c) if "/" in name else None
-            if r is None:
-                continue
-            m, k, n = r
-            elems = t.sets[m].elements
-            body = c.rules[-1].body
-            head = body[: body.index("numgen random mod ")]
-            out.append(Pick(fam, name, m, head, tuple(elems[(str(k + i),)].value for i in range(n))))
-    return out
+    return [p for fam, t in rs.tables.items() for c in t.chains.values()
+            if (p := pick_of(fam, c, t.sets)) is not None]
 
 
 def relocate(rs: Ruleset, previous: Ruleset | None) -> Ruleset:

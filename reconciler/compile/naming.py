@@ -1,12 +1,7 @@
-"""kube-proxy's nftables object naming (reference §5), reimplemented.
-
-Per-Service objects are named `<prefix><HASH>-<ns>/<svc>/<proto>/<port>[__<ip>/<port>]`,
-where HASH is the first 8 characters of the base32 (RFC 4648, upper case, padded)
-encoding of the sha256 of the un-prefixed, untruncated name. The hash keeps names unique
-even when the 240-character cap truncates them, and makes near-identical names (endpoints
-differing in one digit) easy to tell apart. Names produced here keep kube-proxy's names
-byte-for-byte, so an operator can compare `nft list table ip nftrec` with a kube-proxy node.
-"""
+"""kube-proxy's nftables object names, byte for byte (an operator can compare a listing
+with a kube-proxy node's): `<prefix><HASH>-<ns>/<svc>/<proto>/<port>[__<ip>/<port>]`,
+HASH the first 8 characters of the base32 of the sha256 of the un-prefixed, untruncated
+name, which keeps names unique when the 240-character cap truncates them."""
 
 from __future__ import annotations
 
@@ -112,7 +107,7 @@ def service_port_name(namespace: str, service: str, port_name: str) -> str:
 
 
 def truncate_comment(comment: str) -> str:
-    """Cut to 128 bytes, as kube-proxy's truncateNFTablesComment (§12 item 7)."""
+    """Cut to 128 bytes, as kube-proxy's truncateNFTablesComment."""
     raw = comment.encode("utf-8")
     if len(raw) > COMMENT_LENGTH_MAX:
         return raw[:COMMENT_LENGTH_MAX].decode("utf-8", "ignore")

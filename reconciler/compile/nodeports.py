@@ -1,21 +1,8 @@
-"""nodePortAddresses: which of the node's addresses accept NodePorts (reference §6).
-
-kube-proxy's semantics (pkg/proxy/util/nodeport_addresses.go, cmd/kube-proxy server.go,
-the nftables proxier's nodeport-ips step), as one pure function over the node's
-addresses, so compile, render and the watch daemon's address watcher agree:
-
-- unset or empty → `["primary"]` (kube-proxy's nftables default);
-- `["primary"]` (only on its own) → the node IP of each family as a host CIDR
-  (`/32`, `/128`), loopback node IPs left out;
-- CIDRs are split by family; a family with no CIDR, or with a zero CIDR (`0.0.0.0/0`,
-  `::/0`), matches all: no `nodeport-ips` set, `fib daddr type local` instead;
-- otherwise `nodeport-ips` = every address on the node's interfaces inside any CIDR
-  (`GetNodeIPs`, deduplicated), minus loopback addresses (kube-proxy logs "localhost
-  NodePorts are not supported" and skips them).
-
-nftrec's one deviation (docs/kube-proxy-behaviours.md): `primary` with no node IP of a
-family gives an empty set for that family, not match-all.
-"""
+"""nodePortAddresses: which of the node's addresses accept NodePorts, as kube-proxy's
+nodeport_addresses.go, one pure function so compile, render and the address watcher
+agree. Unset → `primary` (the node IP per family); a family with no CIDR or a zero CIDR
+matches all (`fib daddr type local`); else the interface addresses inside the CIDRs,
+loopback left out. One deviation: `primary` without a node IP of a family → empty set."""
 
 from __future__ import annotations
 

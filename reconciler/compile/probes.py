@@ -1,19 +1,8 @@
-"""Readiness probe results as an input to compile (issue 10).
-
-Two pure functions:
-- `probe_targets(inventory)`: what to probe: every endpoint (its first address, the one
-  kube-proxy uses) of every Service with a `probe.nftrec.io/readiness` annotation, with
-  the probe's port resolved through the endpoint's slice (a named port is a slice port
-  name). Endpoints declared neither ready nor serving are not probed: a probe can only
-  take readiness away, so their result could change nothing.
-- `with_probe_results(inventory, down)`: the inventory with every endpoint in `down`
-  ({Service key: addresses}) made ready=false and serving=false. Only the slices of those
-  Services are replaced, so compile_incremental recompiles only those Services and the
-  daemon's partial sync touches only their objects; kube-proxy's endpoint selection
-  (ready, else serving+terminating, else reject) then applies unchanged.
-
-An endpoint without a result yet (or not in `down`) keeps its declared conditions.
-"""
+"""Readiness probe results as an input to compile. `probe_targets`: the endpoints to probe
+(Services annotated `probe.nftrec.io/readiness`; an endpoint neither ready nor serving
+is skipped: a probe can only take readiness away). `with_probe_results`: the inventory
+with the endpoints that failed made not ready and not serving; only those Services'
+slices are replaced, so an incremental compile recompiles only them."""
 
 from __future__ import annotations
 

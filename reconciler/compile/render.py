@@ -1,16 +1,8 @@
-"""Render a Ruleset as one `nft -f` script that builds nftrec's tables from scratch.
-
-Pipeline position: compile → ruleset → **render** (`nftrec render`, cold apply, goldens).
-
-Per table: `add table` + `delete table` + `add table` (the first add makes the delete
-succeed whether or not the table exists; `nft -f` runs the file as one transaction, so the
-table is replaced atomically and no other table is touched), then sets/maps, chains,
-rules and elements. Declarations precede their uses: rules reference sets (`@cluster-ips`)
-and chains (`goto service-…`), map elements reference chains.
-
-Every text comes from ruleset.py's `*_cmd` functions (which check names, comments, keys
-and values); rule bodies additionally pass `check_rule_body`.
-"""
+"""A Ruleset as one `nft -f` script that builds nftrec's tables from scratch (`nftrec
+render`, cold apply): per table `add table`, `delete table`, `add table` (the delete then
+succeeds whether or not the table exists, and `nft -f` runs the file as one transaction),
+then sets, chains, rules and elements, each declared before it is used. Every text comes
+from ruleset.py's `*_cmd` functions, which check what goes into it."""
 
 from __future__ import annotations
 
@@ -66,7 +58,7 @@ def render_table(table: Table) -> list[str]:
 def render_header(config) -> str:
     """The comment lines `nftrec render` puts before the script: where nodeport-ips came
     from (render reads no interfaces; plan, apply and watch do)."""
-    from reconciler.compile.services import family_context
+    from reconciler.compile.skeleton import family_context
 
     if all(family_context(config, f).nodeport_match_all for f in FAMILIES):
         return ""

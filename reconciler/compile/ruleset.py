@@ -1,14 +1,8 @@
-"""The desired-ruleset object model and its nft text form.
-
-Pipeline position: compile → **ruleset** → render / diff → transaction → apply.
-
-A `Ruleset` is plain data: one `Table` per IP family, each holding chains (rules in
-order) and named sets/maps (elements as a dict, i.e. unordered). Every nft command text
-that nftrec ever sends is produced by the `*_cmd` functions at the bottom of this module,
-in knftables' text format (kube-proxy's unit tests read the same), and every string that
-reaches those texts passes `check_name` / `check_comment` first: this is the last line of
-defence against nft-syntax injection, behind schema validation.
-"""
+"""The desired ruleset as plain data and its nft text form. A `Ruleset` holds one `Table`
+per family: chains (rules in order) and named sets and maps (elements unordered). Every
+nft command text nftrec sends comes from the `*_cmd` functions here (knftables' text
+format), and every string in them passes `check_name`/`check_comment`/`check_atom`
+first: the last defence against nft-syntax injection, behind schema validation."""
 
 from __future__ import annotations
 
@@ -55,9 +49,8 @@ _ATOMS_RE = re.compile(r"(?:[A-Za-z0-9_.:/\-\[\] ]{1,300}\n)*")
 
 def _atoms_safe(elements, values: bool) -> bool:
     """Whether check_atom would pass every key part (and value, when `values`) of
-    `elements`: one match over all of them. A declaration holds every element of a set,
-    and a check_atom call per atom was a third of a cold plan's transaction (~20,000
-    atoms at 1,000 Services). False: let check_atom find (and name) the bad one."""
+    `elements`: one match over all of them (a declaration holds every element of a set).
+    False: let check_atom find (and name) the bad one."""
     atoms = [a for e in elements for a in e.key]
     if values:
         atoms += [e.value for e in elements]
@@ -173,7 +166,7 @@ class NamedSet:
 
     def with_elements(self, elements: dict) -> "NamedSet":
         """`dataclasses.replace(self, elements=elements)` at a fraction of its cost (a
-        watch sync's projections copy ~300 sets: replace() was ~10 % of a 1k sync)."""
+        watch sync's projections copy hundreds of sets)."""
         return NamedSet(self.name, self.type, self.value_type, self.flags, self.timeout, self.comment,
                         elements, self.typeof, self.size)
 
@@ -193,7 +186,7 @@ class Ruleset:
     # Which Service ("namespace/name") each object belongs to, for plans grouped by
     # Service. Keys are `object_id(...)` strings; objects of no Service are absent.
     owners: dict[str, str] = field(default_factory=dict)
-    # A projection (compile/incremental.project): (family, set name) of the shared sets
+    # A projection (compile/projection.project): (family, set name) of the shared sets
     # it cut down to some Services' elements; a transaction must not flush and re-declare
     # those whole. Empty for a whole ruleset.
     partial: frozenset = field(default=frozenset(), compare=False)
@@ -255,9 +248,8 @@ def rule_cmd(family: str, table: str, chain: str, rule: Rule) -> str:
 def chain_rules_cmd(family: str, table: str, chain: Chain) -> str:
     """`add chain ip nftrec service-… { rule ; rule ; }`: the chain's rules added through
     its (identical) declaration. nft 1.0.6 fills its set cache from the kernel for every
-    `add rule` (~16 ms at 1,000 Services, ~0.1 s at 10,000) but not for a chain
-    declaration: the sets the rules reference must then be declared earlier in the same
-    transaction (engine/changes.transaction_for; 2-4 ms at 1,000, bench/README.md)."""
+    `add rule` but not for a chain declaration: the sets the rules reference must then
+    be declared earlier in the same transaction (engine/changes.transaction_for)."""
     for r in chain.rules:
         check_rule_body(r.body)
     rules = [r.text for r in chain.rules]
@@ -299,8 +291,7 @@ def set_elements_cmd(family: str, table: str, s: NamedSet, elements) -> str:
     """`add map ip nftrec endpoint-dnat-tcp-2a { typeof … ; comment "…" ; elements = { 8 : 10.0.0.1 . 80 , … } ; }`
     (or `add set … { type … ; elements = { … } ; }`): elements added through the set's
     (byte-identical) declaration. nft 1.0.6 fills its cache from the kernel for `add
-    element` (0.4-1.2 s on a 10,000-Service table) but not for a declaration (2-85 ms;
-    bench/README.md). Only for `declarable` sets."""
+    element` but not for a declaration. Only for `declarable` sets."""
     elements = list(elements)
     safe = _atoms_safe(elements, s.is_map)  # then the per-atom checks below cannot fail
     items = []

@@ -1,51 +1,22 @@
-"""The JSON form of a `Ruleset`, for the state store's history and for saved plans.
-
-Pipeline position: compile → ruleset → **serialize** (state history, `plan --out`).
-
-Format (formatVersion 1; keys are camelCase, like every nftrec file)::
-
-    {
-      "formatVersion": 1,
-      "tables": [                                   # sorted by family
-        {"family": "ip", "name": "nftrec", "comment": null,
-         "chains": [                                # creation order (Table.chains order)
-           {"name": "services", "comment": null,
-            "base": {"type": "nat", "hook": "prerouting", "priority": -100} | null,
-            "rules": [{"body": "ip daddr . meta l4proto . th dport vmap @service-ips",
-                       "comment": null}]}],         # rule order is meaningful
-         "sets": [                                  # creation order (Table.sets order)
-           {"name": "service-ips", "type": "ipv4_addr . inet_proto . inet_service",
-            "valueType": "verdict" | null, "flags": [], "timeout": null, "comment": null,
-            "typeof": true,                         # only when type/valueType are typeof exprs
-            "size": 4194304,                        # only when set (the shared affinity set)
-            "elements": [                           # sorted by key: sets are unordered
-              {"key": ["172.30.0.41", "tcp", "80"], "value": "goto service-…",
-               "comment": null}]}]}],
-      "owners": {"ip chain service-…": "default/web"}
-    }
-
-Every field of the model is present (null when unset), so a round trip is lossless:
-`ruleset_from_json(ruleset_to_json(rs)) == rs`, chain and set creation order included.
-
-`digest(rs)` is the sha256 (hex) of the *canonical* JSON: the form above with chains and
-sets additionally sorted by name, serialised with sorted keys, compact separators and
-ASCII escapes. Sorting chains and sets makes the digest agree with `Ruleset.__eq__`
-(which compares dicts, ignoring their order): equal rulesets always have equal digests,
-so a digest identifies *what* the kernel should hold, not how the compiler built it.
-
-The reader checks the structure and types, not nft syntax: every string still passes
-`check_name`/`check_comment`/`check_atom` when it is turned into nft text.
-"""
+"""A `Ruleset` as JSON (state history, saved plans) and its digest. Every model field is
+present, so `ruleset_from_json(ruleset_to_json(rs)) == rs`, creation order included.
+`digest(rs)` is the sha256 of the canonical form: chains and sets also sorted by name,
+sorted keys, compact separators, ASCII escapes, so equal rulesets (dicts compare
+unordered) have equal digests. The reader checks structure and types, not nft syntax."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-from contextlib import contextmanager
 from typing import Any
 
 from reconciler.compile.ruleset import BaseHook, Chain, Element, NamedSet, Rule, Ruleset, Table
 
+# {"formatVersion": 1, "owners": {object id: Service key}, "tables": [{"family", "name",
+#  "comment", "chains": [{"name", "comment", "base": {"type", "hook", "priority"} | null,
+#  "rules": [{"body", "comment"}]}], "sets": [{"name", "type", "valueType", "flags",
+#  "timeout", "comment", "typeof" (when true), "size" (when set), "elements": [{"key",
+#  "value", "comment"}] (sorted by key)}]}] (sorted by family); unset fields are null.
 FORMAT_VERSION = 1
 
 
@@ -130,27 +101,6 @@ def digest_json(doc: dict) -> str:
     return hashlib.sha256(digest_form(doc)).hexdigest()
 
 
-# (ruleset, its digest_parts) inside a `known_digest_bytes` block, else None
-_known: tuple[Ruleset, list] | None = None
-
-
-@contextmanager
-def known_digest_bytes(rs: Ruleset, parts: list | None):
-    """Inside the block, digest_parts(rs) returns `parts` (and digest_bytes their join):
-    the parts computed earlier (apply encodes them while nft commits, engine/verify.py).
-    `rs` must not have changed since; the block is kept to the one call that needs them.
-    parts None: no effect."""
-    global _known
-    if parts is None:
-        yield
-        return
-    _known = (rs, parts)
-    try:
-        yield
-    finally:
-        _known = None
-
-
 def digest_bytes(rs: Ruleset) -> bytes:
     """digest_form(ruleset_to_json(rs)), byte for byte: the join of digest_parts(rs)."""
     return b"".join(digest_parts(rs))
@@ -160,13 +110,8 @@ def digest_parts(rs: Ruleset) -> list:
     """digest_bytes(rs) as a list of byte strings (bytes or memoryviews) whose
     concatenation it is, without holding the whole JSON document at once: each chain and
     set is encoded on its own (canonical JSON is compositional: sorted keys, no
-    whitespace). At 10,000 Services the document held ~150 MB while the bytes are
-    ~25 MB, and joining them held another 25 MB on top: the state store hashes and
-    writes the parts one by one. An object a lazily read ruleset never decoded is a view
-    of the recorded bytes (engine/recorded.py), not a copy."""
-    known = _known
-    if known is not None and known[0] is rs:
-        return known[1]
+    whitespace), and the state store hashes and writes them one by one. An object a
+    lazily read ruleset never decoded is a view of its recorded bytes, not a copy."""
     enc = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode
     parts = [b'{"formatVersion":', enc(FORMAT_VERSION).encode("ascii"), b',"owners":',
              _owners_bytes(rs.owners, enc), b',"tables":[']
@@ -189,9 +134,9 @@ _OWNERS_CHUNK = 4096
 
 
 def _owners_bytes(owners: dict, enc) -> bytes:
-    """enc(owners), byte for byte, in chunks of sorted keys: one encoder call over the
-    ~100,000 owners of 10,000 Services held the GIL for 0.3-2 s, which `nftrec watch`'s
-    state writer thread (daemon/statewriter.py) made a sync wait for; a chunk is ms."""
+    """enc(owners), byte for byte, in chunks of sorted keys: one encoder call over every
+    owner of a large table holds the GIL long enough to stall `nftrec watch`'s sync while
+    its state writer thread encodes."""
     if len(owners) <= _OWNERS_CHUNK:
         return enc(owners).encode("ascii")
     keys = sorted(owners)
@@ -316,9 +261,9 @@ def _set_from_json(d: Any, where: str) -> NamedSet:
 
 
 def _elements_fast(elements: list) -> dict | None:
-    """The elements of a well-formed document (nftrec's own files: 100,000 elements at
-    10,000 Services) with one type check per field and no per-field error text; None
-    when anything is off, and the caller's checking loop names the bad field."""
+    """The elements of a well-formed document (nftrec's own files) with one type check per
+    field and no per-field error text; None when anything is off, and the caller's
+    checking loop names the bad field."""
     out = {}
     try:
         for e in elements:
@@ -415,8 +360,8 @@ class _Text:
 
 def ruleset_from_text(text: str) -> Ruleset:
     """ruleset_from_json(json.loads(text)), without the whole document in memory at once:
-    each chain and set is decoded and turned into its object before the next is read (a
-    10,000-Service document held ~140 MB). The same checks and errors."""
+    each chain and set is decoded and turned into its object before the next is read.
+    The same checks and errors."""
     cur = _Text(text)
     top: dict[str, Any] = {}
     tables: list[Table] = []

@@ -1,42 +1,18 @@
-"""Topology-aware routing: which hints kube-proxy follows, and hints nobody else writes.
-
-Pipeline position: model → **compile** (services.categorize_endpoints asks `topology_mode`
-and `available_for_topology`; services.compile_service asks `derive_hints` first).
-
-kube-proxy 1.35 (pkg/proxy/topology.go, topologyModeFromHints; PreferSameTrafficDistribution
-is GA there, so node hints are always read), over the *ready* endpoints of a Service port:
-- `PreferSameNode` when every ready endpoint has node hints (`hints.forNodes`) and one
-  names this node; then only ready endpoints whose forNodes name this node are used;
-- else `PreferSameZone` when every ready endpoint has zone hints (`hints.forZones`) and
-  one names this node's zone; then only ready endpoints hinted for the zone are used;
-- else "" (no topology: every ready endpoint).
-No ready endpoint → "". The fallback to serving+terminating endpoints ignores topology
-(services.categorize_endpoints). kube-proxy only logs when it ignores hints; nftrec does
-the same, silently.
-
-Beyond kube-proxy (`derive_hints`): in a cluster the EndpointSlice controller writes the
-hints from `spec.trafficDistribution` (k8s.io/endpointslice/trafficdist,
-preferCloseHeuristic). On an edge node no controller runs, so nftrec plays its part
-when `NodeConfig.derive_topology_hints` is on (the default):
-- only for a Service whose `trafficDistribution` is PreferClose, PreferSameZone or
-  PreferSameNode;
-- per EndpointSlice: a slice where any *ready* endpoint already carries hints (a
-  non-empty forZones or forNodes) is left exactly as written: explicit hints win;
-- otherwise every ready endpoint gets `forZones: [zone]` when it has a `zone`, and for
-  PreferSameNode also `forNodes: [nodeName]` when it has a `nodeName`; an endpoint with
-  neither stays without hints; endpoints that are not ready are left alone (as the
-  controller does; kube-proxy never reads their hints).
-"Ready" is kube-proxy's reading (an unset `conditions.ready` is ready); the controller
-always sets the condition, so the two agree on every slice it writes.
-"""
+"""Endpoint selection, as kube-proxy's pkg/proxy/topology.go: the endpoints of a Service
+port (`endpoints_for_port`), which of them the Cluster and Local policies use
+(`categorize_endpoints`), and which topology hints are followed (`topology_mode`). On an
+edge node no EndpointSlice controller writes the hints of `trafficDistribution`:
+`derive_hints` writes the ones it would (explicit hints on a ready endpoint win)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Protocol
 
-from reconciler.intake import EndpointSlice, NodeConfig, Service
+from reconciler.compile import naming
+from reconciler.compile.parse import ADDRESS_TYPE_FAMILY, family_of, parse_ip, parse_port
+from reconciler.intake import Endpoint, EndpointSlice, NodeConfig, Service, ServicePort
 
 PREFER_SAME_NODE = "PreferSameNode"
 PREFER_SAME_ZONE = "PreferSameZone"
@@ -134,3 +110,139 @@ def derived_topology_hints(services: Iterable[Service], slices: Iterable[Endpoin
         if names:
             out[key] = (svc.traffic_distribution, names)
     return out
+
+
+# --- endpoints -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EndpointInfo:
+    """One endpoint of one Service port (kube-proxy's endpointInfo)."""
+
+    ip: str  # canonical
+    port: int
+    ready: bool = True
+    serving: bool = True
+    terminating: bool = False
+    is_local: bool = False
+    zone_hints: frozenset[str] = frozenset()
+    node_hints: frozenset[str] = frozenset()
+
+    @property
+    def string(self) -> str:
+        """Endpoint.String(): `10.0.0.1:80` / `[fd00::1]:80` — identity and sort key."""
+        return naming.join_host_port(self.ip, self.port)
+
+
+def endpoints_for_port(
+    slices: Iterable[EndpointSlice], family: str, port: ServicePort, node_name: str
+) -> list[EndpointInfo]:
+    """The endpoints of one Service port in one family, as kube-proxy's endpoint cache
+    builds them: slices of this address type; the slice port with the Service port's
+    name and protocol gives the port; first address; duplicate ip:port → the
+    non-terminating one wins; sorted by the `ip:port` string."""
+    chosen: dict[str, EndpointInfo] = {}
+    # Sorted so a tie (two equal-status duplicates) resolves the same way every time.
+    for sl in _slice_order(slices):
+        if ADDRESS_TYPE_FAMILY.get(sl.address_type) != family:
+            continue
+        sport = next((p for p in sl.ports
+                      if p.name == port.name and p.protocol == port.protocol), None)
+        if sport is None:
+            continue
+        eport = parse_port(sport.port, f"EndpointSlice {sl.namespace}/{sl.name} port {sport.name!r}")
+        for ep in sl.endpoints:
+            if not ep.addresses:
+                continue
+            ip = parse_ip(ep.addresses[0], f"EndpointSlice {sl.namespace}/{sl.name} address")
+            if family_of(ip) != family:
+                continue  # wrong family inside the slice: never put into this table
+            info = _endpoint_info(ep, str(ip), eport, node_name)
+            prev = chosen.get(info.string)
+            if prev is None or (prev.terminating and not info.terminating):
+                chosen[info.string] = info
+    return sorted(chosen.values(), key=lambda e: e.string)
+
+
+def _slice_order(slices: Iterable[EndpointSlice]) -> list[EndpointSlice]:
+    """Slices by (namespace, name), then by their whole content (repr) where two share
+    a name (repr formats every field: taken only then)."""
+    slices = list(slices)
+    names = {(s.namespace, s.name) for s in slices}
+    if len(names) == len(slices):
+        return sorted(slices, key=lambda s: (s.namespace, s.name))
+    return sorted(slices, key=lambda s: (s.namespace, s.name, repr(s)))
+
+
+def _endpoint_info(ep: Endpoint, ip: str, port: int, node_name: str) -> EndpointInfo:
+    return EndpointInfo(
+        ip=ip,
+        port=port,
+        ready=bool(ep.ready),
+        serving=bool(ep.serving),
+        terminating=bool(ep.terminating),
+        is_local=bool(node_name) and ep.node_name == node_name,
+        zone_hints=frozenset(ep.hint_zones or ()),
+        node_hints=frozenset(ep.hint_nodes or ()),
+    )
+
+
+@dataclass(frozen=True)
+class Categorized:
+    cluster: tuple[EndpointInfo, ...] | None  # None: the port never uses Cluster policy
+    local: tuple[EndpointInfo, ...] | None  # None: the port never uses Local policy
+    all_reachable: tuple[EndpointInfo, ...]
+    has_any: bool  # usable endpoints anywhere (even if none reachable from here)
+
+
+def categorize_endpoints(
+    endpoints: Sequence[EndpointInfo], *, uses_cluster: bool, uses_local: bool, zone: str,
+    node_name: str = "",
+) -> Categorized:
+    """kube-proxy's CategorizeEndpoints: usable = ready, falling back
+    to serving+terminating independently for Cluster and Local policy; Cluster policy
+    follows node or zone hints (topology.topology_mode)."""
+    if not endpoints:
+        return Categorized(None, None, (), False)
+    has_any = False
+    cluster: list[EndpointInfo] | None = None
+    local: list[EndpointInfo] | None = None
+    mode = ""
+    serving_terminating = False
+
+    if uses_cluster:
+        mode = topology_mode(endpoints, zone, node_name)
+        cluster = [e for e in endpoints
+                   if e.ready and available_for_topology(e, mode, zone, node_name)]
+        if not cluster:  # no ready endpoint anywhere: use terminating-but-serving ones
+            cluster = [e for e in endpoints if e.serving and e.terminating]
+        has_any = bool(cluster)
+
+    if not uses_local:
+        return Categorized(tuple(cluster or ()), None, tuple(cluster or ()), has_any)
+
+    local_ready = local_st = False
+    for e in endpoints:
+        if e.ready:
+            has_any = True
+            local_ready |= e.is_local
+        elif e.serving and e.terminating:
+            has_any = True
+            local_st |= e.is_local
+    if local_ready:
+        local = [e for e in endpoints if e.is_local and e.ready]
+    elif local_st:
+        serving_terminating = True
+        local = [e for e in endpoints if e.is_local and e.serving and e.terminating]
+    else:
+        local = []
+
+    if not uses_cluster:
+        return Categorized(None, tuple(local), tuple(local), has_any)
+    assert cluster is not None
+    if mode == "" and not serving_terminating:
+        return Categorized(tuple(cluster), tuple(local), tuple(cluster), has_any)
+    union = {e.string: e for e in cluster}
+    union.update({e.string: e for e in local})
+    return Categorized(tuple(cluster), tuple(local),
+                       tuple(sorted(union.values(), key=lambda e: e.string)), has_any)

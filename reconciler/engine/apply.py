@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TextIO
 
 from reconciler import logs
-from reconciler.compile import Ruleset, digest, known_digest_bytes, relocate
+from reconciler.compile import Ruleset, digest, relocate
 from reconciler.engine import confirm as confirm_window
 from reconciler.engine import planfile
 from reconciler.engine.changes import diff
@@ -277,11 +277,10 @@ def run_apply(target: Target, *, desired=None, plan_path: Path | None = None,
         def record():
             # the fingerprint of a listing; none was read when only the touched objects
             # were (canonicalising the whole ruleset for it cost seconds at 10,000 Services)
-            with known_digest_bytes(ruleset, prepared.body):  # encoded while nft committed
-                recorded[:] = [store.record_applied(revision, ruleset, after_fp, token, plan_id,
-                                     input_digest=desired.input_digest if from_dir else None,
-                                     config_digest=desired.config_digest if from_dir else None,
-                                     compiled=memo if from_dir else None).desired_digest]
+            recorded[:] = [store.record_applied(revision, ruleset, after_fp, token, plan_id,
+                                 input_digest=desired.input_digest if from_dir else None,
+                                 config_digest=desired.config_digest if from_dir else None,
+                                 compiled=memo if from_dir else None).desired_digest]
 
         if pending is not None:
             confirm_window.hold_window(nft, target, pending, confirm, record)  # CommandError: rolled back
