@@ -1,4 +1,4 @@
-"""reconciler/kernel/nft.py: Transaction, Fake, and libnftables against a real kernel.
+"""reconciler/kernel: Transaction, Fake, and libnftables against a real kernel.
 
 Real-kernel tests run only inside namespaces made by the `netns` fixture; the host
 ruleset is only ever read (`nft list ruleset`), to prove it did not change.
@@ -14,8 +14,8 @@ import pytest
 
 from nsutil import in_ns, sh
 from reconciler import heap
-from reconciler.kernel import nft as nftmod
-from reconciler.kernel.nft import Fake, Libnftables, NftError, NotFound, Transaction
+from reconciler.kernel import Fake, Libnftables, NftError, NotFound, Transaction
+from reconciler.kernel import libnftables as nftmod
 from reconciler.compile.ruleset import BaseHook, Chain, Element, NamedSet, Rule, Table
 
 T = "nftrec"

@@ -18,12 +18,12 @@ from reconciler.engine.plan import Plan, make_plan
 from reconciler.engine.target import CommandError, Target
 from reconciler.intake import Inventory, NodeConfig
 from reconciler.kernel import (
-    Libnftables, NftError, NotFound, Transaction, cleanup_udp, kernel_token, parse_duration, read_live,
+    Interface, NftError, NotFound, Transaction, cleanup_udp, kernel_token, parse_duration, read_live,
     read_live_objects, read_runtime_keys,
 )
 
 
-def commit(nft: Libnftables, table: str, desired: Ruleset, plan: Plan, services: dict, *,
+def commit(nft: Interface, table: str, desired: Ruleset, plan: Plan, services: dict, *,
            from_memory: str | None) -> tuple[Plan, bool]:
     """Run `plan`'s transaction: (the plan that ran, whether it was re-planned from a
     listing). `from_memory` says where a plan not made from a listing came from ("the
@@ -47,7 +47,7 @@ def commit(nft: Libnftables, table: str, desired: Ruleset, plan: Plan, services:
     return plan, True
 
 
-def verify_applied(nft: Libnftables, target: Target, desired: Ruleset) -> tuple[Ruleset, int | None]:
+def verify_applied(nft: Interface, target: Target, desired: Ruleset) -> tuple[Ruleset, int | None]:
     """Re-read the kernel; (live, the generation token the listing is at least as new as).
 
     The token is taken BEFORE listing: a commit by someone else after it makes the
@@ -82,7 +82,7 @@ def touched_objects(plan: Plan) -> dict[str, tuple[list[str], list[NamedSet]]] |
     return out
 
 
-def verify_touched(nft: Libnftables, target: Target, desired: Ruleset, plan: Plan, *,
+def verify_touched(nft: Interface, target: Target, desired: Ruleset, plan: Plan, *,
                    token_before: int | None) -> tuple[Ruleset | None, int | None]:
     """`apply`'s default check (`--verify touched`): (the full listing, or None; the token).
 
@@ -115,7 +115,7 @@ def verify_touched(nft: Libnftables, target: Target, desired: Ruleset, plan: Pla
     return None, after
 
 
-def verify_commit(nft: Libnftables, target: Target, desired: Ruleset, *, token_before: int | None,
+def verify_commit(nft: Interface, target: Target, desired: Ruleset, *, token_before: int | None,
                   committed: bool, full: bool) -> tuple[Ruleset | None, int | None]:
     """After `commit`: (the verified listing, or None when none was needed; the token).
 
@@ -184,7 +184,7 @@ def forgotten_affinity_ids(plan: Plan) -> dict[str, set[tuple[int, int]]]:
     return out
 
 
-def _stale_entries(nft: Libnftables, table: str, family: str, ids: set[tuple[int, int]]) -> list[Element]:
+def _stale_entries(nft: Interface, table: str, family: str, ids: set[tuple[int, int]]) -> list[Element]:
     """The set's current elements whose endpoint id is one of `ids`, keys rebuilt from
     parsed values (what goes back into a command is never the listing's raw text)."""
     out = []
@@ -196,7 +196,7 @@ def _stale_entries(nft: Libnftables, table: str, family: str, ids: set[tuple[int
     return out
 
 
-def forget_affinity_clients(nft: Libnftables, table: str, plan: Plan, token: int | None) -> int | None:
+def forget_affinity_clients(nft: Interface, table: str, plan: Plan, token: int | None) -> int | None:
     """After a verified commit: delete the shared affinity set's entries of the endpoints
     the commit removed or whose timeout it changed (`forgotten_affinity_ids`), so their
     former clients are not sent back to them if they return (kube-proxy's behaviour).

@@ -24,7 +24,7 @@ from reconciler.compile import (
     slices_by_service,
 )
 from reconciler.intake import Inventory, NodeConfig
-from reconciler.kernel.nft import NamespaceThread  # Libnftables' setns thread, without a libnftables context
+from reconciler.kernel.netns import NamespaceThread
 from reconciler.compile import FAMILIES
 
 _AF = {"ip": socket.AF_INET, "ip6": socket.AF_INET6}

@@ -25,7 +25,7 @@ import urllib.error
 import urllib.request
 
 from reconciler.intake import HealthCheck, split_host_port
-from reconciler.kernel.nft import NamespaceThread
+from reconciler.kernel.netns import NamespaceThread
 
 OUTPUT_SHOWN = 300  # characters of a failing command's output kept in its error
 

@@ -30,7 +30,7 @@ import threading
 from typing import Callable, Iterable
 
 from reconciler.compile import ProbeTarget
-from reconciler.kernel.nft import NamespaceThread
+from reconciler.kernel.netns import enter_netns
 
 USER_AGENT = "kube-probe/1.35"
 MAX_RESPONSE_HEAD = 8192  # the status line must come within this many bytes
@@ -323,7 +323,7 @@ class ProbeLoop:
         def main() -> None:
             try:
                 if netns is not None:
-                    NamespaceThread._enter(netns)
+                    enter_netns(netns)
             except BaseException as e:
                 ready.append(e)
                 started.set()
