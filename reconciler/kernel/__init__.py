@@ -1,16 +1,13 @@
-"""Stage 3, kernel: nftables and conntrack in one network namespace.
-
-    interface    the seam the engine and daemon use (Interface, NftError), knftables-style
-    transaction  the Transaction builder: nft commands run as one kernel transaction
-    libnftables  the real kernel through ctypes (netns: the namespace thread; netlink:
-                 tables and the generation id over raw netlink)
-    fake         the whole Interface in memory, for unit tests
-    ruletext     the rule tokenizer and the normal form of rule text
-    live         the listing parsed back into a canonical Ruleset; the generation token
-    conntrack    kube-proxy's UDP conntrack cleanup (pyroute2)
-    health       the checks of a confirmed apply (command, HTTP GET, TCP connect)
-    probes       readiness probes (tcpSocket, httpGet, grpc) on an asyncio loop
+"""Stage 3, kernel: nftables and conntrack in one network namespace, behind the narrow
+`Interface` the engine and daemon use (knftables-style: a Transaction, the real kernel
+through libnftables, and a Fake).
 """
+
+# interface (Interface, NftError), transaction (Transaction), libnftables (the real kernel;
+# netns: the namespace thread; netlink: tables and the generation id), fake (Fake),
+# ruletext (the rule tokenizer and normal form), live (listing → canonical Ruleset; the
+# generation token), conntrack (UDP cleanup), health (confirmed apply's checks), probes
+# (readiness probes).
 
 from reconciler import lazy_exports
 

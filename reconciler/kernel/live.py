@@ -1,9 +1,7 @@
-"""The live side: nftrec's own tables as a canonical `Ruleset`, and the generation token.
-
-`canonical(ruleset)` puts a desired Ruleset's rule bodies in ruletext's normal form;
-`read_live` parses nft's listing into the same form, so diff compares like with like.
-The listing is nft's text form, not JSON: nft 1.0.6's JSON drops table and chain
-comments and the `dynamic` set flag. One text listing carries everything.
+"""The live side: nftrec's tables as a canonical `Ruleset` (rule bodies in ruletext's
+normal form, as `canonical` puts a desired Ruleset), its fingerprint, and the generation
+token. The listing is nft's text form: nft 1.0.6's JSON drops table and chain comments
+and the `dynamic` set flag.
 """
 
 from __future__ import annotations
@@ -47,12 +45,9 @@ OTHER_KINDS = {
 
 @dataclass
 class LiveTable(Table):
-    """A table as read from the kernel: also what the desired model never has.
-
-    `flags`: table flags (`dormant`: the kernel ignores every hook of the table, i.e. none
-    of our rules is in effect; `owner`/`persist`: held by another process). `others`:
-    named stateful objects (counter, quota, ...) by name → kind (an `OTHER_KINDS` key).
-    """
+    """A table as read from the kernel, with what the desired model never has: `flags`
+    (`dormant`: the kernel ignores every hook of the table; `owner`/`persist`: held by
+    another process) and `others`, named stateful objects by name → OTHER_KINDS key."""
 
     flags: tuple[str, ...] = ()
     others: dict[str, str] = field(default_factory=dict)
@@ -90,9 +85,8 @@ def parse_duration(text: str) -> int:
     return int(sum(int(n) * _UNITS[u] for n, u in parts))
 
 
-# `plan --refresh` parses every element of the table (85,000 at 10,000 Services): these
-# take the plain case (no quoted comment in the text) with str methods and keep the
-# quote-aware scan for the rest.
+# A listing holds every element of the table: the plain case (no quoted comment in the
+# text) is split with str methods, the quote-aware scan is kept for the rest.
 _ELEMENT_ITEM = re.compile(r'(?:[^,"]+|"[^"]*")+')
 _MAP_ARROW = re.compile(r' : (?=(?:[^"]*"[^"]*")*[^"]*$)')
 _ELEMENT_COMMENT = re.compile(r'\s+comment\s+"([^"]*)"')
@@ -241,7 +235,7 @@ def _parse_set(name: str, kind: str, body: list[str]) -> NamedSet:
 
 def _plain_elements(text: str, is_map: bool) -> dict:
     """_parse_element of every element of a list without quotes or runtime attributes
-    (all of a 10,000-Service listing's 85,000), inlined: key -> Element."""
+    (nearly all of a big listing's), inlined: key -> Element."""
     out = {}
     strip = str.strip
     for item in text.split(","):
@@ -312,7 +306,7 @@ def read_runtime_keys(nft: Interface, family: str, table_name: str, set_name: st
     """The keys a dynamic set (no map, no comments: what an `update` writes) holds right
     now: runtime state, which `read_live` leaves out. None when the table or the set is
     absent. Split with str methods, not `_parse_element`: the shared affinity set holds
-    up to millions of entries (10,000 took 130 ms that way)."""
+    up to millions of entries."""
     text = nft.list_objects(family, table_name, [], [NamedSet(set_name, "")])
     if text is None:
         return None
@@ -361,12 +355,10 @@ def fingerprint(live: Ruleset) -> str:
 
 
 def kernel_token(nft: Interface) -> int | None:
-    """The generation id, bound to this boot and this namespace instance: a namespace
-    re-created under the same name, or a reboot, starts counting again and must never
-    match a recorded generation by accident. The instance is the namespace's cookie
-    (never reused within a boot); a namespace's inode number is not enough: the kernel
-    hands a deleted namespace's inode to the next new one. None (no fast path) when the
-    kernel has no cookie."""
+    """The generation id, bound to this boot and this namespace instance (its cookie; the
+    kernel reuses a deleted namespace's inode number), so a re-created namespace or a
+    reboot, which count again, never matches a recorded generation by accident. None
+    (no fast path) when the kernel has no cookie."""
     cookie = nft.netns_cookie()
     gen = nft.generation()
     if gen is None or cookie is None:

@@ -1,9 +1,7 @@
-"""nf_tables over raw netlink: what libnftables offers only at the price of its whole cache.
-
-`nft list tables` fills nft's cache of every object first (seconds on a big table); the
-NFT_MSG_GETTABLE dump takes microseconds. The ruleset generation id is in no listing at
-all. Use a socket on the namespace's thread only: it opens in the namespace it is first
-used in.
+"""nf_tables over raw netlink, for what libnftables gives only after filling its cache of
+every object (`nft list tables` costs a whole listing; the table dump, next to nothing)
+or not at all (the generation id). A socket opens in the namespace of the thread that
+first uses it.
 """
 
 from __future__ import annotations

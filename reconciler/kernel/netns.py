@@ -1,9 +1,6 @@
-"""A thread inside a network namespace, for everything that must run there.
-
-Network namespaces are per thread on Linux: only this thread (and the sockets it opens,
-e.g. libnftables' netlink socket) sees the namespace, and the caller's thread never
-switches. A missing namespace is an error, never created (unlike pyroute2.netns.setns'
-default O_CREAT).
+"""A thread inside a network namespace. Namespaces are per thread on Linux: only this
+thread (and the sockets it opens) sees it, the caller's thread never switches. A missing
+namespace is an error, never created (unlike pyroute2.netns.setns' default O_CREAT).
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
-"""Rule text: the tokenizer, and the normal form of a rule body.
-
-nft rewrites rules on read-back (`mark set mark or 0x4000` lists as `meta mark set meta
-mark | 0x00004000`, anonymous sets are sorted and merged, ...). Rather than guess nft's
-printer exactly, `canonical_rule` is a normal form: applied to our rule text and to nft's
-listing of it, both give the same string (it is idempotent on its own output, and mostly
-equal to how nft 1.0.6 prints). `rule_tokens` is the one tokenizer of rule text.
+"""Rule text: `rule_tokens`, the one tokenizer, and `canonical_rule`, the normal form of a
+rule body. nft rewrites rules on read-back (`mark set mark or 0x4000` lists as `meta mark
+set meta mark | 0x00004000`, anonymous sets sorted and merged, ...); the normal form of
+our text and of nft's listing of it is the same string, and idempotent.
 """
 
 from __future__ import annotations
