@@ -60,20 +60,13 @@ class _State:
 
 def _tokens(text: str) -> list[str]:
     """kernel.rule_tokens, with each balanced `{ … }` group joined back into one token
-    (`{ a, b }`, as the normal form prints it) and commas outside groups kept in words."""
+    (`{ a, b }`, as the normal form prints it)."""
     out: list[str] = []
-    depth, glue = 0, False
+    depth = 0
     for t in rule_tokens(text):
         if depth:
             out[-1] += t if t == "," else " " + t
             depth += (t == "{") - (t == "}")
-        elif t == ",":
-            if out:
-                out[-1] += t
-            glue = bool(out)
-        elif glue:
-            out[-1] += t
-            glue = False
         else:
             out.append(t)
             depth = int(t == "{")

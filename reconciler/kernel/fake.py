@@ -15,6 +15,7 @@ from typing import Callable, TypeVar
 
 from reconciler.compile import NamedSet, Table
 from reconciler.kernel.interface import NftError, NotFound
+from reconciler.kernel.ruletext import split_comment
 from reconciler.kernel.transaction import Transaction
 
 T = TypeVar("T")
@@ -43,7 +44,6 @@ class _FTable:
 
 _REF_CHAIN = re.compile(r"\b(?:goto|jump)\s+([^\s,}]+)")
 _REF_SET = re.compile(r"@([^\s,}]+)")
-_COMMENT_TAIL = re.compile(r'\s+comment\s+"([^"]*)"$')
 
 
 class Fake:
@@ -323,10 +323,7 @@ class Fake:
             if not sep:
                 raise NftError("syntax error: map element without a value")
             Fake._refs(t, value)
-        comment = None
-        cm = _COMMENT_TAIL.search(body)
-        if cm:
-            comment, body = cm.group(1), body[: cm.start()]
+        body, comment = split_comment(body)
         key = " . ".join(shlex.split(body.replace(" . ", " ")))
         if verb == "add":
             if key in s.elements and s.elements[key][1] != value:
