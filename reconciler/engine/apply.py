@@ -2,7 +2,7 @@
 
 desired (desired.load_desired, a saved plan, or a history entry for --rollback)
   → read live (live.read_live, or the fast path below) → plan.make_plan
-  → one atomic transaction (nft.Interface.run) → re-read and verify → state store.
+  → one atomic transaction (kernel.Interface.run) → re-read and verify → state store.
 Verification reads back what the transaction wrote (sync.verify_touched); when it
 created the table, or with --verify full, one listing compared by fingerprint
 (verify.py), whose expected side and the history entry's bytes are computed while nft
