@@ -44,7 +44,7 @@ from reconciler.compile.render import render_script  # noqa: E402
 from reconciler.compile.ruleset import element_cmd, rule_cmd, set_elements_cmd  # noqa: E402
 from reconciler.compile.services import compile_ruleset  # noqa: E402
 from reconciler.kernel.live import read_live  # noqa: E402
-from reconciler.kernel.nft import Libnftables  # noqa: E402
+from reconciler.kernel import Libnftables  # noqa: E402
 
 T = "nftrec"
 

@@ -22,21 +22,6 @@ A, B = "10.244.1.10", "10.244.1.11"
 CLIENTS = ("192.0.2.1", "192.0.2.2")
 
 
-class TokenFake(Fake):
-    """The Fake with a namespace cookie (kernel tokens exist) that counts set listings."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.set_listings = 0
-
-    def netns_cookie(self) -> int:
-        return 7
-
-    def list_objects(self, family, table, chains, sets):
-        self.set_listings += len(sets)
-        return super().list_objects(family, table, chains, sets)
-
-
 def config(layout: str = "sharded") -> NodeConfig:
     return NodeConfig(node_name="node-a", node_ips=("192.168.0.10",), cluster_cidrs=("10.244.0.0/16",),
                       layout=layout)
@@ -75,7 +60,7 @@ def entries(nft: Fake) -> set[tuple[str, ...]]:
 def loaded():
     """Two affinity Services (web: A, B; api: A) applied; each client has an entry for
     every endpoint (as if every client had visited every endpoint)."""
-    nft = TokenFake()
+    nft = Fake()
     first = compile_ruleset(inventory(*sticky("web", (A, B)), *sticky("api", (A,), ip="10.96.0.51")), config())
     nft.run(make_plan(first, read_live(nft, TABLE)).transaction)
     tx = Transaction()
@@ -87,7 +72,7 @@ def loaded():
     return nft, first
 
 
-def apply(nft: TokenFake, *objs, layout: str = "sharded"):
+def apply(nft: Fake, *objs, layout: str = "sharded"):
     """Plan and commit the edit as sync.commit does; (plan, token after the commit)."""
     plan = make_plan(compile_ruleset(inventory(*objs), config(layout)), read_live(nft, TABLE))
     nft.run(plan.transaction)
@@ -130,9 +115,9 @@ def test_an_edit_that_removes_no_affinity_endpoint_lists_nothing(loaded):
     before = entries(nft)
     plan, token = apply(nft, *sticky("web", (A, B, "10.244.1.12")), *sticky("api", (A,), ip="10.96.0.51"))
     assert not plan.empty and forgotten_affinity_ids(plan) == {}
-    nft.set_listings = 0
+    nft.object_listings = []
     assert forget_affinity_clients(nft, TABLE, plan, token) == token
-    assert nft.set_listings == 0 and entries(nft) == before
+    assert nft.object_listings == [] and entries(nft) == before
 
 
 def test_switching_to_the_kube_proxy_layout_needs_nothing(loaded):

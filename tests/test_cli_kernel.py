@@ -1128,7 +1128,7 @@ def test_fast_path_is_not_fooled_by_a_recreated_namespace(state, tmp_path):
             sh("ip", "netns", "add", name)
             if path.stat().st_ino == inode:
                 break
-        from reconciler.kernel.nft import Libnftables
+        from reconciler.kernel import Libnftables
 
         with Libnftables(name) as nft:
             i = 0
@@ -1173,7 +1173,7 @@ def test_apply_fast_path_recovers_when_the_recorded_state_is_wrong(applied):
     If that record is wrong (here: it claims an extra element the kernel never had), the
     transaction fails; apply must then list the kernel, re-plan and succeed."""
     from reconciler.kernel import kernel_token
-    from reconciler.kernel.nft import Libnftables
+    from reconciler.kernel import Libnftables
     from reconciler.compile.ruleset import Element
     from reconciler.engine.state import StateStore
 

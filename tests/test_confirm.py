@@ -211,27 +211,17 @@ def test_confirm_with_nothing_pending_exits_1(tmp_path):
     assert p.returncode == 1 and "nothing to confirm" in p.stderr, p.stderr
 
 
-class _RecordingNft:
-    """Stands in for Libnftables where only listings and run_script matter."""
-
-    def __init__(self, tables: dict[str, str]):
-        self.tables, self.scripts = tables, []
-
-    def list_table(self, family, table):
-        return self.tables.get(family)
-
-    def run_script(self, script):
-        self.scripts.append(script)
-
-
 def test_pending_file_round_trip_recovery_and_damage(tmp_path):
     from reconciler.engine import begin_confirm, recover_locked
     from reconciler.engine.confirm import read_pending
     from reconciler.engine.state import StateStore
+    from reconciler.compile import Table
     from reconciler.intake import HealthCheck
+    from reconciler.kernel import Fake, Transaction
 
     store = StateStore(tmp_path, netns="n1", table="nftrec")
-    nft = _RecordingNft({"ip": "table ip nftrec {\n}\n"})
+    nft = Fake()
+    nft.run(Transaction().add_table(Table("ip", "nftrec")))
     p = begin_confirm(nft, store, writer="nftrec apply", revision="r2", digest="d" * 64, timeout=5,
                       checks=(HealthCheck("tcp", "10.0.0.1:80"),))
     assert p.restore == ("add table ip nftrec\ndelete table ip nftrec\ntable ip nftrec {\n}\n"
@@ -240,16 +230,18 @@ def test_pending_file_round_trip_recovery_and_damage(tmp_path):
     # a window confirmed just before a crash is tidied up, never rolled back
     p.confirmed = True
     (store.dir / "pending-confirm.json").write_text(json.dumps(p.to_json()))
-    assert recover_locked(nft, store) is False and nft.scripts == [] and read_pending(store) is None
+    assert recover_locked(nft, store) is False and len(nft.runs) == 1 and read_pending(store) is None
     # an unconfirmed one is rolled back with its own script and recorded as failed
     p2 = begin_confirm(nft, store, writer="nftrec apply", revision="r3", digest="e" * 64, timeout=5, checks=())
-    assert recover_locked(nft, store) is True and nft.scripts == [p2.restore]
+    assert recover_locked(nft, store) is True and len(nft.runs) == 2
+    assert nft.runs[-1].ops == ("add table ip nftrec", "delete table ip nftrec", "add table ip nftrec",
+                                "add table ip6 nftrec", "delete table ip6 nftrec")
     st = store.status()
     assert st.last_attempted_revision == "r3" and st.last_error.startswith("rolled back: nftrec apply (pid")
     assert st.last_applied_revision is None and read_pending(store) is None
     # damaged: reported, moved aside, nothing run
     (store.dir / "pending-confirm.json").write_text("{not json")
-    assert recover_locked(nft, store) is False and len(nft.scripts) == 1
+    assert recover_locked(nft, store) is False and len(nft.runs) == 2
     assert [f.name for f in store.dir.iterdir() if f.name.startswith("pending-confirm.json.corrupt-")]
 
 

@@ -237,6 +237,6 @@ def test_cleanup_nothing_to_do_opens_nothing(netns):
 
 @pytest.mark.kernel
 def test_cleanup_missing_namespace_is_an_error():
-    from reconciler.kernel.nft import NftError
+    from reconciler.kernel import NftError
     with pytest.raises(NftError, match="does not exist"):
         cleanup_udp("nftrec-no-such-ns", cleanup_inventory(), CFG)

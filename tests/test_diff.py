@@ -31,7 +31,7 @@ from reconciler.intake.model import Inventory
 from reconciler.engine.changes import Changes, diff, owner_of_name, transaction_for
 from reconciler.kernel.live import canonical, read_live
 from reconciler.compile import changed_services, compile_incremental, project
-from reconciler.kernel.nft import Fake, Libnftables, Transaction
+from reconciler.kernel import Fake, Libnftables, Transaction
 from reconciler.compile.ruleset import BaseHook, Chain, Rule, Ruleset, Table
 from reconciler.compile.layout import hairpin_chain_of, hairpin_set, hairpin_vmap_key, is_layout_map, relocate
 

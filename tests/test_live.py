@@ -1,4 +1,4 @@
-"""reconciler/kernel/live.py: the rule normal form, listing parser, and round trips through a
+"""reconciler/kernel/live.py and ruletext.py: the rule normal form, listing parser, and round trips through a
 real kernel (inside test namespaces): what we load reads back equal."""
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ from _nft_samples import CONFIG, rich_inventory
 from nsutil import in_ns
 from reconciler.compile.services import compile_ruleset
 from reconciler.engine.changes import diff
-from reconciler.kernel.live import canonical_rule, fingerprint, parse_duration, parse_table, read_live
-from reconciler.kernel.nft import Libnftables, Transaction
+from reconciler.kernel.live import fingerprint, parse_duration, parse_table, read_live
+from reconciler.kernel.ruletext import canonical_rule
+from reconciler.kernel import Libnftables, Transaction
 from reconciler.compile.render import render_script
 from reconciler.compile.ruleset import BaseHook, Chain, Element, NamedSet, Rule, Ruleset, Table
 
@@ -322,7 +323,7 @@ def test_parse_table_reads_what_nftrec_never_makes():
 
 
 def test_read_live_refuses_unknown_objects_with_a_clear_error():
-    from reconciler.kernel.nft import NftError
+    from reconciler.kernel import NftError
 
     class Lister:
         def list_table(self, family, table):

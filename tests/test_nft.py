@@ -1,4 +1,4 @@
-"""reconciler/kernel/nft.py: Transaction, Fake, and libnftables against a real kernel.
+"""reconciler/kernel: Transaction, Fake, and libnftables against a real kernel.
 
 Real-kernel tests run only inside namespaces made by the `netns` fixture; the host
 ruleset is only ever read (`nft list ruleset`), to prove it did not change.
@@ -14,8 +14,8 @@ import pytest
 
 from nsutil import in_ns, sh
 from reconciler import heap
-from reconciler.kernel import nft as nftmod
-from reconciler.kernel.nft import Fake, Libnftables, NftError, NotFound, Transaction
+from reconciler.kernel import Fake, Libnftables, NftError, NotFound, Transaction
+from reconciler.kernel import libnftables as nftmod
 from reconciler.compile.ruleset import BaseHook, Chain, Element, NamedSet, Rule, Table
 
 T = "nftrec"
@@ -126,6 +126,26 @@ def test_fake_check_changes_nothing():
     assert f.list_tables() == []
     with pytest.raises(NotFound):
         f.check(Transaction().add_rule("ip", T, "x", Rule("drop")))
+
+
+def test_run_script_restores_a_listing(backend):
+    """What a confirmed apply's rollback runs: delete the table, then its listing."""
+    backend.run(small_tx())
+    listing = backend.list_table("ip", T)
+    backend.run(Transaction().add("ip", T, Chain("extra")).delete("ip", T, Element(("172.30.0.1",)), set=CIPS))
+    backend.run_script(f"add table ip {T}\ndelete table ip {T}\n{listing}")
+    assert backend.list_table("ip", T) == listing
+
+
+def test_every_interface_method_is_on_the_fake_and_libnftables():
+    from typing import Protocol
+
+    from reconciler.kernel import Interface
+
+    names = {n for n in vars(Interface) if not n.startswith("_") and n not in vars(Protocol)}
+    assert {"run", "run_script", "netns_cookie", "in_namespace", "close"} <= names
+    for cls in (Fake, Libnftables):
+        assert all(callable(getattr(cls, n, None)) for n in names), cls
 
 
 # --- libnftables, real kernel --------------------------------------------------------------

@@ -22,26 +22,6 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 TABLE = "nftrec"
 
 
-class CountingFake(Fake):
-    """The Fake with a namespace cookie (so kernel tokens exist) that counts listings."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.full_listings = 0
-        self.object_listings: list[tuple[str, tuple[str, ...], tuple[str, ...]]] = []
-
-    def netns_cookie(self) -> int:
-        return 7
-
-    def list_table(self, family, table):
-        self.full_listings += 1
-        return super().list_table(family, table)
-
-    def list_objects(self, family, table, chains, sets):
-        self.object_listings.append((family, tuple(chains), tuple(s.name for s in sets)))
-        return super().list_objects(family, table, chains, sets)
-
-
 def ruleset(tmp_path: Path, edit: bool):
     """edge-small's ruleset; with `edit`, default/web's terminating endpoint becomes ready."""
     m = tmp_path / ("edited" if edit else "orig")
@@ -62,7 +42,7 @@ def ruleset(tmp_path: Path, edit: bool):
 @pytest.fixture
 def applied(tmp_path):
     """A Fake holding edge-small, the edited ruleset, and a plan to it from a listing."""
-    nft = CountingFake()
+    nft = Fake()
     first = ruleset(tmp_path, edit=False)
     nft.run(make_plan(first, read_live(nft, TABLE)).transaction)
     target = Target(None, TABLE, tmp_path / "state")
@@ -116,7 +96,7 @@ def test_another_commit_in_between_lists_and_compares_everything(applied):
 
 
 def test_a_recreated_table_is_verified_whole(tmp_path):
-    nft = CountingFake()
+    nft = Fake()
     target = Target(None, TABLE, tmp_path / "state")
     desired = ruleset(tmp_path, edit=False)
     token = kernel_token(nft)

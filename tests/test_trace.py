@@ -18,7 +18,9 @@ import pytest
 
 from reconciler.compile import Rule
 from reconciler.compile.services import compile_ruleset
-from reconciler.engine.trace import Packet, UnknownExpression, format_text, service_sources, trace_packet
+from reconciler.engine.trace import UnknownExpression, trace_packet
+from reconciler.engine.tracecommand import service_sources
+from reconciler.engine.tracereport import Packet, format_text
 
 HERE = Path(__file__).resolve().parent
 EXAMPLES = HERE.parent / "examples"

@@ -3,7 +3,7 @@ compare one listing with the desired ruleset by fingerprint, and still fail on a
 difference; the history bytes and the expected fingerprint computed beside the commit
 are the ones computed after it.
 
-Against the Fake (test_sync.py's CountingFake, with kernel tokens); the real kernel's
+Against the Fake (which has kernel tokens and counts its listings); the real kernel's
 cold apply is every first `nftrec apply` in tests/test_cli_kernel.py and the data-plane
 tests.
 """
@@ -17,14 +17,14 @@ import pytest
 from reconciler.compile import digest_bytes, digest_parts
 from reconciler.engine import CommandError, Target, commit, forgotten_affinity_ids, make_plan, touched_objects
 from reconciler.engine.verify import OVERLAP_MAX_OPS, Prepared, expected, slim_created, verify_listed
-from reconciler.kernel import fingerprint, kernel_token, read_live
-from test_sync import TABLE, CountingFake, ruleset
+from reconciler.kernel import Fake, fingerprint, kernel_token, read_live
+from test_sync import TABLE, ruleset
 
 
 @pytest.fixture
 def cold(tmp_path):
     """A Fake after a cold apply of edge-small: (nft, target, desired, plan)."""
-    nft = CountingFake()
+    nft = Fake()
     target = Target(None, TABLE, tmp_path / "state")
     desired = ruleset(tmp_path, edit=False)
     plan = make_plan(desired, read_live(nft, TABLE))
@@ -68,7 +68,7 @@ def test_typeof_is_compared_although_the_fingerprint_leaves_it_out(cold):
 
 
 def test_prepared_computes_what_is_computed_after_the_commit(tmp_path):
-    nft = CountingFake()
+    nft = Fake()
     desired = ruleset(tmp_path, edit=False)
     plan = make_plan(desired, read_live(nft, TABLE))
     assert 0 < len(plan.transaction) <= OVERLAP_MAX_OPS
@@ -88,7 +88,7 @@ def test_prepared_computes_what_is_computed_after_the_commit(tmp_path):
 def test_slim_created_keeps_what_is_read_after_the_commit(tmp_path):
     """A plan that creates its tables, slimmed before the commit, answers every question
     apply and watch ask after it as the whole plan does; any other plan is kept whole."""
-    nft = CountingFake()
+    nft = Fake()
     desired = ruleset(tmp_path, edit=False)
     plan = make_plan(desired, read_live(nft, TABLE))
     slim = slim_created(plan)

@@ -39,7 +39,7 @@ from reconciler.daemon import health
 from reconciler.intake import (
     Intake, Inventory, NodeConfig, Snapshot, discover_host_addresses, discover_node_ips, load_node_config,
 )
-from reconciler.kernel import NftError, canonical, fingerprint, kernel_token, read_live
+from reconciler.kernel import Interface, NftError, canonical, fingerprint, kernel_token, read_live
 
 
 def _netns_id(netns: str | None) -> tuple | None:
@@ -112,7 +112,7 @@ class Daemon:
         self.clock = clock
         self.intake = Intake(directory, strict=strict)
         self.store = target.store()
-        self.nft = None
+        self.nft: Interface | None = None
         self.config: NodeConfig | None = None
         self.desired: Compiled | None = None  # the last good revision, compiled
         self.applied: Compiled | None = None  # what our last commit put in the kernel

@@ -33,6 +33,8 @@ __all__, __getattr__ = lazy_exports(__name__, {
              "verify_touched"),
     "target": ("CommandError", "Target", "short_revision"),
     "teardown": ("KUBE_PROXY_TABLE", "cleanup"),
-    "trace": ("Packet", "UnknownExpression", "run_trace", "trace_packet"),
+    "trace": ("UnknownExpression", "trace_packet"),
+    "tracecommand": ("run_trace",),
+    "tracereport": ("Packet",),
     "verify": ("slim_created",),
 })

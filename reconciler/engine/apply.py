@@ -2,7 +2,7 @@
 
 desired (desired.load_desired, a saved plan, or a history entry for --rollback)
   → read live (live.read_live, or the fast path below) → plan.make_plan
-  → one atomic transaction (nft.Interface.run) → re-read and verify → state store.
+  → one atomic transaction (kernel.Interface.run) → re-read and verify → state store.
 Verification reads back what the transaction wrote (sync.verify_touched); when it
 created the table, or with --verify full, one listing compared by fingerprint
 (verify.py), whose expected side and the history entry's bytes are computed while nft
@@ -38,7 +38,7 @@ from reconciler.engine.state import HOST, StateCorrupt, read_history, read_statu
 from reconciler.engine.sync import clean_udp_conntrack, commit, forget_affinity_clients, touched_objects, verify_touched
 from reconciler.engine.target import CommandError, Target, short_revision
 from reconciler.engine.verify import Prepared, slim_created, verify_listed
-from reconciler.kernel import Libnftables, NftError, canonical, fingerprint, kernel_token, read_live
+from reconciler.kernel import Interface, NftError, canonical, fingerprint, kernel_token, read_live
 
 EXIT_OK, EXIT_ERROR, EXIT_CHANGES = 0, 1, 2
 
@@ -48,7 +48,7 @@ def _color(stream: TextIO) -> bool:
     return stream.isatty() and not os.environ.get("NO_COLOR")
 
 
-def recorded_state(nft: Libnftables, target: Target, *, lazy: bool = False) -> tuple[Ruleset, dict | None] | None:
+def recorded_state(nft: Interface, target: Target, *, lazy: bool = False) -> tuple[Ruleset, dict | None] | None:
     """The fast path: (the last applied ruleset as recorded, its compile memo or None)
     while the kernel's generation token says nobody committed since; else None.
     `lazy`: its chains and sets are decoded when first read (engine/recorded.py)."""
@@ -65,7 +65,7 @@ def recorded_state(nft: Libnftables, target: Target, *, lazy: bool = False) -> t
     return None
 
 
-def read_live_state(nft: Libnftables, target: Target, *, refresh: bool) -> tuple[Ruleset, bool]:
+def read_live_state(nft: Interface, target: Target, *, refresh: bool) -> tuple[Ruleset, bool]:
     """(live ruleset in canonical form, whether it came from the fast path)."""
     if not refresh:
         rec = recorded_state(nft, target)
@@ -74,7 +74,7 @@ def read_live_state(nft: Libnftables, target: Target, *, refresh: bool) -> tuple
     return read_live(nft, target.table), False
 
 
-def plan_desired(desired, nft: Libnftables, target: Target, *, refresh: bool):
+def plan_desired(desired, nft: Interface, target: Target, *, refresh: bool):
     """Compile `desired` (read with compile=False) against what the kernel holds, and plan:
     (desired with its ruleset, plan, the live listing or None, whether the kernel was
     not listed, the compile memo).

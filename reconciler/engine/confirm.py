@@ -44,7 +44,7 @@ from reconciler.engine.lock import LockHeld
 from reconciler.engine.state import FORMAT_VERSION, StateCorrupt, StateStore, atomic_write, fsync_dir, utc_now
 from reconciler.engine.target import CommandError, Target, short_revision
 from reconciler.intake import HealthCheck
-from reconciler.kernel import NftError
+from reconciler.kernel import Interface, NftError
 
 PENDING_FILE = "pending-confirm.json"
 REQUEST_FILE = "confirm-request.json"
@@ -162,7 +162,7 @@ def _rfc3339(unix: float) -> str:
 # --- the window ------------------------------------------------------------------------------
 
 
-def restore_script(nft, table: str) -> str:
+def restore_script(nft: Interface, table: str) -> str:
     """The nft script that puts nftrec's tables back as they are now (see the module doc)."""
     parts = []
     for family in FAMILIES:
@@ -173,7 +173,7 @@ def restore_script(nft, table: str) -> str:
     return "".join(parts)
 
 
-def begin_confirm(nft, store: StateStore, *, writer: str, revision: str | None, digest: str, timeout: float,
+def begin_confirm(nft: Interface, store: StateStore, *, writer: str, revision: str | None, digest: str, timeout: float,
           checks: tuple[HealthCheck, ...]) -> Pending:
     """Before the commit, under the lock: record what to restore. A crash from here on
     rolls back on the next command (restoring the same tables if the commit never ran)."""
@@ -187,7 +187,7 @@ def begin_confirm(nft, store: StateStore, *, writer: str, revision: str | None, 
     return pending
 
 
-def roll_back(nft, store: StateStore, pending: Pending, reason: str) -> None:
+def roll_back(nft: Interface, store: StateStore, pending: Pending, reason: str) -> None:
     """Restore the previous tables in one transaction; record the revision as failed."""
     try:
         nft.run_script(pending.restore)
@@ -296,7 +296,7 @@ def window_signals():
             signal.signal(s, h)
 
 
-def hold_window(nft, target: Target, pending: Pending, spec: ConfirmSpec, record: Callable[[], Any]) -> None:
+def hold_window(nft: Interface, target: Target, pending: Pending, spec: ConfirmSpec, record: Callable[[], Any]) -> None:
     """`apply`'s window, after the commit was verified: record on confirmation, else roll
     back and raise CommandError (exit 1)."""
     store = target.store()
@@ -323,7 +323,7 @@ def hold_window(nft, target: Target, pending: Pending, spec: ConfirmSpec, record
 # --- after a crash, and `nftrec confirm` ------------------------------------------------------------
 
 
-def recover_locked(nft, store: StateStore) -> bool:
+def recover_locked(nft: Interface, store: StateStore) -> bool:
     """Holding the lock: a pending file means its writer is gone. Roll back (True), or
     just tidy up a window that was confirmed before the crash (False)."""
     pending = read_pending(store)

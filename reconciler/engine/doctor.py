@@ -15,7 +15,7 @@ from typing import Callable, TextIO
 
 from reconciler import logs
 from reconciler.engine.teardown import KUBE_PROXY_TABLE
-from reconciler.kernel import Libnftables, NftError, Transaction
+from reconciler.kernel import Interface, Libnftables, NftError, Transaction
 from reconciler.compile import Table
 
 MIN_NFT = (1, 0, 1)
@@ -72,6 +72,7 @@ def run_doctor(netns: str | None, table: str, out: TextIO = sys.stdout,
     env = os.environ if env is None else env
     read = read or (lambda p: open(p).read())
     checks = [check_kernel(os.uname().release, env), check_privileges(read("/proc/self/status"))]
+    nft: Interface | None
     try:
         nft = Libnftables(netns)
     except NftError as e:

@@ -1,10 +1,7 @@
 """The sync step shared by `nftrec apply` and `nftrec watch`: plan → one transaction →
-a kernel verified to hold the desired ruleset. The caller records the state.
-
-A plan made from memory (apply's recorded state, or watch's last commit, trusted while
-the kernel's generation token says nobody else committed) saves listing the tables. If
-the kernel rejects its transaction, the memory was wrong after all: `commit` lists the
-tables, plans again and tries once more. A plan made from a listing is not retried.
+a kernel verified to hold the desired ruleset; the caller records the state. A plan made
+from memory (trusted while the generation token says nobody else committed) that the
+kernel rejects is re-planned once from a listing.
 """
 
 from __future__ import annotations
@@ -18,12 +15,12 @@ from reconciler.engine.plan import Plan, make_plan
 from reconciler.engine.target import CommandError, Target
 from reconciler.intake import Inventory, NodeConfig
 from reconciler.kernel import (
-    Libnftables, NftError, NotFound, Transaction, cleanup_udp, kernel_token, parse_duration, read_live,
+    Interface, NftError, NotFound, Transaction, cleanup_udp, kernel_token, parse_duration, read_live,
     read_live_objects, read_runtime_keys,
 )
 
 
-def commit(nft: Libnftables, table: str, desired: Ruleset, plan: Plan, services: dict, *,
+def commit(nft: Interface, table: str, desired: Ruleset, plan: Plan, services: dict, *,
            from_memory: str | None) -> tuple[Plan, bool]:
     """Run `plan`'s transaction: (the plan that ran, whether it was re-planned from a
     listing). `from_memory` says where a plan not made from a listing came from ("the
@@ -47,9 +44,8 @@ def commit(nft: Libnftables, table: str, desired: Ruleset, plan: Plan, services:
     return plan, True
 
 
-def verify_applied(nft: Libnftables, target: Target, desired: Ruleset) -> tuple[Ruleset, int | None]:
+def verify_applied(nft: Interface, target: Target, desired: Ruleset) -> tuple[Ruleset, int | None]:
     """Re-read the kernel; (live, the generation token the listing is at least as new as).
-
     The token is taken BEFORE listing: a commit by someone else after it makes the
     recorded token stale (the next plan lists), never hides that commit behind it."""
     token = kernel_token(nft)
@@ -82,16 +78,12 @@ def touched_objects(plan: Plan) -> dict[str, tuple[list[str], list[NamedSet]]] |
     return out
 
 
-def verify_touched(nft: Libnftables, target: Target, desired: Ruleset, plan: Plan, *,
+def verify_touched(nft: Interface, target: Target, desired: Ruleset, plan: Plan, *,
                    token_before: int | None) -> tuple[Ruleset | None, int | None]:
-    """`apply`'s default check (`--verify touched`): (the full listing, or None; the token).
-
-    The generation token advancing by exactly our commit since `token_before` (taken
-    before the kernel was read for the plan) proves that nobody else wrote in between, so
-    the kernel holds the plan's starting point plus our transaction. What is left to
-    prove is that nft stored what we meant: the chains and sets the transaction wrote are
-    read back and compared. Anything else (another writer, a re-created table) lists and
-    compares everything (`verify_applied`)."""
+    """`--verify touched`: (the full listing, or None; the token). A token that advanced by
+    exactly our commit since `token_before` proves nobody else wrote, so only the chains
+    and sets the transaction wrote are read back and compared. Anything else (another
+    writer, a re-created table) lists and compares everything (`verify_applied`)."""
     after = kernel_token(nft)
     touched = touched_objects(plan)
     expected = (token_before + (0 if plan.empty else 1)) if token_before is not None else None
@@ -115,14 +107,12 @@ def verify_touched(nft: Libnftables, target: Target, desired: Ruleset, plan: Pla
     return None, after
 
 
-def verify_commit(nft: Libnftables, target: Target, desired: Ruleset, *, token_before: int | None,
+def verify_commit(nft: Interface, target: Target, desired: Ruleset, *, token_before: int | None,
                   committed: bool, full: bool) -> tuple[Ruleset | None, int | None]:
     """After `commit`: (the verified listing, or None when none was needed; the token).
-
-    When the token advanced by exactly our one commit (or not at all, with nothing
-    committed), nobody else wrote in between and the transaction was atomic, so the
-    kernel holds `desired` without listing. Otherwise, and always when `full`, list and
-    compare (`verify_applied`)."""
+    A token advanced by exactly our commit (or unchanged, with nothing committed) means
+    the atomic transaction left `desired` in the kernel; otherwise, and always when
+    `full`, list and compare (`verify_applied`)."""
     after = kernel_token(nft)
     expected = (token_before + 1 if committed else token_before) if token_before is not None else None
     if full or after is None or after != expected:
@@ -139,8 +129,8 @@ def udp_services(inventory: Inventory | None) -> set[str]:
 
 def clean_udp_conntrack(netns: str | None, inventory: Inventory, config: NodeConfig, plan: Plan,
                         old: Inventory | None = None) -> int | None:
-    """After a commit: delete UDP conntrack entries pinned to endpoints that went away
-    (reference §8.5), when the plan touched a UDP Service (of `inventory` or `old`).
+    """After a commit: delete UDP conntrack entries pinned to endpoints that went away,
+    as kube-proxy does, when the plan touched a UDP Service (of `inventory` or `old`).
     The number deleted, or None when nothing was tried or the cleanup failed (logged as
     a warning: it never fails a sync that already reached the kernel)."""
     touched = {s.service for s in plan.services}
@@ -164,11 +154,9 @@ _FORGET_ATTEMPTS = 3  # each with a fresh listing: an entry may expire between l
 
 def forgotten_affinity_ids(plan: Plan) -> dict[str, set[tuple[int, int]]]:
     """{family: endpoint ids} whose entries in the shared affinity set (layout sharded)
-    the plan's transaction made stale: an endpoint chain removed (the endpoint, or its
-    Service, went; or affinity was turned off) or its `update` timeout changed. kube-proxy
-    deletes such an endpoint's own set (and re-creates it for a new timeout), so a
-    returning endpoint starts without clients. Read from the plan's changed chains only:
-    nothing for an edit that removed no affinity endpoint."""
+    the plan made stale: an endpoint chain removed or its `update` timeout changed.
+    kube-proxy deletes such an endpoint's own set, so a returning endpoint starts without
+    clients. Read from the plan's changed chains only."""
     out: dict[str, set[tuple[int, int]]] = {}
     for family, fc in plan.changes.families.items():
         if fc.table is not None:  # the table (and its set) was created, re-created or deleted
@@ -184,7 +172,7 @@ def forgotten_affinity_ids(plan: Plan) -> dict[str, set[tuple[int, int]]]:
     return out
 
 
-def _stale_entries(nft: Libnftables, table: str, family: str, ids: set[tuple[int, int]]) -> list[Element]:
+def _stale_entries(nft: Interface, table: str, family: str, ids: set[tuple[int, int]]) -> list[Element]:
     """The set's current elements whose endpoint id is one of `ids`, keys rebuilt from
     parsed values (what goes back into a command is never the listing's raw text)."""
     out = []
@@ -196,15 +184,12 @@ def _stale_entries(nft: Libnftables, table: str, family: str, ids: set[tuple[int
     return out
 
 
-def forget_affinity_clients(nft: Libnftables, table: str, plan: Plan, token: int | None) -> int | None:
-    """After a verified commit: delete the shared affinity set's entries of the endpoints
-    the commit removed or whose timeout it changed (`forgotten_affinity_ids`), so their
-    former clients are not sent back to them if they return (kube-proxy's behaviour).
-    After the commit, because then no rule references those ids and no new entry with
-    them can appear. Returns the generation token to record: our own delete transactions
-    advance it, and it is kept only when nothing else committed in between (otherwise the
-    token before them: stale, so the next plan lists). Never raises: a failure is a
-    warning, and the entries left behind expire after their Service's affinity timeout."""
+def forget_affinity_clients(nft: Interface, table: str, plan: Plan, token: int | None) -> int | None:
+    """After a verified commit (no rule references those ids any more): delete the shared
+    affinity set's entries of `forgotten_affinity_ids`, as kube-proxy forgets them.
+    Returns the token to record: advanced by our deletes only when nothing else committed
+    in between, else the one before. Never raises: a failure is a warning, and the entries
+    expire after their Service's affinity timeout."""
     forgotten = forgotten_affinity_ids(plan)
     if not forgotten:
         return token

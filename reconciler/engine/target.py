@@ -9,7 +9,7 @@ from pathlib import Path
 
 from reconciler.engine.lock import Lock
 from reconciler.engine.state import StateStore
-from reconciler.kernel import Libnftables, NftError
+from reconciler.kernel import Interface, Libnftables, NftError
 
 
 def short_revision(revision: str | None) -> str:
@@ -48,7 +48,7 @@ class Target:
     def lock(self) -> Lock:
         return Lock(self.store().lock_path)
 
-    def nft(self) -> Libnftables:
+    def nft(self) -> Interface:
         try:
             return Libnftables(self.netns)
         except NftError as e:

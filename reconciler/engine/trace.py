@@ -1,38 +1,20 @@
-"""`nftrec trace`: explain what nftrec's ruleset does to one packet, without sending it.
-
-The evaluator walks the hooks a new connection's first packet takes through nftrec's
-own table of the packet's family, in kube-proxy's layout:
-
-    --from pod / external:  prerouting (filter -110, nat -100) ─► routing ─► input, or
-                            forward ─► postrouting
-    --from node:            output (filter -110, nat -100, filter 0) ─► postrouting
-                            (─► input, when the destination is the node itself)
-
-Base chains are found by their hook and sorted by priority, so the walk follows the
-Ruleset, not a copy of the layout. Rules are interpreted in their canonical text
-(`kernel.live.canonical`: the one normal form of the rules nftrec writes and of nft's
-listing of them), so the desired and the live ruleset go through the same grammar.
-The grammar is exactly the expressions the compiler emits (see `_Rule`); anything else
-raises `UnknownExpression` naming the chain and rule: a trace never guesses.
-
-Assumptions, stated in every trace: the packet opens a new connection (`ct state new`
-is true), no affinity entry exists yet for the client (dynamic sets are runtime state),
-and only nftrec's table is evaluated (other tables on the node are not).
-`numgen random mod N` branches into N outcomes of probability 1/N each.
+"""The evaluator of `nftrec trace`: one new connection's first packet through nftrec's
+table, without sending it. Base chains are found by hook and priority, so the walk follows
+the Ruleset. Rules are read in `kernel.canonical`'s normal form, one grammar for the desired
+and the live ruleset: exactly what the compiler emits (`Evaluator._rule`). Anything else
+raises `UnknownExpression`: a trace never guesses.
 """
 
 from __future__ import annotations
 
 import ipaddress
-import json
 import re
-import sys
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
-from pathlib import Path
-from typing import TextIO
 
 from reconciler.compile import Ruleset, Table, chain_id, element_id
+from reconciler.engine.tracereport import Outcome, Packet, Step, Trace, join_endpoint
+from reconciler.kernel import canonical, rule_tokens
 
 ORIGINS = ("pod", "node", "external")
 PROTOCOLS = ("tcp", "udp", "sctp")
@@ -52,37 +34,6 @@ class UnknownExpression(Exception):
 
 class TraceError(Exception):
     """Bad trace input (addresses, ports, families)."""
-
-
-# --- the packet and what happens to it -----------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Packet:
-    src: str
-    dst: str
-    dport: int
-    proto: str = "tcp"
-    origin: str = "external"  # pod | node | external
-
-    @property
-    def family(self) -> str:
-        return "ip" if ipaddress.ip_address(self.dst).version == 4 else "ip6"
-
-
-@dataclass(frozen=True)
-class Step:
-    hook: str
-    chain: str
-    rule: str  # the rule text as interpreted ("" for "chain ends")
-    index: int  # rule position in the chain (0-based); -1: the chain ended
-    note: str = ""
-
-    def to_json(self) -> dict:
-        d = {"hook": self.hook, "chain": self.chain, "rule": self.rule, "index": self.index}
-        if self.note:
-            d["note"] = self.note
-        return d
 
 
 @dataclass
@@ -107,100 +58,18 @@ class _State:
         return replace(self, steps=list(self.steps), owners=list(self.owners))
 
 
-@dataclass
-class Outcome:
-    probability: Fraction
-    verdict: str  # dnat | drop | reject | local (delivered to the node, not DNATed) | forward
-    endpoint: str | None
-    masquerade: bool
-    affinity: bool
-    steps: list[Step]
-    decided_by: Step | None
-    service: str | None
-    branch: str = ""
-
-    def to_json(self) -> dict:
-        return {
-            "probability": str(self.probability), "probabilityValue": float(self.probability),
-            "verdict": self.verdict, "endpoint": self.endpoint, "masquerade": self.masquerade,
-            "affinity": self.affinity, "service": self.service, "branch": self.branch or None,
-            "decidedBy": self.decided_by.to_json() if self.decided_by else None,
-            "path": [s.to_json() for s in self.steps],
-        }
-
-
-@dataclass
-class Trace:
-    packet: Packet
-    family: str
-    ruleset_kind: str  # desired | live
-    outcomes: list[Outcome]
-    notes: list[str]
-    services: dict[str, str] = field(default_factory=dict)  # "ns/name" -> "file:line"
-
-    # --- summaries the tests and the text output use ---
-
-    @property
-    def endpoints(self) -> dict[str, Fraction]:
-        out: dict[str, Fraction] = {}
-        for o in self.outcomes:
-            if o.verdict == "dnat":
-                out[o.endpoint] = out.get(o.endpoint, Fraction(0)) + o.probability
-        return out
-
-    @property
-    def verdicts(self) -> set[str]:
-        return {o.verdict for o in self.outcomes}
-
-    @property
-    def masquerade(self) -> set[bool]:
-        return {o.masquerade for o in self.outcomes}
-
-    @property
-    def service(self) -> str | None:
-        return next((o.service for o in self.outcomes if o.service), None)
-
-    def to_json(self) -> dict:
-        p = self.packet
-        return {
-            "packet": {"src": p.src, "dst": p.dst, "dport": p.dport, "proto": p.proto, "from": p.origin},
-            "family": self.family, "ruleset": self.ruleset_kind,
-            "verdicts": sorted(self.verdicts),
-            "endpoints": {ep: {"probability": str(pr), "probabilityValue": float(pr)}
-                          for ep, pr in sorted(self.endpoints.items())},
-            "masquerade": sorted(self.masquerade),
-            "service": self.service,
-            "source": self.services.get(self.service) if self.service else None,
-            "outcomes": [o.to_json() for o in self.outcomes],
-            "notes": self.notes,
-        }
-
-
-# --- rule text -> tokens -------------------------------------------------------------------
-
-
 def _tokens(text: str) -> list[str]:
-    """Words, with each balanced `{ … }` group kept as one token."""
+    """kernel.rule_tokens, with each balanced `{ … }` group joined back into one token
+    (`{ a, b }`, as the normal form prints it)."""
     out: list[str] = []
-    depth, cur, buf = 0, [], ""
-    for ch in text + " ":
+    depth = 0
+    for t in rule_tokens(text):
         if depth:
-            buf += ch
-            depth += (ch == "{") - (ch == "}")
-            if not depth:
-                out.append(buf)
-                buf = ""
-        elif ch == "{":
-            if cur:
-                out.append("".join(cur))
-                cur = []
-            buf, depth = "{", 1
-        elif ch.isspace():
-            if cur:
-                out.append("".join(cur))
-                cur = []
+            out[-1] += t if t == "," else " " + t
+            depth += (t == "{") - (t == "}")
         else:
-            cur.append(ch)
+            out.append(t)
+            depth = int(t == "{")
     if depth:
         raise ValueError("unbalanced braces")
     return out
@@ -235,13 +104,6 @@ def _split_endpoint(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def _join(ip: str, port: int) -> str:
-    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
-
-
-# --- the evaluator ----------------------------------------------------------------------------
-
-
 class _Unknown(Exception):
     def __init__(self, at: str):
         self.at = at
@@ -249,8 +111,6 @@ class _Unknown(Exception):
 
 class Evaluator:
     def __init__(self, ruleset: Ruleset, family: str, local_addresses: set[str]):
-        from reconciler.kernel import canonical
-
         self.family = family
         self.table: Table | None = canonical(ruleset).tables.get(family)
         self.owners = ruleset.owners
@@ -285,6 +145,11 @@ class Evaluator:
         return [c.name for c in sorted(chains, key=lambda c: c.base.priority)]
 
     def run(self, packet: Packet) -> list[_State]:
+        # kube-proxy's layout of hooks:
+        #   from a pod or outside:  prerouting (filter -110, nat -100) ─► routing ─► input,
+        #                           or forward ─► postrouting
+        #   from the node:          output (filter -110, nat -100, filter 0) ─► postrouting
+        #                           (─► input, when the destination is the node itself)
         st = _State(packet.src, packet.dst, packet.dport, packet.proto, packet.origin)
         if packet.origin == "node":
             plan = [("output", ("filter", "nat")), ("postrouting", ("filter", "nat"))]
@@ -595,7 +460,7 @@ class Evaluator:
             targets = []
             for k, v in self._numgen_table(rest[7], n):
                 ip, port = (x.strip() for x in v.split(" . "))
-                targets.append((_join(ip, int(port)), Fraction(1, n), f"numgen {k} of {n}"))
+                targets.append((join_endpoint(ip, int(port)), Fraction(1, n), f"numgen {k} of {n}"))
         else:
             raise _Unknown("dnat " + " ".join(rest))
         out = []
@@ -605,7 +470,7 @@ class Evaluator:
             s2.probability = st.probability * p
             if branch:
                 s2.branch = branch
-            s2.dnat, s2.daddr, s2.dport = _join(ip, port), ip, port
+            s2.dnat, s2.daddr, s2.dport = join_endpoint(ip, port), ip, port
             note = f"DNAT to {s2.dnat}" + (f" (probability {p})" if len(targets) > 1 else "")
             s2.steps.append(replace(step, note=note))
             out.append((s2, ("nat", None)))
@@ -660,9 +525,6 @@ class Evaluator:
             raise _Unknown(f"operand {e}") from None
 
 
-# --- public entry points ----------------------------------------------------------------------
-
-
 def check_packet(packet: Packet) -> Packet:
     try:
         src, dst = ipaddress.ip_address(packet.src), ipaddress.ip_address(packet.dst)
@@ -715,123 +577,3 @@ def trace_packet(ruleset: Ruleset, packet: Packet, local_addresses=(), *,
         notes.append("ClientIP affinity: a client already in an endpoint's affinity set goes to that "
                      "endpoint; the probabilities are for a client seen for the first time")
     return Trace(packet, family, ruleset_kind, outcomes, notes, dict(sources or {}))
-
-
-# --- output -------------------------------------------------------------------------------------
-
-
-def _verdict_line(o: Outcome) -> str:
-    if o.verdict == "dnat":
-        text = f"DNAT to {o.endpoint}"
-    elif o.verdict in ("drop", "reject"):
-        text = o.verdict.upper()
-        if o.decided_by:
-            text += f" by {o.decided_by.chain} rule {o.decided_by.index + 1}: {o.decided_by.rule}"
-    elif o.verdict == "local":
-        text = "delivered to the node itself, not DNATed"
-    else:
-        text = "forwarded unchanged (not DNATed)"
-    if o.verdict not in ("drop", "reject"):
-        text += ", masqueraded" if o.masquerade else ", not masqueraded"
-    return text
-
-
-def format_text(tr: Trace) -> str:
-    p = tr.packet
-    lines = [f"packet {p.proto} {p.src} -> {_join(p.dst, p.dport)} from {p.origin} "
-             f"({tr.family} table, {tr.ruleset_kind} ruleset)"]
-    common = tr.outcomes[0].steps if tr.outcomes else []
-    for o in tr.outcomes[1:]:
-        n = 0
-        while n < min(len(common), len(o.steps)) and common[n] == o.steps[n]:
-            n += 1
-        common = common[:n]
-
-    def step_line(s: Step) -> str:
-        where = f"{s.hook:<11} {s.chain}"
-        rule = f"[{s.index + 1}] {s.rule}" if s.index >= 0 else "(end)"
-        return f"  {where}  {rule}" + (f"\n      -> {s.note}" if s.note else "")
-
-    lines += [step_line(s) for s in common]
-    if len(tr.outcomes) > 1:
-        for n, o in enumerate(tr.outcomes, 1):
-            lines.append(f"  branch {n}/{len(tr.outcomes)} (probability {o.probability}): {_verdict_line(o)}")
-            lines += ["  " + step_line(s) for s in o.steps[len(common):]]
-    lines.append("verdict:")
-    eps = tr.endpoints
-    for ep, pr in sorted(eps.items()):
-        masq = {o.masquerade for o in tr.outcomes if o.endpoint == ep}
-        lines.append(f"  DNAT to {ep} with probability {pr}"
-                     + (", masqueraded" if masq == {True} else ", not masqueraded" if masq == {False}
-                        else ", masqueraded on some paths"))
-    for o in tr.outcomes:
-        if o.verdict != "dnat":
-            lines.append(f"  {_verdict_line(o)}" + (f" (probability {o.probability})" if o.probability != 1 else ""))
-    svc = tr.service
-    if svc:
-        lines.append(f"service: {svc}" + (f" ({tr.services[svc]})" if tr.services.get(svc) else ""))
-    else:
-        lines.append("service: none (no Service's rules or elements matched)")
-    lines += [f"note: {n}" for n in tr.notes]
-    return "\n".join(lines)
-
-
-# --- the command ------------------------------------------------------------------------------
-
-
-def service_sources(inventory) -> dict[str, str]:
-    out = {}
-    for s in inventory.services:
-        src = s.source
-        out[s.key] = f"{src.file}:{src.line}" if src.line else src.file
-    return out
-
-
-def run_trace(packet: Packet, *, desired=None, live_target=None, directory: Path | None = None,
-              local_addresses=(), output: str = "text", out: TextIO | None = None) -> int:
-    """`nftrec trace`: the desired ruleset (a `Desired`), or the live one (`live_target`,
-    a Target: read_live in its namespace). Exit 0 with a verdict, 1 on an error."""
-    from reconciler.engine.target import CommandError
-
-    out = out or sys.stdout
-    local = set(local_addresses)
-    sources: dict[str, str] = {}
-    if desired is not None:
-        ruleset, kind = desired.ruleset, "desired"
-        cfg = desired.config
-        local |= set(cfg.node_ips) | {ip for _, ip in (cfg.host_addresses or ())}
-        sources = service_sources(desired.inventory)
-    else:
-        from reconciler.kernel import read_live
-
-        kind = "live"
-        nft = live_target.nft()
-        try:
-            ruleset = read_live(nft, live_target.table)
-        finally:
-            nft.close()
-        if not ruleset.tables:
-            raise CommandError(f"no table {live_target.table} in {live_target.where}: nothing to trace "
-                               f"(apply first, or trace the desired ruleset without --live)")
-        from reconciler.engine.desired import node_address_discovery
-
-        try:
-            local |= {ip for _, ip in node_address_discovery(live_target.netns)()}
-        except Exception as e:  # noqa: BLE001 - the trace still works with fewer addresses
-            from reconciler import logs
-
-            logs.log.warning(f"could not list the node's addresses ({e}); only nodeport-ips count as local")
-        if directory is not None:
-            from reconciler.intake import read_inventory
-
-            res = read_inventory(directory)
-            sources = service_sources(res.inventory)
-    try:
-        tr = trace_packet(ruleset, packet, local, ruleset_kind=kind, sources=sources)
-    except (UnknownExpression, TraceError) as e:
-        raise CommandError(str(e)) from None
-    if output == "json":
-        out.write(json.dumps(tr.to_json(), indent=2) + "\n")
-    else:
-        out.write(format_text(tr) + "\n")
-    return 0

@@ -28,7 +28,7 @@ from reconciler.engine.changes import Changes, FamilyChanges
 from reconciler.engine.plan import Plan, ServiceChange
 from reconciler.engine.sync import verify_applied
 from reconciler.engine.target import Target
-from reconciler.kernel import Libnftables, canonical, fingerprint, kernel_token, read_live
+from reconciler.kernel import Interface, canonical, fingerprint, kernel_token, read_live
 
 # Above this many operations the commit is not overlapped: at 10,000 Services (20,644
 # operations) the history bytes (~25 MB) and the canonical copy would sit on top of nft's
@@ -50,7 +50,7 @@ def expected(desired: Ruleset) -> Expected:
     return fingerprint(canonical(desired)), _typeofs(desired)
 
 
-def verify_listed(nft: Libnftables, target: Target, desired: Ruleset,
+def verify_listed(nft: Interface, target: Target, desired: Ruleset,
                   want: Expected | None = None) -> tuple[Ruleset, int | None, str]:
     """List the tables and check they hold `desired`: (the listing, the generation token
     taken before it, as in verify_applied, and the listing's fingerprint). CommandError

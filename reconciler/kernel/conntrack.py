@@ -1,14 +1,8 @@
-"""UDP conntrack cleanup after endpoints go away (reference §8.5).
-
-Why: UDP has no connection end, so a client that keeps sending (DNS resolvers reuse the
-same source port) stays pinned by its conntrack entry to the endpoint it was DNATed to
-— even after that endpoint is gone, until the entry times out. kube-proxy therefore
-deletes UDP entries whose frontend (ClusterIP, LB VIP, externalIP, NodePort) is answered
-by an IP that is no longer a serving endpoint of that Service port; nftrec does the same.
-
-`stale_udp_targets` is pure (what is allowed); `cleanup_udp` lists and deletes entries
-through pyroute2's ctnetlink socket, opened on a thread inside the given network
-namespace only (the caller's namespace is never used when `netns` is given).
+"""UDP conntrack cleanup after endpoints go away, as kube-proxy does it. UDP has no
+connection end, so a client that keeps sending stays pinned by its conntrack entry to an
+endpoint that is gone. `stale_udp_targets` is pure; `cleanup_udp` deletes the entries of
+frontends answered by a non-serving IP, over pyroute2's ctnetlink socket on a thread
+inside the given namespace.
 """
 
 from __future__ import annotations
@@ -24,7 +18,7 @@ from reconciler.compile import (
     slices_by_service,
 )
 from reconciler.intake import Inventory, NodeConfig
-from reconciler.kernel.nft import NamespaceThread  # Libnftables' setns thread, without a libnftables context
+from reconciler.kernel.netns import NamespaceThread
 from reconciler.compile import FAMILIES
 
 _AF = {"ip": socket.AF_INET, "ip6": socket.AF_INET6}

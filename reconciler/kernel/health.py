@@ -1,17 +1,13 @@
-"""Health checks in a network namespace (issue 11: confirmed apply).
-
-- `cmd`: `sh -c CMD`, inside the namespace through `ip netns exec NAME` (which also
-  binds /etc/netns/NAME, as every `ip netns` user expects); exit status 0 passes. The
-  command runs as nftrec's own user (root), in its own process group, killed with it
-  when the attempt's time is up.
-- `url`: an HTTP GET from a thread inside the namespace (NamespaceThread); any 2xx
-  passes, redirects are not followed, proxies from the environment are ignored, and an
-  https:// certificate is not verified (a check wants the data path, not the PKI, the
-  way kubelet's httpGet probes do).
-- `tcp`: a TCP connect from a thread inside the namespace.
-
-Commands come from the operator (command line, node config), never from manifests.
+"""The health checks of a confirmed apply, run in a network namespace. Commands come from
+the operator (command line, node config), never from manifests.
 """
+
+# - `cmd`: `sh -c CMD` through `ip netns exec NAME` (which also binds /etc/netns/NAME);
+#   exit status 0 passes. It runs in its own process group, killed when time is up.
+# - `url`: an HTTP GET from a thread in the namespace; any 2xx passes, redirects are not
+#   followed, environment proxies are ignored, and an https:// certificate is not
+#   verified (a check wants the data path, not the PKI, as kubelet's httpGet probes).
+# - `tcp`: a TCP connect from a thread in the namespace.
 
 from __future__ import annotations
 
@@ -25,7 +21,7 @@ import urllib.error
 import urllib.request
 
 from reconciler.intake import HealthCheck, split_host_port
-from reconciler.kernel.nft import NamespaceThread
+from reconciler.kernel.netns import NamespaceThread
 
 OUTPUT_SHOWN = 300  # characters of a failing command's output kept in its error
 

@@ -1,201 +1,19 @@
-"""Read the live side: nftrec's own tables, as a canonical `Ruleset`.
-
-Pipeline position: compile → ruleset ─┐
-                   kernel → **live** ─┴→ diff → transaction → apply
-
-nft rewrites rules on read-back (`mark set mark or 0x4000` lists as
-`meta mark set meta mark | 0x00004000`, anonymous sets are sorted and merged, ...).
-Rather than guess nft's printer exactly, `canonical_rule` is a *normal form*: applied to
-our rule text and to nft's listing of it, both give the same string (it is idempotent
-on its own output, and mostly equal to how nft 1.0.6 prints). `canonical(ruleset)`
-applies it to a desired Ruleset; `read_live` applies it while parsing the listing.
-
-The listing is nft's text form, not JSON: nft 1.0.6's JSON drops table and chain
-comments and the `dynamic` set flag. One text listing carries everything.
+"""The live side: nftrec's tables as a canonical `Ruleset` (rule bodies in ruletext's
+normal form, as `canonical` puts a desired Ruleset), its fingerprint, and the generation
+token. The listing is nft's text form: nft 1.0.6's JSON drops table and chain comments
+and the `dynamic` set flag.
 """
 
 from __future__ import annotations
 
 import hashlib
-import ipaddress
 import re
 from pathlib import Path
 from dataclasses import dataclass, field, replace
-from functools import lru_cache
 
-from reconciler.kernel.nft import Interface, NftError
 from reconciler.compile import FAMILIES, BaseHook, Chain, Element, NamedSet, Rule, Ruleset, Table
-
-# --- rule text normal form -----------------------------------------------------------------
-
-_TOKEN = re.compile(r'"[^"]*"|[{},]|[^\s{},]+')
-_HEX = re.compile(r"0x[0-9a-fA-F]+")
-_IPISH = re.compile(r"[0-9a-fA-F.:/\-]*[0-9][0-9a-fA-F.:/\-]*")
-_OPS = {"or": "|", "and": "&", "xor": "^"}
-_L4 = {"tcp", "udp", "sctp", "udplite", "dccp"}
-_COMMENT_TAIL = re.compile(r'\s+comment\s+"([^"]*)"$')
-
-
-def split_comment(text: str) -> tuple[str, str | None]:
-    """`body comment "c"` → (body, c); nft prints a rule's comment last."""
-    if '"' not in text:  # most rules: no comment to look for
-        return text.strip(), None
-    m = _COMMENT_TAIL.search(text)
-    if m is None:
-        return text.strip(), None
-    return text[: m.start()].strip(), m.group(1)
-
-
-def _ip(tok: str):
-    """An address/prefix/range token as a list of networks, or None."""
-    if not _IPISH.fullmatch(tok) or ("." not in tok and ":" not in tok) or tok == ".":
-        return None
-    try:
-        if "-" in tok and "/" not in tok:
-            lo, hi = (ipaddress.ip_address(x) for x in tok.split("-", 1))
-            return list(ipaddress.summarize_address_range(lo, hi))
-        return [ipaddress.ip_network(tok, strict=False)]
-    except ValueError:
-        return None
-
-
-def _net_text(n) -> str:
-    # nft prints a full-length prefix as a plain address.
-    return str(n.network_address) if n.prefixlen == n.max_prefixlen else str(n)
-
-
-def _sort_key(text: str):
-    head = text.split(" ", 1)[0]
-    return (0, int(head), text) if head.isdigit() else (1, 0, text)
-
-
-def _group(items: list, verbatim: bool) -> list:
-    """Normalise one `{ … }` group; returns the token list to put in its place."""
-    elems: list[list] = [[]]
-    for t in items:
-        if t == ",":
-            elems.append([])
-        else:
-            elems[-1].append(t)
-    elems = [e for e in elems if e]
-    texts = [" ".join(_flat(e)) for e in elems]
-    if verbatim:  # `update @set { ip saddr }`: a key expression, not a set
-        return ["{", " , ".join(texts), "}"] if texts else ["{", "}"]
-    is_map = any(":" in e for e in elems)
-    if not is_map:
-        nets = [_ip(t) for t in texts]
-        if texts and all(n is not None for n in nets):
-            # nft merges overlapping/adjacent intervals of an anonymous set.
-            flat = [x for n in nets for x in n]
-            merged = []
-            for v in (4, 6):
-                merged += list(ipaddress.collapse_addresses(x for x in flat if x.version == v))
-            texts = [_net_text(n) for n in sorted(merged, key=lambda n: (n.version, n))]  # numeric, as nft
-        else:
-            texts = sorted(set(texts), key=_sort_key)
-        if len(texts) == 1:
-            return [texts[0]]  # a one-element anonymous set lists as the bare value
-    else:
-        texts = sorted(texts, key=_sort_key)
-    return ["{ " + ", ".join(texts) + " }"]
-
-
-def _flat(tokens: list) -> list:
-    out = []
-    for t in tokens:
-        out.extend(t if isinstance(t, list) else [t])
-    return out
-
-
-def _nest(tokens: list[str]) -> list:
-    """Turn `{ … }` runs into normalised group tokens (innermost first)."""
-    out: list = []
-    stack: list[list] = []
-    for t in tokens:
-        if t == "{":
-            stack.append(out)
-            out = []
-        elif t == "}" and stack:
-            items, out = out, stack.pop()
-            verbatim = bool(out) and isinstance(out[-1], str) and out[-1].startswith("@")
-            out.extend(_group(items, verbatim))
-        else:
-            out.append(t)
-    while stack:  # unbalanced: leave as is
-        items, out = out, stack.pop()
-        out.extend(["{"] + items)
-    return out
-
-
-# Tokens canonical_rule treats by context (the others by their form alone, _token_form).
-_CONTEXT = frozenset({"mark", "dnat", "snat", "meta", *_OPS})
-
-
-@lru_cache(maxsize=65536)
-def canonical_rule(text: str) -> str:
-    """The normal form of a rule body (no comment), equal for our text and nft's listing."""
-    # Without quotes, braces or commas the tokens are the words (a listing's usual rule;
-    # str.split is several times cheaper than the token pattern).
-    toks = _TOKEN.findall(text) if ('"' in text or "{" in text or "}" in text or "," in text) else text.split()
-    forms = _FORMS
-    out: list[str] = []
-    i, n = 0, len(toks)
-    while i < n:
-        t = toks[i]
-        form = forms.get(t)
-        if form is None:
-            form = _token_form(t)
-        if form:  # an address that normalises, or (a hex number's form,)
-            out.append(form if form.__class__ is str else form[0])
-        elif t not in _CONTEXT:
-            if t.isdigit() and len(out) >= 2 and out[-1] in ("!=", "==") and _HEX.fullmatch(out[-2]):
-                out.append("0x%08x" % int(t))  # `mark and 0x4000 != 0`
-            else:
-                out.append(t)
-        elif t == "mark":
-            out += ("mark",) if out and out[-1] in ("meta", "ct") else ("meta", "mark")
-        elif t in _OPS:
-            out.append(_OPS[t])
-        elif t == "dnat" or t == "snat":
-            out.append(t)
-            # `dnat ip addr . port to …` lists as `dnat ip to …`
-            if toks[i + 1 : i + 2] in (["ip"], ["ip6"]) and toks[i + 2 : i + 6] == ["addr", ".", "port", "to"]:
-                out += [toks[i + 1], "to"]
-                i += 5
-        elif i + 3 < n and toks[i + 1] == "l4proto" and toks[i + 2] in _L4 and toks[i + 3] == toks[i + 2]:
-            i += 3  # `meta l4proto tcp tcp dport 80`: nft drops the implied dependency
-            continue
-        else:
-            out.append(t)
-        i += 1
-    return " ".join(_nest(out) if "{" in out else out)
-
-
-# token -> its normal form out of context: "" when it is its own, the new text when an
-# address normalises, (form,) for a hex number. A listing repeats its keywords and
-# addresses thousands of times: each is parsed once.
-_FORMS: dict[str, object] = {}
-
-
-_V4_OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
-_V4 = re.compile(rf"{_V4_OCTET}(?:\.{_V4_OCTET}){{3}}")
-
-
-def _token_form(t: str):
-    if _HEX.fullmatch(t):
-        form = ("0x%08x" % int(t, 16),)
-    elif _V4.fullmatch(t) or (t.count(":") == 1 and "." in t):
-        # an IPv4 address in nft's spelling lists as itself; `10.0.0.1:80` (one colon
-        # and a dot) is no address: both without ipaddress's parse (or its exception)
-        form = ""
-    else:
-        nets = _ip(t) if t not in ("{", "}", ",") else None
-        form = _net_text(nets[0]) if nets and len(nets) == 1 else t
-        if form == t:
-            form = ""
-    if len(_FORMS) < (1 << 17):
-        _FORMS[t] = form
-    return form
+from reconciler.kernel.interface import Interface, NftError
+from reconciler.kernel.ruletext import canonical_rule, split_comment
 
 
 def canonical_rule_obj(rule: Rule) -> Rule:
@@ -227,12 +45,9 @@ OTHER_KINDS = {
 
 @dataclass
 class LiveTable(Table):
-    """A table as read from the kernel: also what the desired model never has.
-
-    `flags`: table flags (`dormant`: the kernel ignores every hook of the table, i.e. none
-    of our rules is in effect; `owner`/`persist`: held by another process). `others`:
-    named stateful objects (counter, quota, ...) by name → kind (an `OTHER_KINDS` key).
-    """
+    """A table as read from the kernel, with what the desired model never has: `flags`
+    (`dormant`: the kernel ignores every hook of the table; `owner`/`persist`: held by
+    another process) and `others`, named stateful objects by name → OTHER_KINDS key."""
 
     flags: tuple[str, ...] = ()
     others: dict[str, str] = field(default_factory=dict)
@@ -270,9 +85,8 @@ def parse_duration(text: str) -> int:
     return int(sum(int(n) * _UNITS[u] for n, u in parts))
 
 
-# `plan --refresh` parses every element of the table (85,000 at 10,000 Services): these
-# take the plain case (no quoted comment in the text) with str methods and keep the
-# quote-aware scan for the rest.
+# A listing holds every element of the table: the plain case (no quoted comment in the
+# text) is split with str methods, the quote-aware scan is kept for the rest.
 _ELEMENT_ITEM = re.compile(r'(?:[^,"]+|"[^"]*")+')
 _MAP_ARROW = re.compile(r' : (?=(?:[^"]*"[^"]*")*[^"]*$)')
 _ELEMENT_COMMENT = re.compile(r'\s+comment\s+"([^"]*)"')
@@ -421,7 +235,7 @@ def _parse_set(name: str, kind: str, body: list[str]) -> NamedSet:
 
 def _plain_elements(text: str, is_map: bool) -> dict:
     """_parse_element of every element of a list without quotes or runtime attributes
-    (all of a 10,000-Service listing's 85,000), inlined: key -> Element."""
+    (nearly all of a big listing's), inlined: key -> Element."""
     out = {}
     strip = str.strip
     for item in text.split(","):
@@ -492,7 +306,7 @@ def read_runtime_keys(nft: Interface, family: str, table_name: str, set_name: st
     """The keys a dynamic set (no map, no comments: what an `update` writes) holds right
     now: runtime state, which `read_live` leaves out. None when the table or the set is
     absent. Split with str methods, not `_parse_element`: the shared affinity set holds
-    up to millions of entries (10,000 took 130 ms that way)."""
+    up to millions of entries."""
     text = nft.list_objects(family, table_name, [], [NamedSet(set_name, "")])
     if text is None:
         return None
@@ -540,13 +354,11 @@ def fingerprint(live: Ruleset) -> str:
 # --- the generation token ------------------------------------------------------------------
 
 
-def kernel_token(nft) -> int | None:
-    """The generation id, bound to this boot and this namespace instance: a namespace
-    re-created under the same name, or a reboot, starts counting again and must never
-    match a recorded generation by accident. The instance is the namespace's cookie
-    (never reused within a boot); a namespace's inode number is not enough: the kernel
-    hands a deleted namespace's inode to the next new one. None (no fast path) when the
-    kernel has no cookie."""
+def kernel_token(nft: Interface) -> int | None:
+    """The generation id, bound to this boot and this namespace instance (its cookie; the
+    kernel reuses a deleted namespace's inode number), so a re-created namespace or a
+    reboot, which count again, never matches a recorded generation by accident. None
+    (no fast path) when the kernel has no cookie."""
     cookie = nft.netns_cookie()
     gen = nft.generation()
     if gen is None or cookie is None:

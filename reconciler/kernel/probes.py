@@ -1,23 +1,16 @@
-"""Readiness probes on the wire (issue 10): tcpSocket, httpGet (HTTP/HTTPS) and grpc, as the
-kubelet runs them, from inside the node's network namespace.
-
-Network namespaces are per thread on Linux, so `ProbeLoop` is one thread that enters the
-namespace (as NamespaceThread does for libnftables) and runs one asyncio event loop: every
-probe socket is opened on that thread, so it lives in the namespace; thousands of probes
-share the thread. Addresses are IP literals, so nothing is resolved (asyncio would resolve
-names on an executor thread, outside the namespace).
-
-The kubelet's semantics per handler:
-- tcpSocket: the connection is established within timeoutSeconds, then closed;
-- httpGet: `GET path` with User-Agent kube-probe, Accept */* and the httpHeaders; a status
-  200-399 within timeoutSeconds is a success (redirects are not followed: a 3xx counts
-  as success, as the kubelet counts a redirect to another host); HTTPS skips certificate
-  verification, as the kubelet does;
-- grpc: grpc.health.v1.Health/Check over cleartext HTTP/2 (h2c, prior knowledge, as the
-  kubelet's insecure gRPC client); SERVING is a success, anything else a failure. Written
-  here on raw HTTP/2 frames because grpcio runs its I/O on its own C threads, which would
-  not be inside the namespace.
+"""Readiness probes on the wire: tcpSocket, httpGet (HTTP/HTTPS) and grpc, as the kubelet
+runs them, from inside the node's network namespace. `ProbeLoop` is one thread in the
+namespace running one asyncio loop, so every probe socket lives there. Addresses are IP
+literals: asyncio would resolve names on an executor thread, outside the namespace.
 """
+
+# The kubelet's semantics per handler:
+# - tcpSocket: the connection is established within timeoutSeconds, then closed;
+# - httpGet: `GET path` with User-Agent kube-probe, Accept */* and the httpHeaders; 200-399
+#   within timeoutSeconds succeeds (a 3xx is not followed and counts as success); HTTPS
+#   skips certificate verification;
+# - grpc: grpc.health.v1.Health/Check over cleartext HTTP/2 (h2c, prior knowledge); SERVING
+#   succeeds. Raw HTTP/2 frames, because grpcio's I/O threads would be outside the namespace.
 
 from __future__ import annotations
 
@@ -30,7 +23,7 @@ import threading
 from typing import Callable, Iterable
 
 from reconciler.compile import ProbeTarget
-from reconciler.kernel.nft import NamespaceThread
+from reconciler.kernel.netns import enter_netns
 
 USER_AGENT = "kube-probe/1.35"
 MAX_RESPONSE_HEAD = 8192  # the status line must come within this many bytes
@@ -158,7 +151,7 @@ def _hpack_str(text: str) -> bytes:
 
 
 def _literal(name: str, value: str) -> bytes:
-    """A literal header field without indexing, new name (RFC 7541 §6.2.2)."""
+    """A literal header field without indexing, new name (RFC 7541, section 6.2.2)."""
     return b"\x00" + _hpack_str(name) + _hpack_str(value)
 
 
@@ -323,7 +316,7 @@ class ProbeLoop:
         def main() -> None:
             try:
                 if netns is not None:
-                    NamespaceThread._enter(netns)
+                    enter_netns(netns)
             except BaseException as e:
                 ready.append(e)
                 started.set()

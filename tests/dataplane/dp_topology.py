@@ -259,7 +259,8 @@ class Topology:
         """Trace the probe with nftrec's evaluator; fail when the wire disagrees."""
         import ipaddress
 
-        from reconciler.engine.trace import Packet, format_text, trace_packet
+        from reconciler.engine.trace import trace_packet
+        from reconciler.engine.tracereport import Packet, format_text
         from reconciler.kernel.live import fingerprint
         from trace_check import mismatches
 

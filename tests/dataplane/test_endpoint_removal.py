@@ -12,7 +12,7 @@ from reconciler.compile.layout import relocate
 from reconciler.compile.services import compile_ruleset
 from reconciler.engine.changes import diff, transaction_for
 from reconciler.kernel.live import read_live
-from reconciler.kernel.nft import Libnftables
+from reconciler.kernel import Libnftables
 
 pytestmark = pytest.mark.dataplane
 

@@ -19,7 +19,7 @@ from dp_topology import EP4, NODE_BE4, NODE_NAME, POD4
 from test_kube_proxy_semantics import peers, servers
 from test_wire import CONFIG_YAML, NFTREC, Watch, write_atomically
 from reconciler.kernel.live import read_live
-from reconciler.kernel.nft import Libnftables
+from reconciler.kernel import Libnftables
 
 pytestmark = pytest.mark.dataplane
 

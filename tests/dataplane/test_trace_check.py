@@ -6,7 +6,7 @@ from __future__ import annotations
 from fractions import Fraction
 
 from dp_topology import Reply, Result
-from reconciler.engine.trace import Outcome, Packet, Trace
+from reconciler.engine.tracereport import Outcome, Packet, Trace
 from trace_check import mismatches
 
 SRC, VIP = "198.51.100.2", "10.96.0.10"

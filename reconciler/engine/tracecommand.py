@@ -1,0 +1,71 @@
+"""`nftrec trace`: the command. It takes the desired ruleset (a `Desired`) or the live one
+(read in the target's namespace), the node's addresses, and prints the evaluator's Trace.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import TextIO
+
+from reconciler.engine.trace import TraceError, UnknownExpression, trace_packet
+from reconciler.engine.tracereport import Packet, format_text
+
+
+def service_sources(inventory) -> dict[str, str]:
+    out = {}
+    for s in inventory.services:
+        src = s.source
+        out[s.key] = f"{src.file}:{src.line}" if src.line else src.file
+    return out
+
+
+def run_trace(packet: Packet, *, desired=None, live_target=None, directory: Path | None = None,
+              local_addresses=(), output: str = "text", out: TextIO | None = None) -> int:
+    """`nftrec trace`: the desired ruleset (a `Desired`), or the live one (`live_target`,
+    a Target: read_live in its namespace). Exit 0 with a verdict, 1 on an error."""
+    from reconciler.engine.target import CommandError
+
+    out = out or sys.stdout
+    local = set(local_addresses)
+    sources: dict[str, str] = {}
+    if desired is not None:
+        ruleset, kind = desired.ruleset, "desired"
+        cfg = desired.config
+        local |= set(cfg.node_ips) | {ip for _, ip in (cfg.host_addresses or ())}
+        sources = service_sources(desired.inventory)
+    else:
+        from reconciler.kernel import read_live
+
+        kind = "live"
+        nft = live_target.nft()
+        try:
+            ruleset = read_live(nft, live_target.table)
+        finally:
+            nft.close()
+        if not ruleset.tables:
+            raise CommandError(f"no table {live_target.table} in {live_target.where}: nothing to trace "
+                               f"(apply first, or trace the desired ruleset without --live)")
+        from reconciler.engine.desired import node_address_discovery
+
+        try:
+            local |= {ip for _, ip in node_address_discovery(live_target.netns)()}
+        except Exception as e:  # noqa: BLE001 - the trace still works with fewer addresses
+            from reconciler import logs
+
+            logs.log.warning(f"could not list the node's addresses ({e}); only nodeport-ips count as local")
+        if directory is not None:
+            from reconciler.intake import read_inventory
+
+            res = read_inventory(directory)
+            sources = service_sources(res.inventory)
+    try:
+        tr = trace_packet(ruleset, packet, local, ruleset_kind=kind, sources=sources)
+    except (UnknownExpression, TraceError) as e:
+        raise CommandError(str(e)) from None
+    if output == "json":
+        out.write(json.dumps(tr.to_json(), indent=2) + "\n")
+    else:
+        out.write(format_text(tr) + "\n")
+    return 0

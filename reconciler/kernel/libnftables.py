@@ -1,0 +1,239 @@
+"""The real kernel: libnftables in-process through ctypes (no `nft` subprocess).
+
+Every call runs on one `NamespaceThread`, so the library's netlink socket lives in the
+namespace the object was made for. Tables and the generation id come over raw netlink
+(netlink.py): libnftables would fill its whole cache for them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import tempfile
+from typing import Callable, TypeVar
+
+from reconciler import logs
+from reconciler.compile import Chain, NamedSet, Table, chain_cmd, set_cmd, table_cmd
+from reconciler.heap import trim_heap
+from reconciler.kernel.interface import NftError, NotFound, error_for
+from reconciler.kernel.netlink import NfTablesSocket, netns_cookie
+from reconciler.kernel.netns import NamespaceThread
+from reconciler.kernel.transaction import Transaction
+
+T = TypeVar("T")
+
+# enum nft_output_flags (nftables/libnftables.h)
+_OUT_JSON = 1 << 4
+_OUT_NUMERIC_PRIO = 1 << 8
+_OUT_NUMERIC_TIME = 1 << 10
+_LIST_FLAGS = _OUT_NUMERIC_PRIO | _OUT_NUMERIC_TIME  # `priority -110`, `timeout 10800s`
+
+_lib: ctypes.CDLL | None = None
+# A command whose script or output is this big is a big one (a cold or full-sync
+# transaction, a listing of a big table). Afterwards its context is replaced and the C
+# heap trimmed: nft keeps what it listed or declared in the context's cache until the
+# next command needs another cache, and what it frees stays in the worker thread's
+# malloc arena unless trimmed. A new context is cheap.
+_TRIM_AFTER = 1 << 20
+
+
+def _load_lib() -> ctypes.CDLL:
+    global _lib
+    if _lib is not None:
+        return _lib
+    name = ctypes.util.find_library("nftables") or "libnftables.so.1"
+    try:
+        lib = ctypes.CDLL(name, use_errno=True)
+    except OSError as e:
+        raise NftError(
+            f"cannot load libnftables ({name}): {e}; install the nftables package "
+            "(Debian/Ubuntu: apt-get install nftables libnftables1)"
+        ) from None
+    vp, ci, cu, cs = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint, ctypes.c_char_p
+    for fname, restype, argtypes in (
+        ("nft_ctx_new", vp, [ci]),
+        ("nft_ctx_free", None, [vp]),
+        ("nft_ctx_buffer_output", ci, [vp]),
+        ("nft_ctx_buffer_error", ci, [vp]),
+        ("nft_ctx_get_output_buffer", cs, [vp]),
+        ("nft_ctx_get_error_buffer", cs, [vp]),
+        ("nft_ctx_output_set_flags", None, [vp, cu]),
+        ("nft_ctx_set_dry_run", None, [vp, ctypes.c_bool]),
+        ("nft_run_cmd_from_buffer", ci, [vp, cs]),
+        ("nft_run_cmd_from_filename", ci, [vp, cs]),
+    ):
+        fn = getattr(lib, fname)
+        fn.restype, fn.argtypes = restype, argtypes
+    _lib = lib
+    return lib
+
+
+class Libnftables:
+    """The `Interface` on the real kernel. `netns`: a name under /run/netns (as `ip netns
+    add` makes) or a path; everything this object does happens inside that namespace."""
+
+    def __init__(self, netns: str | None = None):
+        self.netns = netns
+        self._lib = _load_lib()
+        self._worker = NamespaceThread(netns)
+        self._ctx = self._worker.call(self._new_ctx)
+        self._nl = NfTablesSocket()  # used on the worker thread only
+        self._cookie: int | None = None  # the worker's namespace's, once read
+
+    def __enter__(self) -> Libnftables:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- Interface
+
+    def run(self, tx: Transaction) -> None:
+        self._run(tx, dry_run=False)
+
+    def check(self, tx: Transaction) -> None:
+        self._run(tx, dry_run=True)
+
+    def run_script(self, script: str) -> None:
+        self._worker.call(lambda: self._cmd(script))
+
+    def list_table(self, family: str, table: str) -> str | None:
+        return self.list_table_later(family, table)()
+
+    def list_table_later(self, family: str, table: str) -> Callable[[], str | None]:
+        """list_table, started now on the worker thread; the returned function waits for
+        the listing (`plan --refresh` lists while it reads the manifests)."""
+        cmd = table_cmd("list", Table(family, table))
+
+        def listing() -> str | None:
+            try:
+                return self._cmd(cmd, _LIST_FLAGS)
+            except NotFound:
+                return None
+        return self._worker.submit(listing)
+
+    def list_objects(self, family: str, table: str, chains: list[str], sets: list[NamedSet]) -> str | None:
+        cmds = [chain_cmd("list", family, table, Chain(c)) for c in chains]
+        cmds += [set_cmd("list", family, table, st) for st in sets]
+        # One command per object: in one batch, nft 1.0.6 narrows its cache to the sets
+        # named and then prints a rule's anonymous map as nothing (`meta l4proto tcp`).
+        try:
+            return self._worker.call(lambda: "".join(self._cmd(c, _LIST_FLAGS) for c in cmds))
+        except NotFound:
+            return None
+
+    def list_tables(self) -> list[tuple[str, str]]:
+        return self._worker.call(self._nl.tables)
+
+    def generation(self) -> int | None:
+        return self._worker.call(self._nl.generation)
+
+    def netns_cookie(self) -> int | None:
+        # Read once: the worker thread never leaves its namespace.
+        if self._cookie is None:
+            self._cookie = self._worker.call(netns_cookie)
+        return self._cookie
+
+    def version(self) -> str | None:
+        """libnftables' own version, from the JSON listing's metainfo."""
+        import json
+
+        doc = json.loads(self._worker.call(lambda: self._cmd("list tables", _OUT_JSON)))
+        for item in doc.get("nftables", []):
+            if "metainfo" in item:
+                return item["metainfo"].get("version")
+        return None
+
+    def in_namespace(self, fn: Callable[[], T]) -> T:
+        return self._worker.call(fn)
+
+    def close(self) -> None:
+        if self._ctx:
+            ctx, self._ctx = self._ctx, None
+
+            def free():
+                self._lib.nft_ctx_free(ctx)
+                self._nl.close()
+
+            self._worker.call(free)
+        self._worker.close()
+
+    # -- running commands (on the worker thread only)
+
+    def _run(self, tx: Transaction, *, dry_run: bool) -> None:
+        if not len(tx):
+            return
+        size = tx.size()
+        if size < _TRIM_AFTER:  # watch's edits: from memory, no file, no trim
+            script = tx.script()
+            self._worker.call(lambda: self._cmd(script, dry_run=dry_run))
+            return
+        f = None
+        try:
+            f = tempfile.TemporaryFile(prefix="nftrec-transaction-")  # unlinked: nothing left on kill -9
+            tx.write(f)
+            f.flush()
+            os.stat(f"/proc/self/fd/{f.fileno()}")  # the name nft opens (no /proc: from memory)
+        except OSError as e:
+            if f is not None:
+                f.close()
+            logs.log.debug(f"no temporary file for the transaction ({e}); handing it to nft from memory")
+            script = tx.script()
+            trim_heap()
+            self._worker.call(lambda: self._cmd(script, dry_run=dry_run))
+            return
+        with f:
+            trim_heap()  # before nft's own peak (see _TRIM_AFTER)
+            self._worker.call(lambda: self._cmd_file(f.fileno(), size, dry_run, tx.text))
+
+    def _new_ctx(self):
+        ctx = self._lib.nft_ctx_new(0)
+        if not ctx:
+            raise NftError("nft_ctx_new failed")
+        self._lib.nft_ctx_buffer_output(ctx)
+        self._lib.nft_ctx_buffer_error(ctx)
+        return ctx
+
+    def _renew_ctx(self) -> None:
+        """Replace the context (see _TRIM_AFTER): nft's cache goes with the old one. The new
+        one is made first, so a failure keeps the old."""
+        new = self._new_ctx()
+        old, self._ctx = self._ctx, new
+        self._lib.nft_ctx_free(old)
+
+    def _cmd(self, script: str | bytes, flags: int = 0, dry_run: bool = False) -> str:
+        buf = script if isinstance(script, bytes) else script.encode()
+        # c_char_p: passed without a copy (nft makes two: its own and the scanner's)
+        return self._nft(lambda ctx: self._lib.nft_run_cmd_from_buffer(ctx, buf), len(buf), flags, dry_run,
+                         lambda: script if isinstance(script, str) else script.decode(errors="replace"))
+
+    def _cmd_file(self, fd: int, size: int, dry_run: bool, text: Callable[[], str]) -> str:
+        """Run the script in the open file `fd`. nft's scanner reads a file in 16 KiB
+        pieces, while a buffer is copied twice first, so a big transaction peaks lower.
+        nft reopens the file by this name to quote a failing line (the right one, unlike
+        with a buffer, where nft 1.0.6 quotes the script's first line)."""
+        path = f"/proc/self/fd/{fd}"
+        return self._nft(lambda ctx: self._lib.nft_run_cmd_from_filename(ctx, path.encode()), size, 0, dry_run,
+                         text, where=path)
+
+    def _nft(self, call: Callable, size: int, flags: int, dry_run: bool, text: Callable[[], str],
+             where: str | None = None) -> str:
+        lib, ctx = self._lib, self._ctx
+        lib.nft_ctx_output_set_flags(ctx, flags)
+        lib.nft_ctx_set_dry_run(ctx, dry_run)
+        try:
+            rc = call(ctx)
+        finally:
+            lib.nft_ctx_set_dry_run(ctx, False)
+        # Reading a buffer also resets it for the next command.
+        out = (lib.nft_ctx_get_output_buffer(ctx) or b"").decode(errors="replace")
+        err = (lib.nft_ctx_get_error_buffer(ctx) or b"").decode(errors="replace")
+        if size + len(out) >= _TRIM_AFTER:
+            self._renew_ctx()
+            trim_heap()
+        if rc != 0:
+            if where is not None:  # "/proc/self/fd/7:3:39-45: Error: ..." -> "transaction line 3:39-45: ..."
+                err = err.replace(f"{where}:", "transaction line ")
+            raise error_for(err or out, text())
+        return out
