@@ -1,13 +1,16 @@
-"""The `nftrec` entry point: the typer command line of commands.py, which imports the
-stages inside each command, so a command pays only for the stages it uses. click's
-conventions hold: a usage error exits 64 (commands.py), a closed stdout ends the command
-quietly with exit 1.
+"""The `nftrec` entry point: the process's GC policy (heap.py), then the typer command
+line of commands.py, which imports the stages inside each command, so a command pays only
+for the stages it uses. click's conventions hold: a usage error exits 64 (commands.py), a
+closed stdout ends the command quietly with exit 1.
 """
 
 from __future__ import annotations
 
 
 def main() -> None:
+    from reconciler.heap import collect_rarely
+
+    collect_rarely()
     from reconciler.commands import main as command_line
 
     command_line()
