@@ -10,37 +10,13 @@ def __getattr__(name: str):
 
 
 def _installed_version() -> str:
-    """importlib.metadata.version("nftrec"), or "0.0.0+checkout" in a checkout that was
-    never installed. importlib.metadata imports email and zipfile (~30 ms, a tenth of a
-    no-op `plan`, which needs the version for its code digest), so the usual layout is
-    read directly: the first `nftrec-<version>.dist-info` in sys.path order (where
-    importlib.metadata finds it), its METADATA's `Version:` header. Anything else is left
-    to importlib.metadata."""
-    import os
-    import sys
-
-    for entry in sys.path:
-        try:
-            found = sorted(n for n in os.listdir(entry or ".") if n.startswith("nftrec-") and n.endswith(".dist-info"))
-        except OSError:
-            continue
-        if len(found) == 1:
-            try:
-                with open(os.path.join(entry or ".", found[0], "METADATA"), encoding="utf-8") as f:
-                    for line in f:
-                        if not line.strip():
-                            break  # the headers end here
-                        if line.startswith("Version:"):
-                            return line[len("Version:"):].strip()
-            except OSError:
-                pass
-        if found:
-            break
+    """The installed distribution's version, or "0.0.0+checkout" in a checkout that was
+    never installed."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
         return version("nftrec")
-    except PackageNotFoundError:  # running from a checkout that was never installed
+    except PackageNotFoundError:
         return "0.0.0+checkout"
 
 

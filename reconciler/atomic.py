@@ -22,17 +22,10 @@ def fsync_dir(directory: Path) -> None:
 
 def atomic_write(path: Path, data: bytes | Iterable[bytes], mode: int = 0o644, *, durable: bool = True) -> None:
     """Replace `path` with `data` so that readers and crashes see the old or the new file.
-
-    `data` may be an iterable of byte strings, written one after the other: a large file
-    made of parts (a history entry: its header, then the ruleset's 25 MB at 10,000
-    Services) is then never concatenated into one more copy in memory.
-
-    The temp file (`.<name>.tmp-XXXXXXXX`) is in the same directory (rename is atomic only
-    within a filesystem). With `durable` (the default) it is fsynced before the rename, so
-    the new name never points at unwritten blocks, and the directory after it. A cache
-    that checks its entries on read may pass durable=False: after a power loss it may
-    find a damaged entry, never a mix of two writers.
-    """
+    `data` may be an iterable of byte strings (a large file is never joined in memory).
+    The temp file is in the same directory (rename is atomic within a filesystem); with
+    `durable` it and then the directory are fsynced. A cache that checks its entries on
+    read may pass durable=False: after a power loss, a damaged entry, never a mix."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp-", suffix="")

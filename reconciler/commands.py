@@ -1,9 +1,8 @@
 """The `nftrec` command line (typer): thin wrappers that parse options and call the pipeline.
-The entry point is cli.py, which answers a plain no-op `plan`/`apply` before this module
-(and typer) is imported, and hands everything else to `main` here.
 
-Exit codes (SPEC §4): 0 ok, 1 error, 2 "changes" / "drift" where a command says so,
-64 usage error — so a typo never reads as "changes present".
+Each command imports the stages it needs inside its function, so `--help` or a no-op
+`plan` never imports the compiler. Exit codes: 0 ok, 1 error, 2 "changes" / "drift" where
+a command says so, 64 usage error, so a typo never reads as "changes present".
 """
 
 from __future__ import annotations
@@ -13,8 +12,6 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
-
-from reconciler import __version__
 
 EXIT_OK, EXIT_ERROR, EXIT_CHANGES, EXIT_USAGE = 0, 1, 2, 64
 
@@ -38,6 +35,8 @@ class Globals:
 
 def _version(value: bool) -> None:
     if value:
+        from reconciler import __version__
+
         typer.echo(f"nftrec {__version__}")
         raise typer.Exit(EXIT_OK)
 
@@ -177,7 +176,7 @@ def _cache_dir() -> Optional[Path]:
 
 def _target(config: Optional[Path], netns: Optional[str], recover: bool = True):
     """Where a kernel command acts: namespace, table (from the node config), state dir.
-    `recover`: first roll back a confirmed apply whose nftrec died in its window (issue 11)."""
+    `recover`: first roll back a confirmed apply whose nftrec died in its window."""
     from reconciler import logs
     from reconciler.engine import Target, config_cache_dir
     from reconciler.intake import load_node_config
@@ -226,7 +225,7 @@ PROBE_HELP = ("Run every probe.nftrec.io/readiness probe once (from --netns) and
 
 
 def _probed(desired, netns: Optional[str], probe: bool):
-    """--probe: the desired ruleset with this moment's probe results (issue 10)."""
+    """--probe: the desired ruleset with this moment's probe results."""
     if not probe:
         return desired
     from reconciler.engine import probe_desired
@@ -277,10 +276,6 @@ def plan(
             raise typer.Exit(rc)
     from reconciler.engine import run_plan  # imported late: the fast path never needs it
 
-    if refresh and out is None and not probe:  # nft lists the kernel while the manifests are read
-        from reconciler.engine import begin_listing
-
-        begin_listing(target)
     desired = _probed(_desired(directory, config, netns, strict, compile=probe), netns, probe)
     raise typer.Exit(_guard(run_plan, desired, target, verbose=verbose, output=output,
                             detailed=detailed_exitcode, out=out, refresh=refresh))
@@ -314,9 +309,6 @@ def apply(
         "namespace, e.g. to a Service VIP. Repeatable."),
 ) -> None:
     """Commit the desired ruleset as one atomic transaction, verify it, record state."""
-    # A plain command line (cli.parse_plain) gets here only when something was unusual
-    # (cli.py says what); otherwise cli._apply runs it the same way without typer. Keep
-    # the two in step (tests/test_noop_fast_path.py compares them).
     from reconciler.engine import run_apply
 
     if verify not in ("touched", "full"):
@@ -342,7 +334,7 @@ def apply(
 
 
 def _confirm_spec(timeout: Optional[str], cmds: List[str], urls: List[str], tcps: List[str]):
-    """apply's --confirm-timeout and checks (issue 11), or None."""
+    """apply's --confirm-timeout and checks, or None."""
     from reconciler.intake import parse_health_check
 
     checks = []
@@ -441,13 +433,7 @@ def cleanup(
     target = _target(config, netns)
 
     def run() -> int:
-        from reconciler.engine import CommandError
-        from reconciler.engine import LockHeld
-
-        try:
-            lock = target.lock().acquire()
-        except LockHeld as e:
-            raise CommandError(str(e)) from None
+        lock = target.hold_lock()
         try:
             nft = target.nft()
             try:

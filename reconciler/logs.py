@@ -1,15 +1,8 @@
 """Diagnostics on stderr, as text (default) or JSON lines (`--log-format json`).
 
-Results (plans, status, rendered scripts) go to stdout and are never logged; everything
-said *about* a run — input problems, warnings, errors — goes through here, so a log
-collector gets one JSON object per line with the same fields the text shows.
-
-Text diagnostics cannot be forged by input: `escape` turns control characters, line
-separators and bidi overrides in any message (a file name with a newline, a value with
-an ESC sequence) into visible escapes, so every record stays one line. It is the one
-escaping function: the text formatter applies it to every record, Problem.format_text
-to every problem, and the text outputs of validate/plan/apply/status/doctor/cleanup use
-it for whatever they print of the user's or another tool's. JSON keeps raw values.
+Results (plans, status, scripts) go to stdout and are never logged. `escape` is the one
+escaping function: control characters, line separators and bidi overrides in a message
+become visible escapes, so input cannot forge a text record; JSON keeps raw values.
 """
 
 from __future__ import annotations

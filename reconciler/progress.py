@@ -1,18 +1,7 @@
-"""A progress line on stderr for any step that takes longer than a second (SPEC §4:
-"colour and progress only on a terminal").
-
-    with progress.step("listing the kernel's table"):
-        live = read_live(nft, table)
-
-Nothing at all happens unless stderr is a terminal (not TERM=dumb, not NFTREC_PROGRESS=0):
-in a pipe, a log file or under systemd a step costs one isatty() call. On a terminal a
-daemon thread waits a second, then redraws one line (`listing the kernel's table... 3s`)
-four times a second, and erases it when the step ends, so what remains on screen is
-only the command's output and diagnostics. Steps nest; the line names the innermost.
-A diagnostic logged during a step erases the line first (a filter on the log handlers),
-and the next tick redraws it below.
-
-Like logs.py it sits beside the stages; any stage may use it.
+"""A progress line on stderr for any step that takes longer than a second, only on a
+terminal (`with progress.step("listing the kernel's table"): ...`). Elsewhere a step
+costs one isatty() call. A daemon thread redraws one line for the innermost step and
+erases it at the end; a diagnostic logged meanwhile erases it first. Any stage may use it.
 """
 
 from __future__ import annotations

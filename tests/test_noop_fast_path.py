@@ -164,26 +164,24 @@ def test_discovered_node_addresses_are_part_of_the_config_digest(netns, tmp_path
     assert code == 2  # NodePorts follow the primary address
 
 
-# --- the fast entry (reconciler/cli.py) and what it remembers ---------------------------------
+# --- the no-op through the entry point, and what it imports -----------------------------------
 
 PROBE = ("import atexit, sys\n"
          "atexit.register(lambda: print('IMPORTED', *sorted(m for m in ('typer', 'pyroute2', 'jsonschema')"
          " if m in sys.modules), file=sys.stderr))\n"
-         "from reconciler.{module} import main\n"
+         "from reconciler.cli import main\n"
          "sys.argv[0] = 'nftrec'\n"
          "main()\n")
 
 
-def run_module(module: str, *args: str, state: Path, ns: str, config: Path = CONFIG):
-    """`nftrec ARGS` through reconciler.<module>.main: `cli` (the entry point, with the fast
-    entry) or `commands` (the typer command line alone); stderr ends with the heavy
-    modules the process imported."""
+def run_cli(*args: str, state: Path, ns: str, config: Path = CONFIG):
+    """`nftrec ARGS` through reconciler.cli.main; stderr ends with the heavy modules the
+    process imported."""
     import os
     import subprocess
     import sys
 
-    argv = [sys.executable, "-c", PROBE.format(module=module), "--state-dir", str(state), *args,
-            "--netns", ns, "--config", str(config)]
+    argv = [sys.executable, "-c", PROBE, "--state-dir", str(state), *args, "--netns", ns, "--config", str(config)]
     p = subprocess.run(argv, capture_output=True, text=True, timeout=60, env={**os.environ, "NO_COLOR": "1"})
     assert "Traceback" not in p.stderr, p.stderr
     imported = p.stderr.rsplit("IMPORTED", 1)[1].split()
@@ -192,70 +190,42 @@ def run_module(module: str, *args: str, state: Path, ns: str, config: Path = CON
 
 @pytest.mark.parametrize("args", [("plan",), ("plan", "-o", "json"), ("plan", "--detailed-exitcode", "-v"),
                                   ("--log-format", "json", "plan", "--output=json")])
-def test_the_fast_entry_answers_as_the_typer_command_line_without_importing_it(applied, args):
+def test_a_noop_plan_imports_no_stage_it_does_not_need(applied, args):
     ns, state, d = applied
     cmd = args[:args.index("plan") + 1] + (str(d),) + args[args.index("plan") + 1:]
-    fast = run_module("cli", *cmd, state=state, ns=ns)
-    slow = run_module("commands", *cmd, state=state, ns=ns)
-    assert fast[:2] == slow[:2] and fast[0] == 0, (fast, slow)
-    assert "fastPath" not in fast[1] or '"fastPath": true' in fast[1]
-    assert FAST in fast[2] and FAST in slow[2]
-    assert fast[3] == [] and slow[3] == ["typer"]  # nor pyroute2 nor jsonschema: remembered, cached
+    code, out, err, imported = run_cli(*cmd, state=state, ns=ns)
+    assert code == 0 and FAST in err, err
+    assert "fastPath" not in out or '"fastPath": true' in out
+    assert imported == ["typer"]  # nor pyroute2 nor jsonschema: discovery remembered, nothing validated
 
 
-def test_the_fast_entry_applies_a_noop_as_the_typer_command_line(applied):
+def test_a_noop_apply_imports_no_stage_it_does_not_need(applied):
     ns, state, d = applied
-    fast = run_module("cli", "apply", str(d), "--verify", "full", state=state, ns=ns)
-    slow = run_module("commands", "apply", str(d), "--verify", "full", state=state, ns=ns)
-    assert fast[:2] == slow[:2] and fast[0] == 0 and "unchanged since the last apply" in fast[1]
-    assert fast[3] == [] and FAST in fast[2]
+    code, out, err, imported = run_cli("apply", str(d), "--verify", "full", state=state, ns=ns)
+    assert code == 0 and "unchanged since the last apply" in out and FAST in err
+    assert imported == ["typer"]
 
 
-def test_a_plain_apply_with_changes_runs_in_the_fast_entry_as_the_typer_command_line(netns, tmp_path):
-    """Not a no-op, a plain `apply` goes on in cli.py (no typer): a cold apply there and one
-    through commands.py (the table deleted in between) print the same and record the same."""
-    d = copy_edge(tmp_path)
-    fast = run_module("cli", "apply", str(d), state=tmp_path / "fast", ns=netns)
-    for family in ("ip", "ip6"):
-        in_ns(netns, "nft", "delete", "table", family, "nftrec")
-    slow = run_module("commands", "apply", str(d), state=tmp_path / "slow", ns=netns)
-    assert fast[:2] == slow[:2] and fast[0] == 0 and "Apply complete" in fast[1], (fast, slow)
-    assert "typer" not in fast[3] and "typer" in slow[3]
-    assert fast[2].count(NOT_FAST) == 1, fast[2]
-    status = [json.loads((tmp_path / s / "netns" / netns / "tables" / "nftrec" / "status.json").read_text())
-              for s in ("fast", "slow")]
-    for doc in status:
-        for key in ("lastAppliedAt", "lastAttemptedAt", "kernelGeneration"):
-            doc.pop(key)
-    assert status[0] == status[1]
-    code, doc, _ = plan(d, tmp_path / "fast", netns)
-    assert code == 0 and doc["fastPath"] is False  # the kernel moved on (the second apply)
-
-
-def test_invalid_input_in_the_fast_entry_is_reported_as_by_the_typer_command_line(netns, tmp_path):
+def test_invalid_input_is_reported_and_recorded(netns, tmp_path):
     d = copy_edge(tmp_path)
     (d / "broken.yaml").write_text("apiVersion: v1\nkind: Service\nmetadata: {name: Bad_Name}\n")
-    runs = [run_module(m, "apply", str(d), state=tmp_path / m, ns=netns) for m in ("cli", "commands")]
-    fast, slow = ([line for line in r[2].splitlines() if "error" in line.lower()] for r in runs)
-    assert runs[0][:2] == runs[1][:2] and runs[0][0] == 1
-    assert fast == slow and fast, runs
-    assert "typer" not in runs[0][3]
-    for m in ("cli", "commands"):  # recorded as a failed attempt either way
-        st = json.loads((tmp_path / m / "netns" / netns / "tables" / "nftrec" / "status.json").read_text())
-        assert st["lastError"] and st["lastAppliedRevision"] is None
+    code, out, err, _ = run_cli("apply", str(d), state=tmp_path / "s", ns=netns)
+    assert code == 1 and "Bad_Name" in err, err
+    st = json.loads((tmp_path / "s" / "netns" / netns / "tables" / "nftrec" / "status.json").read_text())
+    assert st["lastError"] and st["lastAppliedRevision"] is None
 
 
-def test_the_fast_entry_hands_over_everything_else_once(applied):
-    """Not a no-op: the full command line runs, and the check is not made (nor logged) twice."""
+def test_not_a_noop_runs_the_whole_command_and_checks_once(applied):
+    """Not a no-op: the plan is made, and the check is not made (nor logged) twice."""
     ns, state, d = applied
     _add_endpoint(d)
-    code, out, err, imported = run_module("cli", "plan", str(d), "--detailed-exitcode", state=state, ns=ns)
+    code, out, err, imported = run_cli("plan", str(d), "--detailed-exitcode", state=state, ns=ns)
     assert code == 2 and "default/web" in out and "typer" in imported
     assert err.count(NOT_FAST) == 1, err
-    code, out, err, _ = run_module("cli", "plan", str(d), "--refresh", state=state, ns=ns)  # not plain: typer at once
+    code, out, err, _ = run_cli("plan", str(d), "--refresh", state=state, ns=ns)
     assert code == 0 and NOT_FAST not in err and FAST not in err
-    code, out, err, _ = run_module("cli", "plan", str(d), "-o", "yaml", state=state, ns=ns)
-    assert code == 64 and "text or json" in err  # the usage error comes from the typer command line
+    code, out, err, _ = run_cli("plan", str(d), "-o", "yaml", state=state, ns=ns)
+    assert code == 64 and "text or json" in err  # a usage error
 
 
 def test_an_address_added_in_the_namespace_is_not_a_noop(netns, tmp_path):

@@ -1,4 +1,4 @@
-"""Stage 5, daemon: `nftrec watch`, the GitOps reconcile loop (SPEC §6).
+"""Stage 5, daemon: `nftrec watch`, the GitOps reconcile loop.
 
     watcher (file events, debounced) ─► runner (kube-proxy's BoundedFrequencyRunner)
         ─► reconcile.Daemon.sync: intake.Intake → compile.compile_incremental → engine.sync

@@ -1,18 +1,8 @@
-"""The daemon's second source of triggers: the node's addresses (SPEC §6, "Node addresses").
-
-A netlink socket opened inside the target namespace and bound to the address groups
-(RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR) and the route groups (a DHCP client changes
-the default route, hence the discovered primary address, along with the address). On an
-event, the thread waits a short settle time for the rest of the burst (DHCP replaces an
-address with a delete, an add and a route), lists the addresses again and hands them to
-`on_change(primary_ips, addresses)`; the daemon decides whether the ruleset depends on
-what changed (an address inside nodePortAddresses, or the primary) and asks for a sync.
-
-Everything netlink happens on one thread that lives in the namespace
-(kernel.NamespaceThread): pyroute2's IPRoute opens its socket in the thread that first
-uses it, so opening in one thread and reading in another would read the host's. That
-thread blocks in select() on the netlink socket and a pipe: no polling, no timeout while
-nothing happens; stop() writes to the pipe and joins it.
+"""The daemon's second source of triggers: the node's addresses, from a netlink socket
+in the target namespace (address and route groups: a DHCP client changes the default
+route, hence the primary address). After a burst settles, the addresses are listed again
+and handed to `on_change(primary_ips, addresses)`. pyroute2 opens its socket in the thread
+that first uses it, so all netlink work runs on one thread inside the namespace.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
-"""healthChecks in `nftrec watch` (issue 11): a confirmed apply per revision.
+"""healthChecks in `nftrec watch`: a confirmed apply per new revision (engine/confirm.py).
 
-When the node config lists `healthChecks` and a sync is about to commit a revision other
-than the one last applied, the daemon does what `apply --confirm-timeout` does
-(engine/confirm.py): records the restore script of nftrec's own tables before the commit
-(pending-confirm.json, so a crash rolls back on the next start), then runs the checks in
-the namespace, each retried until it passes or `healthCheckTimeout` passes. A revision
-that fails them is rolled back in one transaction, recorded as the last attempted
-revision with the reason, counted in `nftrec_rollbacks_total`, makes /healthz fail, and
-is not tried again until a new revision arrives. Drift repairs and syncs of the same
-revision (addresses, probe results) are not checked: there is no new revision to judge.
+Before committing a revision other than the last applied one, the restore script is
+recorded (a crash rolls back on restart); the checks then run in the namespace until they
+pass or `healthCheckTimeout` ends. A failed revision is rolled back in one transaction,
+recorded, counted, makes /healthz fail and is not retried until a new revision arrives.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
-"""`nftrec watch`: the reconcile daemon (SPEC §6), kube-proxy's sync loop without an API server.
+"""`nftrec watch`: the reconcile daemon, kube-proxy's sync loop without an API server.
 
     watcher.Watcher ─► debounce ─► runner.Runner ─► reconcile.Daemon.sync()
-    (file events)                       ▲ timer: fullSyncPeriod / syncPeriod after a failure
-    addresses.AddressWatcher ───────────┘ (netlink address events in the namespace, when
-                                           nodeport-ips or the primary address changes)
+    addresses.AddressWatcher ──────────┘ (timer: fullSyncPeriod / syncPeriod after a failure)
 
-This module wires them together: signals (SIGTERM/SIGINT stop, SIGHUP re-reads the node
-config), the metrics and health server, and the namespace lock, which is held for the
-daemon's lifetime so a concurrent `nftrec apply` fails fast and names the watch process.
-The daemon waits for the lock at start when someone else holds it.
+Wires signals (SIGTERM/SIGINT stop, SIGHUP re-reads the config), the metrics server and
+the namespace lock, held for the daemon's lifetime (waited for at start when held).
 """
 
 from __future__ import annotations
@@ -108,7 +104,7 @@ def run_watch(directory: Path, config_path: Path | None, target: Target, *, stri
                 stop_requested.wait(LOCK_RETRY)
         if stop_requested.is_set():
             return 0
-        try:  # a confirmed apply (or watch) that died in its window: roll back first (issue 11)
+        try:  # a confirmed apply (or watch) that died in its window: roll back first
             recover_locked(daemon.nft, target.store())
         except (CommandError, OSError) as e:
             logs.log.error(f"{e}; not starting")
@@ -129,7 +125,7 @@ def run_watch(directory: Path, config_path: Path | None, target: Target, *, stri
                 runner.set_intervals(c.min_sync_period, c.sync_period, c.full_sync_period)
 
         runner = Runner(sync, cfg.min_sync_period, cfg.sync_period, cfg.full_sync_period)
-        daemon.prober = start_probes(daemon, metrics, runner.run)  # issue 10: readiness probes
+        daemon.prober = start_probes(daemon, metrics, runner.run)  # readiness probes
         watcher = Watcher(directory, runner.run, debounce=debounce, activity=daemon.writer.active)
         daemon.on_root = watcher.follow
         daemon.changes = watcher.take_changes

@@ -1,9 +1,7 @@
 """Prometheus metrics and the `/metrics` + `/healthz` HTTP endpoint of `nftrec watch`.
 
-Each `Metrics` has its own CollectorRegistry (not prometheus_client's global one), so
-tests and several instances in one process never clash. The HTTP server is stdlib
-(ThreadingHTTPServer) on a daemon thread; scrapes read the registry under
-prometheus_client's own locks, so the watch loop never waits for a scrape.
+Each `Metrics` has its own CollectorRegistry, so tests and several instances never
+clash; the stdlib HTTP server runs on a daemon thread and scrapes never block the loop.
 """
 
 from __future__ import annotations

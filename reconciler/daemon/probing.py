@@ -1,19 +1,9 @@
-"""Readiness probes in `nftrec watch` (issue 10): the kubelet's prober workers, one asyncio
-task per probed endpoint on one thread inside the node's namespace (kernel.ProbeLoop).
+"""Readiness probes in `nftrec watch`: the kubelet's prober workers, one asyncio task per
+probed endpoint on one thread inside the node's namespace (kernel.ProbeLoop).
 
-    Daemon._take (a new good revision) ─► ProbeManager.update(inventory)
-    worker: every periodSeconds, check() ─► Tracker (success/failure thresholds)
-        transition ─► log line, metrics, probes.json, on_change() = runner.run()
-    Daemon.sync ─► ProbeManager.apply(declared inventory) ─► compile_incremental
-        (only the Services whose endpoints changed are recompiled: a partial sync)
-
-Semantics (docs/probes.md):
-- probes only take readiness away: a down endpoint is ready=false, serving=false;
-- down after failureThreshold consecutive failures, up again after successThreshold
-  consecutive successes (the kubelet's counting);
-- until its first result an endpoint keeps its declared conditions, unlike the kubelet
-  (which starts a container not ready): a daemon restart must not take every endpoint
-  out of every Service at once.
+Probes only take readiness away, with the kubelet's failure/success thresholds; until its
+first result an endpoint keeps its declared conditions, so a daemon restart never takes
+every endpoint out at once. A transition recompiles only the Services it touches.
 """
 
 from __future__ import annotations

@@ -1,21 +1,14 @@
 """The daemon's state and its sync function: one revision of the manifests to the kernel.
 
-Each sync reads the tree (intake.Intake, re-parsing only changed files), compiles only
-the changed Services (compile.compile_incremental) and commits the difference:
-- partial: when the kernel's generation token is the one our last commit produced, the
-  kernel holds exactly the ruleset in memory, so the new ruleset is diffed against that,
-  restricted to the changed Services' objects and the shared skeleton (`project`), with
-  no listing; the commit is verified by the token advancing by exactly one (nobody else
-  committed in between, and the transaction is atomic).
-- full (first one, every fullSyncPeriod, after a failure, after SIGHUP, or whenever the
-  token is not ours): lists the tables, reports what drifted from the last applied
-  ruleset and repairs it.
-An invalid revision is logged and recorded as attempted; the last good ruleset stays.
+Each sync reads the changed files, compiles the changed Services and commits the
+difference. Partial: the kernel's generation token is our last commit's, so the diff is
+against the ruleset in memory (no listing), verified by the token advancing by one. Full
+(first, every fullSyncPeriod, after a failure or SIGHUP, or a foreign token): lists,
+reports drift and repairs it. An invalid revision is recorded; the last good one stays.
 """
 
 from __future__ import annotations
 
-import gc
 import os
 import threading
 import time
@@ -25,7 +18,7 @@ from pathlib import Path
 from typing import Callable
 
 from reconciler import logs
-from reconciler.heap import trim_heap
+from reconciler.heap import settle_heap
 from reconciler.compile import (
     Compiled, NftSyntaxError, Ruleset, allocation_of, changed_services, compile_incremental, compile_static,
     describe_view_change, node_address_view, project, relocate,
@@ -51,21 +44,6 @@ def _netns_id(netns: str | None) -> tuple | None:
     except OSError:
         return None
     return st.st_dev, st.st_ino
-
-
-def settle_heap() -> None:
-    """After a full sync: what the daemon holds now (parsed manifests, models, compiled
-    and applied rulesets: millions of objects at 10,000 Services) stays for long. Frozen,
-    the cyclic GC stops scanning it: unfrozen, every full collection that the syncs'
-    allocations trigger walked all of it (measured at 10,000 Services: ~5 s of GC per
-    one-endpoint revision). Objects freed later are still freed (reference counts); only
-    a cycle among the frozen ones waits for the next full sync's collect."""
-    gc.unfreeze()
-    gc.collect()
-    gc.freeze()
-    trim_heap()
-
-
 
 
 class _Services(Mapping):
@@ -130,7 +108,6 @@ class Daemon:
         # on their own thread; None: written in place (in-process tests)
         self.writer = None
         self._settle = False  # a full sync just ended: settle_heap()
-        self._gc_paused = False  # the cyclic GC is off until this sync's commit (_pause_gc)
         # watcher.take_changes (main sets it): the files written since the last read; a
         # partial sync then reads only those (no walk of the tree)
         self.changes: Callable[[], set[str] | None] | None = None
@@ -140,12 +117,12 @@ class Daemon:
         self._addr_lock = threading.Lock()
         self._pending_addresses: tuple | None = None
         self._sync_reason: str | None = None
-        # Readiness probes (issue 10, daemon/probing.py): the prober's results are an input
+        # Readiness probes (daemon/probing.py): the prober's results are an input
         # to compile; `declared` is the last good revision as read, before them.
         self.prober = None
         self.declared: Inventory | None = None
         self.probe_generation = 0
-        # healthChecks (issue 11, daemon/health.py): the revision rolled back after failing
+        # healthChecks (daemon/health.py): the revision rolled back after failing
         # them, (revision, reason), until a new revision arrives; `stopping` says why the
         # checks should give up early (SIGTERM), set by main.
         self.rejected: tuple[str, str] | None = None
@@ -241,7 +218,6 @@ class Daemon:
         try:
             return self._sync_once()
         finally:
-            self._resume_gc()
             if self._settle:  # here, once the full sync's listing and plan are out of scope
                 self._settle = False
                 settle_heap()
@@ -259,8 +235,6 @@ class Daemon:
                 self.last_digest = None  # recompile everything with the new config
             self.need_full = True
         full_due = self.last_full is None or self.clock() - self.last_full >= self.config.full_sync_period
-        if not (self.need_full or full_due) and self.applied is not None:
-            self._pause_gc()
         if (self.need_full or full_due) and self.last_full is not None:
             self.refresh_addresses()
         self._take_addresses()
@@ -296,23 +270,6 @@ class Daemon:
             self.need_full = True
             raise
         return self._next_full_in()
-
-    def _pause_gc(self) -> None:
-        """A revision expected to be a partial sync: no cyclic GC until its commit. Its
-        allocations (a few thousand objects that outlive the sync: the new revision's
-        dicts and fragments) then cost one young collection after the kernel has the
-        rules, instead of collections inside the sync, some of them older generations
-        (measured at 1,000 Services: ~1 ms of GC per sync at the median, up to ~9 ms).
-        Reference counting still frees everything that is not in a cycle. Not for full
-        syncs: the objects a full sync keeps are settled by settle_heap()."""
-        if gc.isenabled():
-            gc.disable()
-            self._gc_paused = True
-
-    def _resume_gc(self) -> None:
-        if self._gc_paused:
-            self._gc_paused = False
-            gc.enable()
 
     def _next_full_in(self) -> float | None:
         if self.last_full is None:
@@ -427,7 +384,6 @@ class Daemon:
             health.undo(self, pending, f"the sync could not be verified: {e}")
             self._failed(desired, start, full, str(e))
         kernel_done = self.clock()
-        self._resume_gc()
         if pending is not None and not health.passed(self, desired, pending, start, full):
             return  # rolled back to the previous ruleset; waiting for a new revision
         # the rules are live (kernel_done); before the token is kept: the cleanup commits too
@@ -447,8 +403,8 @@ class Daemon:
 
         def record() -> None:  # serializes the whole ruleset: off the sync path (statewriter.py)
             # liveFingerprint: the listing's, when this sync listed (full); null otherwise, as
-            # for `apply --verify touched` (state/README.md): fingerprinting the desired
-            # ruleset was seconds per write at 10,000 Services, and nothing reads it back
+            # for `apply --verify touched`: fingerprinting the whole desired ruleset on every
+            # write costs more than it is worth, and nothing reads it back
             fp = live_fp
             if self._record(self.store.record_applied, desired.inventory.revision, desired.ruleset, fp, after):
                 if invalid is not None:  # still the newest revision read: keep it visible
@@ -565,7 +521,7 @@ class Daemon:
         raise SyncFailed(message)
 
     def _conntrack(self, old: Compiled | None, new: Compiled, plan) -> None:
-        """UDP: entries pinned to endpoints that went away (reference §8.5); only when a
+        """UDP: entries pinned to endpoints that went away (as kube-proxy clears them); only when a
         Service the plan touched has a UDP port (looked up per key, not per Service)."""
         touched = {s.service for s in plan.services}
         if not (_has_udp(new, touched) or _has_udp(old, touched)):

@@ -22,15 +22,10 @@ class Fatal(SyncFailed):
 
 
 class Runner:
-    """kube-proxy's BoundedFrequencyRunner (pkg/proxy/runner): `fn` runs when `run()` was
-    called (coalesced: any number of calls before the run is one run) or when its timer
-    fires, never sooner than `min_interval` after the previous run ended. The timer is
-    `max_interval` after a run, or `min(retry_interval, max_interval)` after a failed one
-    (fn raised). fn may return a number of seconds to shorten the next timer (the daemon
-    uses it to keep full syncs `fullSyncPeriod` apart even when partial syncs happen).
-
-    `clock` is injectable: `delay(now)` and `run_once()` are the whole logic, `loop()` only
-    sleeps between them, so the logic is testable with a fake clock.
+    """kube-proxy's BoundedFrequencyRunner: `fn` runs when `run()` was called (coalesced)
+    or its timer fires, never sooner than `min_interval` after the last run. The timer is
+    `max_interval` after a run, `min(retry_interval, max_interval)` after a failed one;
+    fn may return seconds to shorten it. `delay(now)` and `run_once()` are the whole logic.
     """
 
     def __init__(self, fn: Callable[[], float | None], min_interval: float, retry_interval: float,

@@ -1,12 +1,8 @@
 """The daemon's source of triggers: file events in the manifest directory, debounced.
 
-The manifest directory is watched recursively, and its parent non-recursively: git-sync
-publishes a revision by swapping a symlink (`current -> rev-<sha>`), which is an event in
-the parent. An editor's write-temp-then-rename save is a burst of events; bursts are
-debounced (DEBOUNCE seconds of quiet, at most DEBOUNCE_MAX of delay) into one trigger.
-`take_changes()` hands the daemon the files written since it last asked, so the next read
-looks at those files only; anything else (a file created, removed or renamed, a
-directory event, the link swap) asks for a walk of the tree.
+The directory is watched recursively and its parent too (git-sync swaps a symlink).
+Bursts are debounced into one trigger; `take_changes()` hands over the files written since
+the last read, and anything else (create, remove, rename, the link swap) asks for a walk.
 """
 
 from __future__ import annotations
@@ -26,15 +22,9 @@ DEBOUNCE_MAX = 2.0  # a continuous stream of events triggers at least this often
 
 def _no_move_pairing_delay() -> None:
     """watchdog's inotify emitter holds an IN_MOVED_FROM up to 0.5 s to pair it with its
-    IN_MOVED_TO into one move event, and its reader sleeps out that delay whenever it
-    picks the FROM up before the TO is queued, even once they are paired: every event
-    behind it waits (watchdog issue #390). git-sync's link swap is a rename, so about
-    one swap in ten reached the sync 0.5 s late (1k bench, 2026-12-01: p95 0.5 s, p50
-    30-40 ms). Pairing is of no use here: a move, a delete and a create all mean "walk
-    the tree", and an unpaired IN_MOVED_TO of the link is a create of the link, which
-    triggers. Without the delay an unpaired move reaches us as delete + create, at once.
-    The delay is a class attribute read when an emitter starts; this process has no
-    other watchdog user."""
+    IN_MOVED_TO, and every event behind it waits, git-sync's link
+    swap included. A move, a delete and a create all mean "walk the tree" here, so the
+    pairing is switched off: an unpaired move arrives as delete + create, at once."""
     try:
         from watchdog.observers.inotify_move_event_grouper import InotifyMoveEventGrouper
     except ImportError:  # not Linux, or another watchdog layout: keep its behaviour

@@ -21,7 +21,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
                 "pending_path", "record_confirmed", "recover_locked", "recover_pending", "roll_back", "run_confirm"),
     "desired": ("Desired", "InvalidInput", "load_desired", "node_address_discovery", "node_ip_discovery"),
     "doctor": ("run_doctor",),
-    "entry": ("guard", "intake_cache_dir", "read_frozen", "record_invalid"),
+    "entry": ("guard", "intake_cache_dir", "record_invalid"),
     "lock": ("LockHeld",),
     "noop": ("config_cache_dir", "run_apply_noop", "run_plan_noop"),
     "plan": ("make_plan",),

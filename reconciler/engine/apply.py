@@ -30,7 +30,6 @@ from reconciler.compile import Ruleset, digest, relocate
 from reconciler.engine import confirm as confirm_window
 from reconciler.engine import planfile
 from reconciler.engine.changes import diff
-from reconciler.engine.lock import LockHeld
 from reconciler.engine.plan import format_text, make_plan, to_json
 from reconciler.engine.refresh import desired_ruleset, read_listing
 from reconciler.engine.probes import probe_status_json, probe_status_lines, read_probe_state
@@ -180,10 +179,7 @@ def run_apply(target: Target, *, desired=None, plan_path: Path | None = None,
     `verify`: "touched" reads back what the transaction wrote and checks the generation
     token (sync.verify_touched); "full" lists and compares the whole table.
     `confirm` (confirm.ConfirmSpec): keep the result only if confirmed in time (confirm.py)."""
-    try:
-        lock = target.lock().acquire()
-    except LockHeld as e:
-        raise CommandError(str(e)) from None
+    lock = target.hold_lock()
     nft = None
     store = target.store()
     revision = None

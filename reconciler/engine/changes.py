@@ -1,16 +1,10 @@
 """Compare desired and live rulesets; build the minimal transaction between them.
 
-Pipeline position: compile + live → **diff** → transaction → apply.
-
-`diff` is semantic: rules per chain in order (both sides in `live.canonical_rule` normal
-form), set/map elements as sets keyed by element key, definitions field by field.
-Elements of dynamic sets (affinity, filled by the kernel) are never compared.
-
-`transaction_for` orders the operations so that the kernel accepts them in ONE
-transaction: create before reference, drop references before delete. Verified on kernel
-6.18 (tests/test_diff.py): deleting a chain in the same transaction that deletes the map
-element / flushes the rule referencing it is accepted, so unlike kube-proxy (which waits
-≥1 s for kernels < 6.2) we need no second, follow-up transaction.
+`diff` is semantic: rules per chain in order (canonical form), set and map elements keyed
+by element key, definitions field by field; dynamic sets (affinity) are never compared.
+`transaction_for` orders one transaction so the kernel accepts it: create before
+reference, drop references before delete (a chain may go in the same transaction as the
+rule or map element that jumped to it, so no follow-up transaction as in kube-proxy).
 """
 
 from __future__ import annotations
@@ -210,14 +204,9 @@ class _Owners:
 
     def _shard(self, fam: str, name: str) -> str | None:
         """The owner of a hairpin shard's set or chain (layout sharded): the one Service
-        owning every element of the shard's set, else None (shared).
-
-        A shard (set, chain, dispatch vmap element) exists only while its set holds an
-        element, so it is created with its first element and removed with its last one:
-        like a shared endpoint map used by one Service (`set`), that is this Service's
-        change. Read where the set exists: desired (created), else live (removed; a
-        recorded projection's owners included, `element`). Two Services' elements in it:
-        shared."""
+        owning every element of the shard's set, else None (shared). A shard lives only
+        while its set holds an element, so its creation and removal are that Service's
+        change; read where the set exists: desired (created), else live (removed)."""
         shard = hairpin_shard_of(name)
         if shard is None:
             return None
@@ -280,7 +269,6 @@ def diff(desired: Ruleset, live: Ruleset) -> Changes:
     focus = _focus(desired, live)
     # Rules are compared in canonical form, so only a table the kernel has needs it: a new
     # table's chains are only added, and transaction_for writes `desired`'s own rules.
-    # (Canonicalising every rule was ~0.07 s of a cold plan at 1,000 Services.)
     want = canonical(desired) if any(fam in live.tables for fam in desired.tables) else desired
     who = _Owners(desired, live, focus)
     out = Changes()
@@ -441,9 +429,8 @@ def transaction_for(changes: Changes, desired: Ruleset) -> Transaction:
             tx.add_table(d)
         # 1. Create new chains and new sets: everything may reference them. A new chain
         # that gets rules in 5. is declared there only, not also as an empty shell here
-        # (nft keeps every command's AST until the commit: at 10,000 Services the
-        # shells of 19,400 chains cost it 40 MB of 315); 5. then writes each after the
-        # chains it jumps to (`_rules_order`).
+        # (nft keeps every command's AST until the commit); 5. then writes each after
+        # the chains it jumps to (`_rules_order`).
         written = [d.chains[c.name] for c in fc.chains_added + fc.chains_changed if d.chains[c.name].rules]
         order = _rules_order(written, {c.name for c in fc.chains_added})
         if order is not None:
@@ -470,7 +457,7 @@ def transaction_for(changes: Changes, desired: Ruleset) -> Transaction:
         # 4. Elements: deletes before adds (a changed value is delete + add, the adds in 6.),
         # or sets that lose elements rewritten whole (`rewritten_sets`); additions to
         # `declarable` sets as one declaration per set (nft 1.0.6's `add`/`delete element`
-        # cost ~0.5-1 s).
+        # fill its whole cache from the kernel).
         decl = {name: declarable(d.sets[name]) for name in {c.name for c in fc.elements_added + fc.elements_removed
                                                               + fc.elements_changed}}
         rewrite = rewritten_sets(fc, d, decl)
@@ -496,9 +483,7 @@ def transaction_for(changes: Changes, desired: Ruleset) -> Transaction:
             tx.raw(chain_rules_cmd(fam, T, ch))
         # 6. Element additions, after the rules: binding a rule to a map walks every
         # element already in it (nf_tables_bind_set), so elements first cost rules x
-        # elements per map; this way each element only checks the map's bindings (a
-        # cheaper loop: cold load at 30,000 Services, 64 shards, kernel 7.4 -> 4.4 s;
-        # bench/README.md "30k").
+        # elements per map; this way each element only checks the map's bindings.
         batched = {name: sorted(d.sets[name].elements.values(), key=lambda e: e.key) for name in rewrite}
         for c in fc.elements_changed + fc.elements_added:
             s = d.sets[c.name]
@@ -524,22 +509,18 @@ def transaction_for(changes: Changes, desired: Ruleset) -> Transaction:
 
 
 
-# Elements re-declared at most, per transaction, to avoid `delete element`. At 10,000
-# Services (bench/element_probe.py): a 756-element endpoint shard rewritten 50-75 ms,
-# cluster-ips (10,000) 150-250 ms, service-ips (10,922) 290-390 ms; one `delete element`
-# 0.7-1.2 s (nft 1.0.6 fills its cache from the kernel; later ones in the same transaction
-# are free). Conservative: a removed Service (cluster-ips + service-ips) keeps deleting.
+# Elements re-declared at most, per transaction, to avoid `delete element`: a rewrite
+# costs per element, while the first `delete element` makes nft 1.0.6 fill its cache from
+# the kernel (later ones in the same transaction are free). Conservative: a removed
+# Service (cluster-ips + service-ips of a large cluster) keeps deleting.
 REWRITE_BUDGET = 16384
 
 
 def rewritten_sets(fc: FamilyChanges, desired: Table, declarable_: dict[str, bool]) -> list[str]:
-    """The sets losing or changing elements that the transaction flushes and re-declares
-    with all their desired elements instead of deleting elements: all of them or none.
-    None when the transaction writes an `add element` or `delete element` anyway (a set
-    that is not `declarable`: the first such command pays nft's cache fill for all), or
-    when they hold more than REWRITE_BUDGET elements (a removed Service at 10,000
-    Services: cluster-ips + service-ips). Same packets: one atomic transaction.
-    `declarable_`: `declarable` of every set with element changes, by name."""
+    """The sets losing or changing elements to flush and re-declare whole instead of
+    deleting elements (same packets: one atomic transaction): all of them, or none when
+    an `add`/`delete element` is written anyway (a set not `declarable`) or they hold more
+    than REWRITE_BUDGET elements. `declarable_`: by name, for every set with changes."""
     names = list(dict.fromkeys(c.name for c in fc.elements_removed + fc.elements_changed))
     if not all(declarable_.values()) or sum(len(desired.sets[n].elements) for n in names) > REWRITE_BUDGET:
         return []

@@ -1,28 +1,10 @@
-"""Confirmed apply (issue 11): Junos' `commit confirmed` and `netplan try`, made automatic.
+"""Confirmed apply: Junos' `commit confirmed` and `netplan try`, made automatic.
 
-    apply --confirm-timeout D [--health-cmd/--health-url/--health-tcp]...
-      under the namespace lock:
-      list nftrec's own tables (ip, ip6) → the restore script  ─► pending-confirm.json
-      commit + verify (as every apply)
-      window: each check retried until it passes, or `nftrec confirm` ─► confirmed:
-              status.json + history record the apply, the pending file goes
-      deadline passed / a check never passed / SIGINT, SIGTERM ─► roll back: the restore
-              script in ONE transaction, status records the revision as failed, exit 1
-
-The restore script is `add table F T; delete table F T` plus the table's listing from
-before the commit, per family: it puts back exactly what was there (or nothing), byte for
-byte in `nft list table`, and touches no other table. `add` first makes `delete` valid
-when the table is gone (a reboot) or was never there.
-
-The apply holds the namespace lock through the window, so no other nftrec can interleave;
-`nftrec confirm` cannot take the lock and instead writes confirm-request.json, which the
-waiting apply polls. If the apply dies (kill -9, a crash, a reboot), the kernel drops its
-lock: the next nftrec command in the namespace finds the pending file, takes the lock and
-rolls back first (`recover_pending`). SIGHUP (a dropped SSH session, maybe dropped by the
-very ruleset being tried) is ignored during the window, so the rollback still happens.
-
-`nftrec watch` uses the same file and rollback for a revision whose `healthChecks` fail
-(daemon/reconcile.py); `confirm` answers it too.
+Before the commit, nftrec's own tables are saved as a restore script (pending-confirm.json:
+`add table; delete table` plus the old listing, so it restores exactly what was there, or
+nothing). The apply holds the lock through the window; checks pass or `nftrec confirm`
+(confirm-request.json) keeps the ruleset, else one transaction rolls back. If the apply
+dies, the next command in the namespace rolls back first; SIGHUP is ignored meanwhile.
 """
 
 from __future__ import annotations

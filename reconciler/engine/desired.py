@@ -85,15 +85,9 @@ _VOLATILE = frozenset({"valid_life_time", "preferred_life_time", "expires", "use
 
 def network_fingerprint(netns: str | None) -> str | None:
     """A digest of the target namespace's links, addresses, routes and rules as `ip -j`
-    lists them, or None when `ip` cannot tell (then discovery runs).
-
-    Why not /proc/net: it has no complete view. /proc/net/route and ipv6_route show no
-    prefsrc (the default route's `src`, which picks the primary node IP), fib_trie shows
-    local IPv4 addresses without their interface (an address moved between interfaces
-    looks the same), and /proc/net/dev's counters change with every packet. pyroute2 is
-    what reads them for discovery; this is only a change detector, and iproute2 prints
-    the same netlink dumps as JSON, in one process of a few milliseconds, where importing
-    pyroute2 costs 0.1-0.4 s."""
+    lists them, or None when `ip` cannot tell (then discovery runs). A change detector
+    only: /proc/net has no complete view (no prefsrc, no interface of a local address),
+    and one `ip -batch` process is cheaper than importing pyroute2, which discovery uses."""
     import hashlib
     import json
     import subprocess

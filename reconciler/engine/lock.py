@@ -1,16 +1,8 @@
-"""One nftrec at a time per state directory and network namespace.
-
-Pipeline position: taken by apply / watch / cleanup before reading the live
-ruleset, held until the state is recorded.
-
-`flock(2)` on `<root>/<netns>/lock` (see state.namespace_dir) is the lock; the file's
-contents (JSON: pid, cmdline, started) only tell a blocked caller who holds it. Because
-the kernel drops a flock when its holder's last file descriptor closes, a process that
-dies (even by SIGKILL) never leaves a stale lock, and a leftover file with an old pid
-means nothing. For the same reason the file is never deleted: unlinking it while another
-process waits to lock it would let two processes hold "the" lock on two inodes.
-
-Python opens files close-on-exec, so `nft` child processes never inherit the lock.
+"""One nftrec at a time per state directory and network namespace: `flock(2)` on
+`<root>/<netns>/lock`; its contents (pid, cmdline, started) only name the holder. The
+kernel drops a flock when its holder's last descriptor closes, so a dead process never
+leaves a stale lock, and the file is never deleted (a waiter would lock another inode).
+Files are opened close-on-exec, so `nft` children never inherit the lock.
 """
 
 from __future__ import annotations

@@ -26,9 +26,8 @@ from pathlib import Path
 from typing import TextIO
 
 from reconciler import logs
-from reconciler.engine.lock import LockHeld
 from reconciler.engine.state import read_status
-from reconciler.engine.target import CommandError, Target, short_revision
+from reconciler.engine.target import Target, short_revision
 from reconciler.kernel import kernel_token
 
 # Only what the check needs is imported here: the fast path runs before the typer command
@@ -132,10 +131,7 @@ def run_plan_noop(target: Target, directory: Path, config_path: Path | None, *, 
 def run_apply_noop(target: Target, directory: Path, config_path: Path | None, *, strict: bool,
                    out_stream: TextIO = sys.stdout) -> int | None:
     """`apply` through the fast path (under the lock): records the revision, or None."""
-    try:
-        lock = target.lock().acquire()
-    except LockHeld as e:
-        raise CommandError(str(e)) from None
+    lock = target.hold_lock()
     try:
         noop = check_noop(target, directory, config_path, strict=strict)
         if noop is None:

@@ -1,32 +1,10 @@
 """Saved plans: `nftrec plan --out FILE` writes one, `nftrec apply --plan FILE` reads it.
 
-Pipeline position: diff → transaction → **planfile** (save) … **planfile** (load) → apply.
-
-A plan file is JSON (formatVersion 1, mode 0600, written atomically)::
-
-    {"kind": "nftrec-plan", "formatVersion": 1,
-     "planId": "<uuid4 hex>", "createdAt": "2026-05-09T07:35:25Z", "nftrecVersion": "0.1.0",
-     "netns": "@host", "table": "nftrec", "revision": "<git commit>" | null,
-     "desiredDigest": "<serialize.digest of desired>",
-     "liveFingerprint": "<fingerprint of the live tables the plan was made against>",
-     "kernelGeneration": 42 | null,
-     "transaction": ["add element ip nftrec …", …],    # exactly what apply sends
-     "desired": {…serialize.ruleset_to_json…},
-     "summary": {…},                                  # the orchestrator's, opaque here
-     "checksum": "<sha256 of the canonical JSON of all other fields>"}
-
-The checksum catches truncation and hand edits (it is not a signature: whoever can write
-the file can recompute it; the 0600 mode is the access control). `load` also checks that
-`desired` hashes to `desiredDigest`.
-
-When is a plan refused? (The orchestrator applies these; the rules live here.)
-- stale: the live tables' fingerprint differs from the one the plan was made against,
-  so its transaction was computed for another kernel state (`is_stale`);
-- already applied: the state's `lastAppliedPlanId` is this plan's id (`already_applied`).
-  The fingerprint check alone misses a plan whose transaction leaves the fingerprint as
-  it was (a no-op plan, or a kernel returned to the same state); the id closes that gap.
-  A plan applied long ago whose base state has come back is not refused: its transaction
-  is valid for the kernel as it is now.
+A plan file is JSON (mode 0600, written atomically): the transaction exactly as apply
+sends it, the desired ruleset, the fingerprint of the live tables it was made against and
+a checksum of the rest (catches truncation and hand edits; not a signature). A plan is
+refused when stale (the live fingerprint changed) or already applied (its id is the
+state's `lastAppliedPlanId`: a plan that left the fingerprint as it was).
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
-"""Readiness probes outside the daemon (issue 10): the probe state file, what `nftrec status`
-shows of it, and the one-shot `plan --probe` / `apply --probe`.
-
-`nftrec watch` writes `probes.json` beside status.json (atomically, on every transition):
-the probed endpoints that are down, each with its last error and since when. `status`
-reads it; the file names the daemon's pid so that status can say when it is stale.
+"""Readiness probes outside the daemon: the probe state file, what `nftrec status` shows
+of it, and the one-shot `plan --probe` / `apply --probe`. `nftrec watch` writes
+`probes.json` beside status.json on every transition (the endpoints that are down, with
+their last error); it names the daemon's pid so that status can tell when it is stale.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
-"""`nftrec diff OLD NEW`: the per-Service plan between two manifest trees, for review
-before a change reaches any node. No root, no kernel, no state, no node-IP discovery.
+"""`nftrec diff OLD NEW`: the per-Service plan between two manifest trees (or two git
+revisions, read without a checkout), for review before a change reaches any node.
 
-OLD and NEW are two directories (either may be `-`, standard input), or two revisions
-of one git repository (`--git DIR A..B`, read by intake/git.py without a checkout). Both
-are compiled with the same node config, and NEW's ruleset is diffed against OLD's in
-canonical form, exactly as the watch daemon plans a sync against the ruleset it applied
-last (reconcile.py): the result is what `nftrec plan` would print on a node that runs OLD
-when NEW arrives. Text is plan's format; `-o json` plan's JSON plus `old`/`new`;
-`-o markdown` a pull-request comment.
+No root, kernel, state or discovery: both sides compile with one node config and NEW is
+diffed against OLD in canonical form, as the watch plans a sync against what it applied.
 """
 
 from __future__ import annotations

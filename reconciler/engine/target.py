@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from reconciler.engine.lock import Lock
+from reconciler.engine.lock import Lock, LockHeld
 from reconciler.engine.state import StateStore
 from reconciler.kernel import Interface, Libnftables, NftError
 
@@ -47,6 +47,14 @@ class Target:
 
     def lock(self) -> Lock:
         return Lock(self.store().lock_path)
+
+    def hold_lock(self) -> Lock:
+        """The namespace's lock, acquired (the caller releases it); when another nftrec
+        holds it, a CommandError that says who."""
+        try:
+            return self.lock().acquire()
+        except LockHeld as e:
+            raise CommandError(str(e)) from None
 
     def nft(self) -> Interface:
         try:

@@ -49,8 +49,9 @@ from typing import Callable
 
 from reconciler import logs, progress
 from reconciler.atomic import atomic_write
+from reconciler.heap import no_cyclic_gc
 from reconciler.intake import digests, load, model, warm
-from reconciler.intake.inventory import InventoryResult, build_inventory, model_objects, no_cyclic_gc, read_inventory
+from reconciler.intake.inventory import InventoryResult, build_inventory, model_objects, read_inventory
 from reconciler.intake.sources import is_stdin
 from reconciler.intake.load import Document, SourceFile
 from reconciler.intake.problems import Problem
