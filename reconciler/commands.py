@@ -277,10 +277,6 @@ def plan(
             raise typer.Exit(rc)
     from reconciler.engine import run_plan  # imported late: the fast path never needs it
 
-    if refresh and out is None and not probe:  # nft lists the kernel while the manifests are read
-        from reconciler.engine import begin_listing
-
-        begin_listing(target)
     desired = _probed(_desired(directory, config, netns, strict, compile=probe), netns, probe)
     raise typer.Exit(_guard(run_plan, desired, target, verbose=verbose, output=output,
                             detailed=detailed_exitcode, out=out, refresh=refresh))

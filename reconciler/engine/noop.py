@@ -31,8 +31,7 @@ from reconciler.engine.state import read_status
 from reconciler.engine.target import CommandError, Target, short_revision
 from reconciler.kernel import kernel_token
 
-# Only what the check needs is imported here: the fast path runs before the typer command
-# line is imported (cli.py), so every import it pays shows in a no-op's time.
+# Only what the check needs is imported here: every import it pays shows in a no-op's time.
 
 
 @dataclass(frozen=True)
@@ -46,13 +45,6 @@ def config_cache_dir(state_root: Path) -> Path | None:
     if os.environ.get("NFTREC_INTAKE_CACHE", "").lower() in ("0", "off", "no", "false"):
         return None
     return Path(state_root) / "cache" / "nodeconfig"
-
-
-# The checks that found no no-op in this process: cli.py tries the fast path before typer
-# is imported and, when it does not hold, hands over to commands.py, whose plan/apply ask
-# again. A "no" is safe to repeat (the normal path is always right); a "yes" is never
-# remembered (the process answers and ends).
-_NOT_NOOP: set[tuple] = set()
 
 
 def _why_not(target: Target, directory: Path, config_path: Path | None, *, strict: bool) -> tuple[Noop | None, str]:
@@ -87,12 +79,8 @@ def _why_not(target: Target, directory: Path, config_path: Path | None, *, stric
 
 def check_noop(target: Target, directory: Path, config_path: Path | None, *, strict: bool) -> Noop | None:
     """A Noop when input, config and kernel are unchanged since the last apply, else None."""
-    asked = (target.netns, target.table, str(target.state_root), str(directory), str(config_path), strict)
-    if asked in _NOT_NOOP:
-        return None  # said already (cli.py's early try)
     noop, why = _why_not(target, directory, config_path, strict=strict)
     if noop is None:
-        _NOT_NOOP.add(asked)
         logs.log.debug(f"no-op fast path not taken: {why}")
     else:
         logs.log.debug("no-op fast path: manifests, effective node config and kernel generation are unchanged "
