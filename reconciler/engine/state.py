@@ -22,7 +22,6 @@ Rules this module keeps:
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import itertools
 import json
 import os
@@ -30,13 +29,13 @@ import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from reconciler import logs
 from reconciler.atomic import atomic_write, fsync_dir  # noqa: F401 - planfile and tests use them from here
 from reconciler.compile import Ruleset
-from reconciler.compile import SerializeError, digest, digest_parts, parts_digest, ruleset_from_json, \
-    ruleset_from_text
+from reconciler.compile import digest_pieces, form_parts, parts_digest
+from reconciler.engine.recorded import read_ruleset, ruleset_lines
 
 FORMAT_VERSION = 1
 HISTORY_KEEP = 5
@@ -52,7 +51,7 @@ _NETNS_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,254}")
 # Table names reach this module already checked by ruleset.check_name, which allows '/';
 # as a directory name we need one path component.
 _TABLE_RE = re.compile(r"[A-Za-z][A-Za-z0-9_.\-]{0,255}")
-_HISTORY_RE = re.compile(r"(\d+)-([0-9a-f]{12})\.json")
+_HISTORY_RE = re.compile(r"(\d+)-([0-9a-f]{12})\.jsonl")
 _TEMP_RE = re.compile(r"\..+\.tmp-[A-Za-z0-9_]+")
 
 
@@ -257,54 +256,23 @@ def _history_entry(path: Path, doc: Any) -> HistoryEntry:
         raise StateCorrupt(path, "fields 'appliedAt' and 'digest' must be strings")
     if doc.get("sequence") != entry.sequence or not entry.digest.startswith(m.group(2)):
         raise StateCorrupt(path, "its name does not match its sequence and digest fields")
-    if "ruleset" in doc and not isinstance(doc.get("ruleset"), dict):
-        raise StateCorrupt(path, "lacks the 'ruleset' object")
     return entry
 
 
-# A history file is one JSON object whose last key is "ruleset" (both as nftrec writes it
-# now, compact, and as older nftrecs wrote it, indented). Everything before that key is
-# the small header: listing the history reads only that, not the whole table's ruleset.
-# (A '"' that opens a key cannot occur inside a JSON string, where it is escaped.)
-_RULESET_KEY = re.compile(rb',\s*"ruleset"\s*:\s*')
-_HEADER_MAX = 1 << 16
-
-
-def _read_header(path: Path) -> dict:
-    """The history file's fields but "ruleset" (the whole file parsed when the header is
-    not where nftrec writes it). FileNotFoundError when absent, StateCorrupt when unreadable."""
+def _read_header(path: Path) -> Any:
+    """A history file's first line, parsed. FileNotFoundError when absent, StateCorrupt
+    when unreadable."""
     try:
         with open(path, "rb") as f:
-            head = f.read(_HEADER_MAX)
+            line = f.readline()
     except FileNotFoundError:
         raise
     except OSError as e:
         raise StateCorrupt(path, f"cannot be read ({e.strerror or e})") from e
-    m = _RULESET_KEY.search(head)
-    if m is not None:
-        try:
-            doc = json.loads(head[: m.start()] + b"}")
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            doc = None
-        if isinstance(doc, dict):
-            return doc
-    doc = _read_json(path)
-    if not isinstance(doc, dict) or not isinstance(doc.get("ruleset"), dict):
-        raise StateCorrupt(path, "lacks the 'ruleset' object")
-    doc.pop("ruleset")
-    return doc
-
-
-def _history_parts(header: dict, body: list) -> Iterator:
-    """A history file, as parts written one after the other (atomic_write): the header
-    fields with `rulesetSha256` (of the ruleset's bytes, so a read checks the ruleset
-    with one hash instead of re-digesting it; that sha256 is the digest, in the header
-    already), the ruleset in its digest form (`compile.digest_parts`: compact, written
-    by json's C encoder, and its sha256 is the digest, so one encoding serves both) and
-    the closing brace. Joined, the parts held two more copies of the ruleset's bytes
-    (+63 MB at the peak of a 10,000-Service apply)."""
-    head = dict(header, rulesetSha256=header["digest"])
-    return itertools.chain((json.dumps(head).encode("utf-8")[:-1] + b',\n"ruleset":',), body, (b"}\n",))
+    try:
+        return json.loads(line)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise StateCorrupt(path, f"has no JSON header line ({e})") from e
 
 
 # --- the store --------------------------------------------------------------------------
@@ -397,8 +365,8 @@ class StateStore:
         """
         st = self.status()
         now = self._clock()
-        body = digest_parts(ruleset)  # once: the digest and the history file
-        d = parts_digest(body)
+        pieces = digest_pieces(ruleset)  # once: the digest and the history file
+        d = parts_digest(form_parts(*pieces))
         # Sequence numbers come from file names only, so a damaged entry (which history()
         # reports) never blocks recording an apply that already reached the kernel.
         files = self._history_files()
@@ -406,16 +374,11 @@ class StateStore:
         # adds no history entry: history is for going back to something different.
         if not files or self._entry_digest(files[-1][1]) != d:
             seq = files[-1][0] + 1 if files else 1
-            header = {
-                "formatVersion": FORMAT_VERSION,
-                "sequence": seq,
-                "revision": revision,
-                "appliedAt": now,
-                "digest": d,
-                "planId": plan_id,
-            }
-            atomic_write(self.history_dir / f"{seq:06d}-{d[:12]}.json", _history_parts(header, body))
-        del body
+            header = {"formatVersion": FORMAT_VERSION, "sequence": seq, "revision": revision,
+                      "appliedAt": now, "digest": d, "planId": plan_id}
+            atomic_write(self.history_dir / f"{seq:06d}-{d[:12]}.jsonl",
+                         itertools.chain((json.dumps(header).encode("utf-8") + b"\n",), ruleset_lines(*pieces)))
+        del pieces
         st.last_applied_revision = st.last_attempted_revision = revision
         st.last_applied_at = st.last_attempted_at = now
         st.last_applied_plan_id = plan_id
@@ -500,11 +463,8 @@ class StateStore:
         return None
 
     def load_ruleset(self, entry: HistoryEntry, *, lazy: bool = False) -> Ruleset:
-        """The ruleset of `entry`, checked against its recorded digest: through the
-        recorded sha256 of its bytes when the file has one (one hash), else by digesting
-        the ruleset read (files of older nftrecs, or edited by hand). `lazy`: chains and
-        sets are decoded when first read (engine/recorded.py), when the bytes are the
-        digest form itself (their sha256 is the entry's digest)."""
+        """The ruleset of `entry`, checked against its recorded digest (recorded.py).
+        `lazy`: chains and sets are decoded when first read."""
         path = entry.path
         try:
             raw = path.read_bytes()
@@ -512,39 +472,17 @@ class StateStore:
             raise
         except OSError as e:
             raise StateCorrupt(path, f"cannot be read ({e.strerror or e})") from e
-        damaged = "its ruleset does not match its recorded digest (edited or damaged)"
-        m = _RULESET_KEY.search(raw, 0, _HEADER_MAX)
-        header = _read_header(path) if m is not None else None
-        _history_entry(path, header if header is not None else _read_json(path))
-        sha = header.get("rulesetSha256") if header is not None else None
-        if isinstance(sha, str):
-            end = len(raw)  # the body is raw[m.end():end - 1]; raw[end - 1] closes the file's object
-            while end and raw[end - 1] in b" \t\r\n":
-                end -= 1
-            if not raw.endswith(b"}", 0, end) or hashlib.sha256(memoryview(raw)[m.end():end - 1]).hexdigest() != sha:
-                raise StateCorrupt(path, damaged)
-            if lazy and sha == entry.digest:
-                from reconciler.engine.recorded import lazy_ruleset
-
-                rs = lazy_ruleset(raw, m.end(), end - 1)
-                if rs is not None:
-                    return rs
-                logs.log.debug(f"{path}: not laid out as nftrec writes it; decoding it whole")
-            try:  # chain by chain: the whole JSON document is never in memory (compile.ruleset_from_text)
-                text = raw[m.end():end - 1].decode("ascii")
-                del raw
-                return ruleset_from_text(text)
-            except SerializeError as e:
-                raise StateCorrupt(path, f"holds a damaged ruleset ({e})") from e
-            except (UnicodeDecodeError, ValueError) as e:
-                raise StateCorrupt(path, f"is not valid JSON ({e})") from e
+        nl = raw.find(b"\n")
         try:
-            rs = ruleset_from_json(_read_json(path).get("ruleset"))
-        except SerializeError as e:
+            header = json.loads(raw[:nl])
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise StateCorrupt(path, f"has no JSON header line ({e})") from e
+        if _history_entry(path, header).digest != entry.digest:
+            raise StateCorrupt(path, "changed since its history was listed")
+        try:
+            return read_ruleset(raw, nl + 1, entry.digest, lazy=lazy)
+        except ValueError as e:  # SerializeError and json's errors
             raise StateCorrupt(path, f"holds a damaged ruleset ({e})") from e
-        if not isinstance(sha, str) and digest(rs) != entry.digest:
-            raise StateCorrupt(path, damaged)
-        return rs
 
     # -- compiled.json: what the last applied ruleset was compiled from --
 
