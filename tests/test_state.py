@@ -363,21 +363,6 @@ def test_module_constants():
         StateStore(Path("/tmp"), keep=1)
 
 
-def test_status_without_the_fast_path_digests_reads_as_null(store):
-    """Files written before inputDigest/configDigest existed stay readable (formatVersion 1)."""
-    store.record_applied("rev1", ruleset(1), "fp1", 7, input_digest="in", config_digest="cfg")
-    assert (store.status().input_digest, store.status().config_digest) == ("in", "cfg")
-    doc = json.loads(store.status_path.read_text())
-    del doc["inputDigest"], doc["configDigest"]
-    store.status_path.write_text(json.dumps(doc))
-    st = store.status()
-    assert (st.input_digest, st.config_digest, st.kernel_generation) == (None, None, 7)
-    doc["inputDigest"] = 5  # present but of the wrong type: corrupt, as any field
-    store.status_path.write_text(json.dumps(doc))
-    with pytest.raises(StateCorrupt):
-        store.status()
-
-
 def test_record_noop_moves_the_revision_and_keeps_ruleset_digests_and_token(store):
     store.record_applied("rev1", ruleset(1), "fp1", 7, input_digest="in", config_digest="cfg")
     files = sorted(store.history_dir.iterdir())

@@ -1,19 +1,10 @@
 """plan, apply and status: the back half of the pipeline against the live kernel.
 
-desired (desired.load_desired, a saved plan, or a history entry for --rollback)
-  → read live (live.read_live, or the fast path below) → plan.make_plan
-  → one atomic transaction (nft.Interface.run) → re-read and verify → state store.
-Verification reads back what the transaction wrote (sync.verify_touched); when it
-created the table, or with --verify full, one listing compared by fingerprint
-(verify.py).
-
-Fast path: after every apply the state records the kernel's ruleset generation (bumped
-by ANY commit in the namespace). When it is unchanged, the kernel still holds exactly
-what we last applied, so `plan` can diff against that instead of listing the table
-(a listing is the slowest read). `--refresh` always lists and compiles everything. On that path,
-`plan_desired` also compiles only the Services whose input changed since (the state's
-compiled.json) and diffs only their objects (compile.compile_oneshot), reading the
-recorded ruleset lazily (recorded.py): only the objects the change touches are decoded.
+desired (desired.load_desired, a saved plan, or a history entry for --rollback) → read
+live → plan.make_plan → one transaction → verify (sync.verify_touched, or verify.py's
+listing) → state store. While the kernel's generation token is the one the last apply
+recorded, the recorded ruleset (read lazily) stands in for the listing and only the
+Services whose input changed are compiled; `--refresh` always lists and compiles all.
 """
 
 from __future__ import annotations
@@ -74,14 +65,10 @@ def read_live_state(nft: Libnftables, target: Target, *, refresh: bool) -> tuple
 
 def plan_desired(desired, nft: Libnftables, target: Target, *, refresh: bool):
     """Compile `desired` (read with compile=False) against what the kernel holds, and plan:
-    (desired with its ruleset, plan, the live listing or None, whether the kernel was
-    not listed, the compile memo).
-
-    On the fast path the recorded ruleset stands in for the listing, and with its memo
-    only the Services whose input changed are compiled; the diff then covers their old
-    and new objects plus the skeleton (compile.project), so it costs what the change
-    costs. Otherwise everything is compiled, keeping the kernel's index ranges, and
-    diffed against the listing."""
+    (desired with its ruleset, plan, the listing or None, whether the kernel was not
+    listed, the compile memo). On the fast path only the Services whose input changed are
+    compiled and diffed (compile.project); otherwise everything is compiled against the
+    listing, keeping its index ranges."""
     from dataclasses import replace
 
     from reconciler.compile import NftSyntaxError, compile_oneshot
@@ -266,8 +253,8 @@ def run_apply(target: Target, *, desired=None, plan_path: Path | None = None,
         recorded = []
 
         def record():
-            # the fingerprint of a listing; none was read when only the touched objects
-            # were (canonicalising the whole ruleset for it cost seconds at 10,000 Services)
+            # the fingerprint of a listing: None when only the touched objects were read
+            # (the whole ruleset is not canonicalised just for it)
             recorded[:] = [store.record_applied(revision, ruleset, after_fp, token, plan_id,
                                  input_digest=desired.input_digest if from_dir else None,
                                  config_digest=desired.config_digest if from_dir else None,

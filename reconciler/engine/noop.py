@@ -1,20 +1,8 @@
-"""The no-op fast path of `plan` and `apply`: answer "No changes" without reading the
-manifests' YAML, compiling or listing the kernel's tables.
-
-It holds when all three are unchanged since the last apply of a directory:
-- the manifests: `intake.input_digest` (sorted paths + file bytes, the same digest
-  `LoadResult.digest` is; a read and a hash per file, no parsing) equals status'
-  `inputDigest`;
-- the effective node config: `intake.config_digest` of the config as `load_desired`
-  builds it, i.e. *after* node address discovery (when nodeIPs is not set, the addresses
-  are discovered in the target namespace, as for a compile) and with the default node
-  name, plus --strict and the code digest (nftrec version, sources, schemas), equals
-  `configDigest`;
-- the kernel: its generation token (a commit by anyone in the namespace changes it)
-  equals `kernelGeneration`.
-Then the kernel holds what the last apply left, which is what this input compiles to.
-Anything unusual (no digests recorded, problems in the walk or the config) takes the
-normal path, which reports it. `--refresh` and `--out` never take this path.
+"""The no-op fast path of `plan` and `apply`: "No changes" without reading the manifests'
+YAML, compiling or listing the kernel's tables. It holds when the manifests' digest
+(`intake.input_digest`), the effective node config's (`intake.config_digest`, after node
+address discovery, with --strict and the code) and the kernel's generation token all equal
+what the last apply of a directory recorded. `--refresh` and `--out` never take it.
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
-"""A history entry's ruleset as JSON Lines: written by `ruleset_lines`, read (lazily) by
-`read_ruleset`. One JSON value per line, in the digest form's order:
-
-    ["owners",{...}]
-    ["table","ip",{"comment":null,"name":"nftrec"}]       # tables by family
-    ["chain","ip","services",{...}]                       # then its chains by name
-    ["set","ip","cluster-ips",{... "elements":[] ...}]    # then its sets by name,
-    {"comment":null,"key":["10.0.0.1","tcp","80"],"value":"goto ..."}   # each followed
-                                                          # by its elements by key
-Objects are in canonical JSON, so the lines are the pieces of `compile.digest_pieces`:
-the entry's digest is checked over them (`compile.form_parts`) without decoding them.
-Read lazily, a chain or set is decoded when first read, and a big set's elements one by
-one (`LazyElements`): a one-Service change decodes and encodes only what it touches.
+"""A history entry's ruleset as JSON Lines (state/README.md): written by `ruleset_lines`,
+read by `read_ruleset`. The lines are the ruleset's canonical pieces (owners, each table,
+its chains and sets by name, each set's elements by key, one per line), so the entry's
+digest is checked over them without decoding them. Read lazily, a chain or set is decoded
+when first read, and a big set's elements one by one (`LazyElements`).
 """
 
 from __future__ import annotations
@@ -192,14 +184,11 @@ def _one(family: str, kind: str, d, name: str):
 
 
 class LazyElements(MutableMapping):
-    """A recorded set's elements (key -> Element) read from its element lines buf[start:end]
-    (sorted by key): an element is found by its key and decoded alone; changes are kept
-    aside. Anything that needs every element (iteration, len, ==) decodes the whole set
-    once through `full` (every check of compile.ruleset_from_json) and replays the
-    changes on it. `lines()` gives the changed lines without decoding the rest.
-
-    An element is found as `"key":<its canonical JSON>`: no JSON string holds an
-    unescaped '"', and an element has one key, so only that element's line holds it."""
+    """A recorded set's elements (key -> Element) in its element lines buf[start:end]: one
+    is found as `"key":<canonical key>` (only its line holds that: no JSON string holds an
+    unescaped '"') and decoded alone; changes are kept aside. Iteration, len and == decode
+    the whole set through `full` and replay the changes; `lines()` gives the lines as the
+    elements now are without decoding the rest."""
 
     __slots__ = ("_buf", "_start", "_end", "_full", "_d", "_now", "_log", "_starts")
 

@@ -1,22 +1,13 @@
 """The state store: what nftrec last applied, per network namespace and table.
 
-Pipeline position: ... → apply → **state** (read by status, plan --out, apply --rollback).
-
-The on-disk layout and every field are documented in `state/README.md` (the spec puts
-the format there). In short::
-
     <root>/host/lock                                  # the namespace lock (lock.py)
     <root>/host/tables/<table>/status.json
-    <root>/host/tables/<table>/history/000007-3f2a9c01b2de.json
+    <root>/host/tables/<table>/history/000007-3f2a9c01b2de.jsonl   # recorded.py's lines
     <root>/netns/<name>/...                           # same, for `--netns NAME`
 
-Rules this module keeps:
-- Every write is atomic (temp file in the same directory, fsync, rename, fsync the
-  directory): a crash at any moment leaves either the old file or the new one.
-- Nothing read is trusted: a file that is not valid JSON of the expected schema and
-  version raises `StateCorrupt` (path + sentence); `reset()` moves it aside so the
-  caller can rebuild from the kernel.
-- Writers are expected to hold the namespace `Lock`; readers (`nftrec status`) need not.
+Every write is atomic (reconciler/atomic.py). Nothing read is trusted: a damaged file
+raises `StateCorrupt`, and `reset()` moves it aside so the caller rebuilds from the
+kernel. Writers hold the namespace `Lock`; readers need not. Fields: state/README.md.
 """
 
 from __future__ import annotations
@@ -116,7 +107,7 @@ def nftrec_version() -> str:
     return str(__version__)
 
 
-# --- atomic files (the one implementation is reconciler/atomic.py) ----------------------
+# --- JSON files --------------------------------------------------------------------------
 
 
 def _dump(doc: dict) -> bytes:
@@ -154,10 +145,6 @@ _STATUS_FIELDS: tuple[tuple[str, str, tuple[type, ...], bool], ...] = (
     ("liveFingerprint", "live_fingerprint", (str,), True),
     ("kernelGeneration", "kernel_generation", (int,), True),
     ("nftrecVersion", "nftrec_version", (str,), True),
-)
-# Added later, within formatVersion 1: a file without them reads them as null (which
-# only disables the no-op fast path), and older nftrecs ignore them.
-_OPTIONAL_STATUS_FIELDS: tuple[tuple[str, str, tuple[type, ...], bool], ...] = (
     ("inputDigest", "input_digest", (str,), True),
     ("configDigest", "config_digest", (str,), True),
 )
@@ -189,7 +176,7 @@ class Status:
 
     def to_json(self) -> dict:
         doc: dict[str, Any] = {"formatVersion": self.format_version}
-        for key, attr, _, _ in _STATUS_FIELDS + _OPTIONAL_STATUS_FIELDS:
+        for key, attr, _, _ in _STATUS_FIELDS:
             doc[key] = getattr(self, attr)
         return doc
 
@@ -204,10 +191,8 @@ class Status:
             newer = " (written by a newer nftrec?)" if version > FORMAT_VERSION else ""
             raise StateCorrupt(path, f"has formatVersion {version}{newer}; this nftrec reads {FORMAT_VERSION}")
         values: dict[str, Any] = {}
-        for key, attr, types, nullable in _STATUS_FIELDS + _OPTIONAL_STATUS_FIELDS:
+        for key, attr, types, nullable in _STATUS_FIELDS:
             if key not in doc:
-                if (key, attr, types, nullable) in _OPTIONAL_STATUS_FIELDS:
-                    continue
                 raise StateCorrupt(path, f"lacks the field {key!r}")
             v = doc[key]
             ok = (v is None and nullable) or (isinstance(v, types) and not isinstance(v, bool))
@@ -352,17 +337,11 @@ class StateStore:
         config_digest: str | None = None,
         compiled: dict | None = None,
     ) -> Status:
-        """Record a successful apply: status, and a history entry unless the ruleset is unchanged.
-
-        `input_digest` and `config_digest` say which manifests and effective node config
-        the ruleset was compiled from; None (a saved plan, a rollback, watch) disables
-        the no-op fast path until the next apply of a directory. `compiled` (what each
-        Service was compiled from, `compile.compile_memo`) is written to compiled.json for
-        the next apply's incremental compile.
-
-        The history file is written before status.json, so status never names a
-        ruleset that is not on disk; a crash in between leaves one extra history entry.
-        """
+        """Record a successful apply: a history entry unless the ruleset is unchanged (first,
+        so status never names a ruleset not on disk), status, and `compiled` (compile_memo)
+        as compiled.json. `input_digest`/`config_digest` name the manifests and effective
+        node config compiled; None (a saved plan, a rollback, watch) disables the no-op
+        fast path until the next apply of a directory."""
         st = self.status()
         now = self._clock()
         pieces = digest_pieces(ruleset)  # once: the digest and the history file
@@ -577,7 +556,7 @@ def read_status(store: StateStore):
 
 def read_history(store: StateStore):
     """The applied-ruleset history, with every damaged entry reported and moved aside
-    (bounded: each round removes one file)."""
+    (bounded: each pass removes one file)."""
     for _ in range(store.keep + 16):
         try:
             return store.history()

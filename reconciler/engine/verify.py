@@ -45,14 +45,11 @@ def verify_listed(nft: Libnftables, target: Target, desired: Ruleset) -> tuple[R
 
 
 def slim_created(plan: Plan) -> Plan:
-    """`plan` as apply and watch's full sync read it after the commit, when its
-    transaction (re-)creates every table it touches (a cold `apply`, a first sync); else
-    `plan` itself. Then everything was written: the verification lists the whole table
-    (touched_objects: None), no affinity entry is forgotten (forgotten_affinity_ids skips
-    a created table) and the UDP conntrack cleanup asks only which Services changed. Only
-    for a plan that commit() will not re-plan (it needs the whole plan for that). The
-    per-object Changes (each element's, with its reason text) are dropped before nft
-    parses the transaction, which lowers the commit's memory peak."""
+    """`plan` without its per-object Changes when its transaction (re-)creates every table
+    it touches (a cold `apply`, a first sync), else `plan`: what is read after the commit
+    is then the same (a full listing verifies, no affinity entry is forgotten, conntrack
+    asks which Services changed), and the Changes are freed before nft parses the
+    transaction. Only for a plan that commit() will not re-plan."""
     families = plan.changes.families
     if not families or any(fc.table is None for fc in families.values()):
         return plan
