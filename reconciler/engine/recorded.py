@@ -17,7 +17,7 @@ from reconciler.compile import Element, Ruleset, SerializeError, Table, canonica
 
 # A line that opens a piece, from the newline before it. Element lines are objects ('{'),
 # and a '"' opening a JSON string never follows "[" inside one (it would be escaped).
-_PIECE = re.compile(rb'\n\["(owners|table|chain|set)",')
+_PIECE = re.compile(rb'\n\["(owners|table|chain|set)",(?:"([^"\\]*)",(?:"([^"\\]*)",)?)?')
 _STR = re.compile(rb'"(?:[^"\\]|\\.)*",')
 _NL = re.compile(rb"\n")
 # A set whose element lines take this many bytes gets them lazily (LazyElements); a
@@ -32,11 +32,20 @@ def ruleset_lines(owners: bytes, tables: list):
         fam = canonical_json(family) + b","
         yield b'["table",' + fam + canonical_json({"comment": comment, "name": name}) + b"]\n"
         for n, body in chains:
-            yield from (b'["chain",', fam, canonical_json(n), b",", body, b"]\n")
+            yield b"".join((b'["chain",', fam, _name(n), body, b"]\n"))
         for n, head, lines in sets:
-            yield from (b'["set",', fam, canonical_json(n), b",", head, b"]\n")
+            yield b"".join((b'["set",', fam, _name(n), head, b"]\n"))
             if lines:
-                yield from (lines, b"\n")
+                yield lines
+                yield b"\n"
+
+
+def _name(name: str) -> bytes:
+    """canonical_json(name) + b",", for a name."""
+    return (_ENCODE(name) + ",").encode("ascii")
+
+
+_ENCODE = json.JSONEncoder(ensure_ascii=True).encode  # a str: one C call
 
 
 def read_ruleset(buf: bytes, start: int, digest: str, *, lazy: bool) -> Ruleset:
@@ -51,34 +60,39 @@ def read_ruleset(buf: bytes, start: int, digest: str, *, lazy: bool) -> Ruleset:
     ends = [m.start() for m in marks[1:]] + [len(buf) - 1]
     owners = None
     tables: list = []  # [family, name, comment, {chain: (a, b)}, {set: (a, b, c, d)}]
+    chains = sets = last = None
     for m, end in zip(marks, ends):
-        kind = m.group(1)
+        kind, family, name = m.groups()
         eol = buf.find(b"\n", m.end())
         if buf[eol - 1] != 0x5D or (kind != b"set" and eol != end):  # ']' closes the line; only sets have more
             raise SerializeError(f"ruleset lines: a {kind.decode()} line at byte {m.start() + 1} is damaged")
-        if kind == b"owners":
-            if owners is not None or tables:
-                raise SerializeError("ruleset lines: the owners line is not first, or not alone")
-            owners = (m.end(), eol - 1)
-            continue
-        fam = _STR.match(buf, m.end())
-        if fam is None:
-            raise SerializeError(f"ruleset lines: a {kind.decode()} line at byte {m.start() + 1} has no family")
-        family = json.loads(buf[fam.start():fam.end() - 1])
-        if kind == b"table":
-            d = json.loads(buf[fam.end():eol - 1])
+        at = m.end()
+        if family is not None:
+            family = family.decode("ascii")  # canonical JSON is ASCII; no escapes matched
+        if kind in (b"chain", b"set"):
+            if name is None:  # a family or name spelled with escapes
+                (family, name), at = _strings(buf, m.start() + len(kind) + 4, 2)
+            else:
+                name = name.decode("ascii")
+            if not tables or tables[-1][0] != family:
+                raise SerializeError(f"ruleset lines: {kind.decode()} {name!r} is not of its table")
+            objs = chains if kind == b"chain" else sets
+            if objs and name <= last[kind == b"set"]:
+                raise SerializeError(f"ruleset lines: {kind.decode()} {name!r} is out of order")
+            last[kind == b"set"] = name
+            objs[name] = (at, eol - 1) if kind == b"chain" else (at, eol - 1, eol + 1, max(eol, end))
+        elif kind == b"table":
+            if family is None:
+                (family,), at = _strings(buf, m.end(), 1)
+            d = json.loads(buf[at:eol - 1])
             if not isinstance(d, dict) or set(d) != {"comment", "name"} or (tables and tables[-1][0] >= family):
                 raise SerializeError(f"ruleset lines: the table line of family {family!r} is damaged or out of order")
-            tables.append([family, d["name"], d["comment"], {}, {}])
-            continue
-        name = _STR.match(buf, fam.end())
-        if not tables or tables[-1][0] != family or name is None:
-            raise SerializeError(f"ruleset lines: a {kind.decode()} line at byte {m.start() + 1} is not of its table")
-        objs = tables[-1][3 if kind == b"chain" else 4]
-        n = json.loads(buf[name.start():name.end() - 1])
-        if objs and n <= next(reversed(objs)):
-            raise SerializeError(f"ruleset lines: {kind.decode()} {n!r} is out of order")
-        objs[n] = (name.end(), eol - 1) if kind == b"chain" else (name.end(), eol - 1, eol + 1, max(eol, end))
+            chains, sets, last = {}, {}, [None, None]
+            tables.append([family, d["name"], d["comment"], chains, sets])
+        elif owners is not None or tables:
+            raise SerializeError("ruleset lines: the owners line is not first, or not alone")
+        else:
+            owners = (at, eol - 1)
     if owners is None:
         raise SerializeError("ruleset lines: no owners line")
     view = memoryview(buf)
@@ -87,7 +101,9 @@ def read_ruleset(buf: bytes, start: int, digest: str, *, lazy: bool) -> Ruleset:
     if parts_digest(form_parts(view[owners[0]:owners[1]], pieces)) != digest:
         raise SerializeError("ruleset lines: the lines do not match the recorded digest (edited or damaged)")
     del pieces, view
-    rs = ruleset_from_json({"formatVersion": 1, "owners": json.loads(buf[owners[0]:owners[1]]), "tables": []})
+    rs = Ruleset(owners=json.loads(buf[owners[0]:owners[1]]))
+    if type(rs.owners) is not dict or not all(type(v) is str for v in rs.owners.values()):
+        raise SerializeError("ruleset lines: the owners line is not an object of strings")
     for family, name, comment, chains, sets in tables:
         rs.tables[family] = t = Table(family, name, comment, LazyObjects(buf, chains, _decoder(family, "chains", lazy)),
                                       LazyObjects(buf, sets, _decoder(family, "sets", lazy)))
@@ -104,10 +120,10 @@ class _Span(tuple):
 class LazyObjects(MutableMapping):
     """name -> Chain or NamedSet, decoded on first access; iteration is by name."""
 
-    __slots__ = ("_d", "_buf", "_decode")
+    __slots__ = ("_d", "_buf", "_view", "_decode")
 
     def __init__(self, buf: bytes, spans: dict, decode):
-        self._buf = buf
+        self._buf, self._view = buf, memoryview(buf)
         self._decode = decode
         self._d: dict = {name: _Span(span) for name, span in spans.items()}
 
@@ -139,7 +155,7 @@ class LazyObjects(MutableMapping):
         v = self._d.get(name)
         if type(v) is not _Span:
             return None
-        view = memoryview(self._buf)
+        view = self._view
         return view[v[0]:v[1]] if len(v) == 2 else (view[v[0]:v[1]], view[v[2]:v[3]])
 
     @property
@@ -164,6 +180,18 @@ def _decoder(family: str, kind: str, lazy: bool):
             return s
         return _one(family, kind, dict(d, elements=_elements(buf, a, b)), name)
     return decode
+
+
+def _strings(buf: bytes, at: int, n: int) -> tuple[list, int]:
+    """The `n` JSON strings at buf[at:], each followed by ',', and where they end."""
+    out = []
+    for _ in range(n):
+        m = _STR.match(buf, at)
+        if m is None:
+            raise SerializeError(f"ruleset lines: no string at byte {at}")
+        out.append(json.loads(buf[at:m.end() - 1]))
+        at = m.end()
+    return out, at
 
 
 def _elements(buf: bytes, a: int, b: int) -> list:
