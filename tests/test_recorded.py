@@ -159,3 +159,23 @@ def test_lazy_elements_behave_as_the_decoded_dict(rs, seed, monkeypatch):
     for name in names:  # iterated: the dict the eager reader plus the same changes gives
         assert list(lazy.tables["ip"].sets[name].elements.items()) == list(plain.tables["ip"].sets[name].elements.items())
     assert lazy == plain
+
+
+def test_text_that_looks_like_structure_stays_text(tmp_path):
+    """Comments holding '},{"', newlines and non-ASCII are strings, never line breaks."""
+    from reconciler.compile import Chain, NamedSet, Rule, Table
+    from reconciler.compile.ruleset import Ruleset
+
+    t = Table("ip", "nftrec")
+    t.chains["c"] = Chain("c", rules=(Rule("accept", comment='x"]\n["chain","ip","d",{'),))
+    s = NamedSet("s", "ipv4_addr", comment="},{\"")
+    for i, c in enumerate(['},{"comment":', "\n{", "é", None]):
+        s.add(Element((f"10.0.0.{i}",), None, c))
+    t.sets["s"] = s
+    rs = Ruleset(tables={"ip": t}, owners={"ip chain c": 'a\n["owners",'})
+    store = StateStore(tmp_path, None, "nftrec")
+    store.record_applied("r", rs, None, 1)
+    entry = store.history()[-1]
+    assert entry.digest == digest(rs)
+    assert len(entry.path.read_bytes().splitlines()) == 1 + 1 + 1 + 1 + 1 + 4
+    assert store.load_ruleset(entry) == rs == store.load_ruleset(entry, lazy=True)

@@ -11,12 +11,13 @@ import json
 import re
 from bisect import bisect_left
 from collections.abc import MutableMapping
+from json.encoder import encode_basestring_ascii
 
 from reconciler.compile import Element, Ruleset, SerializeError, Table, canonical_json, element_to_json, \
     form_parts, parts_digest, ruleset_from_json
 
-# A line that opens a piece, from the newline before it. Element lines are objects ('{'),
-# and a '"' opening a JSON string never follows "[" inside one (it would be escaped).
+# A line that opens a piece, from the newline before it: canonical JSON holds no raw
+# newline, so "\n[" only opens a line; element lines open with '{'.
 _PIECE = re.compile(rb'\n\["(owners|table|chain|set)",(?:"([^"\\]*)",(?:"([^"\\]*)",)?)?')
 _STR = re.compile(rb'"(?:[^"\\]|\\.)*",')
 _NL = re.compile(rb"\n")
@@ -42,10 +43,7 @@ def ruleset_lines(owners: bytes, tables: list):
 
 def _name(name: str) -> bytes:
     """canonical_json(name) + b",", for a name."""
-    return (_ENCODE(name) + ",").encode("ascii")
-
-
-_ENCODE = json.JSONEncoder(ensure_ascii=True).encode  # a str: one C call
+    return (encode_basestring_ascii(name) + ",").encode("ascii")
 
 
 def read_ruleset(buf: bytes, start: int, digest: str, *, lazy: bool) -> Ruleset:
@@ -85,7 +83,8 @@ def read_ruleset(buf: bytes, start: int, digest: str, *, lazy: bool) -> Ruleset:
             if family is None:
                 (family,), at = _strings(buf, m.end(), 1)
             d = json.loads(buf[at:eol - 1])
-            if not isinstance(d, dict) or set(d) != {"comment", "name"} or (tables and tables[-1][0] >= family):
+            if not isinstance(d, dict) or set(d) != {"comment", "name"} or type(d["name"]) is not str \
+                    or type(d["comment"]) not in (str, type(None)) or (tables and tables[-1][0] >= family):
                 raise SerializeError(f"ruleset lines: the table line of family {family!r} is damaged or out of order")
             chains, sets, last = {}, {}, [None, None]
             tables.append([family, d["name"], d["comment"], chains, sets])
