@@ -244,18 +244,18 @@ def _history_entry(path: Path, doc: Any) -> HistoryEntry:
     return entry
 
 
-def _read_header(path: Path) -> Any:
-    """A history file's first line, parsed. FileNotFoundError when absent, StateCorrupt
-    when unreadable."""
+def _read_header(path: Path, text: bytes | None = None) -> Any:
+    """A history file's first line (`text`, else read from it), parsed. FileNotFoundError
+    when absent, StateCorrupt when unreadable."""
     try:
-        with open(path, "rb") as f:
-            line = f.readline()
+        if text is None:
+            with open(path, "rb") as f:
+                text = f.readline()
+        return json.loads(text)
     except FileNotFoundError:
         raise
     except OSError as e:
         raise StateCorrupt(path, f"cannot be read ({e.strerror or e})") from e
-    try:
-        return json.loads(line)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise StateCorrupt(path, f"has no JSON header line ({e})") from e
 
@@ -451,15 +451,11 @@ class StateStore:
             raise
         except OSError as e:
             raise StateCorrupt(path, f"cannot be read ({e.strerror or e})") from e
-        nl = raw.find(b"\n")
-        try:
-            header = json.loads(raw[:nl])
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise StateCorrupt(path, f"has no JSON header line ({e})") from e
-        if _history_entry(path, header).digest != entry.digest:
+        body = raw.find(b"\n") + 1
+        if _history_entry(path, _read_header(path, raw[:body])).digest != entry.digest:
             raise StateCorrupt(path, "changed since its history was listed")
         try:
-            return read_ruleset(raw, nl + 1, entry.digest, lazy=lazy)
+            return read_ruleset(raw, body, entry.digest, lazy=lazy)
         except ValueError as e:  # SerializeError and json's errors
             raise StateCorrupt(path, f"holds a damaged ruleset ({e})") from e
 
