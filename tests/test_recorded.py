@@ -162,12 +162,14 @@ def test_lazy_elements_behave_as_the_decoded_dict(rs, seed, monkeypatch):
 
 
 def test_text_that_looks_like_structure_stays_text(tmp_path):
-    """Comments holding '},{"', newlines and non-ASCII are strings, never line breaks."""
+    """Comments holding '},{"', newlines and non-ASCII are strings, never line breaks, and
+    a name spelled with escapes is read as well."""
     from reconciler.compile import Chain, NamedSet, Rule, Table
     from reconciler.compile.ruleset import Ruleset
 
     t = Table("ip", "nftrec")
     t.chains["c"] = Chain("c", rules=(Rule("accept", comment='x"]\n["chain","ip","d",{'),))
+    t.chains["cé\\"] = Chain("cé\\")  # a name spelled with escapes
     s = NamedSet("s", "ipv4_addr", comment="},{\"")
     for i, c in enumerate(['},{"comment":', "\n{", "é", None]):
         s.add(Element((f"10.0.0.{i}",), None, c))
@@ -177,5 +179,5 @@ def test_text_that_looks_like_structure_stays_text(tmp_path):
     store.record_applied("r", rs, None, 1)
     entry = store.history()[-1]
     assert entry.digest == digest(rs)
-    assert len(entry.path.read_bytes().splitlines()) == 1 + 1 + 1 + 1 + 1 + 4
+    assert len(entry.path.read_bytes().splitlines()) == 1 + 1 + 1 + 2 + 1 + 4
     assert store.load_ruleset(entry) == rs == store.load_ruleset(entry, lazy=True)

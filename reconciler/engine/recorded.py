@@ -69,7 +69,7 @@ def read_ruleset(buf: bytes, start: int, digest: str, *, lazy: bool) -> Ruleset:
             family = family.decode("ascii")  # canonical JSON is ASCII; no escapes matched
         if kind in (b"chain", b"set"):
             if name is None:  # a family or name spelled with escapes
-                (family, name), at = _strings(buf, m.start() + len(kind) + 4, 2)
+                (family, name), at = _strings(buf, m.start() + len(kind) + 5, 2)
             else:
                 name = name.decode("ascii")
             if not tables or tables[-1][0] != family:
