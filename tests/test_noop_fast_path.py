@@ -123,19 +123,6 @@ def test_a_kernel_change_by_someone_else_is_not_a_noop(applied):
     assert plan(d, state, ns)[1]["fastPath"] is True
 
 
-def test_a_status_file_without_the_digests_only_disables_the_fast_path(applied):
-    ns, state, d = applied
-    [status_path] = list(state.rglob("status.json"))
-    doc = json.loads(status_path.read_text())
-    del doc["inputDigest"], doc["configDigest"]  # as nftrec before the fast path wrote it
-    status_path.write_text(json.dumps(doc))
-    code, plan_doc, err = plan(d, state, ns)
-    assert code == 0 and plan_doc["fastPath"] is False and NOT_FAST + "the last apply recorded no" in err
-    assert "moved it" not in err  # not treated as corrupt
-    ok(nftrec("apply", str(d), state=state, ns=ns))
-    assert plan(d, state, ns)[1]["fastPath"] is True
-
-
 def test_rollback_disables_the_fast_path(applied):
     ns, state, d = applied
     _add_endpoint(d)

@@ -25,10 +25,10 @@ from reconciler.compile import allocation_of, compile_oneshot, compile_ruleset, 
     ruleset_from_json, ruleset_to_json
 from reconciler.compile.oneshot import _memo_allocation
 from reconciler.engine import recorded as recorded_mod
-from reconciler.engine.recorded import lazy_ruleset
 from reconciler.engine.plan import format_text, make_plan
 from reconciler.intake import config_digest, load_node_config
 from reconciler.kernel import canonical
+from test_recorded import lazy_ruleset  # the recorded ruleset, read lazily
 
 from benchmix import bench_mix, mix
 from test_cli_kernel import netns2  # noqa: E402,F401  (a second throwaway namespace)
@@ -100,7 +100,7 @@ def test_incremental_equals_full_compile_and_plan(world, seed, lazy_elements, mo
         full = compile_ruleset(inv, cfg, previous=recorded)
         full_plan = make_plan(full, canonical(recorded))
         # as apply reads it: the history entry's bytes, decoded lazily (engine/recorded.py)
-        lazy = lazy_ruleset(digest_bytes(applied))
+        lazy = lazy_ruleset(applied)
         assert lazy is not None
         one = compile_oneshot(inv, cfg, cd, lazy, memo)
         assert one.changed is not None, "the memo fits: only changed Services are compiled"
@@ -202,7 +202,7 @@ def test_unchanged_files_keep_their_memo_digests_and_the_result_is_the_full_comp
         recorded = ruleset_from_json(ruleset_to_json(applied))
         full = compile_ruleset(inv, cfg, previous=recorded)
         hashed.clear()
-        one = compile_oneshot(inv, cfg, cd, lazy_ruleset(digest_bytes(applied)), memo)
+        one = compile_oneshot(inv, cfg, cd, lazy_ruleset(applied), memo)
         assert one.changed is not None
         # only Services with a document in an edited file were hashed (at most 3 files of 100)
         assert 0 < len(hashed) <= 300 and len(hashed) < len(inv.services)
@@ -229,7 +229,7 @@ def test_a_replaced_model_object_is_hashed_again(tmp_path):
     edited = dataclasses.replace(s, endpoints=s.endpoints[:1])
     inv2 = dataclasses.replace(inv, endpoint_slices=tuple(edited if x is s else x for x in inv.endpoint_slices))
     assert inv2.origins is inv.origins  # carried over by replace: identity is what guards it
-    one = compile_oneshot(inv2, cfg, cd, lazy_ruleset(digest_bytes(first.ruleset)), json.loads(json.dumps(first.memo)))
+    one = compile_oneshot(inv2, cfg, cd, lazy_ruleset(first.ruleset), json.loads(json.dumps(first.memo)))
     assert one.changed == {s.service_key}
     assert s.service_key not in one.memo["tokens"]
 
@@ -287,23 +287,6 @@ def test_digest_bytes_is_the_digest_form(world):
     assert body == digest_form(ruleset_to_json(rs))
     assert hashlib.sha256(body).hexdigest() == digest(rs)
     assert ruleset_from_json(json.loads(body)) == rs
-
-
-def test_ruleset_from_text_reads_what_ruleset_from_json_reads(world):
-    from reconciler.compile import SerializeError, digest_bytes, ruleset_from_text
-
-    inv, cfg, cd = world
-    rs = compile_oneshot(inv, cfg, cd).ruleset
-    text = digest_bytes(rs).decode("ascii")
-    assert ruleset_from_text(text) == ruleset_from_json(json.loads(text)) == rs
-    indented = json.dumps(ruleset_to_json(rs), indent=2)  # any layout of the same document
-    assert ruleset_from_text(indented) == rs
-    with pytest.raises(SerializeError, match="expected str"):
-        ruleset_from_text(text.replace('"name":"nftrec"', '"name":7', 1))
-    with pytest.raises(ValueError):
-        ruleset_from_text(text[:-40])
-    with pytest.raises(SerializeError, match="formatVersion"):
-        ruleset_from_text(text.replace('"formatVersion":1', '"formatVersion":9', 1))
 
 
 @pytest.mark.parametrize("row", [

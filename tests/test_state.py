@@ -71,7 +71,7 @@ def test_layout(store, tmp_path):
     assert store.status_path.is_file()
     assert store.lock_path == tmp_path / "host" / "lock"
     [h] = (tmp_path / "host" / "tables" / "nftrec" / "history").iterdir()
-    assert h.name == f"000001-{digest(ruleset(1))[:12]}.json"
+    assert h.name == f"000001-{digest(ruleset(1))[:12]}.jsonl"
     assert namespace_dir(tmp_path, HOST) == namespace_dir(tmp_path, None) == tmp_path / "host"
     # a namespace made with `ip netns add host` is not the host
     assert namespace_dir(tmp_path, "host") == tmp_path / "netns" / "host"
@@ -320,10 +320,13 @@ def test_edited_history_ruleset_is_detected(store):
     store.record_applied("rev1", ruleset(1), "fp", 1)
     store.record_applied("rev2", ruleset(2), "fp", 2)
     entry = store.previous()
-    doc = json.loads(entry.path.read_text())
-    doc["ruleset"]["tables"][0]["chains"][0]["rules"][0]["body"] = "accept"  # hand edit
-    entry.path.write_text(json.dumps(doc))
-    with pytest.raises(StateCorrupt, match="does not match its recorded digest") as e:
+    lines = entry.path.read_text().splitlines()
+    i = next(i for i, line in enumerate(lines) if line.startswith('["chain",'))
+    piece = json.loads(lines[i])
+    piece[3]["rules"][0]["body"] = "accept"  # hand edit, as nftrec would write it
+    lines[i] = json.dumps(piece, sort_keys=True, separators=(",", ":"))
+    entry.path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(StateCorrupt, match="do not match the recorded digest") as e:
         store.load_ruleset(entry)
     assert e.value.path == entry.path
 
@@ -360,21 +363,6 @@ def test_module_constants():
         StateStore(Path("/tmp"), keep=1)
 
 
-def test_status_without_the_fast_path_digests_reads_as_null(store):
-    """Files written before inputDigest/configDigest existed stay readable (formatVersion 1)."""
-    store.record_applied("rev1", ruleset(1), "fp1", 7, input_digest="in", config_digest="cfg")
-    assert (store.status().input_digest, store.status().config_digest) == ("in", "cfg")
-    doc = json.loads(store.status_path.read_text())
-    del doc["inputDigest"], doc["configDigest"]
-    store.status_path.write_text(json.dumps(doc))
-    st = store.status()
-    assert (st.input_digest, st.config_digest, st.kernel_generation) == (None, None, 7)
-    doc["inputDigest"] = 5  # present but of the wrong type: corrupt, as any field
-    store.status_path.write_text(json.dumps(doc))
-    with pytest.raises(StateCorrupt):
-        store.status()
-
-
 def test_record_noop_moves_the_revision_and_keeps_ruleset_digests_and_token(store):
     store.record_applied("rev1", ruleset(1), "fp1", 7, input_digest="in", config_digest="cfg")
     files = sorted(store.history_dir.iterdir())
@@ -387,10 +375,10 @@ def test_record_noop_moves_the_revision_and_keeps_ruleset_digests_and_token(stor
     assert store.record_applied("rev3", ruleset(2), "fp", 8).input_digest is None
 
 
-def test_history_entry_bytes_are_unchanged_by_the_write_in_parts(tmp_path):
-    """The history entry is written in parts (header, ruleset bytes, end) instead of one
-    concatenated copy; the file is byte for byte what nftrec wrote before (sha256 pinned
-    from commit 6d10dc3), with a body larger than any write buffer and non-ASCII text."""
+def test_history_entry_is_json_lines_and_the_digest_is_unchanged(tmp_path):
+    """A history entry is one JSON value per line (a header, then the ruleset's pieces),
+    written in parts; the ruleset digest is the one nftrec always computed (pinned), with
+    a body larger than any write buffer and non-ASCII text."""
     t = Table("ip", "nftrec")
     t.chains["services"] = Chain("services", rules=tuple(
         Rule(f"ip daddr 10.0.{i // 250}.{i % 250} drop") for i in range(3000)))
@@ -403,9 +391,13 @@ def test_history_entry_bytes_are_unchanged_by_the_write_in_parts(tmp_path):
     status = st.record_applied('rev "1"\u00e9', rs, None, 7, "plan-1")
     (entry,) = st.history_dir.iterdir()
     data = entry.read_bytes()
-    assert entry.name == "000001-371d8e9d9d8f.json"
-    assert len(data) == 630837
-    assert hashlib.sha256(data).hexdigest() == "bbb92412c0a23b82e74d4eceed5812738fcbfd77073b9862cb3b9eeb76e2ced5"
+    assert entry.name == "000001-371d8e9d9d8f.jsonl"
+    lines = [json.loads(line) for line in data.decode("ascii").splitlines()]
+    assert lines[0] == {"formatVersion": 1, "sequence": 1, "revision": 'rev "1"\u00e9', "digest": status.desired_digest,
+                        "appliedAt": "2026-05-09T12:00:00Z", "planId": "plan-1"}
+    assert [x[0] for x in lines[1:4]] == ["owners", "table", "chain"] and lines[4][:3] == ["set", "ip", "cluster-ips"]
+    assert len(lines) == 5 + 5000 and lines[5] == {"comment": None, "key": ["172.30.0.0"], "value": None}
+    assert hashlib.sha256(data).hexdigest() == "c27eb971efc922be8325b8914424208464396d388af82a348a730c6894c834a4"
     assert status.desired_digest == digest(rs) == "371d8e9d9d8f5452936b18fd7a5b24350cb2a2310372e00d9376a27ec31a4489"
     assert st.load_ruleset(st.history()[-1]) == rs
 

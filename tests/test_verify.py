@@ -1,7 +1,6 @@
 """engine/verify.py: a cold `apply` (the transaction created the table) and `--verify full`
 compare one listing with the desired ruleset by fingerprint, and still fail on any
-difference; the history bytes and the expected fingerprint computed beside the commit
-are the ones computed after it.
+difference.
 
 Against the Fake (which has kernel tokens and counts its listings); the real kernel's
 cold apply is every first `nftrec apply` in tests/test_cli_kernel.py and the data-plane
@@ -14,9 +13,8 @@ import copy
 
 import pytest
 
-from reconciler.compile import digest_bytes, digest_parts
 from reconciler.engine import CommandError, Target, commit, forgotten_affinity_ids, make_plan, touched_objects
-from reconciler.engine.verify import OVERLAP_MAX_OPS, Prepared, expected, slim_created, verify_listed
+from reconciler.engine.verify import expected, slim_created, verify_listed
 from reconciler.kernel import Fake, fingerprint, kernel_token, read_live
 from test_sync import TABLE, ruleset
 
@@ -65,24 +63,6 @@ def test_typeof_is_compared_although_the_fingerprint_leaves_it_out(cold):
     assert expected(other)[0] == expected(desired)[0]  # the fingerprint cannot tell them apart
     with pytest.raises(CommandError, match=f"does not match the desired ruleset .*{name}"):
         verify_listed(nft, target, other)
-
-
-def test_prepared_computes_what_is_computed_after_the_commit(tmp_path):
-    nft = Fake()
-    desired = ruleset(tmp_path, edit=False)
-    plan = make_plan(desired, read_live(nft, TABLE))
-    assert 0 < len(plan.transaction) <= OVERLAP_MAX_OPS
-    prepared = Prepared(desired, plan, listed=True)
-    commit(nft, TABLE, desired, plan, {}, from_memory=None)
-    prepared.join()
-    assert prepared.expected == expected(desired)
-    assert b"".join(prepared.body) == digest_bytes(desired)
-    unlisted = Prepared(desired, plan, listed=False)
-    unlisted.join()
-    assert unlisted.expected is None and unlisted.body == prepared.body
-    empty = Prepared(desired, make_plan(desired, read_live(nft, TABLE)), listed=True)  # nothing to commit
-    empty.join()
-    assert empty.expected is None and empty.body is None
 
 
 def test_slim_created_keeps_what_is_read_after_the_commit(tmp_path):

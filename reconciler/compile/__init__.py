@@ -22,7 +22,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "ruleset": ("FAMILIES", "BaseHook", "Chain", "Element", "NamedSet", "NftSyntaxError", "Rule", "Ruleset",
                 "Table", "chain_cmd", "chain_id", "chain_rules_cmd", "check_name", "element_cmd", "element_id", "set_elements_cmd", "declarable", "rule_cmd",
                 "set_cmd", "set_id", "table_cmd"),
-    "serialize": ("SerializeError", "canonical_json", "digest", "digest_bytes", "digest_form", "digest_parts", "digest_json", "element_to_json", "parts_digest", "ruleset_from_json", "ruleset_from_text", "ruleset_to_json"),
+    "serialize": ("SerializeError", "canonical_json", "digest", "digest_bytes", "digest_form", "digest_parts", "digest_pieces", "digest_json", "element_to_json", "form_parts", "parts_digest", "ruleset_from_json", "ruleset_to_json"),
     "topology": ("derived_topology_hints", "endpoints_for_port"),
     "skeleton": ("compile_static",),
     "services": ("cluster_ip_for", "compile_ruleset", "ips_of_family", "slices_by_service"),

@@ -55,8 +55,7 @@ def _set_to_json(s: NamedSet) -> dict:
 
 
 def element_to_json(e: Element) -> dict:
-    """One set element's JSON form (in `_set_to_json`'s elements; engine/recorded.py
-    splices single elements into recorded bytes with it)."""
+    """One set element's JSON form (in `_set_to_json`'s elements)."""
     return {"key": list(e.key), "value": e.value, "comment": e.comment}
 
 
@@ -107,24 +106,58 @@ def digest_bytes(rs: Ruleset) -> bytes:
 
 
 def digest_parts(rs: Ruleset) -> list:
-    """digest_bytes(rs) as a list of byte strings (bytes or memoryviews) whose
-    concatenation it is, without holding the whole JSON document at once: each chain and
-    set is encoded on its own (canonical JSON is compositional: sorted keys, no
-    whitespace), and the state store hashes and writes them one by one. An object a
-    lazily read ruleset never decoded is a view of its recorded bytes, not a copy."""
+    """digest_bytes(rs) as a list of byte strings whose concatenation it is, without
+    holding the whole JSON document at once (form_parts of digest_pieces)."""
+    return form_parts(*digest_pieces(rs))
+
+
+def digest_pieces(rs: Ruleset) -> tuple[bytes, list]:
+    """The canonical bytes of `rs` piece by piece (canonical JSON is compositional:
+    sorted keys, no whitespace): (owners, [(family, name, comment, [(chain name, bytes)],
+    [(set name, the set without elements, its elements one per line)])]), tables by
+    family, chains and sets by name, elements by key. A lazily read ruleset
+    (engine/recorded.py) hands back the recorded bytes of what it never decoded."""
     enc = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode
-    parts = [b'{"formatVersion":', enc(FORMAT_VERSION).encode("ascii"), b',"owners":',
-             _owners_bytes(rs.owners, enc), b',"tables":[']
-    for i, family in enumerate(sorted(rs.tables)):
+    tables = []
+    for family in sorted(rs.tables):
         t = rs.tables[family]
         if t.family != family:
             raise SerializeError(f"table {t.name!r} is filed under family {family!r} but says {t.family!r}")
-        parts.append(b"," if i else b"")
-        parts.append(b'{"chains":[')
-        _encoded(parts, t.chains, _chain_to_json, enc)
-        parts.append(f'],"comment":{enc(t.comment)},"family":{enc(t.family)},"name":{enc(t.name)},"sets":['
+        raw_chain = getattr(t.chains, "raw", lambda name: None)
+        raw_set = getattr(t.sets, "raw", lambda name: None)
+        chains = [(n, raw_chain(n) or enc(_chain_to_json(t.chains[n])).encode("ascii")) for n in sorted(t.chains)]
+        sets = [(n, *(raw_set(n) or _set_pieces(t.sets[n], enc))) for n in sorted(t.sets)]
+        tables.append((t.family, t.name, t.comment, chains, sets))
+    return _owners_bytes(rs.owners, enc), tables
+
+
+def _set_pieces(s: NamedSet, enc) -> tuple[bytes, bytes]:
+    """(the set without elements, its elements one per line); a recorded set's elements
+    read lazily give their lines as they now are (engine/recorded.LazyElements)."""
+    lines = getattr(s.elements, "lines", lambda: None)()
+    if lines is None:  # one encoder call; '},{"' only ever joins two elements (flat objects)
+        array = enc([element_to_json(e) for e in sorted(s.elements.values(), key=lambda e: e.key)])
+        lines = array[1:-1].replace('},{"', '}\n{"').encode("ascii")
+    return enc(_set_to_json(s.with_elements({}))).encode("ascii"), lines
+
+
+_NO_ELEMENTS = b'"elements":[]'  # in a canonical set without elements (no string holds an unescaped '"')
+
+
+def form_parts(owners: bytes, tables: list) -> list:
+    """The digest form (digest_bytes) as a list of parts, from digest_pieces' pieces."""
+    enc = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode
+    parts = [b'{"formatVersion":', enc(FORMAT_VERSION).encode("ascii"), b',"owners":', owners, b',"tables":[']
+    for i, (family, name, comment, chains, sets) in enumerate(tables):
+        parts.append(b',{"chains":[' if i else b'{"chains":[')
+        for j, (_, body) in enumerate(chains):
+            parts += (b",", body) if j else (body,)
+        parts.append(f'],"comment":{enc(comment)},"family":{enc(family)},"name":{enc(name)},"sets":['
                      .encode("ascii"))
-        _encoded(parts, t.sets, _set_to_json, enc)
+        for j, (_, head, lines) in enumerate(sets):
+            head = bytes(head)
+            at = head.index(_NO_ELEMENTS) + len(_NO_ELEMENTS) - 1
+            parts += (b"," if j else b"", head[:at], bytes(lines).replace(b"\n", b","), head[at:])
         parts.append(b"]}")
     parts.append(b"]}")
     return parts
@@ -134,39 +167,14 @@ _OWNERS_CHUNK = 4096
 
 
 def _owners_bytes(owners: dict, enc) -> bytes:
-    """enc(owners), byte for byte, in chunks of sorted keys: one encoder call over every
-    owner of a large table holds the GIL long enough to stall `nftrec watch`'s sync while
-    its state writer thread encodes."""
+    """enc(owners), byte for byte, in chunks of sorted keys: one encoder call over a big
+    table holds the GIL for long, which `nftrec watch`'s state writer thread
+    (daemon/statewriter.py) would make a sync wait for; a chunk is short."""
     if len(owners) <= _OWNERS_CHUNK:
         return enc(owners).encode("ascii")
     keys = sorted(owners)
     chunks = (enc({k: owners[k] for k in keys[i:i + _OWNERS_CHUNK]})[1:-1] for i in range(0, len(keys), _OWNERS_CHUNK))
     return ("{" + ",".join(chunks) + "}").encode("ascii")
-
-
-def _encoded(parts: list, objs, to_json, enc) -> None:
-    """Append the chains or sets of a table to `parts`, in name order, comma-separated. A
-    lazily read ruleset (engine/recorded.py) hands back the exact bytes of every object it
-    never decoded (`raw`), so a one-Service change re-encodes only what it touched."""
-    raw = getattr(objs, "raw", None)
-    for i, n in enumerate(sorted(objs)):
-        if i:
-            parts.append(b",")
-        r = raw(n) if raw is not None else None
-        if r is not None:
-            parts.append(r)
-            continue
-        obj = objs[n]
-        # a recorded set's elements read lazily (engine/recorded.LazyElements) give the
-        # bytes of their array as they now are: the rest of the set is encoded around them
-        inner = getattr(obj.elements, "encoded", None) if to_json is _set_to_json else None
-        body = inner() if inner is not None else None
-        if body is None:
-            parts.append(enc(to_json(obj)).encode("ascii"))
-            continue
-        head = enc(to_json(obj.with_elements({}))).encode("ascii")
-        at = head.index(b'"elements":[]') + len(b'"elements":[')  # keys sorted: after "comment" only
-        parts += [head[:at], body, head[at:]]
 
 
 def digest_form(doc: dict) -> bytes:
@@ -311,104 +319,3 @@ def ruleset_from_json(d: Any) -> Ruleset:
             raise SerializeError(f"ruleset.owners[{k!r}]: expected str, found {type(v).__name__}")
     rs.owners = dict(owners)
     return rs
-
-
-# --- reading big documents piecewise ---------------------------------------------------------
-
-_WS = " \t\n\r"
-
-
-class _Text:
-    """A cursor over JSON text for `ruleset_from_text`: objects and arrays are walked, every
-    other value (and each chain or set) is decoded on its own with json's C scanner."""
-
-    def __init__(self, text: str):
-        self.text, self.pos = text, 0
-        self.decode = json.JSONDecoder().raw_decode
-
-    def skip(self) -> str:
-        t, i = self.text, self.pos
-        while i < len(t) and t[i] in _WS:
-            i += 1
-        self.pos = i
-        return t[i] if i < len(t) else ""
-
-    def expect(self, ch: str) -> None:
-        if self.skip() != ch:
-            raise ValueError(f"expected {ch!r} at {self.pos}")
-        self.pos += 1
-
-    def value(self):
-        self.skip()
-        v, self.pos = self.decode(self.text, self.pos)
-        return v
-
-    def items(self, close: str):
-        """Yield once per member of the object/array just opened, until `close`."""
-        if self.skip() == close:
-            self.pos += 1
-            return
-        while True:
-            yield
-            c = self.skip()
-            self.pos += 1
-            if c == close:
-                return
-            if c != ",":
-                raise ValueError(f"expected ',' or {close!r} at {self.pos - 1}")
-
-
-def ruleset_from_text(text: str) -> Ruleset:
-    """ruleset_from_json(json.loads(text)), without the whole document in memory at once:
-    each chain and set is decoded and turned into its object before the next is read.
-    The same checks and errors."""
-    cur = _Text(text)
-    top: dict[str, Any] = {}
-    tables: list[Table] = []
-    cur.expect("{")
-    for _ in cur.items("}"):
-        key = cur.value()
-        cur.expect(":")
-        if key != "tables":
-            top[key] = cur.value()
-            continue
-        cur.expect("[")
-        for i in cur.items("]"):
-            where = f"ruleset.tables[{len(tables)}]"
-            fields_: dict[str, Any] = {}
-            chains: list[Chain] = []
-            sets: list[NamedSet] = []
-            cur.expect("{")
-            for _ in cur.items("}"):
-                k = cur.value()
-                cur.expect(":")
-                if k in ("chains", "sets"):
-                    cur.expect("[")
-                    for _ in cur.items("]"):
-                        if k == "chains":
-                            chains.append(_chain_from_json(cur.value(), f"{where}.chains[{len(chains)}]"))
-                        else:
-                            sets.append(_set_from_json(cur.value(), f"{where}.sets[{len(sets)}]"))
-                else:
-                    fields_[k] = cur.value()
-            table = Table(family=_field(fields_, "family", str, where), name=_field(fields_, "name", str, where),
-                          comment=_field(fields_, "comment", str, where, nullable=True))
-            for j, c in enumerate(chains):
-                if c.name in table.chains:
-                    raise SerializeError(f"{where}.chains[{j}]: duplicate chain {c.name!r}")
-                table.chains[c.name] = c
-            for j, named in enumerate(sets):
-                if named.name in table.sets:
-                    raise SerializeError(f"{where}.sets[{j}]: duplicate set {named.name!r}")
-                table.sets[named.name] = named
-            tables.append(table)
-    if cur.skip():
-        raise ValueError(f"extra data at {cur.pos}")
-    # the rest through the one checking reader (tables already built: an empty list there)
-    rs = ruleset_from_json({**top, "tables": []})
-    for table in tables:
-        if table.family in rs.tables:
-            raise SerializeError(f"ruleset: a second table for family {table.family!r}")
-        rs.tables[table.family] = table
-    return rs
-

@@ -1,19 +1,11 @@
-"""State-store writes off the sync path (issue 8 item 6).
+"""State-store writes off the sync path.
 
-Recording an applied revision serializes the whole ruleset (status.json, a history
-entry): at 10,000 Services that is seconds of Python. The kernel does not wait for it:
-the daemon commits, logs its sync line, and hands the write to this thread, which runs
-the writes in the order they were submitted, once the daemon has been idle (no sync,
-no file event) for IDLE seconds or as long as the last write took, whichever is longer
-(or a write has waited MAX_DELAY): a write is seconds of CPU at 10,000 Services, and
-with the GIL a write running during the next sync slows that sync (measured at 1,000:
-the kernel updates of back-to-back revisions came ~2x later). flush() writes now.
-
-A write always describes something already in the kernel (it is submitted after the
-commit), so a crash can only leave the state behind the kernel, never ahead of it; the
-next start's full sync lists the kernel and records it again. When an applied revision
-is still waiting while a newer one is submitted, the older one is dropped: in a burst of
-revisions the history keeps the newest, as it would after a crash.
+Recording an applied revision encodes the whole ruleset, which takes long for a big
+one, so the daemon commits, logs its sync line and hands the write to this thread. It
+runs writes in order once the daemon was idle for IDLE seconds or as long as the last
+write took (with the GIL, a write during a sync slows it), or a write waited MAX_DELAY;
+flush() writes now. A write describes what the kernel already holds, so a crash leaves
+the state behind the kernel, never ahead; a newer applied revision supersedes a queued one.
 """
 
 from __future__ import annotations
@@ -93,7 +85,7 @@ class StateWriter:
             return 0.0
         now = time.monotonic()
         # Idle for as long as a write takes: revisions that came faster than that are
-        # likely to come again while it runs (at 10,000 Services a write is seconds).
+        # likely to come again while it runs.
         quiet = max(self.idle, self._cost)
         return min(self._active + quiet, (self._oldest or now) + self.max_delay) - now
 
@@ -115,9 +107,7 @@ class StateWriter:
                     write()
                 finally:
                     # the write's closure holds the revision it records: dropped now, not
-                    # when the next write comes, so after_write can free it and it never
-                    # outlives the daemon's own reference (no RSS change measured at 10k:
-                    # idle 357 MB either way, bench/README "After the fourth round")
+                    # when the next write comes, so after_write can free it
                     write = None
                 if self.after_write is not None:
                     self.after_write()

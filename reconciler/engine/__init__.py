@@ -4,8 +4,7 @@
         ─► sync (one transaction, verified) ─► state (status, history), under lock
 
 `apply` is plan, apply and status; `noop` is their fast path for unchanged input;
-`recorded` reads the last applied ruleset lazily for a one-Service change; `refresh` is
-`plan --refresh`'s early listing and compile memo;
+`recorded` reads the last applied ruleset lazily for a one-Service change;
 `confirm` is a confirmed apply's window and its rollback; `teardown` is cleanup; `doctor`
 checks the host; `planfile` is a saved plan; `target` says where a command acts; `review`
 is `nftrec diff` (two manifest trees or git revisions, planned against each other without
@@ -26,7 +25,6 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "noop": ("config_cache_dir", "run_apply_noop", "run_plan_noop"),
     "plan": ("make_plan",),
     "probes": ("probe_desired", "read_probe_state", "write_probe_state"),
-    "refresh": ("begin_listing",),
     "review": ("run_diff",),
     "state": ("StateCorrupt", "default_state_dir", "namespace_dir", "read_history", "read_status"),
     "sync": ("clean_udp_conntrack", "commit", "forget_affinity_clients", "forgotten_affinity_ids", "touched_objects", "udp_services", "verify_applied", "verify_commit",

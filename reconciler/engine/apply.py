@@ -1,20 +1,10 @@
 """plan, apply and status: the back half of the pipeline against the live kernel.
 
-desired (desired.load_desired, a saved plan, or a history entry for --rollback)
-  → read live (live.read_live, or the fast path below) → plan.make_plan
-  → one atomic transaction (kernel.Interface.run) → re-read and verify → state store.
-Verification reads back what the transaction wrote (sync.verify_touched); when it
-created the table, or with --verify full, one listing compared by fingerprint
-(verify.py), whose expected side and the history entry's bytes are computed while nft
-commits.
-
-Fast path: after every apply the state records the kernel's ruleset generation (bumped
-by ANY commit in the namespace). When it is unchanged, the kernel still holds exactly
-what we last applied, so `plan` can diff against that instead of listing the table
-(listing costs seconds at 10,000 Services). `--refresh` always lists. On that path,
-`plan_desired` also compiles only the Services whose input changed since (the state's
-compiled.json) and diffs only their objects (compile.compile_oneshot), reading the
-recorded ruleset lazily (recorded.py): only the objects the change touches are decoded.
+desired (desired.load_desired, a saved plan, or a history entry for --rollback) → read
+live → plan.make_plan → one transaction → verify (sync.verify_touched, or verify.py's
+listing) → state store. While the kernel's generation token is the one the last apply
+recorded, the recorded ruleset (read lazily) stands in for the listing and only the
+Services whose input changed are compiled; `--refresh` always lists and compiles all.
 """
 
 from __future__ import annotations
@@ -31,12 +21,11 @@ from reconciler.engine import confirm as confirm_window
 from reconciler.engine import planfile
 from reconciler.engine.changes import diff
 from reconciler.engine.plan import format_text, make_plan, to_json
-from reconciler.engine.refresh import desired_ruleset, read_listing
 from reconciler.engine.probes import probe_status_json, probe_status_lines, read_probe_state
 from reconciler.engine.state import HOST, StateCorrupt, read_history, read_status
 from reconciler.engine.sync import clean_udp_conntrack, commit, forget_affinity_clients, touched_objects, verify_touched
 from reconciler.engine.target import CommandError, Target, short_revision
-from reconciler.engine.verify import Prepared, slim_created, verify_listed
+from reconciler.engine.verify import slim_created, verify_listed
 from reconciler.kernel import Interface, NftError, canonical, fingerprint, kernel_token, read_live
 
 EXIT_OK, EXIT_ERROR, EXIT_CHANGES = 0, 1, 2
@@ -75,28 +64,21 @@ def read_live_state(nft: Interface, target: Target, *, refresh: bool) -> tuple[R
 
 def plan_desired(desired, nft: Interface, target: Target, *, refresh: bool):
     """Compile `desired` (read with compile=False) against what the kernel holds, and plan:
-    (desired with its ruleset, plan, the live listing or None, whether the kernel was
-    not listed, the compile memo).
-
-    On the fast path the recorded ruleset stands in for the listing, and with its memo
-    only the Services whose input changed are compiled; the diff then covers their old
-    and new objects plus the skeleton (compile.project), so it costs what the change
-    costs. Otherwise everything is compiled, keeping the kernel's index ranges, and
-    diffed against the listing."""
+    (desired with its ruleset, plan, the listing or None, whether the kernel was not
+    listed, the compile memo). On the fast path only the Services whose input changed are
+    compiled and diffed (compile.project); otherwise everything is compiled against the
+    listing, keeping its index ranges."""
     from dataclasses import replace
 
     from reconciler.compile import NftSyntaxError, compile_oneshot
 
     # lazily: with its memo, compile_oneshot reads only the changed Services' objects
     rec = None if refresh else recorded_state(nft, target, lazy=True)
-    live = (read_listing(nft, target) if refresh else read_live(nft, target.table)) if rec is None else None
+    live = read_live(nft, target.table) if rec is None else None
     applied, memo = rec if rec is not None else (live, None)
     inv = desired.inventory
     try:
-        if refresh:  # the listing and the inputs only; a compile memo spares unchanged Services
-            one = desired_ruleset(desired, target, live)
-        else:
-            one = compile_oneshot(inv, desired.config, desired.config_digest, applied, memo)
+        one = compile_oneshot(inv, desired.config, desired.config_digest, applied, memo)
     except NftSyntaxError as e:  # defence in depth: validation should have refused it
         raise CommandError(f"refusing input that would reach nft unsafely: {e}") from None
     desired = replace(desired, ruleset=one.ruleset)
@@ -239,8 +221,6 @@ def run_apply(target: Target, *, desired=None, plan_path: Path | None = None,
         if confirm is not None and not plan.empty:  # nothing changes: nothing to confirm
             pending = confirm_window.begin_confirm(nft, store, writer="nftrec apply", revision=revision,
                                            digest=digest(ruleset), timeout=confirm.timeout, checks=confirm.checks)
-        listed = verify == "full" or touched_objects(plan) is None  # verification lists the tables
-        prepared = Prepared(ruleset, plan, listed)
         if not fast:  # a plan from a listing is never re-planned by commit: slim it now
             plan = slim_created(plan)
         try:
@@ -252,11 +232,9 @@ def run_apply(target: Target, *, desired=None, plan_path: Path | None = None,
             store.record_attempt(revision, e.text)
             raise CommandError(f"the kernel rejected the transaction; nothing was changed "
                                f"(the previous ruleset is whole). nft said:\n{e.text.strip()}", lines=True) from None
-        finally:
-            prepared.join()
         try:
             if verify == "full" or touched_objects(plan) is None:
-                after, token, after_fp = verify_listed(nft, target, ruleset, prepared.expected)
+                after, token, after_fp = verify_listed(nft, target, ruleset)
             else:
                 after, token = verify_touched(nft, target, ruleset, plan, token_before=token_before)
                 after_fp = None  # nothing was listed
@@ -271,8 +249,8 @@ def run_apply(target: Target, *, desired=None, plan_path: Path | None = None,
         recorded = []
 
         def record():
-            # the fingerprint of a listing; none was read when only the touched objects
-            # were (canonicalising the whole ruleset for it cost seconds at 10,000 Services)
+            # the fingerprint of a listing: None when only the touched objects were read
+            # (the whole ruleset is not canonicalised just for it)
             recorded[:] = [store.record_applied(revision, ruleset, after_fp, token, plan_id,
                                  input_digest=desired.input_digest if from_dir else None,
                                  config_digest=desired.config_digest if from_dir else None,
@@ -303,7 +281,7 @@ def run_status(target: Target, *, output: str, out_stream: TextIO = sys.stdout) 
     store = target.store()
     status = read_status(store)
     entries = read_history(store)
-    pending = confirm_window.pending_status_json(store)  # issue 11: an apply awaiting confirmation
+    pending = confirm_window.pending_status_json(store)  # an apply awaiting confirmation
     if not status.ever_applied or not entries:
         waiting = "".join(f"; {line}" for line in confirm_window.pending_status_lines(pending))
         raise CommandError(f"nothing was applied to table {target.table} in {target.where} "
@@ -324,7 +302,7 @@ def run_status(target: Target, *, output: str, out_stream: TextIO = sys.stdout) 
         "driftedServices": sorted(drift.owners()),
         "driftedObjects": len(drift),
     }
-    probes = read_probe_state(store)  # written by nftrec watch (issue 10)
+    probes = read_probe_state(store)  # written by nftrec watch
     doc.update(probe_status_json(probes))
     doc.update(pending)
     if output == "json":

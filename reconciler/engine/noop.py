@@ -1,20 +1,8 @@
-"""The no-op fast path of `plan` and `apply`: answer "No changes" without reading the
-manifests' YAML, compiling or listing the kernel's tables.
-
-It holds when all three are unchanged since the last apply of a directory:
-- the manifests: `intake.input_digest` (sorted paths + file bytes, the same digest
-  `LoadResult.digest` is; a read and a hash per file, no parsing) equals status'
-  `inputDigest`;
-- the effective node config: `intake.config_digest` of the config as `load_desired`
-  builds it, i.e. *after* node address discovery (when nodeIPs is not set, the addresses
-  are discovered in the target namespace, as for a compile) and with the default node
-  name, plus --strict and the code digest (nftrec version, sources, schemas), equals
-  `configDigest`;
-- the kernel: its generation token (a commit by anyone in the namespace changes it)
-  equals `kernelGeneration`.
-Then the kernel holds what the last apply left, which is what this input compiles to.
-Anything unusual (no digests recorded, problems in the walk or the config) takes the
-normal path, which reports it. `--refresh` and `--out` never take this path.
+"""The no-op fast path of `plan` and `apply`: "No changes" without reading the manifests'
+YAML, compiling or listing the kernel's tables. It holds when the manifests' digest
+(`intake.input_digest`), the effective node config's (`intake.config_digest`, after node
+address discovery, with --strict and the code) and the kernel's generation token all equal
+what the last apply of a directory recorded. `--refresh` and `--out` never take it.
 """
 
 from __future__ import annotations
@@ -30,8 +18,7 @@ from reconciler.engine.state import read_status
 from reconciler.engine.target import Target, short_revision
 from reconciler.kernel import kernel_token
 
-# Only what the check needs is imported here: the fast path runs before the typer command
-# line is imported (cli.py), so every import it pays shows in a no-op's time.
+# Only what the check needs is imported here: every import it pays shows in a no-op's time.
 
 
 @dataclass(frozen=True)
@@ -45,13 +32,6 @@ def config_cache_dir(state_root: Path) -> Path | None:
     if os.environ.get("NFTREC_INTAKE_CACHE", "").lower() in ("0", "off", "no", "false"):
         return None
     return Path(state_root) / "cache" / "nodeconfig"
-
-
-# The checks that found no no-op in this process: cli.py tries the fast path before typer
-# is imported and, when it does not hold, hands over to commands.py, whose plan/apply ask
-# again. A "no" is safe to repeat (the normal path is always right); a "yes" is never
-# remembered (the process answers and ends).
-_NOT_NOOP: set[tuple] = set()
 
 
 def _why_not(target: Target, directory: Path, config_path: Path | None, *, strict: bool) -> tuple[Noop | None, str]:
@@ -86,12 +66,8 @@ def _why_not(target: Target, directory: Path, config_path: Path | None, *, stric
 
 def check_noop(target: Target, directory: Path, config_path: Path | None, *, strict: bool) -> Noop | None:
     """A Noop when input, config and kernel are unchanged since the last apply, else None."""
-    asked = (target.netns, target.table, str(target.state_root), str(directory), str(config_path), strict)
-    if asked in _NOT_NOOP:
-        return None  # said already (cli.py's early try)
     noop, why = _why_not(target, directory, config_path, strict=strict)
     if noop is None:
-        _NOT_NOOP.add(asked)
         logs.log.debug(f"no-op fast path not taken: {why}")
     else:
         logs.log.debug("no-op fast path: manifests, effective node config and kernel generation are unchanged "

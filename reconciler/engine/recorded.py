@@ -1,33 +1,8 @@
-"""The recorded ruleset read lazily: a one-Service `apply` looks at a few chains and sets
-of the last applied ruleset, so only those are decoded.
-
-A history entry's body is the ruleset's digest form (`compile.digest_bytes`: canonical
-JSON, chains and sets sorted by name). `lazy_ruleset(text)` indexes where each chain and
-set lies in that text without decoding it, and returns a `Ruleset` whose tables' `chains`
-and `sets` are `LazyObjects`: a mapping that decodes an object (through
-`compile.ruleset_from_json`, with all its checks) the first time it is read. At 10,000
-Services that replaces a 1.3-3 s decode of 19,000 chains and 5,000 sets by an index of a
-few ms, plus the handful of objects the change touches.
-
-A set whose elements take LAZY_ELEMENTS_BYTES or more (at 10,000 Services the static
-sets cluster-ips, service-ips and service-nodeports: 3,000-11,000 elements each) gets
-them as `LazyElements`: an element is found by its key in the text and decoded alone,
-changes are kept aside, and the set's next history bytes are its recorded ones with the
-changed elements cut out and spliced in (`LazyElements.encoded`). A one-Service change
-then reads and writes a handful of its elements; anything needing all of them (iterating,
-len) decodes the set whole, with the changes replayed.
-
-`LazyObjects.raw(name)` gives back the exact bytes of an object that was never decoded,
-so `compile.digest_bytes` re-uses them for the next history entry instead of encoding
-every object again. An object that was decoded is encoded again: it may have been
-changed in place, and its bytes then no longer describe it.
-
-Why splitting the text without a JSON parser is exact: the caller passes only a body
-whose sha256 is its entry's digest, i.e. the canonical form digest_bytes wrote. In it a
-`"` inside a string is always escaped, so a pattern holding an unescaped `"` (such as
-`{"base":`, which opens a chain, and nothing else) matches structure only, never string
-content. Anything unexpected makes `lazy_ruleset` return None, and the caller decodes the
-whole text as before (`compile.ruleset_from_text`).
+"""A history entry's ruleset as JSON Lines (state/README.md): written by `ruleset_lines`,
+read by `read_ruleset`. The lines are the ruleset's canonical pieces (owners, each table,
+its chains and sets by name, each set's elements by key, one per line), so the entry's
+digest is checked over them without decoding them. Read lazily, a chain or set is decoded
+when first read, and a big set's elements one by one (`LazyElements`).
 """
 
 from __future__ import annotations
@@ -36,43 +11,125 @@ import json
 import re
 from bisect import bisect_left
 from collections.abc import MutableMapping
+from json.encoder import encode_basestring_ascii
 
 from reconciler.compile import Element, Ruleset, SerializeError, Table, canonical_json, element_to_json, \
-    ruleset_from_json
+    form_parts, parts_digest, ruleset_from_json
 
-_HEAD = b'{"formatVersion":1,"owners":'
-_TABLES = b'},"tables":['
-_STR = rb'"(?:[^"\\]|\\.)*"'
-_NAME = rb'[A-Za-z][A-Za-z0-9/_.\-]*'
-# between a table's chains and its sets (keys in canonical order)
-_TABLE_MID = re.compile(rb'\],"comment":(null|' + _STR + rb'),"family":"(ip6?)","name":"(' + _NAME + rb')","sets":\[')
-_CHAIN_START = re.compile(rb'\{"base":')
-_SET_START = re.compile(rb'\{"comment":(?:null|' + _STR + rb'),"elements":\[')
-_NAME_AT = re.compile(rb'"name":"(' + _NAME + rb')"')
-_NEXT_TABLE = b']},{"chains":['
-_END = b"]}]}"
+# A line that opens a piece, from the newline before it: canonical JSON holds no raw
+# newline, so "\n[" only opens a line; element lines open with '{'.
+_PIECE = re.compile(rb'\n\["(owners|table|chain|set)",(?:"([^"\\]*)",(?:"([^"\\]*)",)?)?')
+_STR = re.compile(rb'"(?:[^"\\]|\\.)*",')
+_NL = re.compile(rb"\n")
+# A set whose element lines take this many bytes gets them lazily (LazyElements); a
+# smaller one is decoded whole when read (cheaper than finding its elements one by one).
+LAZY_ELEMENTS_BYTES = 64 * 1024
+
+
+def ruleset_lines(owners: bytes, tables: list):
+    """The lines of a ruleset from its `compile.digest_pieces`, as parts to write."""
+    yield b'["owners",' + bytes(owners) + b"]\n"
+    for family, name, comment, chains, sets in tables:
+        fam = canonical_json(family) + b","
+        yield b'["table",' + fam + canonical_json({"comment": comment, "name": name}) + b"]\n"
+        for n, body in chains:
+            yield b"".join((b'["chain",', fam, _name(n), body, b"]\n"))
+        for n, head, lines in sets:
+            yield b"".join((b'["set",', fam, _name(n), head, b"]\n"))
+            if lines:
+                yield lines
+                yield b"\n"
+
+
+def _name(name: str) -> bytes:
+    """canonical_json(name) + b",", for a name."""
+    return (encode_basestring_ascii(name) + ",").encode("ascii")
+
+
+def read_ruleset(buf: bytes, start: int, digest: str, *, lazy: bool) -> Ruleset:
+    """The ruleset of the lines in buf[start:], checked against `digest` (the sha256 of
+    its digest form); chains and sets decoded when first read when `lazy`.
+    SerializeError when the lines are not as ruleset_lines writes them or do not match."""
+    if not buf.endswith(b"\n") or (start < len(buf) and buf[start - 1:start] != b"\n"):
+        raise SerializeError("ruleset lines: the text does not end with a line")
+    marks = list(_PIECE.finditer(buf, start - 1))
+    if not marks or marks[0].start() != start - 1:
+        raise SerializeError("ruleset lines: the first line is not the owners line")
+    ends = [m.start() for m in marks[1:]] + [len(buf) - 1]
+    owners = None
+    tables: list = []  # [family, name, comment, {chain: (a, b)}, {set: (a, b, c, d)}]
+    chains = sets = last = None
+    for m, end in zip(marks, ends):
+        kind, family, name = m.groups()
+        eol = buf.find(b"\n", m.end())
+        if buf[eol - 1] != 0x5D or (kind != b"set" and eol != end):  # ']' closes the line; only sets have more
+            raise SerializeError(f"ruleset lines: a {kind.decode()} line at byte {m.start() + 1} is damaged")
+        at = m.end()
+        if family is not None:
+            family = family.decode("ascii")  # canonical JSON is ASCII; no escapes matched
+        if kind in (b"chain", b"set"):
+            if name is None:  # a family or name spelled with escapes
+                (family, name), at = _strings(buf, m.start() + len(kind) + 5, 2)
+            else:
+                name = name.decode("ascii")
+            if not tables or tables[-1][0] != family:
+                raise SerializeError(f"ruleset lines: {kind.decode()} {name!r} is not of its table")
+            objs = chains if kind == b"chain" else sets
+            if objs and name <= last[kind == b"set"]:
+                raise SerializeError(f"ruleset lines: {kind.decode()} {name!r} is out of order")
+            last[kind == b"set"] = name
+            objs[name] = (at, eol - 1) if kind == b"chain" else (at, eol - 1, eol + 1, max(eol, end))
+        elif kind == b"table":
+            if family is None:
+                (family,), at = _strings(buf, m.end(), 1)
+            d = json.loads(buf[at:eol - 1])
+            if not isinstance(d, dict) or set(d) != {"comment", "name"} or type(d["name"]) is not str \
+                    or type(d["comment"]) not in (str, type(None)) or (tables and tables[-1][0] >= family):
+                raise SerializeError(f"ruleset lines: the table line of family {family!r} is damaged or out of order")
+            chains, sets, last = {}, {}, [None, None]
+            tables.append([family, d["name"], d["comment"], chains, sets])
+        elif owners is not None or tables:
+            raise SerializeError("ruleset lines: the owners line is not first, or not alone")
+        else:
+            owners = (at, eol - 1)
+    if owners is None:
+        raise SerializeError("ruleset lines: no owners line")
+    view = memoryview(buf)
+    pieces = [(f, n, c, [(k, view[a:b]) for k, (a, b) in chains.items()],
+               [(k, view[a:b], view[c:d]) for k, (a, b, c, d) in sets.items()]) for f, n, c, chains, sets in tables]
+    if parts_digest(form_parts(view[owners[0]:owners[1]], pieces)) != digest:
+        raise SerializeError("ruleset lines: the lines do not match the recorded digest (edited or damaged)")
+    del pieces, view
+    rs = Ruleset(owners=json.loads(buf[owners[0]:owners[1]]))
+    if type(rs.owners) is not dict or not all(type(v) is str for v in rs.owners.values()):
+        raise SerializeError("ruleset lines: the owners line is not an object of strings")
+    for family, name, comment, chains, sets in tables:
+        rs.tables[family] = t = Table(family, name, comment, LazyObjects(buf, chains, _decoder(family, "chains", lazy)),
+                                      LazyObjects(buf, sets, _decoder(family, "sets", lazy)))
+        if not lazy:
+            t.chains, t.sets = dict(t.chains.items()), dict(t.sets.items())
+    return rs
 
 
 class _Span(tuple):
-    """(start, end) of an undecoded object in the text (a type of its own, so that no
-    decoded value is ever taken for one)."""
+    """Where an undecoded object lies in the text (a type of its own, so that no decoded
+    value is ever taken for one)."""
 
 
 class LazyObjects(MutableMapping):
-    """name -> Chain or NamedSet, decoded on first access; iteration order is the text's
-    (sorted by name, as ruleset_from_text would give)."""
+    """name -> Chain or NamedSet, decoded on first access; iteration is by name."""
 
-    __slots__ = ("_d", "_buf", "_decode")
+    __slots__ = ("_d", "_buf", "_view", "_decode")
 
     def __init__(self, buf: bytes, spans: dict, decode):
-        self._buf = buf
+        self._buf, self._view = buf, memoryview(buf)
         self._decode = decode
         self._d: dict = {name: _Span(span) for name, span in spans.items()}
 
     def __getitem__(self, name):
         v = self._d[name]
         if type(v) is _Span:
-            v = self._d[name] = self._decode(self._buf, v[0], v[1], name)
+            v = self._d[name] = self._decode(self._buf, v, name)
         return v
 
     def __setitem__(self, name, value) -> None:
@@ -90,11 +147,15 @@ class LazyObjects(MutableMapping):
     def __len__(self) -> int:
         return len(self._d)
 
-    def raw(self, name) -> memoryview | None:
-        """The canonical bytes of `name` while it was never decoded (module doc), else
-        None. A view, not a copy: the next history entry is joined from them."""
+    def raw(self, name):
+        """The recorded bytes of `name` while it was never decoded, as compile.digest_pieces
+        takes them (a chain's; a set's without elements and its element lines), else None.
+        Views, not copies. A decoded object may have been changed in place: it is encoded."""
         v = self._d.get(name)
-        return memoryview(self._buf)[v[0]:v[1]] if type(v) is _Span else None
+        if type(v) is not _Span:
+            return None
+        view = self._view
+        return view[v[0]:v[1]] if len(v) == 2 else (view[v[0]:v[1]], view[v[2]:v[3]])
 
     @property
     def decoded(self) -> int:
@@ -102,30 +163,45 @@ class LazyObjects(MutableMapping):
         return sum(type(v) is not _Span for v in self._d.values())
 
 
-def _decoder(family: str, kind: str):
-    def decode(buf: bytes, a: int, b: int, name: str):
-        elements = None
-        if kind == "sets":
-            m = _SET_START.match(buf, a, b)
-            e_end = buf.find(_ELEMENTS_END, m.end(), b) if m is not None else -1
-            if e_end < 0:
-                raise SerializeError(f"ruleset: the set indexed as {name!r} has no elements array")
-            if e_end - m.end() >= LAZY_ELEMENTS_BYTES:
-                elements = (m.end(), e_end)
-                text = buf[a:m.end()] + buf[e_end:b]  # the set without its elements
-            else:
-                text = buf[a:b]
-        else:
-            text = buf[a:b]
-        obj = _one(family, kind, json.loads(text), name)
-        if elements is not None:
-            obj.elements = LazyElements(buf, *elements, lambda: _one(family, kind, json.loads(buf[a:b]), name).elements)
-        return obj
+def _decoder(family: str, kind: str, lazy: bool):
+    def decode(buf: bytes, span: tuple, name: str):
+        d = json.loads(buf[span[0]:span[1]])
+        if kind == "chains":
+            return _one(family, kind, d, name)
+        a, b = span[2], span[3]
+
+        def full():
+            return _one(family, kind, dict(d, elements=_elements(buf, a, b)), name).elements
+
+        if lazy and b - a >= LAZY_ELEMENTS_BYTES:
+            s = _one(family, kind, d, name)
+            s.elements = LazyElements(buf, a, b, full)
+            return s
+        return _one(family, kind, dict(d, elements=_elements(buf, a, b)), name)
     return decode
+
+
+def _strings(buf: bytes, at: int, n: int) -> tuple[list, int]:
+    """The `n` JSON strings at buf[at:], each followed by ',', and where they end."""
+    out = []
+    for _ in range(n):
+        m = _STR.match(buf, at)
+        if m is None:
+            raise SerializeError(f"ruleset lines: no string at byte {at}")
+        out.append(json.loads(buf[at:m.end() - 1]))
+        at = m.end()
+    return out, at
+
+
+def _elements(buf: bytes, a: int, b: int) -> list:
+    """The element lines buf[a:b], decoded."""
+    return json.loads(b"[" + buf[a:b].replace(b"\n", b",") + b"]") if a < b else []
 
 
 def _one(family: str, kind: str, d, name: str):
     """The chain or set of JSON form `d`, decoded with all of ruleset_from_json's checks."""
+    if not isinstance(d, dict):
+        raise SerializeError(f"ruleset: the {kind[:-1]} {name!r} is not a JSON object")
     table = {"family": family, "name": "x", "comment": None, "chains": [], "sets": []}
     table[kind].append(d)
     objs = getattr(ruleset_from_json({"formatVersion": 1, "owners": {}, "tables": [table]}).tables[family], kind)
@@ -134,29 +210,12 @@ def _one(family: str, kind: str, d, name: str):
     return objs[name]
 
 
-# A set whose elements take this many bytes gets them lazily (LazyElements): at 10,000
-# Services the static sets a Service has elements in (cluster-ips, service-ips,
-# service-nodeports) hold 3,000-11,000 elements each (~1 MB), of which a one-Service
-# change reads and replaces a handful. Below it a set is decoded whole (cheaper than
-# indexing it).
-LAZY_ELEMENTS_BYTES = 64 * 1024
-_ELEMENTS_END = b'],"flags":['  # a set's keys are sorted: "elements" is followed by "flags"
-_ELEMENT_START = re.compile(rb'\{"comment":')
-
-
 class LazyElements(MutableMapping):
-    """A recorded set's elements (key -> Element) read from the canonical text of its
-    JSON array, buf[start:end] (sorted by key, as compile.digest_bytes writes it): an
-    element is found by its key and decoded alone; changes are kept aside (`_log`). Anything
-    that needs every element (iteration, len, ==) decodes the whole set once through
-    `full` (every check of compile.ruleset_from_json) and replays the changes on it, so
-    the dict is what the eager reader plus the same changes gives, in the same order.
-    `encoded()` gives the canonical bytes of the changed array without decoding it, for
-    the next history entry (compile.digest_parts).
-
-    Why searching the text is exact: as in the module doc, a pattern holding an
-    unescaped `"` matches structure only; an element's key is found as
-    `"key":<its canonical JSON>,"value":`, which only that element's text holds."""
+    """A recorded set's elements (key -> Element) in its element lines buf[start:end]: one
+    is found as `"key":<canonical key>` (only its line holds that: no JSON string holds an
+    unescaped '"') and decoded alone; changes are kept aside. Iteration, len and == decode
+    the whole set through `full` and replay the changes; `lines()` gives the lines as the
+    elements now are without decoding the rest."""
 
     __slots__ = ("_buf", "_start", "_end", "_full", "_d", "_now", "_log", "_starts")
 
@@ -165,7 +224,7 @@ class LazyElements(MutableMapping):
         self._d: dict | None = None  # every element, once decoded
         self._now: dict = {}  # key -> its Element, or None when deleted (changes since read)
         self._log: list = []  # (key, Element or None) in the order made (dict order on replay)
-        self._starts: list[int] | None = None  # where each element opens (encoded())
+        self._starts: list[int] | None = None  # where each line opens (lines())
 
     def _whole(self) -> dict:
         if self._d is None:
@@ -179,27 +238,21 @@ class LazyElements(MutableMapping):
             self._now = self._log = None
         return self._d
 
-    def _span(self, key) -> tuple[int, int] | None:
-        """(start, end) of the element keyed `key` in the text, or None."""
+    def _raw(self, key) -> Element | None:
+        """The recorded element keyed `key`, or None."""
         if type(key) is not tuple or not all(type(x) is str for x in key):
             return None
-        p = self._buf.find(b'"key":' + canonical_json(list(key)) + b',"value":', self._start, self._end)
+        buf = self._buf
+        p = buf.find(b'"key":' + canonical_json(list(key)), self._start, self._end)
         if p < 0:
             return None
-        a = self._buf.rfind(b'{"comment":', self._start, p)
-        b = self._buf.find(b'},{"comment":', p, self._end)
-        return a, (self._end if b < 0 else b + 1)
-
-    def _raw(self, key) -> Element | None:
-        span = self._span(key)
-        if span is None:
-            return None
-        d = json.loads(self._buf[span[0]:span[1]])
-        k, value, comment = d["key"], d["value"], d["comment"]
-        if not (len(d) == 3 and type(k) is list and tuple(k) == key and (value is None or type(value) is str)
-                and (comment is None or type(comment) is str)):
+        a = buf.rfind(b"\n", self._start, p) + 1 or self._start
+        b = buf.find(b"\n", p, self._end)
+        d = json.loads(buf[a:self._end if b < 0 else b])
+        if not (type(d) is dict and len(d) == 3 and d.get("key") == list(key)
+                and all(v is None or type(v) is str for v in (d.get("value"), d.get("comment")))):
             raise SerializeError(f"ruleset: a recorded element keyed {list(key)} has the wrong shape")
-        return Element(key, value, comment)
+        return Element(key, d["value"], d["comment"])
 
     def __getitem__(self, key):
         if self._d is not None:
@@ -241,16 +294,15 @@ class LazyElements(MutableMapping):
         return len(self._whole())
 
     def copy(self):
-        """A copy to change (the recorded text shared); a dict once decoded."""
+        """A copy to change (the recorded lines shared); a dict once decoded."""
         if self._d is not None:
             return dict(self._d)
         c = LazyElements(self._buf, self._start, self._end, self._full)
         c._now, c._log, c._starts = dict(self._now), list(self._log), self._starts
         return c
 
-    def encoded(self) -> bytes | None:
-        """The canonical bytes of the array's contents as the elements now are (sorted by
-        key, as compile.digest_parts encodes them); None once decoded whole."""
+    def lines(self):
+        """The element lines as the elements now are (sorted by key); None once decoded whole."""
         if self._d is not None:
             return None
         buf, start, end = self._buf, self._start, self._end
@@ -258,12 +310,15 @@ class LazyElements(MutableMapping):
         if not changed:
             return memoryview(buf)[start:end]
         if self._starts is None:
-            self._starts = [m.start() for m in _ELEMENT_START.finditer(buf, start, end)]
+            self._starts = [start] + [m.end() for m in _NL.finditer(buf, start, end)]
         starts = self._starts
         n = len(starts)
 
+        def line(i: int) -> bytes:
+            return buf[starts[i]:starts[i + 1] - 1 if i + 1 < n else end]
+
         def key_at(i: int) -> tuple:
-            return tuple(json.loads(buf[starts[i]:starts[i + 1] - 1 if i + 1 < n else end])["key"])
+            return tuple(json.loads(line(i))["key"])
 
         edits = []  # (index in the text, key, Element or None, replaces the element there)
         for k, e in changed.items():
@@ -271,7 +326,7 @@ class LazyElements(MutableMapping):
             edits.append((i, k, e, i < n and key_at(i) == k))
         edits.sort(key=lambda x: (x[0], x[1]))
         out: list[bytes] = []
-        done = 0  # the text's elements before this index are in `out`
+        done = 0  # the text's lines before this index are in `out`
         for i, k, e, replaces in edits:
             if i > done:
                 out.append(buf[starts[done]:starts[i] - 1 if i < n else end])
@@ -280,72 +335,4 @@ class LazyElements(MutableMapping):
                 out.append(canonical_json(element_to_json(e)))
         if done < n:
             out.append(buf[starts[done]:end])
-        return b",".join(out)
-
-
-def _spans(buf: bytes, pattern: re.Pattern, start: int, end: int) -> dict | None:
-    """{name: (start, end)} of the objects of one JSON array [start, end) whose every
-    member opens with `pattern`; None when the text is not laid out that way."""
-    if start == end:
-        return {}
-    starts = [m.start() for m in pattern.finditer(buf, start, end)]
-    if not starts or starts[0] != start:
-        return None
-    out: dict = {}
-    for i, a in enumerate(starts):
-        b = starts[i + 1] - 1 if i + 1 < len(starts) else end
-        if (i + 1 < len(starts) and buf[b] != 0x2C) or buf[b - 1] != 0x7D:  # ',' between, '}' closing
-            return None
-        # a chain's name comes before its rules; a set's after its elements: either way
-        # the object's only unescaped `"name":"` (rules and elements have no name key)
-        p = buf.find(b'"name":"', a, b) if pattern is _CHAIN_START else buf.rfind(b'"name":"', a, b)
-        m = _NAME_AT.match(buf, p) if p >= 0 else None
-        name = m.group(1).decode("ascii") if m is not None else None
-        if name is None or name in out:
-            return None
-        out[name] = (a, b)
-    return out
-
-
-def lazy_ruleset(buf: bytes, start: int = 0, end: int | None = None) -> Ruleset | None:
-    """The ruleset of the canonical digest form in buf[start:end] (module doc), decoded
-    lazily (offsets into `buf`: no copy of a 20 MB body is made); None when the text is
-    not laid out as digest_bytes writes it."""
-    end = len(buf) if end is None else end
-    if not buf.startswith(_HEAD, start):
-        return None
-    t_at = buf.find(_TABLES, start, end)
-    if t_at < 0:
-        return None
-    try:
-        owners = json.loads(buf[start + len(_HEAD):t_at + 1])
-    except ValueError:
-        return None
-    if not isinstance(owners, dict) or not all(type(v) is str for v in owners.values()):
-        return None
-    rs = Ruleset(owners=owners)
-    pos = t_at + len(_TABLES)
-    if not buf.endswith(_END, start, end):
-        return None
-    while True:
-        if not buf.startswith(b'{"chains":[', pos, end):
-            return None
-        chains_at = pos + len(b'{"chains":[')
-        mid = _TABLE_MID.search(buf, chains_at, end)
-        if mid is None:
-            return None
-        nxt = buf.find(_NEXT_TABLE, mid.end(), end)
-        last = nxt < 0
-        sets_end = end - len(_END) if last else nxt
-        chains = _spans(buf, _CHAIN_START, chains_at, mid.start())
-        sets = _spans(buf, _SET_START, mid.end(), sets_end)
-        family = mid.group(2).decode("ascii")
-        if chains is None or sets is None or family in rs.tables:
-            return None
-        comment = json.loads(mid.group(1))
-        rs.tables[family] = Table(family, mid.group(3).decode("ascii"), comment,
-                                  LazyObjects(buf, chains, _decoder(family, "chains")),
-                                  LazyObjects(buf, sets, _decoder(family, "sets")))
-        if last:
-            return rs
-        pos = nxt + len(b']},')
+        return b"\n".join(out)

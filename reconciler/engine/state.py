@@ -1,28 +1,18 @@
 """The state store: what nftrec last applied, per network namespace and table.
 
-Pipeline position: ... → apply → **state** (read by status, plan --out, apply --rollback).
-
-The on-disk layout and every field are documented in `state/README.md` (the spec puts
-the format there). In short::
-
     <root>/host/lock                                  # the namespace lock (lock.py)
     <root>/host/tables/<table>/status.json
-    <root>/host/tables/<table>/history/000007-3f2a9c01b2de.json
+    <root>/host/tables/<table>/history/000007-3f2a9c01b2de.jsonl   # recorded.py's lines
     <root>/netns/<name>/...                           # same, for `--netns NAME`
 
-Rules this module keeps:
-- Every write is atomic (temp file in the same directory, fsync, rename, fsync the
-  directory): a crash at any moment leaves either the old file or the new one.
-- Nothing read is trusted: a file that is not valid JSON of the expected schema and
-  version raises `StateCorrupt` (path + sentence); `reset()` moves it aside so the
-  caller can rebuild from the kernel.
-- Writers are expected to hold the namespace `Lock`; readers (`nftrec status`) need not.
+Every write is atomic (reconciler/atomic.py). Nothing read is trusted: a damaged file
+raises `StateCorrupt`, and `reset()` moves it aside so the caller rebuilds from the
+kernel. Writers hold the namespace `Lock`; readers need not. Fields: state/README.md.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import itertools
 import json
 import os
@@ -30,13 +20,13 @@ import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from reconciler import logs
 from reconciler.atomic import atomic_write, fsync_dir  # noqa: F401 - planfile and tests use them from here
 from reconciler.compile import Ruleset
-from reconciler.compile import SerializeError, digest, digest_parts, parts_digest, ruleset_from_json, \
-    ruleset_from_text
+from reconciler.compile import digest_pieces, form_parts, parts_digest
+from reconciler.engine.recorded import read_ruleset, ruleset_lines
 
 FORMAT_VERSION = 1
 HISTORY_KEEP = 5
@@ -52,7 +42,7 @@ _NETNS_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,254}")
 # Table names reach this module already checked by ruleset.check_name, which allows '/';
 # as a directory name we need one path component.
 _TABLE_RE = re.compile(r"[A-Za-z][A-Za-z0-9_.\-]{0,255}")
-_HISTORY_RE = re.compile(r"(\d+)-([0-9a-f]{12})\.json")
+_HISTORY_RE = re.compile(r"(\d+)-([0-9a-f]{12})\.jsonl")
 _TEMP_RE = re.compile(r"\..+\.tmp-[A-Za-z0-9_]+")
 
 
@@ -117,7 +107,7 @@ def nftrec_version() -> str:
     return str(__version__)
 
 
-# --- atomic files (the one implementation is reconciler/atomic.py) ----------------------
+# --- JSON files --------------------------------------------------------------------------
 
 
 def _dump(doc: dict) -> bytes:
@@ -155,10 +145,6 @@ _STATUS_FIELDS: tuple[tuple[str, str, tuple[type, ...], bool], ...] = (
     ("liveFingerprint", "live_fingerprint", (str,), True),
     ("kernelGeneration", "kernel_generation", (int,), True),
     ("nftrecVersion", "nftrec_version", (str,), True),
-)
-# Added later, within formatVersion 1: a file without them reads them as null (which
-# only disables the no-op fast path), and older nftrecs ignore them.
-_OPTIONAL_STATUS_FIELDS: tuple[tuple[str, str, tuple[type, ...], bool], ...] = (
     ("inputDigest", "input_digest", (str,), True),
     ("configDigest", "config_digest", (str,), True),
 )
@@ -190,7 +176,7 @@ class Status:
 
     def to_json(self) -> dict:
         doc: dict[str, Any] = {"formatVersion": self.format_version}
-        for key, attr, _, _ in _STATUS_FIELDS + _OPTIONAL_STATUS_FIELDS:
+        for key, attr, _, _ in _STATUS_FIELDS:
             doc[key] = getattr(self, attr)
         return doc
 
@@ -205,10 +191,8 @@ class Status:
             newer = " (written by a newer nftrec?)" if version > FORMAT_VERSION else ""
             raise StateCorrupt(path, f"has formatVersion {version}{newer}; this nftrec reads {FORMAT_VERSION}")
         values: dict[str, Any] = {}
-        for key, attr, types, nullable in _STATUS_FIELDS + _OPTIONAL_STATUS_FIELDS:
+        for key, attr, types, nullable in _STATUS_FIELDS:
             if key not in doc:
-                if (key, attr, types, nullable) in _OPTIONAL_STATUS_FIELDS:
-                    continue
                 raise StateCorrupt(path, f"lacks the field {key!r}")
             v = doc[key]
             ok = (v is None and nullable) or (isinstance(v, types) and not isinstance(v, bool))
@@ -257,54 +241,23 @@ def _history_entry(path: Path, doc: Any) -> HistoryEntry:
         raise StateCorrupt(path, "fields 'appliedAt' and 'digest' must be strings")
     if doc.get("sequence") != entry.sequence or not entry.digest.startswith(m.group(2)):
         raise StateCorrupt(path, "its name does not match its sequence and digest fields")
-    if "ruleset" in doc and not isinstance(doc.get("ruleset"), dict):
-        raise StateCorrupt(path, "lacks the 'ruleset' object")
     return entry
 
 
-# A history file is one JSON object whose last key is "ruleset" (both as nftrec writes it
-# now, compact, and as older nftrecs wrote it, indented). Everything before that key is
-# the small header: listing the history reads only that, not the whole table's ruleset.
-# (A '"' that opens a key cannot occur inside a JSON string, where it is escaped.)
-_RULESET_KEY = re.compile(rb',\s*"ruleset"\s*:\s*')
-_HEADER_MAX = 1 << 16
-
-
-def _read_header(path: Path) -> dict:
-    """The history file's fields but "ruleset" (the whole file parsed when the header is
-    not where nftrec writes it). FileNotFoundError when absent, StateCorrupt when unreadable."""
+def _read_header(path: Path, text: bytes | None = None) -> Any:
+    """A history file's first line (`text`, else read from it), parsed. FileNotFoundError
+    when absent, StateCorrupt when unreadable."""
     try:
-        with open(path, "rb") as f:
-            head = f.read(_HEADER_MAX)
+        if text is None:
+            with open(path, "rb") as f:
+                text = f.readline()
+        return json.loads(text)
     except FileNotFoundError:
         raise
     except OSError as e:
         raise StateCorrupt(path, f"cannot be read ({e.strerror or e})") from e
-    m = _RULESET_KEY.search(head)
-    if m is not None:
-        try:
-            doc = json.loads(head[: m.start()] + b"}")
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            doc = None
-        if isinstance(doc, dict):
-            return doc
-    doc = _read_json(path)
-    if not isinstance(doc, dict) or not isinstance(doc.get("ruleset"), dict):
-        raise StateCorrupt(path, "lacks the 'ruleset' object")
-    doc.pop("ruleset")
-    return doc
-
-
-def _history_parts(header: dict, body: list) -> Iterator:
-    """A history file, as parts written one after the other (atomic_write): the header
-    fields with `rulesetSha256` (of the ruleset's bytes, so a read checks the ruleset
-    with one hash instead of re-digesting it; that sha256 is the digest, in the header
-    already), the ruleset in its digest form (`compile.digest_parts`: compact, written
-    by json's C encoder, and its sha256 is the digest, so one encoding serves both) and
-    the closing brace. Joined, the parts held two more copies of the ruleset's bytes
-    (+63 MB at the peak of a 10,000-Service apply)."""
-    head = dict(header, rulesetSha256=header["digest"])
-    return itertools.chain((json.dumps(head).encode("utf-8")[:-1] + b',\n"ruleset":',), body, (b"}\n",))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise StateCorrupt(path, f"has no JSON header line ({e})") from e
 
 
 # --- the store --------------------------------------------------------------------------
@@ -384,21 +337,15 @@ class StateStore:
         config_digest: str | None = None,
         compiled: dict | None = None,
     ) -> Status:
-        """Record a successful apply: status, and a history entry unless the ruleset is unchanged.
-
-        `input_digest` and `config_digest` say which manifests and effective node config
-        the ruleset was compiled from; None (a saved plan, a rollback, watch) disables
-        the no-op fast path until the next apply of a directory. `compiled` (what each
-        Service was compiled from, `compile.compile_memo`) is written to compiled.json for
-        the next apply's incremental compile.
-
-        The history file is written before status.json, so status never names a
-        ruleset that is not on disk; a crash in between leaves one extra history entry.
-        """
+        """Record a successful apply: a history entry unless the ruleset is unchanged (first,
+        so status never names a ruleset not on disk), status, and `compiled` (compile_memo)
+        as compiled.json. `input_digest`/`config_digest` name the manifests and effective
+        node config compiled; None (a saved plan, a rollback, watch) disables the no-op
+        fast path until the next apply of a directory."""
         st = self.status()
         now = self._clock()
-        body = digest_parts(ruleset)  # once: the digest and the history file
-        d = parts_digest(body)
+        pieces = digest_pieces(ruleset)  # once: the digest and the history file
+        d = parts_digest(form_parts(*pieces))
         # Sequence numbers come from file names only, so a damaged entry (which history()
         # reports) never blocks recording an apply that already reached the kernel.
         files = self._history_files()
@@ -406,16 +353,11 @@ class StateStore:
         # adds no history entry: history is for going back to something different.
         if not files or self._entry_digest(files[-1][1]) != d:
             seq = files[-1][0] + 1 if files else 1
-            header = {
-                "formatVersion": FORMAT_VERSION,
-                "sequence": seq,
-                "revision": revision,
-                "appliedAt": now,
-                "digest": d,
-                "planId": plan_id,
-            }
-            atomic_write(self.history_dir / f"{seq:06d}-{d[:12]}.json", _history_parts(header, body))
-        del body
+            header = {"formatVersion": FORMAT_VERSION, "sequence": seq, "revision": revision,
+                      "appliedAt": now, "digest": d, "planId": plan_id}
+            atomic_write(self.history_dir / f"{seq:06d}-{d[:12]}.jsonl",
+                         itertools.chain((json.dumps(header).encode("utf-8") + b"\n",), ruleset_lines(*pieces)))
+        del pieces
         st.last_applied_revision = st.last_attempted_revision = revision
         st.last_applied_at = st.last_attempted_at = now
         st.last_applied_plan_id = plan_id
@@ -500,11 +442,8 @@ class StateStore:
         return None
 
     def load_ruleset(self, entry: HistoryEntry, *, lazy: bool = False) -> Ruleset:
-        """The ruleset of `entry`, checked against its recorded digest: through the
-        recorded sha256 of its bytes when the file has one (one hash), else by digesting
-        the ruleset read (files of older nftrecs, or edited by hand). `lazy`: chains and
-        sets are decoded when first read (engine/recorded.py), when the bytes are the
-        digest form itself (their sha256 is the entry's digest)."""
+        """The ruleset of `entry`, checked against its recorded digest (recorded.py).
+        `lazy`: chains and sets are decoded when first read."""
         path = entry.path
         try:
             raw = path.read_bytes()
@@ -512,39 +451,13 @@ class StateStore:
             raise
         except OSError as e:
             raise StateCorrupt(path, f"cannot be read ({e.strerror or e})") from e
-        damaged = "its ruleset does not match its recorded digest (edited or damaged)"
-        m = _RULESET_KEY.search(raw, 0, _HEADER_MAX)
-        header = _read_header(path) if m is not None else None
-        _history_entry(path, header if header is not None else _read_json(path))
-        sha = header.get("rulesetSha256") if header is not None else None
-        if isinstance(sha, str):
-            end = len(raw)  # the body is raw[m.end():end - 1]; raw[end - 1] closes the file's object
-            while end and raw[end - 1] in b" \t\r\n":
-                end -= 1
-            if not raw.endswith(b"}", 0, end) or hashlib.sha256(memoryview(raw)[m.end():end - 1]).hexdigest() != sha:
-                raise StateCorrupt(path, damaged)
-            if lazy and sha == entry.digest:
-                from reconciler.engine.recorded import lazy_ruleset
-
-                rs = lazy_ruleset(raw, m.end(), end - 1)
-                if rs is not None:
-                    return rs
-                logs.log.debug(f"{path}: not laid out as nftrec writes it; decoding it whole")
-            try:  # chain by chain: the whole JSON document is never in memory (compile.ruleset_from_text)
-                text = raw[m.end():end - 1].decode("ascii")
-                del raw
-                return ruleset_from_text(text)
-            except SerializeError as e:
-                raise StateCorrupt(path, f"holds a damaged ruleset ({e})") from e
-            except (UnicodeDecodeError, ValueError) as e:
-                raise StateCorrupt(path, f"is not valid JSON ({e})") from e
+        body = raw.find(b"\n") + 1
+        if _history_entry(path, _read_header(path, raw[:body])).digest != entry.digest:
+            raise StateCorrupt(path, "changed since its history was listed")
         try:
-            rs = ruleset_from_json(_read_json(path).get("ruleset"))
-        except SerializeError as e:
+            return read_ruleset(raw, body, entry.digest, lazy=lazy)
+        except ValueError as e:  # SerializeError and json's errors
             raise StateCorrupt(path, f"holds a damaged ruleset ({e})") from e
-        if not isinstance(sha, str) and digest(rs) != entry.digest:
-            raise StateCorrupt(path, damaged)
-        return rs
 
     # -- compiled.json: what the last applied ruleset was compiled from --
 
@@ -639,7 +552,7 @@ def read_status(store: StateStore):
 
 def read_history(store: StateStore):
     """The applied-ruleset history, with every damaged entry reported and moved aside
-    (bounded: each round removes one file)."""
+    (bounded: each pass removes one file)."""
     for _ in range(store.keep + 16):
         try:
             return store.history()
