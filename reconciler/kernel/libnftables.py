@@ -99,11 +99,6 @@ class Libnftables:
         self._worker.call(lambda: self._cmd(script))
 
     def list_table(self, family: str, table: str) -> str | None:
-        return self.list_table_later(family, table)()
-
-    def list_table_later(self, family: str, table: str) -> Callable[[], str | None]:
-        """list_table, started now on the worker thread; the returned function waits for
-        the listing (`plan --refresh` lists while it reads the manifests)."""
         cmd = table_cmd("list", Table(family, table))
 
         def listing() -> str | None:
@@ -111,7 +106,7 @@ class Libnftables:
                 return self._cmd(cmd, _LIST_FLAGS)
             except NotFound:
                 return None
-        return self._worker.submit(listing)
+        return self._worker.call(listing)
 
     def list_objects(self, family: str, table: str, chains: list[str], sets: list[NamedSet]) -> str | None:
         cmds = [chain_cmd("list", family, table, Chain(c)) for c in chains]

@@ -76,24 +76,16 @@ class NamespaceThread:
 
     def call(self, fn: Callable[[], T]) -> T:
         """Run `fn` on the thread and return its result (or raise its exception)."""
-        return self.submit(fn)()
-
-    def submit(self, fn: Callable[[], T]) -> Callable[[], T]:
-        """Queue `fn` on the thread now; the returned function waits for its result (or
-        raises its exception). The caller's thread runs on meanwhile."""
         if not self._thread.is_alive():
             raise NftError("the nft worker thread is closed")
         box: list = []
         done = threading.Event()
         self._q.put((fn, box, done))
-
-        def wait() -> T:
-            done.wait()
-            ok, value = box[0]
-            if ok:
-                return value
-            raise value
-        return wait
+        done.wait()
+        ok, value = box[0]
+        if ok:
+            return value
+        raise value
 
     def close(self) -> None:
         if self._thread.is_alive():
