@@ -1,5 +1,7 @@
-"""Manifests of one git revision, read from the repository's object store (`nftrec diff
---git DIR A..B`): no checkout, no temporary files, the working tree untouched.
+"""What nftrec reads of git: the commit a manifest checkout is (`find_revision`, from the
+files under `.git`, no subprocess), and the manifests of one revision read from the
+repository's object store (`nftrec diff --git DIR A..B`): no checkout, no temporary
+files, the working tree untouched.
 
 `DIR` is the manifest directory inside a git working tree; the revision's copy of that
 directory is read with the rules of a directory on disk (load.manifest_files): recursive,
@@ -19,16 +21,89 @@ import hashlib
 import io
 import os
 import posixpath
+import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from reconciler.intake.inventory import InventoryResult, inventory_from_load
-from reconciler.intake.load import MAX_FILE_BYTES, SUFFIXES, _git_commit, _gitdir_of
+from reconciler.intake.load import SUFFIXES, LoadResult
+from reconciler.intake.parse import MAX_FILE_BYTES
 from reconciler.intake.problems import ERROR, WARNING, Problem, show
 from reconciler.intake.sources import load_blobs
 
 GIT_TIMEOUT = 120.0  # seconds, per git process; reading a big repository's tree is fast
+
+
+_SHA_RE = re.compile(r"[0-9a-f]{40}([0-9a-f]{24})?")
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace").strip()
+    except OSError:
+        return None
+
+
+def _git_commit(gitdir: Path) -> str | None:
+    """HEAD's commit read from the git directory's files (no subprocess)."""
+    head = _read(gitdir / "HEAD")
+    if head is None:
+        return None
+    common = gitdir
+    commondir = _read(gitdir / "commondir")  # linked worktrees share refs with the main repo
+    if commondir:
+        common = (gitdir / commondir).resolve()
+    for _ in range(5):  # follow symbolic refs a few levels
+        if _SHA_RE.fullmatch(head):
+            return head
+        if not head.startswith("ref:"):
+            return None
+        ref = head[4:].strip()
+        value = _read(gitdir / ref) or _read(common / ref)
+        if value is None:
+            packed = _read(common / "packed-refs") or ""
+            value = next((ln.split()[0] for ln in packed.splitlines() if ln.endswith(" " + ref)), None)
+        if value is None:
+            return None
+        head = value
+    return None
+
+
+def _gitdir_of(dot_git: Path) -> Path | None:
+    if dot_git.is_dir():
+        return dot_git
+    text = _read(dot_git)  # a linked worktree (git-sync's): "gitdir: /repo/.git/worktrees/x"
+    if text and text.startswith("gitdir:"):
+        return (dot_git.parent / text[7:].strip()).resolve()
+    return None
+
+
+def find_revision(root: Path) -> str | None:
+    """The git commit the resolved root is a checkout of, or None.
+
+    Order: a `.git` at the root itself (git-sync worktree); a root named after a commit
+    (`rev-<sha>` or `<sha>`, git-sync's worktree names); a `.git` in an ancestor."""
+    if (root / ".git").exists():
+        gd = _gitdir_of(root / ".git")
+        commit = _git_commit(gd) if gd else None
+        if commit:
+            return commit
+    m = re.fullmatch(r"(?:rev-)?([0-9a-f]{40}(?:[0-9a-f]{24})?)", root.name)
+    if m:
+        return m.group(1)
+    for parent in root.parents:
+        if (parent / ".git").exists():
+            gd = _gitdir_of(parent / ".git")
+            return _git_commit(gd) if gd else None
+    return None
+
+
+
+def revision_of(resolved: Path | None, digest: str) -> str:
+    """A manifest tree's revision: the commit of the checkout it is, else `sha256:<digest>`."""
+    if resolved is None:
+        return ""
+    return find_revision(resolved if resolved.is_dir() else resolved.parent) or f"sha256:{digest}"
 
 
 class GitError(Exception):
@@ -131,9 +206,9 @@ def _cat(directory: Path, oids: list[str]) -> dict[str, bytes]:
     return blobs
 
 
-def read_revision(directory: Path, rev: str, commit: str | None = None, *, strict: bool = False) -> InventoryResult:
-    """The manifests under `directory` as revision `rev` has them, validated: like
-    read_inventory on a checkout of `rev`. The inventory's revision is the commit."""
+def load_revision(directory: Path, rev: str, commit: str | None = None) -> LoadResult:
+    """The manifests under `directory` as revision `rev` has them, loaded as load_manifests
+    loads a checkout of `rev`. The result's revision is the commit."""
     commit = commit or resolve(directory, rev)
     prefix = _prefix(directory)
     listing = _git(directory, "ls-tree", "-r", "-z", "-l", "--full-name", commit, "--", ".")
@@ -194,7 +269,7 @@ def read_revision(directory: Path, rev: str, commit: str | None = None, *, stric
     if not wanted and not problems:
         loaded.problems.append(Problem(f"{rev}:{prefix}", 0, 0, "", "", "", "no manifest files here in this "
                                        "revision; it compiles to an empty ruleset", WARNING))
-    return inventory_from_load(loaded, strict=strict)
+    return loaded
 
 
 def _checkout(root: Path) -> tuple[Path, Path, str, str] | None:

@@ -44,9 +44,11 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from reconciler.intake import load, yamldocs
-from reconciler.intake.git import blob_id, checkout_blobs
-from reconciler.intake.inventory import build_inventory, model_objects
+from reconciler.intake import yamldocs
+from reconciler.intake.build import build_inventory, model_objects
+from reconciler.intake.git import blob_id, checkout_blobs, revision_of
+from reconciler.intake.load import SUFFIXES, chunk, read_file, tree_digest, walk, walk_resolved
+from reconciler.intake.parse import MAX_FILE_BYTES, parse_yaml
 from reconciler.intake.model import Inventory
 from reconciler.intake.problems import ERROR, Problem
 from reconciler.intake.validate import DocumentCheck, check_document, check_tree
@@ -75,7 +77,7 @@ def _same_files(paths: list[tuple[str, Path]], old: Path, new: Path, blobs: dict
             continue
         if mode not in ("100644", "100755"):
             return None
-        if path.endswith(load.SUFFIXES):
+        if path.endswith(SUFFIXES):
             listed.add(path)
     if listed != set(rel) or len(rel) != len(listed):
         return None
@@ -95,16 +97,6 @@ def _keep_unchanged(docs: list, old: _FileEntry) -> None:
         if before is not None and before.data is doc.data and before.source == doc.source:
             before.src = doc.src  # locate() reads the new text, as for a fresh Document
             docs[i] = before
-
-
-class _Recorder:
-    """Stands in for load's hasher: keeps the bytes it is fed (display path + raw)."""
-
-    def __init__(self) -> None:
-        self.parts: list[bytes] = []
-
-    def update(self, b: bytes) -> None:
-        self.parts.append(b)
 
 
 def _cross_key(doc) -> bytes:
@@ -183,7 +175,7 @@ class Snapshot:
 
 
 class Intake:
-    """Reads the manifest directory like `load.read_inventory`, with caches (module doc).
+    """Reads the manifest directory like `inventory.read_inventory`, with caches (module doc).
     `read()` returns what read_inventory would: the oracle in tests/test_watch.py."""
 
     def __init__(self, directory: Path | str, *, strict: bool = False):
@@ -192,7 +184,7 @@ class Intake:
         self.strict = strict
         self._files: dict[str, _FileEntry] = {}
         self._models: dict[int, tuple] = {}  # id(doc) -> (doc, [model objects])
-        self._hashed: list[tuple[bytes, object]] = []  # (chunk, sha256 state after it), last read's order
+        self._hashed: list = []  # load.tree_digest's memo
         self._tree: _Tree | None = None
         self._walked: tuple | None = None  # (resolved dir, [(display, real)], walk problems) of the last walk
         self.looked = 0  # files stat'ed or read by the last read (for tests)
@@ -209,9 +201,8 @@ class Intake:
             try:
                 resolved = self.path.resolve(strict=True)
             except (OSError, RuntimeError):
-                p = Problem(self.shown, 0, 0, "", "", "", "this manifest directory does not exist (or is a dangling "
-                            "link); check the path", ERROR)
-                return Snapshot(Inventory(), [p], "", hashlib.sha256().hexdigest(), 0, self.shown)
+                missing = walk(self.shown)  # its problem says so
+                return Snapshot(Inventory(), list(missing.problems), "", tree_digest([]), 0, self.shown)
             snap = self._read(resolved, changed if attempt == 0 else None)
             try:
                 again = self.path.resolve(strict=True)
@@ -231,7 +222,7 @@ class Intake:
             key = None
         if e is not None and key is not None and e.stat == key and not e.racy:
             return e
-        if e is not None and key is not None and st.st_size <= load.MAX_FILE_BYTES:
+        if e is not None and key is not None and st.st_size <= MAX_FILE_BYTES:
             try:
                 raw = real.read_bytes()
             except OSError:
@@ -239,26 +230,24 @@ class Intake:
             self.compared += 1
             if raw is not None and len(raw) + len(display) + 2 == len(e.chunk):
                 # the same bytes (a git-sync worktree's unchanged file): a compare, no hash
-                if e.chunk == display.encode("utf-8", "surrogateescape") + b"\0" + raw + b"\0":
+                if e.chunk == chunk(display, raw):
                     e.stat, e.racy = key, self._racy(st)
                     return e
         problems: list = []
         docs: list = []
-        rec = _Recorder()
         known = e.segments if e is not None else None
         segments: dict = {}
 
-        def parse_yaml(text: str) -> list:
-            parsed, new = yamldocs.parse(text, known, load._parse_yaml)
+        def yaml(text: str) -> list:
+            parsed, new = yamldocs.parse(text, known, parse_yaml)
             segments.update(new)
             return parsed
 
-        load.read_file(display, real, problems, docs, rec, parse_yaml)
-        chunk = b"".join(rec.parts)
+        read = read_file(display, real, problems, docs, yaml)
         self.parsed += 1
         if known:
             _keep_unchanged(docs, e)
-        e = _FileEntry(display, key or (), chunk, docs, problems, key is None or self._racy(st), segments,
+        e = _FileEntry(display, key or (), read, docs, problems, key is None or self._racy(st), segments,
                        prev=e if e is not None and e.checks is not None else None)
         self._files[display] = e
         return e
@@ -311,14 +300,7 @@ class Intake:
             problems.extend(walked[2])  # the same files in the new checkout: no walk
             self._walked = (resolved, paths, walked[2])
         else:
-            if resolved.is_file():
-                paths = [(self.shown, resolved)]
-            elif resolved.is_dir():
-                paths = load.manifest_files(resolved, self.shown, problems)
-            else:
-                problems.append(Problem(self.shown, 0, 0, "", "", "", "this is neither a directory nor a file; point "
-                                        "nftrec at the manifest directory", ERROR))
-                paths = []
+            paths = walk_resolved(resolved, self.shown, problems)
             self._walked = (resolved, paths, tuple(problems))
         entries: list[_FileEntry] = []
         chunks: list[bytes] = []
@@ -337,27 +319,10 @@ class Intake:
             problems.extend(e.problems)
         for gone in set(self._files) - seen:
             del self._files[gone]
-        digest = self._digest(chunks)
-        base = resolved if resolved.is_dir() else resolved.parent
-        revision = load.find_revision(base) or f"sha256:{digest}"
+        digest = tree_digest(chunks, self._hashed)
+        revision = revision_of(resolved, digest)
         checked_problems, inventory = self._check(problems, entries, revision)
         return Snapshot(inventory, checked_problems, revision, digest, len(paths), str(resolved))
-
-    def _digest(self, chunks: list[bytes]) -> str:
-        """sha256 over the chunks in order (== load's digest), resuming from the state
-        saved after the longest unchanged prefix (chunks are compared by identity: an
-        unchanged file keeps its cached chunk)."""
-        old = self._hashed
-        i = 0
-        while i < len(chunks) and i < len(old) and old[i][0] is chunks[i]:
-            i += 1
-        hasher = old[i - 1][1].copy() if i else hashlib.sha256()
-        hashed = old[:i]
-        for c in chunks[i:]:
-            hasher.update(c)
-            hashed.append((c, hasher.copy()))
-        self._hashed = hashed
-        return hasher.hexdigest()
 
     def _check(self, load_problems: list[Problem], entries: list[_FileEntry], revision: str) -> tuple[list[Problem], Inventory]:
         """validate.check and the inventory, with check_document's results cached per file

@@ -11,7 +11,8 @@ from __future__ import annotations
 import io
 from functools import lru_cache
 
-from reconciler.intake.load import Document, Refused, check_shape, locate, plain_data
+from reconciler.intake.load import Document, locate, plain_data
+from reconciler.intake.parse import Refused, check_shape
 from reconciler.intake.model import Probe
 from reconciler.intake.problems import ERROR, Problem, field_path, show
 
@@ -46,7 +47,7 @@ def _parse(text: str):
     from ruamel.yaml import YAML
     from ruamel.yaml.error import YAMLError
 
-    from reconciler.intake.load import yaml_error
+    from reconciler.intake.parse import yaml_error
 
     if len(text) > MAX_TEXT:
         raise Refused(f"the probe is {len(text)} characters long; at most {MAX_TEXT} are accepted")

@@ -11,7 +11,8 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from reconciler.intake.load import Document, LoadResult, Yaml11Bool, locate
+from reconciler.intake.load import Document, LoadResult, locate
+from reconciler.intake.parse import Yaml11Bool
 from reconciler.intake.probes import annotation_text as probe_annotation_text, check_annotation as check_probe_annotation, \
     check_ports as check_probe_ports
 from reconciler.intake.problems import NOTICE, WARNING, Problem, field_path, safe_name, show

@@ -9,7 +9,7 @@ hold none: comments before the first `---`). Documents do not reach across a `--
 whole file, at positions shifted by its first line (columns are unchanged: a segment
 starts at a line start).
 
-`parse(text, known, whole)` returns what `whole(text)` (load's YAML parser) returns,
+`parse(text, known, whole)` returns what `whole(text)` (parse.parse_yaml) returns,
 plus the segments of this text for the next call: for each segment's digest, its
 document with positions relative to the segment (or None: no document). Segments found
 in `known` (the previous version's) are not parsed again; the others are parsed alone.
@@ -24,7 +24,7 @@ import hashlib
 from bisect import bisect_right
 from typing import Callable
 
-Parsed = list  # [(data, line, col, item positions)], load._parse_yaml's result
+Parsed = list  # [(data, line, col, item positions)], parse.parse_yaml's result
 
 # ruamel counts \r, \x85, \u2028, \u2029 as line breaks too; a BOM may restart a stream
 _ODD_CHARS = ("\r", "\x85", "\u2028", "\u2029", "\ufeff")
