@@ -153,7 +153,7 @@ def test_the_fallback_parser_reads_the_same_data_and_positions(tmp_path):
 def test_normal_files_stay_on_the_fast_parser(tmp_path, monkeypatch):
     def refuse(*a, **kw):
         raise AssertionError("the pure-Python parser was used")
-    monkeypatch.setattr(load, "_PureKubeLoader", refuse)
+    monkeypatch.setattr(parse, "_PureKubeLoader", refuse)
     write(tmp_path, "svc.yaml", service("  clusterIP: 10.96.0.10\n  ports: [{port: 80}]\n"))
     assert validate(tmp_path)[0] == 0
     write(tmp_path, "svc.yaml", "a: [b\n")  # broken in another way: the C parser's own error

@@ -98,7 +98,6 @@ def find_revision(root: Path) -> str | None:
     return None
 
 
-
 def revision_of(resolved: Path | None, digest: str) -> str:
     """A manifest tree's revision: the commit of the checkout it is, else `sha256:<digest>`."""
     if resolved is None:
