@@ -1,13 +1,9 @@
 """Stage 1, intake: manifest files and the node config → validated model.
 
-    files ─► load (YAML/JSON, with positions) ─► validate (JSON Schema, then Kubernetes'
-    own rules) ─► inventory (model.Inventory)      node config ─► config (model.NodeConfig)
+    files ─► load ─► validate ─► build (model.Inventory): inventory.read_inventory
+    node config ─► config (model.NodeConfig)
 
-`inventory.read_inventory` is the read path; `cache` keeps its per-file results on disk
-for one-shot runs (`store`: the cache format); `incremental` reads the same directory
-again and again for `nftrec watch`, re-parsing only what changed; `digests` are the
-no-op check's; `report` is the `validate` command; `sources` reads `-` (stdin), `git` one
-revision of a repository (`nftrec diff --git`). Other stages use only these names.
+`cache` and `incremental` plug into the read path (one-shot runs, `nftrec watch`).
 """
 
 from reconciler import lazy_exports

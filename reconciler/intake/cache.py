@@ -1,20 +1,17 @@
 """The intake cache: per manifest file, its documents parsed, checked and modelled, kept
-in the state directory (`<state-dir>/cache/intake/`, intake/store.py's format) so that
-one-shot runs (`validate`, `render`, `plan`, `apply`) re-use them across runs and across
-git-sync's worktree paths.
-
-Key: the file's bytes and its parser (the suffix), never its path or stat: the same bytes
-under another path hit, a file edited in place with its size and mtime kept misses.
-
-An entry holds what the file yields on its own, path-free (the display path of the current
-read is re-attached; a result that names its path in a message is not stored): a summary
-line, then the payload (load's problems; per document its data, position, checks and
-model objects). The summary, null unless the file is clean (no problem, every document
-valid, no probe annotation), holds per document its identity, position, model objects and
-`validate.cross_view`: all that the checks across documents read. A warm read decodes only
-the summaries of clean files; their documents hold the cross view as their data, and
-positions come from the file's text (load.locate), so problems are those of a cold read.
+in the state directory (intake/store.py's format) so that one-shot runs re-use them across
+runs and across git-sync's worktree paths. The key is the file's bytes and parser, never
+its path or stat; entries are path-free (the display path of the read is re-attached, and a
+result that names its path in a message is not stored).
 """
+
+# An entry's body is two lines: a summary, then the payload (load's problems; per document
+# its data, position, checks and model objects). The summary, null unless the file is clean
+# (no problem, every document valid, no probe annotation), holds per document its identity,
+# position, model objects and `validate.cross_view` (all the checks across documents read);
+# the payload is null when there is a summary. A warm read of a clean file builds its
+# documents with the cross view as their data: positions come from the file's text
+# (load.locate), so every problem is a cold read's.
 
 from __future__ import annotations
 
@@ -62,9 +59,8 @@ _SOURCED = {name for name, c in _MODEL_TYPES.items() if any(f.name == "source" f
 _HOWS = {name: tuple(how for _, how, _ in kinds) for name, kinds in _KINDS.items()}
 _FLAT = {name for name, hows in _HOWS.items() if not any(hows)}
 # Decoding builds each model object's __dict__ directly instead of calling its frozen
-# dataclass __init__ (one object.__setattr__ per field): at 10,000 Services a one-edit
-# run decodes ~90,000 of them from the cache, the largest share of its intake. It is the __init__'s
-# result exactly when the class has no __post_init__ and `source`, if any, is its last
+# dataclass __init__ (one object.__setattr__ per field): a warm read decodes every model
+# object of the tree, the largest share of its time. It is the __init__'s result exactly when the class has no __post_init__ and `source`, if any, is its last
 # field (then __dict__ has __init__'s key order); otherwise __init__ is called.
 _NAMES = {name: tuple(n for n, _, _ in kinds) for name, kinds in _KINDS.items()}
 _DIRECT = {name for name, c in _MODEL_TYPES.items() if not hasattr(c, "__post_init__")

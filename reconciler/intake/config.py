@@ -1,4 +1,4 @@
-"""The node config (SPEC §2.2): one small YAML file per node, outside the manifest repo.
+"""The node config: one small YAML file per node, outside the manifest repo.
 
 `load_node_config(path)` reads, validates (schemas/nodeconfig.json: unknown keys are
 errors except `x-` ones) and fills in defaults: nodeName = hostname, nodeIPs = the

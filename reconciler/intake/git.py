@@ -1,19 +1,14 @@
-"""What nftrec reads of git: the commit a manifest checkout is (`find_revision`, from the
-files under `.git`, no subprocess), and the manifests of one revision read from the
-repository's object store (`nftrec diff --git DIR A..B`): no checkout, no temporary
-files, the working tree untouched.
-
-`DIR` is the manifest directory inside a git working tree; the revision's copy of that
-directory is read with the rules of a directory on disk (load.manifest_files): recursive,
-`*.yaml` `*.yml` `*.json`, hidden entries skipped, symlinks followed only inside the
-tree. Two git processes per revision: `ls-tree` lists the files, one `cat-file --batch`
-reads them all. Positions are git's own object names, `REV:path/in/repo.yaml:12:3`, so
-`git show REV:path/in/repo.yaml` opens the file a problem is in.
-
-`checkout_blobs(root)` + `blob_id(bytes)`: what a checkout's commit holds, to compare
-with bytes read before (`nftrec watch` on git-sync's worktrees: one `git ls-tree`, no file
-of the new worktree read unless its content changed).
+"""What nftrec reads of git: the commit a checkout is (`find_revision`, from the files under
+`.git`), what a checkout's commit holds (`checkout_blobs`, for the watch on git-sync's
+worktrees), and the manifests of one revision from the object store (`load_revision`,
+`nftrec diff --git DIR A..B`: no checkout, the working tree untouched).
 """
+
+# load_revision reads the revision's copy of DIR with the rules of a directory on disk
+# (load.manifest_files): recursive, `*.yaml` `*.yml` `*.json`, hidden entries skipped,
+# symlinks followed only inside the tree. Two git processes: `ls-tree` lists the files, one
+# `cat-file --batch` reads them all. Positions are git's object names,
+# `REV:path/in/repo.yaml:12:3`, so `git show REV:path/in/repo.yaml` opens the file.
 
 from __future__ import annotations
 
@@ -293,16 +288,11 @@ def blob_id(raw, object_format: int) -> str:
 
 
 def checkout_blobs(root: Path) -> dict[str, tuple[str, str | None]] | None:
-    """{path below root: (mode, object id)} of every file of the checkout at `root` (a
-    directory inside a git checkout, e.g. a git-sync worktree); None when root is not in a
-    checkout or git fails. The caller compares the ids with those of the bytes it holds
-    (blob_id): what it read before is then known exactly, whatever the old checkout held.
-
-    From the checkout's own index when it can be read (`_index_blobs`, no subprocess): an
-    id only where the file's stat is the one the index recorded, as git's own status
-    check, else None (the caller reads that file). Otherwise one `git ls-tree` of the
-    commit checked out: then the new checkout is taken to hold its commit's files, as
-    git-sync's do (it never edits a worktree it published)."""
+    """{path below root: (mode, object id)} of every file of the checkout at `root` (inside
+    a git checkout, e.g. a git-sync worktree); None when not in a checkout or git fails.
+    From the checkout's index (_index_blobs: an id only where the file's stat is the one
+    recorded, else None), otherwise `git ls-tree` of the commit checked out: git-sync never
+    edits a worktree it published, so it holds its commit's files."""
     co = _checkout(root)
     if co is None:
         return None
@@ -334,16 +324,13 @@ _U32 = 0xFFFFFFFF  # the index keeps the low 32 bits of each stat field
 
 
 def _index_blobs(path: Path, top: Path, prefix: str) -> dict[str, tuple[str, str | None]] | None:
-    """checkout_blobs from the index file `path` of the checkout at `top` (read with
-    dulwich), for the paths under `prefix`: a file's id where its lstat (mtime, ctime,
-    inode, size, as git's status check compares them) is the index entry's, None for the
-    rest. ctime cannot be set back by a user, so an edit after the checkout, even of the
-    same size with the mtime restored, is seen. (An entry git calls racily clean, its file
-    written in the index's own timestamp tick, as a fresh checkout's files are on a coarse
-    clock, is taken as the index says: as `git ls-tree` of the commit was, on git-sync's
-    word that it never edits a worktree it published.) None for the whole when the index
-    is missing, torn (its checksum, which also tells sha1 from sha256 ids), unmerged,
-    split or sparse: the caller then asks git."""
+    """checkout_blobs from the index file `path` of the checkout at `top`, for the paths
+    under `prefix`: a file's id where its lstat (mtime, ctime, inode, size, as git's status
+    check compares them) is the index entry's, None for the rest. None for the whole when
+    the index is missing, torn, unmerged, split or sparse: the caller then asks git."""
+    # ctime cannot be set back by a user, so an edit after the checkout, even of the same
+    # size with the mtime restored, is seen. An entry git calls racily clean (written in
+    # the index's own timestamp tick) is taken as the index says, as `git ls-tree` would be.
     from dulwich.index import ConflictedIndexEntry, IndexChecksumReader, read_index_dict_with_version
     from dulwich.object_format import SHA1, SHA256
 

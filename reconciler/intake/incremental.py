@@ -1,39 +1,26 @@
-"""Reading one manifest directory again and again, re-parsing only what changed.
-
-`Intake.read()` returns what `inventory.read_inventory` would (tests/test_watch.py uses
-that as its oracle), with caches for a long-running reader such as `nftrec watch`:
-- files: parsed documents are cached per file, keyed by its stat (path, inode, size,
-  mtime, ctime) and, when the stat changed, by its bytes (a git-sync revision is a new
-  worktree: every file's stat is new, so each is read and compared with the bytes of the
-  same display path in the old one, and only files whose bytes differ are parsed). Files
-  modified within RACY_SECONDS of a read are compared again next time (mtime
-  granularity, as git's "racy" files). When the new worktree is a git checkout
-  (git-sync's are), its index (each file's object id, vouched for by the file's stat),
-  else `git ls-tree` of its commit, gives each file's object id instead
-  (intake/git.checkout_blobs); a file whose id is that of the bytes read before
-  (git.blob_id) is only stat'ed (a size check), the others are read; when the checkout
-  holds the same manifest files, the old walk stands, re-rooted;
-- documents: an edited YAML file re-parses only its changed documents (intake/yamldocs.py);
-- validation: per-document checks are cached per file version; a new version reuses the
-  result of each document whose data and position are unchanged (the same data object
-  from yamldocs, else the content key): a file of 100 EndpointSlices with one edited
-  re-checks one document. The checks across documents (`validate.check_tree`) run over
-  everything, except when the only documents that changed are clean EndpointSlices
-  whose endpoints alone changed (the common revision: endpoints move): the cross checks
-  read no endpoint, so their result stands, and the new slices' objects and models are
-  swapped into the last inventory (`_endpoints_only`);
-- model: model objects are cached per document (and carried with the reused checks);
-- the tree digest (sha256 over every file, as load computes it) resumes from the hash
-  state saved before the first file that changed.
-
-`read(changed)`: the watcher's changed paths since the last read (None: unknown). With
-them, and the same resolved directory as last time, the tree is not walked again and only
-the changed files (and racy ones) are looked at; the others' cached entries stand.
-
-git-sync publishes a revision by swapping a symlink (`current -> rev-<sha>`). Every read
-resolves the link once and reads all files from that one directory; if the link moved
-during the read, the read is repeated, so a snapshot never mixes two revisions.
+"""Reading one manifest directory again and again (`nftrec watch`), re-parsing only what
+changed: `Intake.read()` returns what `inventory.read_inventory` would (the oracle of
+tests/test_watch.py), with the walk, each file's documents, checks and model objects and
+the digest's hash state kept from the last read (the caches are described where kept).
+A read resolves git-sync's `current` link once and repeats if it moved meanwhile, so a
+snapshot never mixes two revisions.
 """
+
+# The caches of a read:
+# - files: keyed by stat (path, inode, size, mtime, ctime); when the stat changed, by the
+#   bytes of the same display path (a git-sync revision is a new worktree: each file is
+#   compared, only changed ones are parsed). Files modified within RACY_SECONDS are
+#   compared again next time (mtime granularity, as git's "racy" files). When the new
+#   worktree is a git checkout, its index or `git ls-tree` gives each file's object id
+#   (git.checkout_blobs); a file whose id is that of the bytes read before is only
+#   stat'ed, and when the checkout holds the same files the old walk stands, re-rooted;
+# - documents: an edited YAML file re-parses only its changed documents (yamldocs.py);
+# - checks: per-document results are reused for documents whose data and position are
+#   unchanged; the checks across documents are skipped when the only changes are the
+#   endpoints of clean EndpointSlices (they read no endpoint): `_endpoints_only`;
+# - the tree digest resumes after the longest unchanged prefix (load.tree_digest's memo).
+# `read(changed)`: with the watcher's changed paths and the same resolved directory as
+# last time, the tree is not walked again and only those files (and racy ones) are looked at.
 
 from __future__ import annotations
 
@@ -57,8 +44,8 @@ RACY_SECONDS = 2.0  # files modified this recently are re-hashed on the next rea
 
 
 def _relative(real: Path, root: Path) -> str | None:
-    """real.relative_to(root).as_posix() by string prefix (None: not under root): pathlib
-    parses every path again, ~25 ms per git-sync revision of 200 files at 10,000 Services."""
+    """real.relative_to(root).as_posix() by string prefix (None: not under root), without
+    pathlib parsing every path of every git-sync revision again."""
     prefix = str(root).rstrip("/") + "/"
     text = str(real)
     return text[len(prefix):] if text.startswith(prefix) and len(text) > len(prefix) else None

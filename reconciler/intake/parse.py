@@ -213,8 +213,8 @@ def decode_text(raw: bytes) -> str:
     except UnicodeDecodeError as e:
         line = raw[: e.start].count(b"\n") + 1
         raise Refused(f"this file is not valid UTF-8 (byte {e.start}); save it as UTF-8 or remove it", line, 1) from None
-    # the search only when one is there: a translate of the bytes is ~8x cheaper than
-    # the regex over the text (UTF-8 encodes these characters, and only them, as these bytes)
+    # the regex only when one is there: deleting these bytes is much cheaper than the
+    # search over the text (UTF-8 encodes these characters, and only them, as these bytes)
     bad = re.search(r"[\x01-\x08\x0b\x0c\x0e-\x1f\x7f]", text) if len(raw.translate(None, _CONTROL)) != len(raw) \
         else None
     if bad:
@@ -331,13 +331,10 @@ _ASCII_INT = re.compile(r"(?:0|[1-9][0-9]*)\Z")
 
 def _construct_fast(root, loader):
     """The plain data of a composed document, for the common case: what ruamel's
-    SafeConstructor followed by check_shape() would return, built in one pass.
-
-    Raises _Slow (or whatever else goes wrong) for anything else, and the caller then
-    runs exactly those two, which produce the same data or the same error: a node
-    reached twice (aliases), merge keys, tags other than str/int/float/bool/null/map/seq,
-    non-string or duplicate keys, or nesting deeper than MAX_DEPTH. (Without aliases
-    nothing is added by them, so check_shape's alias-expansion limit cannot trip.)"""
+    SafeConstructor followed by check_shape() would return, built in one pass. Raises
+    _Slow (or anything else) for aliases, merge keys, other tags, non-string or duplicate
+    keys, or nesting deeper than MAX_DEPTH; the caller then runs those two, which give the
+    same data or the same error."""
     seen: set[int] = set()
     bools = loader.bool_values
 
@@ -397,13 +394,10 @@ def _construct_fast(root, loader):
 
 def parse_yaml(text: str) -> list[tuple[object, int, int, list]]:
     """[(data, line, col, item_positions)] per YAML document; item_positions holds
-    (line, col) of `items[i]` for `kind: List` documents.
-
-    libyaml 0.1.7 (inside ruamel.yaml.clib) refuses some YAML that YAML 1.2, go-yaml and
-    so kubectl read, notably ':' inside a flow plain scalar (`addresses: [fd00::1]`). On
-    a scanner error the file is read again with ruamel's pure-Python parser, with the same
-    resolvers and constructors; what that refuses too is really broken, and its error
-    (file:line, the same wording) is the one reported. Normal files stay on the C path."""
+    (line, col) of `items[i]` for `kind: List` documents. On libyaml's refusal of ':'
+    inside a flow plain scalar (`addresses: [fd00::1]`), which YAML 1.2, go-yaml and so
+    kubectl accept, the file is read again with ruamel's pure-Python parser (the same
+    resolvers and constructors); its error, if any, is the one reported."""
     try:
         return _parse_yaml_with(text, _Loader)
     except ScannerError as e:

@@ -1,4 +1,4 @@
-"""The readiness probe annotation of a Service (issue 10): `probe.nftrec.io/readiness`
+"""The readiness probe annotation of a Service: `probe.nftrec.io/readiness`
 holds a Kubernetes Probe in YAML. Parsed and checked against schemas/probe.json like any
 other field; every problem points into the annotation (file:line of the annotation,
 plus the line inside a `|` block), and becomes a model.Probe with the kubelet's defaults.

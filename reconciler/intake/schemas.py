@@ -1,7 +1,7 @@
 """The JSON Schemas in schemas/ (one per accepted kind) as compiled validators.
 
 The schemas live at the top of the repo; a wheel ships them to share/nftrec/schemas.
-Each validator is built once (jsonschema compiles lazily, so reuse is what makes 10,000
+Each validator is built once (jsonschema compiles lazily, so reuse is what makes many
 documents fast) and carries a format checker with nftrec's strict IP/CIDR formats.
 """
 

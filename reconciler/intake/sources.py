@@ -1,10 +1,7 @@
 """Manifests that are not a directory on disk: standard input (`-`, as kubectl and
-kubeconform read it) and files held in memory (a git revision, see intake/git.py).
-
-They go through the same reader as files in a directory (load.read_file: size limit,
-binary and encoding checks, YAML/JSON parsing with positions), so a document read from
-stdin is refused or accepted exactly as the same bytes in a file would be; only the
-display path differs (`<stdin>:12:3: ...`).
+kubeconform read it) and files held in memory (a git revision, see intake/git.py). They
+go through load.read_file, so the same bytes are refused or accepted exactly as in a file;
+only the display path differs (`<stdin>:12:3: ...`).
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
 """The on-disk format of every intake cache (the per-file results of intake/cache.py, the
-node config's checked settings of intake/config.py), kept in the state directory.
-
-One file per key, `<dir>/<key[:2]>/<key>.jsonl`: a header line `{"format", "nftrec",
-"key", "sha256" (of the rest)}`, then the body, one JSON value per line. JSON only: reading
-a cache never runs code. An entry that is unreadable, damaged, or of another format, key
-or nftrec is ignored with a debug line and rewritten. Writes are atomic (temp file +
-rename), without fsync: an entry damaged by a power loss fails its checksum.
-
-Keys are made by `entry_key`, over `code_digest()`: nftrec's version and sources, its JSON
-Schemas, and the versions of Python and of the libraries that parse and validate (an
-upgrade of any of them never reuses what other code computed).
+node config's settings): one file per key, `<dir>/<key[:2]>/<key>.jsonl`, a header line
+(format, nftrec version, key, sha256 of the rest) and then the body, one JSON value per
+line. JSON only: reading a cache never runs code. A bad entry is ignored (debug log) and
+rewritten; writes are atomic. Keys cover `code_digest()`: nftrec, Python and libraries.
 """
 
 from __future__ import annotations
