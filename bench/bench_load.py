@@ -10,8 +10,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from reconciler.intake.inventory import build_inventory  # noqa: E402
-from reconciler.intake.load import FAST, load_manifests  # noqa: E402
+from reconciler.intake.build import build_inventory  # noqa: E402
+from reconciler.intake.inventory import load_manifests  # noqa: E402
+from reconciler.intake.parse import FAST  # noqa: E402
 from reconciler.intake.validate import check  # noqa: E402
 
 SVC = """\
