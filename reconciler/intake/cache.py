@@ -134,7 +134,9 @@ def _model_out(v, display: str) -> list:
     return out
 
 
-def _source(display: str, line, col) -> model.Source:
+def _source(display: str, line, col, at: model.Source | None = None) -> model.Source:
+    if at is not None and at.line == line and at.col == col:
+        return at
     if not _SOURCE_DIRECT:
         return model.Source(display, line, col)
     src = _new(model.Source)
@@ -148,7 +150,9 @@ _CONVERT = {name: tuple(tuple(i for i, h in enumerate(hows) if h == how) for how
             for name, hows in _HOWS.items()}
 
 
-def _model_in(v: list, display: str):
+def _model_in(v: list, display: str, at: model.Source | None = None):
+    """A model object from _model_out's list; `at`: its document's Source, shared when the
+    object's position is the document's (it is for every top-level object)."""
     name = v[0]
     cls = _MODEL_TYPES.get(name) if type(name) is str else None
     if cls is None:
@@ -168,12 +172,12 @@ def _model_in(v: list, display: str):
             if args[i] is not None:
                 args[i] = _model_in(args[i], display)
     if name not in _DIRECT:
-        return cls(*args, source=model.Source(display, v[1], v[2])) if sourced else cls(*args)
+        return cls(*args, source=_source(display, v[1], v[2], at)) if sourced else cls(*args)
     obj = _new(cls)
     d = obj.__dict__
     d.update(zip(_NAMES[name], args))
     if sourced:
-        d["source"] = _source(display, v[1], v[2])
+        d["source"] = _source(display, v[1], v[2], at)
     return obj
 
 
@@ -234,7 +238,7 @@ def _decode(body: list[bytes], display: str, real: Path, raw: bytes) -> FileResu
             doc = _document(view, display, line, col, index, path, src)
             docs.append(doc)
             checks.append(DocumentCheck(Obj(doc, kind, ns, name, True), (), None))
-            models.append([_model_in(x, display) for x in ms])
+            models.append([_model_in(x, display, doc.source) for x in ms])
         return FileResult(chunk(display, raw), [], docs, checks, models)
     payload = decode(body[1], dict)
     if payload is None:
@@ -253,7 +257,7 @@ def _decode(body: list[bytes], display: str, real: Path, raw: bytes) -> FileResu
         docs.append(doc)
         checks.append(DocumentCheck(obj, tuple(_problem_in(p, display) for p in d["problems"]), unknown))
         m = d["models"]
-        models.append(None if m is None else [_model_in(x, display) for x in m])
+        models.append(None if m is None else [_model_in(x, display, doc.source) for x in m])
     return FileResult(chunk(display, raw), problems, docs, checks, models)
 
 
