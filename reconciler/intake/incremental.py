@@ -1,9 +1,9 @@
 """Reading one manifest directory again and again (`nftrec watch`), re-parsing only what
 changed: `Intake.read()` returns what `inventory.read_inventory` would (the oracle of
 tests/test_watch.py), with the walk, each file's documents, checks and model objects and
-the digest's hash state kept from the last read (the caches are described where kept).
-A read resolves git-sync's `current` link once and repeats if it moved meanwhile, so a
-snapshot never mixes two revisions.
+the digest's hash state kept from the last read (the comment below lists them). A read
+resolves git-sync's `current` link once and repeats if it moved meanwhile, so a snapshot
+never mixes two revisions.
 """
 
 # The caches of a read:
@@ -35,8 +35,8 @@ from reconciler.intake import yamldocs
 from reconciler.intake.build import build_inventory, model_objects
 from reconciler.intake.git import blob_id, checkout_blobs, revision_of
 from reconciler.intake.load import SUFFIXES, chunk, read_file, tree_digest, walk, walk_resolved
-from reconciler.intake.parse import MAX_FILE_BYTES, parse_yaml
 from reconciler.intake.model import Inventory
+from reconciler.intake.parse import MAX_FILE_BYTES, parse_yaml
 from reconciler.intake.problems import ERROR, Problem
 from reconciler.intake.validate import DocumentCheck, check_document, check_tree
 

@@ -62,7 +62,6 @@ class LoadResult:
     root: str  # the resolved directory actually read
 
 
-
 # --- the tree: its walk and its digest -----------------------------------------------------
 
 
