@@ -243,8 +243,8 @@ def check_jsonschema() -> None:
     differently: descend's parameters, a validator's `_validators` (keyword function,
     keyword, value) and `_ref_resolver`, and ValidationError._set."""
     import inspect
+    from importlib import metadata
 
-    import jsonschema
     from jsonschema.exceptions import ValidationError
 
     probe = _Validator({"type": "integer"})
@@ -259,7 +259,7 @@ def check_jsonschema() -> None:
         ("ValidationError._set", callable(getattr(ValidationError, "_set", None))),
     ) if not ok]
     if missing:
-        raise RuntimeError(f"jsonschema {jsonschema.__version__} lacks {', '.join(missing)}, which nftrec's "
+        raise RuntimeError(f"jsonschema {metadata.version('jsonschema')} lacks {', '.join(missing)}, which nftrec's "
                            "validator relies on; install a jsonschema within nftrec's tested bounds")
 
 
