@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.intake.load import load_manifests
+from reconciler.intake.inventory import load_manifests
 from reconciler.intake.validate import check
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "api-conformance.md"

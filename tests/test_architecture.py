@@ -13,13 +13,13 @@ ones inside functions:
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "reconciler"
 
 # Lower rank = earlier in the pipeline. Modules not listed take their stage's rank.
 RANKS = {"reconciler": 0, "reconciler.logs": 0, "reconciler.progress": 0, "reconciler.atomic": 0, "reconciler.heap": 0,
-         "reconciler.forks": 0,
          "reconciler.intake": 1, "reconciler.compile": 2,
          "reconciler.kernel": 3, "reconciler.engine": 4, "reconciler.daemon": 5, "reconciler.commands": 6,
          "reconciler.cli": 7}
@@ -178,3 +178,37 @@ def test_every_exported_name_resolves():
         package = importlib.import_module(f"reconciler.{stage}")
         for name in package.__all__:
             assert getattr(package, name) is not None, f"reconciler.{stage}.{name}"
+
+
+MAX_LINES = 600
+# History belongs in commit messages: no issue, item or round numbers, no section signs
+# pointing at documents outside the repository.
+HISTORY = re.compile(r"issue [0-9]|item [0-9]|\bround\b(?!\()|§", re.IGNORECASE)  # round(x) is Python
+
+
+def oversized(root: Path) -> list[str]:
+    """Modules longer than MAX_LINES: one concern each, readable in one sitting."""
+    sizes = {p: len(p.read_text().splitlines()) for p in sorted(root.rglob("*.py"))}
+    return [f"{p.relative_to(root.parent)}: {n} lines" for p, n in sizes.items() if n > MAX_LINES]
+
+
+def history_lines(root: Path) -> list[str]:
+    return [f"{p.relative_to(root.parent)}:{i}: {line.strip()}" for p in sorted(root.rglob("*.py"))
+            for i, line in enumerate(p.read_text().splitlines(), 1) if HISTORY.search(line)]
+
+
+def test_no_module_is_over_600_lines():
+    assert oversized(PACKAGE) == []
+
+
+def test_the_code_carries_no_history():
+    assert history_lines(PACKAGE) == []
+
+
+def test_the_size_and_history_checks_can_fail(tmp_path):
+    root = tmp_path / "reconciler"
+    root.mkdir()
+    (root / "big.py").write_text("x = 1\n" * (MAX_LINES + 1))
+    (root / "small.py").write_text("x = 1\n" * (MAX_LINES - 1) + "# see issue 7, round 2\n")
+    assert oversized(root) == [f"reconciler/big.py: {MAX_LINES + 1} lines"]
+    assert history_lines(root) == [f"reconciler/small.py:{MAX_LINES}: # see issue 7, round 2"]

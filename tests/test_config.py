@@ -3,6 +3,7 @@ for real inside a throwaway network namespace)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -196,14 +197,18 @@ def test_the_settings_cache_gives_the_same_config(tmp_path, source):
     plain, problems = load_node_config(path, **fake())
     assert problems == []
     miss, _ = load_node_config(path, cache_dir=cache, **fake())
-    [entry] = list(cache.glob("*.json"))
+    [entry] = list(cache.rglob("*.jsonl"))
     hit, problems = load_node_config(path, cache_dir=cache, **fake())
     assert problems == [] and plain == miss == hit and plain.source == hit.source
     assert config_digest(plain, strict=False) == config_digest(hit, strict=False)
     # a hit really skips the check: an entry with other settings is believed (it is keyed by the bytes)
-    doc = json.loads(entry.read_text())
-    doc["settings"]["zone"] = "from-the-cache"
-    entry.write_text(json.dumps(doc))
+    head, settings = entry.read_text().split("\n")
+    doc = json.loads(settings)
+    doc["zone"] = "from-the-cache"
+    body = json.dumps(doc)
+    header = json.loads(head)
+    header["sha256"] = hashlib.sha256(body.encode()).hexdigest()
+    entry.write_text(json.dumps(header) + "\n" + body)
     assert load_node_config(path, cache_dir=cache, **fake())[0].zone == "from-the-cache"
     write(tmp_path, text + "\n# edited\n")  # other bytes: another key, checked again
     assert load_node_config(path, cache_dir=cache, **fake())[0] == plain
@@ -215,4 +220,4 @@ def test_a_config_with_problems_is_never_cached(tmp_path):
     for _ in range(2):
         _, problems = load_node_config(path, cache_dir=cache, **fake())
         assert any("two addresses of one family" in p.message for p in problems)
-    assert not cache.exists() or list(cache.glob("*.json")) == []
+    assert not cache.exists() or list(cache.rglob("*.jsonl")) == []

@@ -12,9 +12,9 @@ import pytest
 
 from reconciler.compile.render import render_script
 from reconciler.compile.services import compile_ruleset
-from reconciler.intake import load
+from reconciler.intake import parse
 from reconciler.intake.inventory import read_inventory
-from reconciler.intake.load import load_manifests
+from reconciler.intake.inventory import load_manifests
 from reconciler.intake.model import NodeConfig
 from reconciler.intake.report import run_validate
 from reconciler.intake.validate import check
@@ -144,16 +144,16 @@ def test_ipv6_in_flow_sequences_is_read_as_kubectl_reads_it(tmp_path):
 def test_the_fallback_parser_reads_the_same_data_and_positions(tmp_path):
     text = ("kind: List\nitems:\n- a: [{ip}, 'x', yes, \"no\", 010, 2024-01-02, =, 0x1F, 1.5, ~, true]\n"
             "  b: &s {{c: [1, 2]}}\n- d: *s\n  e: {{f: {ip}}}\n")
-    fast = load._parse_yaml_with(text.format(ip='"fd00::1"'), load._KubeLoader)  # quoted: no fallback needed
-    slow = load._parse_yaml(text.format(ip="fd00::1"))
+    fast = parse._parse_yaml_with(text.format(ip='"fd00::1"'), parse._KubeLoader)  # quoted: no fallback needed
+    slow = parse.parse_yaml(text.format(ip="fd00::1"))
     assert slow == fast  # data, document position and the List items' positions
-    assert [type(v) for v in slow[0][0]["items"][0]["a"][:4]] == [str, str, load.Yaml11Bool, str]
+    assert [type(v) for v in slow[0][0]["items"][0]["a"][:4]] == [str, str, parse.Yaml11Bool, str]
 
 
 def test_normal_files_stay_on_the_fast_parser(tmp_path, monkeypatch):
     def refuse(*a, **kw):
         raise AssertionError("the pure-Python parser was used")
-    monkeypatch.setattr(load, "_PureKubeLoader", refuse)
+    monkeypatch.setattr(parse, "_PureKubeLoader", refuse)
     write(tmp_path, "svc.yaml", service("  clusterIP: 10.96.0.10\n  ports: [{port: 80}]\n"))
     assert validate(tmp_path)[0] == 0
     write(tmp_path, "svc.yaml", "a: [b\n")  # broken in another way: the C parser's own error

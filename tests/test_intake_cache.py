@@ -20,10 +20,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from reconciler.intake import cache as intake_cache
-from reconciler.intake import digests, input_digest, read_inventory, read_inventory_cached
-from reconciler.intake.load import load_manifests
+from reconciler.intake import input_digest, read_inventory, store
+from reconciler.intake.inventory import load_manifests
 
 from test_inventory_props import EXAMPLES, dump, manifests
+
+
+def cached(root, cache_dir, *, strict: bool = False):
+    return read_inventory(root, strict=strict, cache_dir=cache_dir)
 
 
 def same(a, b) -> None:
@@ -113,24 +117,24 @@ def test_cached_reads_equal_uncached_reads_cold_warm_and_under_a_new_path(case):
         one = d / "rev-1"
         write_tree(one, layout, garbage)
         expected = read_inventory(one, strict=strict)
-        cold = read_inventory_cached(one, cache_dir, strict=strict)
+        cold = cached(one, cache_dir, strict=strict)
         same(cold, expected)
-        warm = read_inventory_cached(one, cache_dir, strict=strict)
+        warm = cached(one, cache_dir, strict=strict)
         same(warm, expected)
         # git-sync: the same bytes in a new worktree, read through another path
         two = d / "rev-2"
         shutil.copytree(one, two)
         expected2 = read_inventory(two, strict=not strict)
-        same(read_inventory_cached(two, cache_dir, strict=not strict), expected2)
+        same(cached(two, cache_dir, strict=not strict), expected2)
         # no cache at all takes the same code path
-        same(read_inventory_cached(one, None, strict=strict), expected)
+        same(cached(one, None, strict=strict), expected)
 
 
 def test_examples_cached_equal_uncached(tmp_path):
     for root in sorted(p for p in EXAMPLES.iterdir() if p.is_dir()) + [EXAMPLES]:
         expected = read_inventory(root)
-        same(read_inventory_cached(root, tmp_path / "c"), expected)
-        same(read_inventory_cached(root, tmp_path / "c"), expected)
+        same(cached(root, tmp_path / "c"), expected)
+        same(cached(root, tmp_path / "c"), expected)
 
 
 def test_input_digest_equals_the_load_digest_without_parsing(tmp_path):
@@ -158,7 +162,7 @@ def test_an_edit_in_place_keeping_size_and_mtime_is_seen(tmp_path):
     f = root / "svc.yaml"
     f.write_text(SVC)
     st0 = f.stat()
-    first = read_inventory_cached(root, tmp_path / "c")
+    first = cached(root, tmp_path / "c")
     assert first.inventory.services[0].cluster_ips == ("10.96.0.10",)
     edited = SVC.replace("10.96.0.10", "10.96.0.20")
     assert len(edited) == len(SVC)
@@ -167,7 +171,7 @@ def test_an_edit_in_place_keeping_size_and_mtime_is_seen(tmp_path):
     os.utime(f, ns=(st0.st_atime_ns, st0.st_mtime_ns))
     st1 = f.stat()
     assert (st1.st_ino, st1.st_size, st1.st_mtime_ns) == (st0.st_ino, st0.st_size, st0.st_mtime_ns)
-    again = read_inventory_cached(root, tmp_path / "c")
+    again = cached(root, tmp_path / "c")
     assert again.inventory.services[0].cluster_ips == ("10.96.0.20",)
     same(again, read_inventory(root))
 
@@ -176,11 +180,11 @@ def test_same_bytes_under_a_new_path_hit_and_name_the_new_path(tmp_path, caplog)
     a = tmp_path / "rev-a"
     a.mkdir()
     (a / "svc.yaml").write_text(SVC.replace("port: 80", "port: 0"))  # an error with a position
-    read_inventory_cached(a, tmp_path / "c")
+    cached(a, tmp_path / "c")
     b = tmp_path / "rev-b"
     shutil.copytree(a, b)
     caplog.set_level(logging.DEBUG, logger="nftrec")
-    res = read_inventory_cached(b, tmp_path / "c")
+    res = cached(b, tmp_path / "c")
     assert "1 hit(s), 0 miss(es)" in caplog.text
     assert res.problems and all(p.file == str(b / "svc.yaml") for p in res.problems)
     same(res, read_inventory(b))
@@ -193,7 +197,7 @@ def _one_entry(tmp_path) -> tuple[Path, Path]:
     root = tmp_path / "m"
     root.mkdir(exist_ok=True)
     (root / "svc.yaml").write_text(SVC)
-    read_inventory_cached(root, tmp_path / "c")
+    cached(root, tmp_path / "c")
     [entry] = entries(tmp_path / "c")
     return root, entry
 
@@ -213,14 +217,14 @@ def _old_version(raw: bytes) -> bytes:
 def _other_format(raw: bytes) -> bytes:
     head, _, body = raw.partition(b"\n")
     h = json.loads(head)
-    h["formatVersion"] = 99
+    h["format"] = 99
     return json.dumps(h).encode() + b"\n" + body
 
 
 def _wrong_shape(raw: bytes) -> bytes:
     import hashlib
 
-    body = b'{"problems": [], "docs": [{"data": 1}]}'
+    body = b'null\n{"problems": [], "docs": [{"data": 1}]}'
     h = json.loads(raw.partition(b"\n")[0])
     h["sha256"] = hashlib.sha256(body).hexdigest()
     return json.dumps(h).encode() + b"\n" + body
@@ -241,7 +245,7 @@ def test_damaged_foreign_or_old_entries_are_ignored_with_a_debug_line_and_rebuil
     good = entry.read_bytes()
     entry.write_bytes(damage(good))
     caplog.set_level(logging.DEBUG, logger="nftrec")
-    res = read_inventory_cached(root, tmp_path / "c")
+    res = cached(root, tmp_path / "c")
     same(res, read_inventory(root))
     assert res.inventory.services[0].cluster_ips == ("10.96.0.10",)
     lines = [r for r in caplog.records if r.levelno == logging.DEBUG and "ignoring" in r.getMessage()]
@@ -254,11 +258,11 @@ def test_an_entry_under_another_key_is_foreign(tmp_path, caplog):
     other = tmp_path / "m2"
     other.mkdir()
     (other / "svc.yaml").write_text(SVC.replace("web", "api"))
-    read_inventory_cached(other, tmp_path / "c")
+    cached(other, tmp_path / "c")
     [e2] = [e for e in entries(tmp_path / "c") if e != entry]
     shutil.copy(entry, e2)  # web's entry under api's key
     caplog.set_level(logging.DEBUG, logger="nftrec")
-    res = read_inventory_cached(other, tmp_path / "c")
+    res = cached(other, tmp_path / "c")
     assert res.inventory.services[0].name == "api"
     assert "belongs to another key" in caplog.text
 
@@ -269,7 +273,7 @@ def test_a_read_only_cache_directory_is_not_an_error(tmp_path):
     (root / "svc.yaml").write_text(SVC)
     blocker = tmp_path / "c"
     blocker.write_text("a file where the cache directory should be")
-    same(read_inventory_cached(root, blocker / "intake"), read_inventory(root))
+    same(cached(root, blocker / "intake"), read_inventory(root))
 
 
 def test_the_cache_is_pruned_to_its_bound(tmp_path, monkeypatch):
@@ -278,10 +282,10 @@ def test_the_cache_is_pruned_to_its_bound(tmp_path, monkeypatch):
     root.mkdir()
     for i in range(10):
         (root / "svc.yaml").write_text(SVC.replace("web", f"web{i}"))
-        read_inventory_cached(root, tmp_path / "c")
+        cached(root, tmp_path / "c")
     assert len(entries(tmp_path / "c")) <= 4
     # the newest is still there and hits
-    assert read_inventory_cached(root, tmp_path / "c").inventory.services[0].name == "web9"
+    assert cached(root, tmp_path / "c").inventory.services[0].name == "web9"
 
 
 # --- concurrency ---------------------------------------------------------------------------
@@ -289,7 +293,7 @@ def test_the_cache_is_pruned_to_its_bound(tmp_path, monkeypatch):
 
 def _reader(args) -> str:
     root, cache_dir = args
-    res = read_inventory_cached(root, cache_dir)
+    res = cached(root, cache_dir)
     return json.dumps([p.to_json() for p in res.problems]) + repr(res.inventory)
 
 
@@ -307,163 +311,27 @@ def test_concurrent_processes_never_corrupt_the_cache(tmp_path):
             out = pool.map(_reader, [(root, cache_dir)] * 8)
         assert len(set(out)) == 1
     for e in entries(cache_dir):
-        intake_cache._check_entry(e.read_bytes(), e.stem)  # every entry is whole
+        store._check_entry(e.read_bytes(), e.stem)  # every entry is whole
     assert not [p for p in cache_dir.rglob(".*") if p.is_file()]  # no temp files left
-    same(read_inventory_cached(root, cache_dir), expected)
+    same(cached(root, cache_dir), expected)
 
 
-def test_file_key_ignores_path_and_stat_but_not_bytes_or_parser():
-    assert digests.file_key(b"a: 1\n", "yaml") == digests.file_key(b"a: 1\n", "yaml")
-    assert digests.file_key(b"a: 1\n", "yaml") != digests.file_key(b"a: 2\n", "yaml")
-    assert digests.file_key(b"{}", "yaml") != digests.file_key(b"{}", "json")
+def test_the_key_ignores_path_and_stat_but_not_bytes_or_parser():
+    assert store.entry_key("yaml", b"a: 1\n") == store.entry_key("yaml", b"a: 1\n")
+    assert store.entry_key("yaml", b"a: 1\n") != store.entry_key("yaml", b"a: 2\n")
+    assert store.entry_key("yaml", b"{}") != store.entry_key("json", b"{}")
 
 
-# --- both cores: forked children fill the cache (intake/warm.py) -----------------------------
-
-
-def _spread(root: Path, layout, garbage) -> None:
-    """The damaged tree, and each document once more in a file of its own, so that a
-    child gets several files (the split gives the main process the first ones)."""
-    write_tree(root, layout, garbage)
-    k = 0
-    for _, part, _ in layout:
-        for doc in part:
-            dump(root, f"one/d{k:03d}.yaml", [doc])
-            k += 1
-
-
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(damaged(), st.integers(2, 3))
-def test_a_cold_read_shared_with_forked_children_equals_the_plain_read(case, workers):
-    layout, garbage, strict = case
-    with tempfile.TemporaryDirectory() as d:
-        d = Path(d)
-        root = d / "rev-1"
-        _spread(root, layout, garbage)
-        expected = read_inventory(root, strict=strict)
-        serial = read_inventory_cached(root, d / "serial", strict=strict, workers=1)
-        shared = read_inventory_cached(root, d / "shared", strict=strict, workers=workers)
-        same(shared, expected)
-        same(serial, expected)
-        # the children wrote what the main process would have written
-        assert [p.read_bytes() for p in entries(d / "shared")] == [p.read_bytes() for p in entries(d / "serial")]
-        same(read_inventory_cached(root, d / "shared", strict=strict, workers=workers), expected)
-
-
-def _tree(root: Path, n: int) -> None:
-    for i in range(n):
-        dump(root, f"f{i:02d}.yaml", [
-            {"apiVersion": "v1", "kind": "Service", "metadata": {"name": f"s{i}"},
-             "spec": {"clusterIP": f"10.96.0.{i + 1}", "ports": [{"name": "http", "port": 80}]}},
-            {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-             "metadata": {"name": f"s{i}-a", "labels": {"kubernetes.io/service-name": f"s{i}"}},
-             "addressType": "IPv4", "ports": [{"name": "http", "port": 8080}],
-             "endpoints": [{"addresses": [f"10.244.0.{i + 1}"]}]}])
-
-
-def test_children_parse_their_share_and_the_main_process_only_reads_it(tmp_path, monkeypatch):
-    root = tmp_path / "m"
-    _tree(root, 12)
-    parsed = []  # appended to in the main process only: a child's memory is its own
-    real_parse = intake_cache._parse
-    monkeypatch.setattr(intake_cache, "_parse", lambda *a: parsed.append(a[0]) or real_parse(*a))
-    encoded = []  # likewise: the main process' own entries are encoded by the writer child
-    real_encode = intake_cache._encode
-    monkeypatch.setattr(intake_cache, "_encode", lambda *a: encoded.append(a[1]) or real_encode(*a))
-    res = read_inventory_cached(root, tmp_path / "c", workers=2)
-    same(res, read_inventory(root))
-    assert 0 < len(parsed) < 12  # the main process parsed its share, not the children's
-    assert encoded == []
-    assert len(entries(tmp_path / "c")) == 12  # all written when the read returned
-    assert [p.read_bytes() for p in entries(tmp_path / "c")] == [
-        p.read_bytes() for p in entries(_serial(root, tmp_path / "serial"))]
-
-
-def _serial(root: Path, cache: Path) -> Path:
-    read_inventory_cached(root, cache, workers=1)
-    return cache
-
-
-def test_without_a_writer_child_the_main_process_writes_its_entries(tmp_path, monkeypatch):
-    from reconciler.intake import warm
-
-    root = tmp_path / "m"
-    _tree(root, 12)
-    real_start = warm.start
-    forks = []
-
-    def no_writer(works):  # the parsing child starts, the writer cannot fork
-        forks.append(len(works))
-        return real_start(works) if len(forks) == 1 else []
-
-    monkeypatch.setattr(warm, "start", no_writer)
-    same(read_inventory_cached(root, tmp_path / "c", workers=2), read_inventory(root))
-    assert forks == [1, 1]
-    assert [p.read_bytes() for p in entries(tmp_path / "c")] == [
-        p.read_bytes() for p in entries(_serial(root, tmp_path / "serial"))]
-
-
-def test_a_child_that_fails_leaves_its_files_to_the_main_process(tmp_path, monkeypatch):
-    root = tmp_path / "m"
-    _tree(root, 12)
-    main = os.getpid()
-    real = intake_cache._parse_file
-
-    def broken_in_children(*a, **kw):
-        if os.getpid() != main:
-            raise RuntimeError("a bug in a child")
-        return real(*a, **kw)
-
-    monkeypatch.setattr(intake_cache, "_parse_file", broken_in_children)
-    res = read_inventory_cached(root, tmp_path / "c", workers=2)
-    same(res, read_inventory(root))
-    assert len(entries(tmp_path / "c")) == 12  # the main process wrote the children's too
-
-    def child_dies(*a, **kw):
-        if os.getpid() != main:
-            os._exit(9)
-        return real(*a, **kw)
-
-    monkeypatch.setattr(intake_cache, "_parse_file", child_dies)
-    same(read_inventory_cached(root, tmp_path / "c2", workers=2), read_inventory(root))
-
-
-def test_no_children_for_few_files_one_core_or_other_threads(monkeypatch):
-    from reconciler.intake import warm
-
-    jobs = [(str(i), Path(str(i)), b"", str(i)) for i in range(20)]
-    assert warm.children(jobs[:warm.MIN_FILES - 1]) == 0
-    assert warm.children(jobs, workers=1) == 0
-    assert warm.children(jobs, workers=3) == 2
-    import threading
-
-    stop = threading.Event()
-    t = threading.Thread(target=stop.wait, name="someone-else")
-    t.start()
-    try:
-        assert warm.children(jobs, workers=2) == 0
-    finally:
-        stop.set()
-        t.join()
-
-
-def test_the_pull_hands_out_each_file_once_biggest_first():
-    from reconciler.intake import warm
-
-    pull = warm.Pull([5, 900, 5, 70])
-    assert [pull.take(), pull.take()] == [1, 3]
-    pid = os.fork()
-    if pid == 0:  # a child takes one: it is gone for the parent too
-        os._exit(0 if pull.take() == 0 else 1)
-    assert os.waitpid(pid, 0)[1] == 0
-    assert [pull.take(), pull.take(), pull.take()] == [2, None, None]
-    pull.close()
-    big = warm.Pull([1] * 40_000)  # more than a default pipe holds
-    assert sorted(iter(big.take, None)) == list(range(40_000))
-    big.close()
-
-
-# --- decoding builds what __init__ builds; problems across files equal a cold read -----------
+def test_the_code_digest_covers_python_and_the_parsing_libraries(monkeypatch):
+    """An upgrade of Python, ruamel.yaml or jsonschema gives every cache entry a new key."""
+    before = store.code_digest()
+    versions = store.library_versions()
+    assert {"python", "ruamel.yaml", "jsonschema"} <= set(versions) and all(versions[k] for k in ("python", "ruamel.yaml", "jsonschema"))
+    for name in ("python", "ruamel.yaml", "jsonschema"):
+        monkeypatch.setattr(store, "library_versions", lambda name=name: {**versions, name: versions[name] + ".1"})
+        store.code_digest.cache_clear()
+        assert store.code_digest() != before, name
+    store.code_digest.cache_clear()
 
 
 def test_decoded_model_objects_are_what_their_init_builds(tmp_path):
@@ -476,8 +344,8 @@ def test_decoded_model_objects_are_what_their_init_builds(tmp_path):
     mix.generate(tmp_path / "t", 30, 3)
     for src in (tmp_path / "t", EXAMPLES):
         cold = read_inventory(src).inventory
-        read_inventory_cached(src, tmp_path / "c")
-        warm = read_inventory_cached(src, tmp_path / "c").inventory
+        cached(src, tmp_path / "c")
+        warm = cached(src, tmp_path / "c").inventory
         objs = [*warm.services, *warm.endpoint_slices, *warm.service_cidrs]
         assert objs and len(warm.origins) >= len(objs)
         for a, b in zip(objs, [*cold.services, *cold.endpoint_slices, *cold.service_cidrs]):
@@ -537,13 +405,13 @@ def test_cross_file_problems_through_the_cache_equal_a_cold_read(tmp_path, seed)
     root = tmp_path / "m"
     shutil.copytree(tmp_path / "orig", root)
     rnd = random.Random(seed)
-    read_inventory_cached(root, tmp_path / "c")
+    cached(root, tmp_path / "c")
     found = 0
     for serial in range(6):
         _cross_file_edit(root, rnd, serial)
-        cached = read_inventory_cached(root, tmp_path / "c")
-        same(cached, read_inventory(root))
-        found += len(cached.problems)
+        res = cached(root, tmp_path / "c")
+        same(res, read_inventory(root))
+        found += len(res.problems)
     assert found  # the edits did make documents of different files disagree
 
 
@@ -564,56 +432,44 @@ def _clean_tree(root: Path) -> None:
          "spec": {"clusterIP": "10.96.0.11", "ports": [{"port": 80}]}}])
 
 
-def _count_decodes(monkeypatch) -> list:
-    decoded = []
-    real = intake_cache._decode
-    monkeypatch.setattr(intake_cache, "_decode", lambda *a: decoded.append(a[1]) or real(*a))
-    return decoded
-
-
-def test_a_warm_read_of_clean_files_decodes_only_their_summaries(tmp_path, monkeypatch):
+def test_a_clean_file_is_cached_as_its_summary_only(tmp_path):
     root = tmp_path / "m"
     _clean_tree(root)
-    read_inventory_cached(root, tmp_path / "c")
-    decoded = _count_decodes(monkeypatch)
-    warm = read_inventory_cached(root, tmp_path / "c")
-    assert decoded == []
+    cached(root, tmp_path / "c")
+    assert [e.read_bytes().split(b"\n")[2] for e in entries(tmp_path / "c")] == [b"null", b"null"]
+    warm = cached(root, tmp_path / "c")
     same(warm, read_inventory(root))
     assert warm.problems == []
     # ... whose objects keep their origins (compile's per-Service tokens)
     assert all(id(o) in warm.inventory.origins for o in (*warm.inventory.services, *warm.inventory.endpoint_slices))
 
 
-@pytest.mark.parametrize("edit, expect, decodes", [
+@pytest.mark.parametrize("edit, expect", [
     # a Service in the edited file claims the unchanged file's ClusterIP and port
-    (lambda t: t.replace("10.96.0.11", "10.96.0.10"), "already claimed", True),
+    (lambda t: t.replace("10.96.0.11", "10.96.0.10"), "already claimed"),
     # the same NodePort
     (lambda t: t.replace("  clusterIP: 10.96.0.11\n", "  clusterIP: 10.96.0.11\n  type: NodePort\n")
-     .replace("- port: 80\n", "- port: 81\n    nodePort: 30080\n"), "already used by", False),  # names the other Service, no position
+     .replace("- port: 80\n", "- port: 81\n    nodePort: 30080\n"), "already used by"),  # names the other Service, no position
     # a duplicate of the unchanged file's Service
-    (lambda t: t.replace("name: b\n", "name: a\n"), "defined twice", True),
+    (lambda t: t.replace("name: b\n", "name: a\n"), "defined twice"),
     # a problem in the edited file only (a slice of no Service): nothing to decode
     (lambda t: t + "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: a-2, namespace: ns, "
-     "labels: {kubernetes.io/service-name: gone}}\naddressType: IPv4\nports: [{name: web, port: 8080}]\nendpoints: []\n", None, False),
+     "labels: {kubernetes.io/service-name: gone}}\naddressType: IPv4\nports: [{name: web, port: 8080}]\nendpoints: []\n", None),
 ])
-def test_a_problem_about_an_unchanged_summarized_file_equals_a_cold_read(tmp_path, monkeypatch, caplog, edit, expect, decodes):
-    """The cross-document checks report with positions in the unchanged file: its payload
-    is decoded then, and the problems are exactly a cold read's."""
+def test_a_problem_about_an_unchanged_summarized_file_equals_a_cold_read(tmp_path, edit, expect):
+    """The cross-document checks report with positions in the unchanged file, read from
+    its text: the problems are exactly a cold read's."""
     root = tmp_path / "m"
     _clean_tree(root)
-    read_inventory_cached(root, tmp_path / "c")
+    cached(root, tmp_path / "c")
     b = root / "b.yaml"
     b.write_text(edit(b.read_text()))
-    decoded = _count_decodes(monkeypatch)
-    caplog.set_level(logging.DEBUG, logger="nftrec")
-    res = read_inventory_cached(root, tmp_path / "c")
+    res = cached(root, tmp_path / "c")
     same(res, read_inventory(root))
     if expect is not None:
         assert any(expect in p.message for p in res.problems), res.problems
-        assert bool(decoded) == decodes == ("decoding their documents" in caplog.text)
     else:
         assert res.problems and all(p.file.endswith("b.yaml") for p in res.problems)
-        assert decoded == []
 
 
 def test_a_damaged_summary_is_ignored_and_rebuilt(tmp_path, caplog):
@@ -628,7 +484,7 @@ def test_a_damaged_summary_is_ignored_and_rebuilt(tmp_path, caplog):
     h["sha256"] = hashlib.sha256(bad).hexdigest()
     entry.write_bytes(json.dumps(h).encode() + b"\n" + bad)
     caplog.set_level(logging.DEBUG, logger="nftrec")
-    res = read_inventory_cached(root, tmp_path / "c")
+    res = cached(root, tmp_path / "c")
     same(res, read_inventory(root))
     assert "wrong shape" in caplog.text
     assert entry.read_bytes() == good

@@ -7,8 +7,9 @@ import os
 import time
 from pathlib import Path
 
-from reconciler.intake import load
-from reconciler.intake.load import load_manifests, locate
+from reconciler.intake import load, parse
+from reconciler.intake.inventory import load_manifests
+from reconciler.intake.load import locate
 from reconciler.intake.report import run_validate
 
 SVC = """\
@@ -159,7 +160,7 @@ def test_file_over_size_limit(tmp_path, monkeypatch):
 
 
 def test_default_size_limit_is_8_mib():
-    assert load.MAX_FILE_BYTES == 8 * 1024 * 1024
+    assert parse.MAX_FILE_BYTES == 8 * 1024 * 1024
 
 
 def test_binary_junk(tmp_path):

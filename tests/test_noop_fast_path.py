@@ -241,8 +241,9 @@ def test_an_address_added_in_the_namespace_is_not_a_noop(netns, tmp_path):
 def test_damaged_caches_are_ignored_and_rebuilt(applied):
     ns, state, d = applied
     assert plan(d, state, ns)[1]["fastPath"] is True  # fills both
-    files = sorted((state / "cache" / "nodeconfig").glob("*.json"))
-    assert len(files) == 2 and any(f.name.startswith("discovery-") for f in files)
+    cache = state / "cache" / "nodeconfig"
+    files = sorted(cache.glob("discovery-*.json")) + sorted(cache.rglob("*.jsonl"))  # discovery, settings
+    assert len(files) == 2
     for f in files:
         f.write_text('{"format": 1, "fingerprint": 7, "key": [], "settings": "x"')
     code, doc, err = plan(d, state, ns)

@@ -179,7 +179,7 @@ def test_unchanged_files_keep_their_memo_digests_and_the_result_is_the_full_comp
     from the memo (not hashed again); the memo's digests, the ruleset and the plan are
     still those of a full compile, round after round."""
     from reconciler.compile import oneshot
-    from reconciler.intake import read_inventory_cached
+    from reconciler.intake import read_inventory
 
     n = 240
     root, cache = tmp_path / "m", tmp_path / "cache"
@@ -190,13 +190,13 @@ def test_unchanged_files_keep_their_memo_digests_and_the_result_is_the_full_comp
     real = oneshot.service_input_digest
     hashed: list[str] = []
     monkeypatch.setattr(oneshot, "service_input_digest", lambda svc, sl: hashed.append(svc.key) or real(svc, sl))
-    first = compile_oneshot(read_inventory_cached(root, cache).inventory, cfg, cd)
+    first = compile_oneshot(read_inventory(root, cache_dir=cache).inventory, cfg, cd)
     assert len(first.memo["tokens"]) == n  # every Service came through the cache
     applied, memo = first.ruleset, json.loads(json.dumps(first.memo))
     rnd = random.Random(seed)
     for round_ in range(3):
         _file_edit(root, n, rnd, seed * 10 + round_)
-        res = read_inventory_cached(root, cache)
+        res = read_inventory(root, cache_dir=cache)
         assert not [p for p in res.problems if p.is_error]
         inv = res.inventory
         recorded = ruleset_from_json(ruleset_to_json(applied))
@@ -217,13 +217,13 @@ def test_unchanged_files_keep_their_memo_digests_and_the_result_is_the_full_comp
 def test_a_replaced_model_object_is_hashed_again(tmp_path):
     """An object that is not the one the intake read (probe results, a test's replace)
     has no origin: its Service's digest is computed, so the change is seen."""
-    from reconciler.intake import read_inventory_cached
+    from reconciler.intake import read_inventory
 
     mix.generate(tmp_path / "m", 120, 3)
     (tmp_path / "cfg.yaml").write_text(mix.NODE_CONFIG)
     cfg, _ = load_node_config(str(tmp_path / "cfg.yaml"), discover=False)
     cd = config_digest(cfg, strict=False)
-    inv = read_inventory_cached(tmp_path / "m", tmp_path / "cache").inventory
+    inv = read_inventory(tmp_path / "m", cache_dir=tmp_path / "cache").inventory
     first = compile_oneshot(inv, cfg, cd)
     s = inv.endpoint_slices[7]
     edited = dataclasses.replace(s, endpoints=s.endpoints[:1])

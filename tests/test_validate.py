@@ -443,7 +443,7 @@ _JUNK = st.recursive(st.none() | st.booleans() | st.integers(-5, 70000) | st.sam
 def test_the_lean_validator_reports_exactly_what_jsonschema_reports(case, data):
     """Same errors (message, paths, keyword, value, context) as the plain validator class,
     on generated objects with random damage, twice (the second with the memo warm)."""
-    from reconciler.intake.load import Yaml11Bool
+    from reconciler.intake.parse import Yaml11Bool
     from reconciler.intake.schemas import FORMATS, _LeanValidator, _Validator, load_schema, validator
     layout, _, _ = case
     docs = [d for _, part, _ in layout for d in part]
@@ -469,7 +469,7 @@ def test_the_lean_validator_reports_exactly_what_jsonschema_reports(case, data):
 
 
 def test_the_lean_validators_memo_tells_true_from_1_and_yes_from_a_string():
-    from reconciler.intake.load import Yaml11Bool
+    from reconciler.intake.parse import Yaml11Bool
     from reconciler.intake.schemas import validator
 
     def svc(port, affinity=None):

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from reconciler.intake import load, yamldocs
+from reconciler.intake import parse, yamldocs
 
 PIECES = [
     "apiVersion: v1\nkind: Service\nmetadata:\n  name: a{n}\n  namespace: ns\nspec:\n  ports:\n  - port: {n}\n",
@@ -53,8 +53,8 @@ def test_edits_parse_exactly_as_the_whole_file(seed):
     rng = random.Random(seed)
     docs = [_doc(rng, False) for _ in range(rng.randrange(1, 12))]
     text = _text(rng, docs)
-    first = _outcome(lambda t: yamldocs.parse(t, None, load._parse_yaml), text)
-    assert first[0] == _outcome(load._parse_yaml, text)[0]
+    first = _outcome(lambda t: yamldocs.parse(t, None, parse.parse_yaml), text)
+    assert first[0] == _outcome(parse.parse_yaml, text)[0]
     known = first[1][1] if first[0] == "ok" else None
     for _ in range(15):
         docs = list(docs)
@@ -72,10 +72,10 @@ def test_edits_parse_exactly_as_the_whole_file(seed):
 
         def counting(t):
             calls.append(t)
-            return load._parse_yaml(t)
+            return parse.parse_yaml(t)
 
         got = _outcome(lambda t: yamldocs.parse(t, known, counting), new)
-        want = _outcome(load._parse_yaml, new)
+        want = _outcome(parse.parse_yaml, new)
         assert (got[0], got[1][0] if got[0] == "ok" else got[1]) == want, new
         if got[0] == "ok":
             known = got[1][1]
@@ -85,21 +85,21 @@ def test_edits_parse_exactly_as_the_whole_file(seed):
 def test_one_changed_document_is_the_only_one_parsed():
     docs = [PIECES[1].format(n=i) for i in range(1, 101)]
     text = "".join("---\n" + d for d in docs)
-    _, known = yamldocs.parse(text, None, load._parse_yaml)
+    _, known = yamldocs.parse(text, None, parse.parse_yaml)
     assert len(known) == 100
     docs[57] = docs[57].replace("10.0.0.58", "10.9.9.9")
     docs.insert(80, "kind: New\nmetadata: {name: n}\nlines: [1,\n  2]\n")  # shifts the documents after it
     new = "".join("---\n" + d for d in docs)
     calls = []
-    parsed, known2 = yamldocs.parse(new, known, lambda t: calls.append(t) or load._parse_yaml(t))
-    assert parsed == load._parse_yaml(new)
+    parsed, known2 = yamldocs.parse(new, known, lambda t: calls.append(t) or parse.parse_yaml(t))
+    assert parsed == parse.parse_yaml(new)
     assert len(calls) == 2 and "10.9.9.9" in calls[0] and "kind: New" in calls[1]
     # unchanged documents are the same objects (validation and models are reused by identity)
-    assert parsed[3][0] is yamldocs.parse(text, known, load._parse_yaml)[0][3][0]
+    assert parsed[3][0] is yamldocs.parse(text, known, parse.parse_yaml)[0][3][0]
 
 
 def test_unusual_texts_parse_whole():
     for text in ["%YAML 1.1\n---\na: 1\n", "a: 1\n...\n---\nb: 2\n", "a: 1\r\n---\r\nb: 2\r\n"]:
         assert yamldocs.split(text) is None
-        parsed, known = yamldocs.parse(text, {b"x": None}, load._parse_yaml)
-        assert parsed == load._parse_yaml(text) and known == {}
+        parsed, known = yamldocs.parse(text, {b"x": None}, parse.parse_yaml)
+        assert parsed == parse.parse_yaml(text) and known == {}

@@ -65,7 +65,7 @@ def ruleset_to_json(rs: Ruleset) -> dict:
     for family in sorted(rs.tables):
         t = rs.tables[family]
         if t.family != family:
-            # The model keys tables by family; a mismatch would not survive a round trip.
+            # The model keys tables by family; a mismatch would not read back the same.
             raise SerializeError(f"table {t.name!r} is filed under family {family!r} but says {t.family!r}")
         tables.append({
             "family": t.family,

@@ -210,12 +210,10 @@ def load_desired(directory: Path, config_path: Path | None, *, strict: bool = Fa
     apply): the ruleset is left None, for apply.plan_desired to compile against the last
     applied one (only what changed)."""
     from reconciler.compile import compile_ruleset
-    from reconciler.intake import config_digest, read_inventory_cached
+    from reconciler.intake import config_digest, read_inventory
 
-    loaded = []  # the node config, read (pyroute2, address discovery) while intake's children parse
-    result = read_inventory_cached(directory, cache_dir, strict=strict, meanwhile=lambda: loaded.append(
-        load_config(config_path, netns, interfaces=interfaces, cache_dir=config_cache)))
-    config, config_problems = loaded[0]
+    config, config_problems = load_config(config_path, netns, interfaces=interfaces, cache_dir=config_cache)
+    result = read_inventory(directory, strict=strict, cache_dir=cache_dir)
     problems = list(config_problems) + list(result.problems)
     for p in problems:
         logs.problem(p)

@@ -1,4 +1,4 @@
-"""The node config (SPEC §2.2): one small YAML file per node, outside the manifest repo.
+"""The node config: one small YAML file per node, outside the manifest repo.
 
 `load_node_config(path)` reads, validates (schemas/nodeconfig.json: unknown keys are
 errors except `x-` ones) and fills in defaults: nodeName = hostname, nodeIPs = the
@@ -7,6 +7,7 @@ primary address per family found with pyroute2 (none found: that family is left 
 
 from __future__ import annotations
 
+import json
 import re
 import socket
 from pathlib import Path
@@ -14,7 +15,8 @@ from typing import Callable
 
 from reconciler.intake import model
 from reconciler.intake.healthchecks import parse_health_check
-from reconciler.intake.load import MAX_FILE_BYTES, Document, Refused, SourceFile, check_shape, decode_text, locate, plain_data, yaml_error
+from reconciler.intake.load import Document, SourceFile, locate, plain_data
+from reconciler.intake.parse import MAX_FILE_BYTES, Refused, check_shape, decode_text, yaml_error
 from reconciler.intake.problems import ERROR, Problem, show
 
 DEFAULT_PATH = "/etc/nftrec/config.yaml"
@@ -162,16 +164,14 @@ def load_node_config(
 
 # --- the checked settings, and their cache ---------------------------------------------------
 #
-# Reading the node config means ruamel's round-trip loader and the JSON Schema validator:
-# importing jsonschema alone is ~50-90 ms, as much as the rest of a no-op `plan`. The
-# settings of a file that had no problem at all are kept in the state directory as JSON
-# (data, never code), keyed by the file's bytes and code_digest() (nftrec's version,
-# sources and schemas), so an unchanged file is read and hashed, not parsed or validated.
-# A file with any problem is never cached: it is checked, and reported, every time.
-# Discovery and the default node name (the hostname) are not part of the settings: they
-# are looked up on every run.
+# Reading the node config means ruamel's position-keeping ("rt") loader and the JSON Schema validator,
+# whose imports cost as much as the rest of a no-op `plan`. The settings of a file that had
+# no problem at all are kept in the state directory (intake/store.py), keyed by the file's
+# bytes and the code digest, so an unchanged file is read and hashed, not parsed or
+# validated. A file with any problem is never cached: it is checked, and reported, every
+# time. Discovery and the default node name (the hostname) are not part of the settings:
+# they are looked up on every run.
 
-_SETTINGS_FORMAT = 1
 _CACHE_KEEP = 8  # entries kept (one per config file content; a node has one or two)
 _SETTINGS_TYPES = {
     "nodeName": str, "hasNodeIPs": bool, "nodeIPs": list, "clusterCIDRs": list, "serviceCIDRs": list,
@@ -191,24 +191,27 @@ def read_settings(path: str | None, cache_dir: Path | None = None) -> tuple[dict
         raw = _read_bytes(path, problems)
         if raw is None:
             return None, problems
-    key = _settings_key(raw if path is not None else None)
-    cached = _cache_get(cache_dir, key)
-    if cached is not None:
-        return cached, problems
+    if cache_dir is None:
+        return _check(path, raw)
+    from reconciler.intake.store import Cache, Corrupt, decode, entry_key
+
+    cache = Cache(cache_dir, "node config cache", _CACHE_KEEP)
+    key = entry_key("nodeconfig", b"defaults" if path is None else b"file\0" + raw)
+    lines = cache.get(key)
+    if lines is not None:
+        try:
+            settings = decode(lines[0], dict) if len(lines) == 1 else None
+        except Corrupt:
+            settings = None
+        if _valid_settings(settings):
+            cache.finish()
+            return settings, problems
+        cache.ignore(key, "not the settings of a node config file")
     settings, problems = _check(path, raw)
-    if settings is not None and not problems:
-        _cache_put(cache_dir, key, settings)
+    if settings is not None and not problems and _valid_settings(json.loads(json.dumps(settings))):
+        cache.put(key, [settings])  # only what a read gives back as it was
+        cache.finish()
     return settings, problems
-
-
-def _settings_key(raw: bytes | None) -> str:
-    import hashlib
-
-    from reconciler.intake.digests import code_digest
-
-    h = hashlib.sha256(f"nftrec-nodeconfig\0{_SETTINGS_FORMAT}\0{code_digest()}\0".encode())
-    h.update(b"defaults" if raw is None else b"file\0" + raw)
-    return h.hexdigest()
 
 
 def _valid_settings(s: object) -> bool:
@@ -222,49 +225,6 @@ def _valid_settings(s: object) -> bool:
                     for hc in s["healthChecks"])
             and set(s["periods"]) == {k for k, _ in _PERIODS}
             and all(type(v) is float for v in s["periods"].values()))
-
-
-def _cache_get(cache_dir: Path | None, key: str) -> dict | None:
-    if cache_dir is None:
-        return None
-    import json
-
-    from reconciler import logs
-
-    entry = cache_dir / f"{key}.json"
-    try:
-        doc = json.loads(entry.read_bytes())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as e:
-        logs.log.debug(f"node config cache: ignoring {entry}: {e}")
-        return None
-    if not (isinstance(doc, dict) and doc.get("format") == _SETTINGS_FORMAT and doc.get("key") == key
-            and _valid_settings(doc.get("settings"))):
-        logs.log.debug(f"node config cache: ignoring {entry}: not an entry of this nftrec for this file")
-        return None
-    return doc["settings"]
-
-
-def _cache_put(cache_dir: Path | None, key: str, settings: dict) -> None:
-    """Best effort: a cache that cannot be written only costs the next run a check."""
-    if cache_dir is None:
-        return
-    import json
-
-    from reconciler import logs
-    from reconciler.atomic import atomic_write
-
-    text = json.dumps({"format": _SETTINGS_FORMAT, "key": key, "settings": settings}, sort_keys=True)
-    if not _valid_settings(json.loads(text)["settings"]):  # what a read would give back
-        return
-    try:
-        atomic_write(cache_dir / f"{key}.json", text.encode(), 0o600, durable=False)
-        old = sorted(cache_dir.glob("*.json"), key=lambda f: f.stat().st_mtime, reverse=True)[_CACHE_KEEP:]
-        for f in old:
-            f.unlink(missing_ok=True)
-    except OSError as e:
-        logs.log.debug(f"node config cache: not written ({e})")
 
 
 def _check(path: str | None, raw: bytes) -> tuple[dict | None, list[Problem]]:
@@ -365,7 +325,7 @@ def _read(path: str, raw: bytes, problems: list[Problem]) -> tuple[dict, SourceF
 
     try:
         text = decode_text(raw)
-        yaml = YAML(typ="rt")  # tiny file: the round-trip loader keeps positions
+        yaml = YAML(typ="rt")  # tiny file: the "rt" loader keeps positions
         docs = [d for d in yaml.load_all(text) if d is not None]
         for d in docs:
             check_shape(d, 1, 1)  # alias bombs, depth, non-string keys

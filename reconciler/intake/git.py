@@ -1,17 +1,14 @@
-"""Manifests of one git revision, read from the repository's object store (`nftrec diff
---git DIR A..B`): no checkout, no temporary files, the working tree untouched.
-
-`DIR` is the manifest directory inside a git working tree; the revision's copy of that
-directory is read with the rules of a directory on disk (load.manifest_files): recursive,
-`*.yaml` `*.yml` `*.json`, hidden entries skipped, symlinks followed only inside the
-tree. Two git processes per revision: `ls-tree` lists the files, one `cat-file --batch`
-reads them all. Positions are git's own object names, `REV:path/in/repo.yaml:12:3`, so
-`git show REV:path/in/repo.yaml` opens the file a problem is in.
-
-`checkout_blobs(root)` + `blob_id(bytes)`: what a checkout's commit holds, to compare
-with bytes read before (`nftrec watch` on git-sync's worktrees: one `git ls-tree`, no file
-of the new worktree read unless its content changed).
+"""What nftrec reads of git: the commit a checkout is (`find_revision`, from the files under
+`.git`), what a checkout's commit holds (`checkout_blobs`, for the watch on git-sync's
+worktrees), and the manifests of one revision from the object store (`load_revision`,
+`nftrec diff --git DIR A..B`: no checkout, the working tree untouched).
 """
+
+# load_revision reads the revision's copy of DIR with the rules of a directory on disk
+# (load.manifest_files): recursive, `*.yaml` `*.yml` `*.json`, hidden entries skipped,
+# symlinks followed only inside the tree. Two git processes: `ls-tree` lists the files, one
+# `cat-file --batch` reads them all. Positions are git's object names,
+# `REV:path/in/repo.yaml:12:3`, so `git show REV:path/in/repo.yaml` opens the file.
 
 from __future__ import annotations
 
@@ -19,16 +16,88 @@ import hashlib
 import io
 import os
 import posixpath
+import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from reconciler.intake.inventory import InventoryResult, inventory_from_load
-from reconciler.intake.load import MAX_FILE_BYTES, SUFFIXES, _git_commit, _gitdir_of
+from reconciler.intake.load import SUFFIXES, LoadResult
+from reconciler.intake.parse import MAX_FILE_BYTES
 from reconciler.intake.problems import ERROR, WARNING, Problem, show
 from reconciler.intake.sources import load_blobs
 
 GIT_TIMEOUT = 120.0  # seconds, per git process; reading a big repository's tree is fast
+
+
+_SHA_RE = re.compile(r"[0-9a-f]{40}([0-9a-f]{24})?")
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace").strip()
+    except OSError:
+        return None
+
+
+def _git_commit(gitdir: Path) -> str | None:
+    """HEAD's commit read from the git directory's files (no subprocess)."""
+    head = _read(gitdir / "HEAD")
+    if head is None:
+        return None
+    common = gitdir
+    commondir = _read(gitdir / "commondir")  # linked worktrees share refs with the main repo
+    if commondir:
+        common = (gitdir / commondir).resolve()
+    for _ in range(5):  # follow symbolic refs a few levels
+        if _SHA_RE.fullmatch(head):
+            return head
+        if not head.startswith("ref:"):
+            return None
+        ref = head[4:].strip()
+        value = _read(gitdir / ref) or _read(common / ref)
+        if value is None:
+            packed = _read(common / "packed-refs") or ""
+            value = next((ln.split()[0] for ln in packed.splitlines() if ln.endswith(" " + ref)), None)
+        if value is None:
+            return None
+        head = value
+    return None
+
+
+def _gitdir_of(dot_git: Path) -> Path | None:
+    if dot_git.is_dir():
+        return dot_git
+    text = _read(dot_git)  # a linked worktree (git-sync's): "gitdir: /repo/.git/worktrees/x"
+    if text and text.startswith("gitdir:"):
+        return (dot_git.parent / text[7:].strip()).resolve()
+    return None
+
+
+def find_revision(root: Path) -> str | None:
+    """The git commit the resolved root is a checkout of, or None.
+
+    Order: a `.git` at the root itself (git-sync worktree); a root named after a commit
+    (`rev-<sha>` or `<sha>`, git-sync's worktree names); a `.git` in an ancestor."""
+    if (root / ".git").exists():
+        gd = _gitdir_of(root / ".git")
+        commit = _git_commit(gd) if gd else None
+        if commit:
+            return commit
+    m = re.fullmatch(r"(?:rev-)?([0-9a-f]{40}(?:[0-9a-f]{24})?)", root.name)
+    if m:
+        return m.group(1)
+    for parent in root.parents:
+        if (parent / ".git").exists():
+            gd = _gitdir_of(parent / ".git")
+            return _git_commit(gd) if gd else None
+    return None
+
+
+def revision_of(resolved: Path | None, digest: str) -> str:
+    """A manifest tree's revision: the commit of the checkout it is, else `sha256:<digest>`."""
+    if resolved is None:
+        return ""
+    return find_revision(resolved if resolved.is_dir() else resolved.parent) or f"sha256:{digest}"
 
 
 class GitError(Exception):
@@ -131,9 +200,9 @@ def _cat(directory: Path, oids: list[str]) -> dict[str, bytes]:
     return blobs
 
 
-def read_revision(directory: Path, rev: str, commit: str | None = None, *, strict: bool = False) -> InventoryResult:
-    """The manifests under `directory` as revision `rev` has them, validated: like
-    read_inventory on a checkout of `rev`. The inventory's revision is the commit."""
+def load_revision(directory: Path, rev: str, commit: str | None = None) -> LoadResult:
+    """The manifests under `directory` as revision `rev` has them, loaded as load_manifests
+    loads a checkout of `rev`. The result's revision is the commit."""
     commit = commit or resolve(directory, rev)
     prefix = _prefix(directory)
     listing = _git(directory, "ls-tree", "-r", "-z", "-l", "--full-name", commit, "--", ".")
@@ -194,7 +263,7 @@ def read_revision(directory: Path, rev: str, commit: str | None = None, *, stric
     if not wanted and not problems:
         loaded.problems.append(Problem(f"{rev}:{prefix}", 0, 0, "", "", "", "no manifest files here in this "
                                        "revision; it compiles to an empty ruleset", WARNING))
-    return inventory_from_load(loaded, strict=strict)
+    return loaded
 
 
 def _checkout(root: Path) -> tuple[Path, Path, str, str] | None:
@@ -219,16 +288,11 @@ def blob_id(raw, object_format: int) -> str:
 
 
 def checkout_blobs(root: Path) -> dict[str, tuple[str, str | None]] | None:
-    """{path below root: (mode, object id)} of every file of the checkout at `root` (a
-    directory inside a git checkout, e.g. a git-sync worktree); None when root is not in a
-    checkout or git fails. The caller compares the ids with those of the bytes it holds
-    (blob_id): what it read before is then known exactly, whatever the old checkout held.
-
-    From the checkout's own index when it can be read (`_index_blobs`, no subprocess): an
-    id only where the file's stat is the one the index recorded, as git's own status
-    check, else None (the caller reads that file). Otherwise one `git ls-tree` of the
-    commit checked out: then the new checkout is taken to hold its commit's files, as
-    git-sync's do (it never edits a worktree it published)."""
+    """{path below root: (mode, object id)} of every file of the checkout at `root` (inside
+    a git checkout, e.g. a git-sync worktree); None when not in a checkout or git fails.
+    From the checkout's index (_index_blobs: an id only where the file's stat is the one
+    recorded, else None), otherwise `git ls-tree` of the commit checked out: git-sync never
+    edits a worktree it published, so it holds its commit's files."""
     co = _checkout(root)
     if co is None:
         return None
@@ -260,16 +324,13 @@ _U32 = 0xFFFFFFFF  # the index keeps the low 32 bits of each stat field
 
 
 def _index_blobs(path: Path, top: Path, prefix: str) -> dict[str, tuple[str, str | None]] | None:
-    """checkout_blobs from the index file `path` of the checkout at `top` (read with
-    dulwich), for the paths under `prefix`: a file's id where its lstat (mtime, ctime,
-    inode, size, as git's status check compares them) is the index entry's, None for the
-    rest. ctime cannot be set back by a user, so an edit after the checkout, even of the
-    same size with the mtime restored, is seen. (An entry git calls racily clean, its file
-    written in the index's own timestamp tick, as a fresh checkout's files are on a coarse
-    clock, is taken as the index says: as `git ls-tree` of the commit was, on git-sync's
-    word that it never edits a worktree it published.) None for the whole when the index
-    is missing, torn (its checksum, which also tells sha1 from sha256 ids), unmerged,
-    split or sparse: the caller then asks git."""
+    """checkout_blobs from the index file `path` of the checkout at `top`, for the paths
+    under `prefix`: a file's id where its lstat (mtime, ctime, inode, size, as git's status
+    check compares them) is the index entry's, None for the rest. None for the whole when
+    the index is missing, torn, unmerged, split or sparse: the caller then asks git."""
+    # ctime cannot be set back by a user, so an edit after the checkout, even of the same
+    # size with the mtime restored, is seen. An entry git calls racily clean (written in
+    # the index's own timestamp tick) is taken as the index says, as `git ls-tree` would be.
     from dulwich.index import ConflictedIndexEntry, IndexChecksumReader, read_index_dict_with_version
     from dulwich.object_format import SHA1, SHA256
 

@@ -1,4 +1,4 @@
-"""Health checks for a confirmed apply (issue 11): `apply --health-cmd/--health-url/
+"""Health checks for a confirmed apply: `apply --health-cmd/--health-url/
 --health-tcp` and the node config's `healthChecks`, parsed into `model.HealthCheck`.
 
 Commands come from the operator (the command line, or the node config, which is

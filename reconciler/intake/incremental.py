@@ -1,39 +1,26 @@
-"""Reading one manifest directory again and again, re-parsing only what changed.
-
-`Intake.read()` returns what `inventory.read_inventory` would (tests/test_watch.py uses
-that as its oracle), with caches for a long-running reader such as `nftrec watch`:
-- files: parsed documents are cached per file, keyed by its stat (path, inode, size,
-  mtime, ctime) and, when the stat changed, by its bytes (a git-sync revision is a new
-  worktree: every file's stat is new, so each is read and compared with the bytes of the
-  same display path in the old one, and only files whose bytes differ are parsed). Files
-  modified within RACY_SECONDS of a read are compared again next time (mtime
-  granularity, as git's "racy" files). When the new worktree is a git checkout
-  (git-sync's are), its index (each file's object id, vouched for by the file's stat),
-  else `git ls-tree` of its commit, gives each file's object id instead
-  (intake/git.checkout_blobs); a file whose id is that of the bytes read before
-  (git.blob_id) is only stat'ed (a size check), the others are read; when the checkout
-  holds the same manifest files, the old walk stands, re-rooted;
-- documents: an edited YAML file re-parses only its changed documents (intake/yamldocs.py);
-- validation: per-document checks are cached per file version; a new version reuses the
-  result of each document whose data and position are unchanged (the same data object
-  from yamldocs, else the content key): a file of 100 EndpointSlices with one edited
-  re-checks one document. The checks across documents (`validate.check_tree`) run over
-  everything, except when the only documents that changed are clean EndpointSlices
-  whose endpoints alone changed (the common revision: endpoints move): the cross checks
-  read no endpoint, so their result stands, and the new slices' objects and models are
-  swapped into the last inventory (`_endpoints_only`);
-- model: model objects are cached per document (and carried with the reused checks);
-- the tree digest (sha256 over every file, as load computes it) resumes from the hash
-  state saved before the first file that changed.
-
-`read(changed)`: the watcher's changed paths since the last read (None: unknown). With
-them, and the same resolved directory as last time, the tree is not walked again and only
-the changed files (and racy ones) are looked at; the others' cached entries stand.
-
-git-sync publishes a revision by swapping a symlink (`current -> rev-<sha>`). Every read
-resolves the link once and reads all files from that one directory; if the link moved
-during the read, the read is repeated, so a snapshot never mixes two revisions.
+"""Reading one manifest directory again and again (`nftrec watch`), re-parsing only what
+changed: `Intake.read()` returns what `inventory.read_inventory` would (the oracle of
+tests/test_watch.py), with the walk, each file's documents, checks and model objects and
+the digest's hash state kept from the last read (the comment below lists them). A read
+resolves git-sync's `current` link once and repeats if it moved meanwhile, so a snapshot
+never mixes two revisions.
 """
+
+# The caches of a read:
+# - files: keyed by stat (path, inode, size, mtime, ctime); when the stat changed, by the
+#   bytes of the same display path (a git-sync revision is a new worktree: each file is
+#   compared, only changed ones are parsed). Files modified within RACY_SECONDS are
+#   compared again next time (mtime granularity, as git's "racy" files). When the new
+#   worktree is a git checkout, its index or `git ls-tree` gives each file's object id
+#   (git.checkout_blobs); a file whose id is that of the bytes read before is only
+#   stat'ed, and when the checkout holds the same files the old walk stands, re-rooted;
+# - documents: an edited YAML file re-parses only its changed documents (yamldocs.py);
+# - checks: per-document results are reused for documents whose data and position are
+#   unchanged; the checks across documents are skipped when the only changes are the
+#   endpoints of clean EndpointSlices (they read no endpoint): `_endpoints_only`;
+# - the tree digest resumes after the longest unchanged prefix (load.tree_digest's memo).
+# `read(changed)`: with the watcher's changed paths and the same resolved directory as
+# last time, the tree is not walked again and only those files (and racy ones) are looked at.
 
 from __future__ import annotations
 
@@ -44,10 +31,12 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from reconciler.intake import load, yamldocs
-from reconciler.intake.git import blob_id, checkout_blobs
-from reconciler.intake.inventory import build_inventory, model_objects
+from reconciler.intake import yamldocs
+from reconciler.intake.build import build_inventory, model_objects
+from reconciler.intake.git import blob_id, checkout_blobs, revision_of
+from reconciler.intake.load import SUFFIXES, chunk, read_file, tree_digest, walk, walk_resolved
 from reconciler.intake.model import Inventory
+from reconciler.intake.parse import MAX_FILE_BYTES, parse_yaml
 from reconciler.intake.problems import ERROR, Problem
 from reconciler.intake.validate import DocumentCheck, check_document, check_tree
 
@@ -55,8 +44,8 @@ RACY_SECONDS = 2.0  # files modified this recently are re-hashed on the next rea
 
 
 def _relative(real: Path, root: Path) -> str | None:
-    """real.relative_to(root).as_posix() by string prefix (None: not under root): pathlib
-    parses every path again, ~25 ms per git-sync revision of 200 files at 10,000 Services."""
+    """real.relative_to(root).as_posix() by string prefix (None: not under root), without
+    pathlib parsing every path of every git-sync revision again."""
     prefix = str(root).rstrip("/") + "/"
     text = str(real)
     return text[len(prefix):] if text.startswith(prefix) and len(text) > len(prefix) else None
@@ -75,7 +64,7 @@ def _same_files(paths: list[tuple[str, Path]], old: Path, new: Path, blobs: dict
             continue
         if mode not in ("100644", "100755"):
             return None
-        if path.endswith(load.SUFFIXES):
+        if path.endswith(SUFFIXES):
             listed.add(path)
     if listed != set(rel) or len(rel) != len(listed):
         return None
@@ -95,16 +84,6 @@ def _keep_unchanged(docs: list, old: _FileEntry) -> None:
         if before is not None and before.data is doc.data and before.source == doc.source:
             before.src = doc.src  # locate() reads the new text, as for a fresh Document
             docs[i] = before
-
-
-class _Recorder:
-    """Stands in for load's hasher: keeps the bytes it is fed (display path + raw)."""
-
-    def __init__(self) -> None:
-        self.parts: list[bytes] = []
-
-    def update(self, b: bytes) -> None:
-        self.parts.append(b)
 
 
 def _cross_key(doc) -> bytes:
@@ -183,7 +162,7 @@ class Snapshot:
 
 
 class Intake:
-    """Reads the manifest directory like `load.read_inventory`, with caches (module doc).
+    """Reads the manifest directory like `inventory.read_inventory`, with caches (module doc).
     `read()` returns what read_inventory would: the oracle in tests/test_watch.py."""
 
     def __init__(self, directory: Path | str, *, strict: bool = False):
@@ -192,7 +171,7 @@ class Intake:
         self.strict = strict
         self._files: dict[str, _FileEntry] = {}
         self._models: dict[int, tuple] = {}  # id(doc) -> (doc, [model objects])
-        self._hashed: list[tuple[bytes, object]] = []  # (chunk, sha256 state after it), last read's order
+        self._hashed: list = []  # load.tree_digest's memo
         self._tree: _Tree | None = None
         self._walked: tuple | None = None  # (resolved dir, [(display, real)], walk problems) of the last walk
         self.looked = 0  # files stat'ed or read by the last read (for tests)
@@ -209,9 +188,8 @@ class Intake:
             try:
                 resolved = self.path.resolve(strict=True)
             except (OSError, RuntimeError):
-                p = Problem(self.shown, 0, 0, "", "", "", "this manifest directory does not exist (or is a dangling "
-                            "link); check the path", ERROR)
-                return Snapshot(Inventory(), [p], "", hashlib.sha256().hexdigest(), 0, self.shown)
+                missing = walk(self.shown)  # its problem says so
+                return Snapshot(Inventory(), list(missing.problems), "", tree_digest([]), 0, self.shown)
             snap = self._read(resolved, changed if attempt == 0 else None)
             try:
                 again = self.path.resolve(strict=True)
@@ -231,7 +209,7 @@ class Intake:
             key = None
         if e is not None and key is not None and e.stat == key and not e.racy:
             return e
-        if e is not None and key is not None and st.st_size <= load.MAX_FILE_BYTES:
+        if e is not None and key is not None and st.st_size <= MAX_FILE_BYTES:
             try:
                 raw = real.read_bytes()
             except OSError:
@@ -239,26 +217,24 @@ class Intake:
             self.compared += 1
             if raw is not None and len(raw) + len(display) + 2 == len(e.chunk):
                 # the same bytes (a git-sync worktree's unchanged file): a compare, no hash
-                if e.chunk == display.encode("utf-8", "surrogateescape") + b"\0" + raw + b"\0":
+                if e.chunk == chunk(display, raw):
                     e.stat, e.racy = key, self._racy(st)
                     return e
         problems: list = []
         docs: list = []
-        rec = _Recorder()
         known = e.segments if e is not None else None
         segments: dict = {}
 
-        def parse_yaml(text: str) -> list:
-            parsed, new = yamldocs.parse(text, known, load._parse_yaml)
+        def yaml(text: str) -> list:
+            parsed, new = yamldocs.parse(text, known, parse_yaml)
             segments.update(new)
             return parsed
 
-        load.read_file(display, real, problems, docs, rec, parse_yaml)
-        chunk = b"".join(rec.parts)
+        read = read_file(display, real, problems, docs, yaml)
         self.parsed += 1
         if known:
             _keep_unchanged(docs, e)
-        e = _FileEntry(display, key or (), chunk, docs, problems, key is None or self._racy(st), segments,
+        e = _FileEntry(display, key or (), read, docs, problems, key is None or self._racy(st), segments,
                        prev=e if e is not None and e.checks is not None else None)
         self._files[display] = e
         return e
@@ -311,14 +287,7 @@ class Intake:
             problems.extend(walked[2])  # the same files in the new checkout: no walk
             self._walked = (resolved, paths, walked[2])
         else:
-            if resolved.is_file():
-                paths = [(self.shown, resolved)]
-            elif resolved.is_dir():
-                paths = load.manifest_files(resolved, self.shown, problems)
-            else:
-                problems.append(Problem(self.shown, 0, 0, "", "", "", "this is neither a directory nor a file; point "
-                                        "nftrec at the manifest directory", ERROR))
-                paths = []
+            paths = walk_resolved(resolved, self.shown, problems)
             self._walked = (resolved, paths, tuple(problems))
         entries: list[_FileEntry] = []
         chunks: list[bytes] = []
@@ -337,27 +306,10 @@ class Intake:
             problems.extend(e.problems)
         for gone in set(self._files) - seen:
             del self._files[gone]
-        digest = self._digest(chunks)
-        base = resolved if resolved.is_dir() else resolved.parent
-        revision = load.find_revision(base) or f"sha256:{digest}"
+        digest = tree_digest(chunks, self._hashed)
+        revision = revision_of(resolved, digest)
         checked_problems, inventory = self._check(problems, entries, revision)
         return Snapshot(inventory, checked_problems, revision, digest, len(paths), str(resolved))
-
-    def _digest(self, chunks: list[bytes]) -> str:
-        """sha256 over the chunks in order (== load's digest), resuming from the state
-        saved after the longest unchanged prefix (chunks are compared by identity: an
-        unchanged file keeps its cached chunk)."""
-        old = self._hashed
-        i = 0
-        while i < len(chunks) and i < len(old) and old[i][0] is chunks[i]:
-            i += 1
-        hasher = old[i - 1][1].copy() if i else hashlib.sha256()
-        hashed = old[:i]
-        for c in chunks[i:]:
-            hasher.update(c)
-            hashed.append((c, hasher.copy()))
-        self._hashed = hashed
-        return hasher.hexdigest()
 
     def _check(self, load_problems: list[Problem], entries: list[_FileEntry], revision: str) -> tuple[list[Problem], Inventory]:
         """validate.check and the inventory, with check_document's results cached per file

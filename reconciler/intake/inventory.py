@@ -1,25 +1,28 @@
-"""Validated documents -> the typed model (reconciler.intake.model), with Kubernetes' defaults.
+"""The intake read path: a manifest tree -> walk -> each file read (load, validate per
+document, model; from the intake cache when given one) -> the tree's digest, the checks
+across documents and the inventory.
 
-Pipeline position: load -> validate -> **model** -> compile -> ...
-
-Only documents that passed validation reach this stage, so nothing here re-checks input;
-it fills in defaults the way the API server would and normalises IPs and CIDRs to the
-canonical text form (`ipaddress`), so equal values compare equal downstream.
+`nftrec watch` reads with intake/incremental.py, which plugs its own per-file reuse into
+the same steps (load.walk, load.read_file, load.tree_digest, git.revision_of,
+validate.check_tree, build.build_inventory). Standard input and git revisions are read
+into a LoadResult (intake/sources.py, intake/git.py) and checked as a whole.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable
 
+from reconciler import progress
 from reconciler.heap import no_cyclic_gc
 from reconciler.intake import model
-from reconciler.intake.load import Document, LoadResult, load_manifests
-from reconciler.intake.probes import probe_from
+from reconciler.intake.build import build_inventory
+from reconciler.intake.cache import FileResult, open_cache, parse_file, read_cached
+from reconciler.intake.git import load_revision, revision_of
+from reconciler.intake.load import Document, LoadResult, Walk, read_file, tree_digest, walk
 from reconciler.intake.problems import Problem
-from reconciler.intake.schemas import parse_cidr, parse_ip, parse_padded_cidr
-from reconciler.intake.validate import SERVICE_NAME_LABEL, check, family
+from reconciler.intake.sources import display_root, is_stdin, load_stdin
+from reconciler.intake.validate import DocumentCheck, check, check_tree
 
 
 @dataclass
@@ -39,171 +42,65 @@ class InventoryResult:
         return [p for p in self.problems if p.is_error]
 
 
-def _ip(text: str) -> str:
-    return str(parse_ip(text))
-
-
-def _cidr(text: str) -> str:
-    return str(parse_cidr(text))  # network form: 10.1.2.3/8 -> 10.0.0.0/8
-
-
-def _meta(doc: Document) -> tuple[str, str]:
-    meta = doc.data.get("metadata") or {}
-    return meta.get("namespace") or "default", meta["name"]
-
-
-def service_from(doc: Document) -> model.Service:
-    ns, name = _meta(doc)
-    spec = doc.data.get("spec") or {}
-    stype = spec.get("type") or "ClusterIP"
-    cips = spec.get("clusterIPs") or ([spec["clusterIP"]] if spec.get("clusterIP") else [])
-    if stype == "ExternalName" or "None" in cips:
-        cips = []  # headless / ExternalName: no virtual IP
-    cluster_ips = tuple(_ip(ip) for ip in cips)
-    families = tuple(spec.get("ipFamilies") or (family(ip) for ip in cluster_ips))
-    ports = tuple(
-        model.ServicePort(
-            name=p.get("name") or "",
-            protocol=p.get("protocol") or "TCP",
-            port=p["port"],
-            target_port=p.get("targetPort") or p["port"],  # unset -> the port itself
-            node_port=p.get("nodePort") or 0,
-        )
-        for p in spec.get("ports") or []
-    )
-    ingress = tuple(
-        model.LoadBalancerIngress(ip=_ip(i["ip"]), ip_mode=i.get("ipMode"))
-        for i in ((doc.data.get("status") or {}).get("loadBalancer") or {}).get("ingress") or []
-        if i.get("ip")  # hostname-only entries have nothing to program
-    )
-    timeout = ((spec.get("sessionAffinityConfig") or {}).get("clientIP") or {}).get("timeoutSeconds") or 10800
-    if (spec.get("sessionAffinity") or "None") != "ClientIP":
-        timeout = 10800  # SetDefaults_Service drops sessionAffinityConfig unless ClientIP
-    return model.Service(
-        namespace=ns,
-        name=name,
-        type=stype,
-        cluster_ips=cluster_ips,
-        ip_families=families if stype != "ExternalName" else (),
-        ports=ports,
-        external_ips=tuple(_ip(ip) for ip in spec.get("externalIPs") or []),
-        # trimmed as Kubernetes and kube-proxy trim them; canonical, so no space reaches nft
-        load_balancer_source_ranges=tuple(str(parse_padded_cidr(c)) for c in spec.get("loadBalancerSourceRanges") or []),
-        load_balancer_ingress=ingress,
-        external_traffic_policy=spec.get("externalTrafficPolicy") or "Cluster",
-        internal_traffic_policy=spec.get("internalTrafficPolicy") or "Cluster",
-        session_affinity=spec.get("sessionAffinity") or "None",
-        affinity_timeout_seconds=timeout,
-        health_check_node_port=spec.get("healthCheckNodePort") or 0,
-        traffic_distribution=spec.get("trafficDistribution") or None,
-        readiness_probe=probe_from(doc.data),
-        source=doc.source,
-    )
-
-
-def _endpoint_port(p: dict) -> model.EndpointPort:
-    return model.EndpointPort(name=p.get("name") or "", protocol=p.get("protocol") or "TCP", port=p["port"])
-
-
-def slice_from(doc: Document) -> model.EndpointSlice:
-    ns, name = _meta(doc)
-    data = doc.data
-    at = data["addressType"]
-    endpoints = []
-    for ep in data.get("endpoints") or []:
-        cond = ep.get("conditions") or {}
-        ready = cond.get("ready")
-        serving = cond.get("serving")
-        hints = ep.get("hints")
-        zones = nodes = None
-        if isinstance(hints, dict):
-            if hints.get("forZones") is not None:
-                zones = tuple(z["name"] for z in hints["forZones"])
-            if hints.get("forNodes") is not None:
-                nodes = tuple(n["name"] for n in hints["forNodes"])
-        endpoints.append(model.Endpoint(
-            addresses=tuple(_ip(a) if at != "FQDN" else a for a in ep["addresses"]),
-            # Kubernetes' nil defaults, as kube-proxy's endpointslicecache reads them
-            ready=ready is None or ready,
-            serving=serving is None or serving,
-            terminating=bool(cond.get("terminating")),
-            node_name=ep.get("nodeName"),
-            zone=ep.get("zone"),
-            hint_zones=zones,
-            hint_nodes=nodes,
-        ))
-    return model.EndpointSlice(
-        namespace=ns, name=name, service_name=data["metadata"]["labels"][SERVICE_NAME_LABEL], address_type=at,
-        endpoints=tuple(endpoints), ports=tuple(_endpoint_port(p) for p in data.get("ports") or []), source=doc.source,
-    )
-
-
-def slices_from_endpoints(doc: Document) -> list[model.EndpointSlice]:
-    """Legacy v1 Endpoints -> one slice per subset and family, as Kubernetes' mirroring
-    controller does: notReadyAddresses become ready=False (serving stays nil -> True)."""
-    ns, name = _meta(doc)
-    out = []
-    for s, subset in enumerate(doc.data.get("subsets") or []):
-        ports = tuple(_endpoint_port(p) for p in subset.get("ports") or [])
-        addrs = [(a, True) for a in subset.get("addresses") or []] + [(a, False) for a in subset.get("notReadyAddresses") or []]
-        for fam in ("IPv4", "IPv6"):
-            eps = tuple(
-                model.Endpoint(addresses=(_ip(a["ip"]),), ready=ready, node_name=a.get("nodeName"))
-                for a, ready in addrs if family(_ip(a["ip"])) == fam
-            )
-            if eps:
-                out.append(model.EndpointSlice(
-                    namespace=ns, name=f"{name}-subset{s}-{fam.lower()}", service_name=name, address_type=fam,
-                    endpoints=eps, ports=ports, source=doc.source,
-                ))
-    return out
-
-
-def service_cidr_from(doc: Document) -> model.ServiceCIDR:
-    return model.ServiceCIDR(name=doc.data["metadata"]["name"], cidrs=tuple(_cidr(c) for c in doc.data["spec"]["cidrs"]),
-                             source=doc.source)
-
-
-def model_objects(o) -> list:
-    """The model objects one validated document (validate.Obj) makes: a legacy Endpoints
-    makes one slice per subset and family, every other kind exactly one object."""
-    if o.kind == "Service":
-        return [service_from(o.doc)]
-    if o.kind == "EndpointSlice":
-        return [slice_from(o.doc)]
-    if o.kind == "Endpoints":
-        return slices_from_endpoints(o.doc)
-    return [service_cidr_from(o.doc)]
-
-
-def build_inventory(objects, revision: str, make: Callable[[object], list] = model_objects) -> model.Inventory:
-    """The model from the valid objects of a validation run (`make` lets the watch loop
-    reuse model objects of unchanged documents)."""
-    services, slices, cidrs = [], [], []
-    for o in objects:
-        for m in make(o):
-            if isinstance(m, model.Service):
-                services.append(m)
-            elif isinstance(m, model.EndpointSlice):
-                slices.append(m)
-            else:
-                cidrs.append(m)
-    return model.Inventory(services=tuple(services), endpoint_slices=tuple(slices), service_cidrs=tuple(cidrs),
-                           revision=revision)
-
-
 def inventory_from_load(loaded: LoadResult, *, strict: bool = False) -> InventoryResult:
     checked = check(loaded, strict=strict)
     inv = build_inventory(checked.objects, loaded.revision)
     return InventoryResult(inv, checked.problems, checked.documents, loaded.files, loaded.digest)
 
 
-def read_inventory(root: str | Path, *, strict: bool = False) -> InventoryResult:
+def load_manifests(root: str | Path) -> LoadResult:
+    """Every manifest under root, parsed (not validated). Never raises for bad input."""
+    w = walk(root)
+    problems = list(w.problems)
+    docs: list[Document] = []
+    digest = tree_digest([read_file(display, real, problems, docs) for display, real in w.paths])
+    return LoadResult(docs, problems, revision_of(w.resolved, digest), digest, len(w.paths),
+                      str(w.resolved) if w.resolved is not None else str(root))
+
+
+def read_inventory(root: str | Path, *, strict: bool = False, cache_dir: Path | str | None = None) -> InventoryResult:
     """load -> validate -> model for one manifest directory. Never raises for bad input:
     check `.ok` and `.problems`; `.inventory` holds only the objects that were valid.
-    `-` reads standard input (intake/sources.py)."""
-    from reconciler import progress
-    from reconciler.intake.sources import display_root, is_stdin, load_stdin
-
+    `-` reads standard input (intake/sources.py). `cache_dir`: the intake cache
+    (intake/cache.py); the result is the same with or without it."""
     with progress.step(f"reading manifests from {display_root(root)}"), no_cyclic_gc():
-        return inventory_from_load(load_stdin() if is_stdin(root) else load_manifests(root), strict=strict)
+        if is_stdin(root):  # read once, nothing to key a cache on
+            return inventory_from_load(load_stdin(), strict=strict)
+        w = walk(root)
+        if cache_dir is None:
+            return assemble(w, [parse_file(*p) for p in w.paths], strict=strict)
+        cache = open_cache(cache_dir)
+        result = assemble(w, [read_cached(*p, cache) for p in w.paths], strict=strict)
+        cache.finish(len(w.paths))
+        return result
+
+
+def read_revision(directory: Path, rev: str, commit: str | None = None, *, strict: bool = False) -> InventoryResult:
+    """The manifests under `directory` as revision `rev` has them, validated: like
+    read_inventory on a checkout of `rev`. The inventory's revision is the commit."""
+    return inventory_from_load(load_revision(directory, rev, commit), strict=strict)
+
+
+def assemble(w: Walk, results: list[FileResult], *, strict: bool) -> InventoryResult:
+    """The per-file results in path order -> the tree's digest, checks and inventory."""
+    problems = list(w.problems)
+    docs: list[Document] = []
+    checks: list[DocumentCheck] = []
+    models: dict[int, list] = {}
+    origins: dict[int, tuple] = {}  # model.Inventory.origins
+    for res in results:
+        problems.extend(res.problems)
+        docs.extend(res.docs)
+        checks.extend(res.checks)
+        for i, (doc, m) in enumerate(zip(res.docs, res.models)):
+            if m is not None:
+                models[id(doc)] = m
+                if res.key is not None:
+                    for j, obj in enumerate(m):
+                        origins[id(obj)] = (obj, res.key, i, j)  # the file's key shared, not copied
+    digest = tree_digest([res.chunk for res in results])
+    checked = check_tree(problems, docs, checks, strict=strict)
+    inventory = build_inventory(checked.objects, revision_of(w.resolved, digest), make=lambda o: models[id(o.doc)])
+    if origins:
+        inventory = replace(inventory, origins=origins)
+    return InventoryResult(inventory, checked.problems, checked.documents, len(w.paths), digest)

@@ -28,7 +28,7 @@ class Source:
 
 @dataclass(frozen=True)
 class Probe:
-    """A Kubernetes readiness Probe from the annotation probe.nftrec.io/readiness (issue 10),
+    """A Kubernetes readiness Probe from the annotation probe.nftrec.io/readiness,
     with the kubelet's defaults filled in. `handler` is "httpGet", "tcpSocket" or "grpc";
     `port` a number or the name of an EndpointSlice port (resolved per slice)."""
 
@@ -175,7 +175,7 @@ class NodeConfig:
     min_sync_period: float = 1.0  # seconds
     sync_period: float = 30.0
     full_sync_period: float = 3600.0
-    # watch: checks after each new revision's apply; failing = rolled back (issue 11)
+    # watch: checks after each new revision's apply; failing = rolled back
     health_checks: tuple[HealthCheck, ...] = ()
     health_check_timeout: float = 30.0  # seconds
     source: Source = field(default=Source("<defaults>"), compare=False)

@@ -1,4 +1,4 @@
-"""The readiness probe annotation of a Service (issue 10): `probe.nftrec.io/readiness`
+"""The readiness probe annotation of a Service: `probe.nftrec.io/readiness`
 holds a Kubernetes Probe in YAML. Parsed and checked against schemas/probe.json like any
 other field; every problem points into the annotation (file:line of the annotation,
 plus the line inside a `|` block), and becomes a model.Probe with the kubelet's defaults.
@@ -11,7 +11,8 @@ from __future__ import annotations
 import io
 from functools import lru_cache
 
-from reconciler.intake.load import Document, Refused, check_shape, locate, plain_data
+from reconciler.intake.load import Document, locate, plain_data
+from reconciler.intake.parse import Refused, check_shape
 from reconciler.intake.model import Probe
 from reconciler.intake.problems import ERROR, Problem, field_path, show
 
@@ -42,11 +43,11 @@ def annotation_text(data: dict) -> object:
 
 
 def _parse(text: str):
-    """(plain data, round-trip tree for positions); Refused on bad YAML."""
+    """(plain data, the "rt" tree for positions); Refused on bad YAML."""
     from ruamel.yaml import YAML
     from ruamel.yaml.error import YAMLError
 
-    from reconciler.intake.load import yaml_error
+    from reconciler.intake.parse import yaml_error
 
     if len(text) > MAX_TEXT:
         raise Refused(f"the probe is {len(text)} characters long; at most {MAX_TEXT} are accepted")

@@ -15,7 +15,6 @@ from reconciler.intake.inventory import read_inventory
 from reconciler.intake.problems import ERROR, NOTICE, WARNING, count
 
 
-
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
@@ -33,12 +32,7 @@ def run_validate(root, *, config_path=None, strict: bool = False, output: str = 
     from reconciler.intake.sources import display_root
 
     stream = stream or sys.stdout
-    if cache_dir is not None:
-        from reconciler.intake.cache import read_inventory_cached
-
-        res = read_inventory_cached(root, cache_dir, strict=strict)
-    else:
-        res = read_inventory(root, strict=strict)
+    res = read_inventory(root, strict=strict, cache_dir=cache_dir)
     root = display_root(root)  # `-`: <stdin>
     problems = list(res.problems)
     if config_path is not None or Path(DEFAULT_PATH).is_file():

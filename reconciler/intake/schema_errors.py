@@ -10,7 +10,8 @@ import re
 import unicodedata
 from dataclasses import dataclass
 
-from reconciler.intake.load import YAML11_FALSE, YAML11_TRUE, Document, locate
+from reconciler.intake.load import Document, locate
+from reconciler.intake.parse import YAML11_FALSE, YAML11_TRUE
 from reconciler.intake.problems import ERROR, Problem, field_path, safe_name, show
 from reconciler.intake.schemas import canonical_cidr, cidr_hint, ip_hint, parse_ip, special_ip, trim_space
 

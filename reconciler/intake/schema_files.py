@@ -1,6 +1,6 @@
-"""What the no-op fast path needs of schemas.py, without importing jsonschema (~50-90 ms,
-as much as the rest of a no-op): where the JSON Schemas are (code_digest() hashes them on
-every run) and the strict IP/CIDR parsers (address discovery, the node config's settings).
+"""What the no-op fast path needs of schemas.py, without importing jsonschema (whose import
+costs as much as the rest of a no-op): where the JSON Schemas are (code_digest() hashes
+them) and the strict IP/CIDR parsers (address discovery, the node config's settings).
 schemas.py re-exports all of it.
 
 The schemas live at the top of the repo; a wheel ships them to share/nftrec/schemas.

@@ -1,7 +1,7 @@
 """The JSON Schemas in schemas/ (one per accepted kind) as compiled validators.
 
 The schemas live at the top of the repo; a wheel ships them to share/nftrec/schemas.
-Each validator is built once (jsonschema compiles lazily, so reuse is what makes 10,000
+Each validator is built once (jsonschema compiles lazily, so reuse is what makes many
 documents fast) and carries a format checker with nftrec's strict IP/CIDR formats.
 """
 
@@ -180,7 +180,7 @@ _Validator = validators.extend(
 #
 # jsonschema's descend() builds a new validator object for every subschema it enters, on
 # every instance (evolve(): attrs __init__, validator_for, and a referencing resolver for
-# the subresource): about 40 per Service, most of the cost of validating 10,000 documents.
+# the subresource): about 40 per Service, most of the cost of validating many documents.
 # For a schema that holds no reference ($ref, $dynamicRef, $anchor, nested $id), the
 # resolver is never consulted, so the validator for a subschema is the same object every
 # time: _LeanValidator builds it once and keeps it. Everything else (the keyword functions,
@@ -237,6 +237,33 @@ def _lean_descend(self, instance, schema, path=None, schema_path=None, resolver=
         _VALID_LEAVES.add(memo)
 
 
+def check_jsonschema() -> None:
+    """Raise RuntimeError when the installed jsonschema lacks an internal _lean_descend
+    uses (pyproject.toml bounds jsonschema to the versions tested), rather than validate
+    differently: descend's parameters, a validator's `_validators` (keyword function,
+    keyword, value) and `_ref_resolver`, and ValidationError._set."""
+    import inspect
+    from importlib import metadata
+
+    from jsonschema.exceptions import ValidationError
+
+    probe = _Validator({"type": "integer"})
+    missing = [name for name, ok in (
+        ("Validator.descend(instance, schema, path, schema_path, resolver)",
+         list(inspect.signature(_Validator.descend).parameters)[:6] ==
+         ["self", "instance", "schema", "path", "schema_path", "resolver"]),
+        ("Validator._validators", isinstance(getattr(probe, "_validators", None), (list, tuple))
+         and all(isinstance(t, tuple) and len(t) == 3 and callable(t[0]) for t in probe._validators)),
+        ("Validator._ref_resolver", hasattr(probe, "_ref_resolver")),
+        ("Validator.evolve", callable(getattr(probe, "evolve", None))),
+        ("ValidationError._set", callable(getattr(ValidationError, "_set", None))),
+    ) if not ok]
+    if missing:
+        raise RuntimeError(f"jsonschema {metadata.version('jsonschema')} lacks {', '.join(missing)}, which nftrec's "
+                           "validator relies on; install a jsonschema within nftrec's tested bounds")
+
+
+check_jsonschema()
 _PLAIN_DESCEND = _Validator.descend
 # A scalar's result depends only on its subschema, its exact type (True == 1, and a
 # Yaml11Bool is a str subclass the schema must see) and its value; formats are pure.

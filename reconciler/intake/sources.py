@@ -1,21 +1,18 @@
 """Manifests that are not a directory on disk: standard input (`-`, as kubectl and
-kubeconform read it) and files held in memory (a git revision, see intake/git.py).
-
-They go through the same reader as files in a directory (load.read_file: size limit,
-binary and encoding checks, YAML/JSON parsing with positions), so a document read from
-stdin is refused or accepted exactly as the same bytes in a file would be; only the
-display path differs (`<stdin>:12:3: ...`).
+kubeconform read it) and files held in memory (a git revision, see intake/git.py). They
+go through load.read_file, so the same bytes are refused or accepted exactly as in a file;
+only the display path differs (`<stdin>:12:3: ...`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from reconciler.intake.load import MAX_FILE_BYTES, Document, LoadResult, read_file
+from reconciler.intake.load import Document, LoadResult, read_file, tree_digest
+from reconciler.intake.parse import MAX_FILE_BYTES
 from reconciler.intake.problems import Problem
 
 STDIN = "-"
@@ -62,11 +59,9 @@ def load_blobs(files: list[tuple[str, bytes | int]], *, revision: str | None, ro
     `revision`: the git commit they come from, else None for `sha256:<digest>`. A size
     instead of bytes stands for a file over the size limit, refused unread."""
     problems = list(problems or [])
-    hasher = hashlib.sha256()
     docs: list[Document] = []
-    for display, raw in sorted(files, key=lambda f: f[0]):
-        read_file(display, _Blob(display.rsplit("/", 1)[-1], raw), problems, docs, hasher)  # type: ignore[arg-type]
-    digest = hasher.hexdigest()
+    digest = tree_digest([read_file(display, _Blob(display.rsplit("/", 1)[-1], raw), problems, docs)  # type: ignore[arg-type]
+                          for display, raw in sorted(files, key=lambda f: f[0])])
     return LoadResult(docs, problems, revision or f"sha256:{digest}", digest, len(files), root)
 
 

@@ -1,4 +1,4 @@
-"""Validation (SPEC §2.3): JSON Schema per document, then Kubernetes' own per-object
+"""Validation: JSON Schema per document, then Kubernetes' own per-object
 rules, then checks across documents. Every finding is a Problem with file:line:col, the
 object, the field path and a plain sentence; all are collected, not only the first.
 
@@ -11,7 +11,8 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from reconciler.intake.load import Document, LoadResult, Yaml11Bool, locate
+from reconciler.intake.load import Document, LoadResult, locate
+from reconciler.intake.parse import Yaml11Bool
 from reconciler.intake.probes import annotation_text as probe_annotation_text, check_annotation as check_probe_annotation, \
     check_ports as check_probe_ports
 from reconciler.intake.problems import NOTICE, WARNING, Problem, field_path, safe_name, show
@@ -77,7 +78,7 @@ def _service_ips(spec: dict) -> list[str]:
 
 
 def _check_service(rep: Report, o: Obj) -> None:
-    rep.problems.extend(check_probe_annotation(o.doc, o.kind, o.label))  # issue 10: intake/probes.py
+    rep.problems.extend(check_probe_annotation(o.doc, o.kind, o.label))
     spec = o.doc.data.get("spec") or {}
     stype = spec.get("type", "ClusterIP")
     if stype == "ExternalName":
@@ -243,8 +244,8 @@ def _read_as_boolean(rep: Report, o: Obj, path: tuple, text: Yaml11Bool) -> None
 
 # An IPv4 address already in the form str(ipaddress.ip_address(x)) gives back: dotted
 # decimal, no leading zeros. ipaddress accepts exactly these octets, so for a match the
-# canonical form is the text itself; _cross meets one per Service and LoadBalancer IP
-# (12,000 at 10,000 Services), and skipping ipaddress there is most of its cost.
+# canonical form is the text itself; _cross meets one per Service and LoadBalancer IP,
+# and skipping ipaddress there is most of its cost.
 _OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
 _CANONICAL_V4 = re.compile(rf"{_OCTET}(?:\.{_OCTET}){{3}}")
 
@@ -386,7 +387,7 @@ def _cross(rep: Report, objs: list[Obj]) -> None:
             else:
                 rep.add(o, ("spec", "ports", i), f"no EndpointSlice of this Service has a port named {shown} with protocol {proto}, "
                         "so this port has no endpoints; name the slice port like the Service port", WARNING)
-    rep.problems.extend(check_probe_ports(services, slice_ports))  # issue 10: intake/probes.py
+    rep.problems.extend(check_probe_ports(services, slice_ports))
 
 
 # --- driver -----------------------------------------------------------------------------
@@ -440,8 +441,8 @@ def check_tree(load_problems: list[Problem], documents: list[Document], results:
             unknown.setdefault(res.unknown_kind, []).append(doc)
         if res.obj is None:
             continue
-        # a copy: the duplicate check may mark it invalid; the cached one stays. (Obj's
-        # fields spelled out: dataclasses.replace costs 5x more, 20,000 times at 10k.)
+        # a copy: the duplicate check may mark it invalid; the cached one stays (Obj's
+        # fields spelled out: dataclasses.replace is much slower, and this runs per object)
         c = res.obj
         o = Obj(c.doc, c.kind, c.namespace, c.name, c.valid)
         ident = (o.kind, o.namespace, o.name)

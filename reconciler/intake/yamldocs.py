@@ -1,22 +1,19 @@
 """Re-parsing an edited YAML file document by document (watch: one endpoint moved in a
-file of 100 EndpointSlices re-parses one document, not 100).
-
-A line that starts with `---` followed by a blank or the line's end is always a
-document start in YAML (libyaml and ruamel's scanner end any scalar there, or refuse the
-file): the text splits there into segments of one document each (the first segment may
-hold none: comments before the first `---`). Documents do not reach across a `---`
-(anchors are per document), so a segment parsed alone gives the data it gives in the
-whole file, at positions shifted by its first line (columns are unchanged: a segment
-starts at a line start).
-
-`parse(text, known, whole)` returns what `whole(text)` (load's YAML parser) returns,
-plus the segments of this text for the next call: for each segment's digest, its
-document with positions relative to the segment (or None: no document). Segments found
-in `known` (the previous version's) are not parsed again; the others are parsed alone.
-Anything unusual (directives, `...` end markers, line breaks other than `\\n`, a segment
-that fails or holds more than one document) parses the whole text instead, so errors
-and their positions are exactly the whole parser's.
+file of 100 EndpointSlices re-parses one document, not 100). `parse(text, known, whole)`
+returns what `whole(text)` (parse.parse_yaml) returns, plus this text's segments for the
+next call; segments found in `known` (the previous version's) are not parsed again.
 """
+
+# A line that starts with `---` followed by a blank or the line's end is always a document
+# start in YAML (libyaml and ruamel's scanner end any scalar there, or refuse the file):
+# the text splits there into segments of one document each (the first may hold none:
+# comments before the first `---`). Documents do not reach across a `---` (anchors are per
+# document), so a segment parsed alone gives the data it gives in the whole file, at
+# positions shifted by its first line (columns are unchanged). Each segment is kept by its
+# digest, with its document at positions relative to the segment. Anything unusual
+# (directives, `...` end markers, line breaks other than `\n`, a segment that fails or
+# holds more than one document) parses the whole text, so errors and their positions are
+# exactly the whole parser's.
 
 from __future__ import annotations
 
@@ -24,7 +21,7 @@ import hashlib
 from bisect import bisect_right
 from typing import Callable
 
-Parsed = list  # [(data, line, col, item positions)], load._parse_yaml's result
+Parsed = list  # [(data, line, col, item positions)], parse.parse_yaml's result
 
 # ruamel counts \r, \x85, \u2028, \u2029 as line breaks too; a BOM may restart a stream
 _ODD_CHARS = ("\r", "\x85", "\u2028", "\u2029", "\ufeff")
