@@ -137,6 +137,35 @@ def test_examples_cached_equal_uncached(tmp_path):
         same(cached(root, tmp_path / "c"), expected)
 
 
+def _fill_recording(path, cache):
+    """cache._fill, noting which process stored the entry (a forked worker inherits it)."""
+    (Path(os.environ["NFTREC_TEST_PIDS"]) / f"{os.getpid()}-{path[1].name}").touch()
+    return _real_fill(path, cache)
+
+
+_real_fill = intake_cache._fill
+
+
+def test_a_cold_read_shared_with_forked_workers_equals_an_uncached_read(tmp_path, monkeypatch):
+    """The misses of a cold read go partly to forked workers, which store their entries;
+    the result is an uncached read's, and the cache then serves a warm read."""
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    monkeypatch.setenv("NFTREC_TEST_PIDS", str(pids))
+    monkeypatch.setattr(intake_cache, "MIN_PARALLEL", 2)
+    monkeypatch.setattr(intake_cache.os, "sched_getaffinity", lambda _pid: {0, 1, 2})
+    monkeypatch.setattr(intake_cache, "_fill", _fill_recording)
+    expected = read_inventory(EXAMPLES)
+    same(cached(EXAMPLES, tmp_path / "c"), expected)
+    workers = {p.name.split("-")[0] for p in pids.iterdir()}
+    assert workers and str(os.getpid()) not in workers
+    stored, by_workers = len(entries(tmp_path / "c")), len(list(pids.iterdir()))
+    assert stored > by_workers  # this process stored its share too
+    same(cached(EXAMPLES, tmp_path / "c"), expected)
+    assert len(list(pids.iterdir())) == by_workers  # warm: no miss, nothing handed out
+    assert len(entries(tmp_path / "c")) == stored
+
+
 def test_input_digest_equals_the_load_digest_without_parsing(tmp_path):
     for root in [EXAMPLES, EXAMPLES / "edge-small", tmp_path / "missing", EXAMPLES / "edge-small.config.yaml"]:
         loaded = load_manifests(root)

@@ -15,7 +15,11 @@ result that names its path in a message is not stored).
 
 from __future__ import annotations
 
+import os
+import threading
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, fields
+from multiprocessing import current_process, get_context
 from pathlib import Path
 
 from reconciler import logs
@@ -28,6 +32,7 @@ from reconciler.intake.store import Cache, Corrupt, decode, entry_key
 from reconciler.intake.validate import DocumentCheck, check_document, cross_view
 
 MAX_ENTRIES = 4096  # entries kept at least (the cap is 3 x the files of the tree read, if more)
+MIN_PARALLEL = 8  # cache misses below which a cold read stays in one process
 
 _MODEL_TYPES = {c.__name__: c for c in (model.Service, model.ServicePort, model.LoadBalancerIngress,
                                         model.Endpoint, model.EndpointPort, model.EndpointSlice,
@@ -304,3 +309,36 @@ def read_cached(display: str, real: Path, cache: Cache) -> FileResult:
     except _Unfit:
         logs.log.debug(f"intake cache: {display}: its result names its path; not cached")
     return res
+
+
+def read_all(paths: list[tuple[str, Path]], cache: Cache) -> list[FileResult]:
+    """read_cached for every file, in order. Cache misses are shared with a pool of forked
+    workers (one per further core), which store their entries for this process to read;
+    a fork starts with the parser and validators loaded, a spawned worker would import
+    them first. Only with enough misses, not in a daemonic process (which may not have
+    children), and with no thread besides the progress line's: a forked worker must not
+    need a lock another thread held."""
+    cores = len(os.sched_getaffinity(0))
+    others = [t for t in threading.enumerate() if t is not threading.main_thread() and t.name != "nftrec-progress"]
+    forkable = cores > 1 and not others and not current_process().daemon
+    missing = [p for p in paths if _missing(p[1], cache)] if forkable else []
+    if len(missing) < MIN_PARALLEL:
+        return [read_cached(*p, cache) for p in paths]
+    theirs = {p for i, p in enumerate(missing) if i % cores}  # this process keeps every cores-th
+    with ProcessPoolExecutor(cores - 1, mp_context=get_context("fork")) as pool:
+        stored = pool.map(_fill, theirs, [cache] * len(theirs))
+        mine = {p: read_cached(*p, cache) for p in paths if p not in theirs}
+        n = sum(stored)
+    results = [mine[p] if p in mine else read_cached(*p, cache) for p in paths]
+    cache.misses += n
+    cache.hits -= n  # counted again by the read that found what a worker stored
+    return results
+
+
+def _missing(real: Path, cache: Cache) -> bool:
+    raw = read_bytes(real)
+    return raw is not None and not cache.path(entry_key("json" if real.name.endswith(".json") else "yaml", raw)).exists()
+
+
+def _fill(path: tuple[str, Path], cache: Cache) -> int:
+    return int(read_cached(*path, cache).key is not None)

@@ -17,7 +17,7 @@ from reconciler import progress
 from reconciler.heap import no_cyclic_gc
 from reconciler.intake import model
 from reconciler.intake.build import build_inventory
-from reconciler.intake.cache import FileResult, open_cache, parse_file, read_cached
+from reconciler.intake.cache import FileResult, open_cache, parse_file, read_all
 from reconciler.intake.git import load_revision, revision_of
 from reconciler.intake.load import Document, LoadResult, Walk, read_file, tree_digest, walk
 from reconciler.intake.problems import Problem
@@ -70,7 +70,7 @@ def read_inventory(root: str | Path, *, strict: bool = False, cache_dir: Path | 
         if cache_dir is None:
             return assemble(w, [parse_file(*p) for p in w.paths], strict=strict)
         cache = open_cache(cache_dir)
-        result = assemble(w, [read_cached(*p, cache) for p in w.paths], strict=strict)
+        result = assemble(w, read_all(w.paths, cache), strict=strict)
         cache.finish(len(w.paths))
         return result
 
