@@ -51,13 +51,11 @@ def _normalized(name: str) -> str:
 
 @lru_cache(maxsize=1)
 def code_digest() -> str:
-    """sha256 over nftrec's version, every module of the package, the JSON Schemas and
-    library_versions()."""
-    from reconciler import __version__
+    """sha256 over every module of the package, the JSON Schemas and library_versions()
+    (the modules' bytes stand for nftrec's version, which costs a metadata search)."""
     from reconciler.intake.schema_files import schema_dir
 
-    h = hashlib.sha256(f"nftrec {__version__}\0".encode())
-    h.update(json.dumps(library_versions(), sort_keys=True).encode() + b"\0")
+    h = hashlib.sha256(json.dumps(library_versions(), sort_keys=True).encode() + b"\0")
     files = sorted(_PACKAGE.rglob("*.py"))
     try:
         files += sorted(schema_dir().glob("*.json"))
