@@ -5,6 +5,7 @@ differently."""
 
 from __future__ import annotations
 
+import os
 import re
 import tomllib
 from importlib import metadata
@@ -56,3 +57,34 @@ def test_a_jsonschema_without_an_internal_is_refused_loudly(monkeypatch):
     monkeypatch.delattr(owner, "_set")
     with pytest.raises(RuntimeError, match=r"jsonschema .* lacks ValidationError\._set.*tested bounds"):
         schemas.check_jsonschema()
+
+
+_WITHOUT_LIBYAML = """
+import sys, importlib.abc
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "_ruamel_yaml" or name.startswith("ruamel.yaml.clib"):
+            raise ImportError("no libyaml here")
+sys.meta_path.insert(0, Block())
+from reconciler.intake import parse
+assert not parse.FAST, "the C loader was still found"
+sys.argv = ["nftrec"] + sys.argv[1:]
+from reconciler.cli import main
+main()
+"""
+
+
+def test_without_libyaml_every_example_reads_as_with_it(tmp_path):
+    """Without ruamel.yaml.clib (PyPy, a platform without its wheel) the pure-Python
+    loader stands in, and every example validates to the same report."""
+    import subprocess
+    import sys
+
+    examples = Path(__file__).resolve().parents[1] / "examples"
+    env = {**os.environ, "NFTREC_INTAKE_CACHE": "off"}
+    for d in sorted(p for p in examples.iterdir() if p.is_dir()):
+        args = ["validate", str(d), "-o", "json"]
+        fast = subprocess.run([sys.executable, "-m", "reconciler.cli", *args], capture_output=True, text=True, env=env)
+        pure = subprocess.run([sys.executable, "-c", _WITHOUT_LIBYAML, *args], capture_output=True, text=True, env=env)
+        assert pure.stderr.count("Traceback") == 0, pure.stderr
+        assert (pure.returncode, pure.stdout) == (fast.returncode, fast.stdout), d.name

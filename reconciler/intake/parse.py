@@ -81,7 +81,7 @@ def _kube_resolvers() -> dict:
     - integers written with a leading zero (`010`: octal 8 to kubectl, decimal 10 to YAML
       1.2) stay strings, so a number field refuses them with a clear message."""
     table = {k: [(tag, rx) for tag, rx in v if tag not in ("tag:yaml.org,2002:timestamp", "tag:yaml.org,2002:value")]
-             for k, v in _Loader.yaml_implicit_resolvers.items()}
+             for k, v in Resolver.yaml_implicit_resolvers.items()}  # what CSafeLoader and _PureKubeLoader use
     leading_zero = re.compile(r"^[-+]?0[0-9_]+$")
     for first in "-+0":
         table[first] = [("tag:yaml.org,2002:str", leading_zero)] + table.get(first, [])
@@ -95,9 +95,10 @@ class _KubeRules:
     """How plain scalars resolve, shared by the C loader and the pure-Python one (the
     fallback of parse_yaml), so both give the same data."""
 
+    max_depth = 0  # ruamel's pure composer reads this from YAML(); depth is checked before (_parse_yaml_with)
     yaml_implicit_resolvers = _kube_resolvers()
 
-    if not _Loader.yaml_path_resolvers and None not in yaml_implicit_resolvers:
+    if not Resolver.yaml_path_resolvers and None not in yaml_implicit_resolvers:
         def resolve(self, kind, value, implicit):
             """ruamel's resolve() (the C composer calls it for every untagged node), with
             one shared Tag per plain scalar text: the result depends on nothing else."""
@@ -128,7 +129,6 @@ class _PureKubeLoader(_KubeRules, Reader, Scanner, Parser, Composer, SafeConstru
     is more lenient than go-yaml (kubectl's reader) it is made to refuse what go-yaml
     refuses, so a file does not read differently because it took this path."""
 
-    max_depth = 0  # ruamel's composer reads this from YAML(); depth is checked before (_parse_yaml_with)
     processing_version = (1, 2)  # the parser's YAML 1.2 rules; ruamel's plain Resolver says None
 
     def __init__(self, stream) -> None:
@@ -162,7 +162,7 @@ def _construct_yaml11_bool(loader, node) -> Yaml11Bool:
 for _cls in (_KubeLoader, _PureKubeLoader):
     _cls.add_constructor(_YAML11_BOOL_TAG, _construct_yaml11_bool)
 
-_Loader = _KubeLoader  # noqa: F811 - every parse below uses the adjusted resolvers
+_Loader = _KubeLoader if FAST else _PureKubeLoader  # noqa: F811 - the adjusted resolvers; without libyaml, the loader made to read as go-yaml
 
 # What this module uses of ruamel.yaml beyond its public API (YAML()): the loader classes'
 # internals. pyproject.toml bounds ruamel.yaml to the versions tested; check_ruamel()
