@@ -166,6 +166,18 @@ def test_a_cold_read_shared_with_forked_workers_equals_an_uncached_read(tmp_path
     assert len(entries(tmp_path / "c")) == stored
 
 
+def _fill_dying(path, cache):
+    os._exit(9)  # as the OOM killer would end a worker
+
+
+def test_a_worker_that_dies_costs_only_its_share(tmp_path, monkeypatch):
+    """A forked worker killed mid-read: this process parses what it did not store."""
+    monkeypatch.setattr(intake_cache, "MIN_PARALLEL", 2)
+    monkeypatch.setattr(intake_cache.os, "sched_getaffinity", lambda _pid: {0, 1})
+    monkeypatch.setattr(intake_cache, "_fill", _fill_dying)
+    same(cached(EXAMPLES, tmp_path / "c"), read_inventory(EXAMPLES))
+
+
 def test_input_digest_equals_the_load_digest_without_parsing(tmp_path):
     for root in [EXAMPLES, EXAMPLES / "edge-small", tmp_path / "missing", EXAMPLES / "edge-small.config.yaml"]:
         loaded = load_manifests(root)

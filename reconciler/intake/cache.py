@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import threading
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, fields
 from multiprocessing import current_process, get_context
 from pathlib import Path
@@ -328,7 +329,10 @@ def read_all(paths: list[tuple[str, Path]], cache: Cache) -> list[FileResult]:
     with ProcessPoolExecutor(cores - 1, mp_context=get_context("fork")) as pool:
         stored = pool.map(_fill, theirs, [cache] * len(theirs))
         mine = {p: read_cached(*p, cache) for p in paths if p not in theirs}
-        n = sum(stored)
+        try:
+            n = sum(stored)
+        except BrokenProcessPool:  # a worker died (OOM killer): what it did not store is parsed below
+            n = 0
     results = [mine[p] if p in mine else read_cached(*p, cache) for p in paths]
     cache.misses += n
     cache.hits -= n  # counted again by the read that found what a worker stored
