@@ -31,13 +31,13 @@ def _in_target(netns: str | None, fn):
         return fn
 
     def in_netns():
-        from reconciler.kernel import Libnftables  # its worker thread lives in the namespace
+        from reconciler.kernel import NamespaceThread  # no nft context: only the namespace
 
-        nft = Libnftables(netns)
+        thread = NamespaceThread(netns)
         try:
-            return nft.in_namespace(fn)
+            return thread.call(fn)
         finally:
-            nft.close()
+            thread.close()
 
     return in_netns
 

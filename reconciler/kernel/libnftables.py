@@ -191,11 +191,13 @@ class Libnftables:
         return ctx
 
     def _renew_ctx(self) -> None:
-        """Replace the context (see _TRIM_AFTER): nft's cache goes with the old one. The new
-        one is made first, so a failure keeps the old."""
-        new = self._new_ctx()
-        old, self._ctx = self._ctx, new
+        """Replace the context (see _TRIM_AFTER): nft's cache goes with the old one. The old
+        one is freed first: libnftables before 1.0 keeps its symbol tables (marks, realms)
+        in globals that every nft_ctx_new sets and every nft_ctx_free frees, so two live
+        contexts in one process end in a double free."""
+        old, self._ctx = self._ctx, None
         self._lib.nft_ctx_free(old)
+        self._ctx = self._new_ctx()
 
     def _cmd(self, script: str | bytes, flags: int = 0, dry_run: bool = False) -> str:
         buf = script if isinstance(script, bytes) else script.encode()
