@@ -1,23 +1,7 @@
 """nftrec: kube-proxy's nftables mode without Kubernetes."""
 
 
-def __getattr__(name: str):
-    """`__version__`, looked up when first asked for (PEP 562)."""
-    if name == "__version__":
-        value = globals()["__version__"] = _installed_version()
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def _installed_version() -> str:
-    """The installed distribution's version, or "0.0.0+checkout" in a checkout that was
-    never installed."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("nftrec")
-    except PackageNotFoundError:
-        return "0.0.0+checkout"
+__version__ = "0.1.0"  # the one place; pyproject.toml reads it (tool.setuptools.dynamic)
 
 
 def lazy_exports(package: str, exports: dict[str, tuple[str, ...]]):

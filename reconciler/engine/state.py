@@ -99,12 +99,10 @@ def utc_now() -> str:
 
 
 def nftrec_version() -> str:
-    """The version `nftrec --version` prints (reconciler.__version__)."""
-    try:
-        from reconciler import __version__
-    except ImportError:  # never fail a state write over a version string
-        return "unknown"
-    return str(__version__)
+    """The version `nftrec --version` prints."""
+    from reconciler import __version__
+
+    return __version__
 
 
 # --- JSON files --------------------------------------------------------------------------

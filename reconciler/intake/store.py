@@ -52,7 +52,7 @@ def _normalized(name: str) -> str:
 @lru_cache(maxsize=1)
 def code_digest() -> str:
     """sha256 over every module of the package, the JSON Schemas and library_versions()
-    (the modules' bytes stand for nftrec's version, which costs a metadata search)."""
+    (the modules' bytes include nftrec's version)."""
     from reconciler.intake.schema_files import schema_dir
 
     h = hashlib.sha256(json.dumps(library_versions(), sort_keys=True).encode() + b"\0")
