@@ -153,9 +153,9 @@ def test_timeout_waits_for_release(tmp_path):
         pass
 
 
-def test_for_namespace_matches_state_store(tmp_path):
-    assert Lock.for_namespace(tmp_path, None).path == StateStore(tmp_path).lock_path
-    assert Lock.for_namespace(tmp_path, "blue").path == StateStore(tmp_path, "blue").lock_path == tmp_path / "netns" / "blue" / "lock"
+def test_the_lock_lives_in_the_namespace_directory(tmp_path):
+    assert StateStore(tmp_path).lock_path == tmp_path / "host" / "lock"
+    assert StateStore(tmp_path, "blue").lock_path == tmp_path / "netns" / "blue" / "lock"
 
 
 def test_unknown_holder_details():

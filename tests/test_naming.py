@@ -83,9 +83,6 @@ def test_prefixes_and_full_names():
     assert naming.firewall_chain(base) == "firewall-HVFWP5L3-ns5/svc5/tcp/p80"
     assert naming.endpoint_chain(ep) == "endpoint-GTK6MW7G-ns5/svc5/tcp/p80__10.180.0.3/80"
     assert naming.affinity_set(ep) == "affinity-GTK6MW7G-ns5/svc5/tcp/p80__10.180.0.3/80"
-    assert naming.is_service_chain_name(naming.service_chain(base))
-    assert not naming.is_service_chain_name("services")
-    assert naming.is_affinity_set_name(naming.affinity_set(ep))
 
 
 def test_unnamed_port_has_trailing_slash():

@@ -92,15 +92,6 @@ def affinity_set(endpoint_base: str) -> str:
     return AFFINITY_PREFIX + endpoint_base
 
 
-def is_service_chain_name(name: str) -> bool:
-    """Per-Service chains are exactly those with a '/' (static names never have one)."""
-    return "/" in name
-
-
-def is_affinity_set_name(name: str) -> bool:
-    return name.startswith(AFFINITY_PREFIX)
-
-
 def service_port_name(namespace: str, service: str, port_name: str) -> str:
     """ServicePortName.String(): `ns/svc:port`, or `ns/svc` for an unnamed port."""
     return f"{namespace}/{service}:{port_name}" if port_name else f"{namespace}/{service}"

@@ -17,7 +17,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from reconciler.engine.state import namespace_dir, utc_now
+from reconciler.engine.state import utc_now
 
 
 @dataclass(frozen=True)
@@ -76,10 +76,6 @@ class Lock:
         self.timeout = timeout
         self.poll = poll
         self._fd: int | None = None
-
-    @classmethod
-    def for_namespace(cls, root: Path, netns: str | None, timeout: float = 0.0) -> "Lock":
-        return cls(namespace_dir(root, netns) / "lock", timeout=timeout)
 
     @property
     def held(self) -> bool:

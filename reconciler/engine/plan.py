@@ -82,11 +82,6 @@ def _endpoints_by_owner(rs: Ruleset, owners: set[str]) -> dict[str, set[str]]:
     return out
 
 
-def _endpoints(rs: Ruleset, owner: str) -> set[str]:
-    """`ip:port` targets of the DNAT rules in the chains that `owner` owns in `rs`."""
-    return _endpoints_by_owner(rs, {owner})[owner]
-
-
 def _live_ids(live: Ruleset) -> set[str]:
     ids: set[str] = set()
     for fam, t in live.tables.items():

@@ -71,12 +71,6 @@ def _identify(doc: Document, rep: Report, unknown: dict[str, list[Document]]) ->
 # --- per-object rules (Kubernetes' validation the schema cannot express) -----------------
 
 
-def _service_ips(spec: dict) -> list[str]:
-    """clusterIPs (winning) or clusterIP; canonical; [] for headless/unset."""
-    ips = spec.get("clusterIPs") or ([spec["clusterIP"]] if spec.get("clusterIP") not in (None, "") else [])
-    return [str(parse_ip(ip)) for ip in ips if ip != "None" and parse_ip(ip) is not None]
-
-
 def _check_service(rep: Report, o: Obj) -> None:
     rep.problems.extend(check_probe_annotation(o.doc, o.kind, o.label))
     spec = o.doc.data.get("spec") or {}
