@@ -11,7 +11,7 @@ from reconciler import lazy_exports
 
 __all__, __getattr__ = lazy_exports(__name__, {
     "incremental": ("Compiled", "changed_services", "compile_incremental"),
-    "oneshot": ("OneShot", "compile_oneshot"),
+    "oneshot": ("OneShot", "compile_all", "compile_oneshot"),
     "projection": ("project",),
     "layout": ("AFFINITY_SET", "HAIRPIN_VMAP", "LAYOUTS", "affinity_updates", "allocation_of", "chain_range",
                "hairpin_shard_of", "relocate"),

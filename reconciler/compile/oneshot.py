@@ -8,6 +8,7 @@ being compiled again, and the diff looks only at the changed Services' objects."
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from functools import lru_cache
 from operator import attrgetter
@@ -153,7 +154,7 @@ class OneShot:
 
     ruleset: Ruleset
     static: Ruleset  # the skeleton (for `project`)
-    memo: dict  # for the state's compiled.json
+    memo: dict  # for the state's compiled.json ({} when not asked for)
     # Service keys whose objects may differ from `applied`'s; None: compare everything
     changed: set[str] | None = None
     # with `changed`: `applied` and `ruleset` cut down to the skeleton and the changed
@@ -169,55 +170,81 @@ def compile_oneshot(inventory: Inventory, config: NodeConfig, config_digest: str
     Services whose input digest differs from `memo`'s (written with `applied`: the caller
     checks that they belong together) and patching their objects into `applied`, which
     then becomes the result. Without a usable memo, or where the patch cannot be exact,
-    everything is compiled, `applied` is left as it was and `changed` is None."""
-    key = memo_key(config_digest or "", inventory)
+    everything is compiled (compile_all), `applied` is left as it was and `changed` is None."""
     by_svc = slices_by_service(inventory.endpoint_slices)
     services = sorted(inventory.services, key=lambda s: (s.namespace, s.name))
     old = None
-    if applied is not None and memo is not None and config_digest and memo.get("key") == key \
-            and memo.get("exact") is True and isinstance(memo.get("services"), dict):
+    if applied is not None and memo is not None and config_digest and \
+            memo.get("key") == memo_key(config_digest, inventory) and memo.get("exact") is True \
+            and isinstance(memo.get("services"), dict):
         old = memo["services"]
+    if old is None:
+        return compile_all(inventory, config, config_digest, lambda: layout.allocation_of(applied))
+    memo_out = _memo(inventory, config_digest, services, by_svc, memo)
+    digests = memo_out["services"]
+    # the memo's copy of `applied`'s index ranges spares reading every chain of it
+    before = _memo_allocation(memo)
+    if before is None:
+        before = layout.allocation_of(applied)
+    contexts = {f: family_context(config, f) for f in FAMILIES}
+    static = compile_static(config, inventory)
+    changed = {k for k, d in digests.items() if old.get(k) != d} | (set(old) - set(digests))
+    by_key = {svc.key: svc for svc in services}
+    new_frags = [compile_service(by_key[k], by_svc.get(k, ()), config, contexts)
+                 for k in sorted(changed) if k in by_key]
+    try:
+        old_frags = list(fragments_of(applied, changed).values())
+    except (KeyError, ValueError):  # a range without its elements: not what we wrote
+        old_frags = None
+    if old_frags is not None:
+        frags = old_frags + new_frags
+        applied_part = project(applied, static, frags)  # before `applied` becomes the result
+        alloc = patch(applied, before, old_frags, new_frags)
+        if alloc is not None:
+            memo_out["exact"] = True  # patch: no element shared, and `applied` was exact
+            memo_out["allocation"] = _allocation_json(alloc)
+            return OneShot(applied, static, memo_out, changed, applied_part, project(applied, static, frags),
+                           recompiled=len(new_frags))
+    return compile_all(inventory, config, config_digest, lambda: before, memo_out)
+
+
+def compile_all(inventory: Inventory, config: NodeConfig, config_digest: str | None,
+                previous: Callable[[], layout.Allocation], memo: dict | bool = True) -> OneShot:
+    """Every Service compiled and assembled, keeping the index ranges `previous()` gives
+    where they fit. `previous` is called only once the Services are compiled: a caller may
+    list the kernel meanwhile. `memo`: build the compile memo for the state (True), take
+    this one (compile_oneshot's, its digests made), or none (False: `plan` saves none)."""
+    by_svc = slices_by_service(inventory.endpoint_slices)
+    services = sorted(inventory.services, key=lambda s: (s.namespace, s.name))
+    contexts = {f: family_context(config, f) for f in FAMILIES}
+    fragments = [compile_service(svc, by_svc.get(svc.key, ()), config, contexts) for svc in services]
+    static = compile_static(config, inventory)
+    ruleset, alloc, shared = assemble(compile_static(config, inventory), fragments, previous())
+    memo_out = {}
+    if memo is not False:
+        memo_out = memo if isinstance(memo, dict) else _memo(inventory, config_digest, services, by_svc)
+        memo_out["exact"] = not shared
+        memo_out["allocation"] = _allocation_json(alloc)
+    return OneShot(ruleset, static, memo_out, recompiled=len(fragments))
+
+
+def _memo(inventory: Inventory, config_digest: str | None, services: list, by_svc: dict,
+          memo: dict | None = None) -> dict:
+    """A new compile memo without its allocation: every Service's input digest, taken from
+    `memo` where the Service's input token is the one it was written with."""
     tokens = input_tokens(inventory, services, by_svc)
-    # a digest from the memo only where the token is the one it was written with
-    same = memo.get("tokens") if old is not None else None
-    if not isinstance(same, dict):
-        same = {}
+    old = memo.get("services") if memo is not None else None
+    same = memo.get("tokens") if memo is not None else None
+    if not isinstance(old, dict) or not isinstance(same, dict):
+        old, same = {}, {}
     digests = {}
     for svc in services:
         k = svc.key
         t = tokens.get(k)
         d = old.get(k) if t is not None and same.get(k) == t else None
         digests[k] = d if type(d) is str else service_input_digest(svc, by_svc.get(k, ()))
-    memo_out = {"version": MEMO_VERSION, "key": key, "exact": False, "services": digests, "tokens": tokens}
-    contexts = {f: family_context(config, f) for f in FAMILIES}
-    # the memo's copy of `applied`'s index ranges spares reading every chain of it
-    before = _memo_allocation(memo) if old is not None else None
-    if before is None:
-        before = layout.allocation_of(applied)
-    static = compile_static(config, inventory)
-    if old is not None:
-        changed = {k for k, d in digests.items() if old.get(k) != d} | (set(old) - set(digests))
-        by_key = {svc.key: svc for svc in services}
-        new_frags = [compile_service(by_key[k], by_svc.get(k, ()), config, contexts)
-                     for k in sorted(changed) if k in by_key]
-        try:
-            old_frags = list(fragments_of(applied, changed).values())
-        except (KeyError, ValueError):  # a range without its elements: not what we wrote
-            old_frags = None
-        if old_frags is not None:
-            frags = old_frags + new_frags
-            applied_part = project(applied, static, frags)  # before `applied` becomes the result
-            alloc = patch(applied, before, old_frags, new_frags)
-            if alloc is not None:
-                memo_out["exact"] = True  # patch: no element shared, and `applied` was exact
-                memo_out["allocation"] = _allocation_json(alloc)
-                return OneShot(applied, static, memo_out, changed, applied_part, project(applied, static, frags),
-                               recompiled=len(new_frags))
-    fragments = [compile_service(svc, by_svc.get(svc.key, ()), config, contexts) for svc in services]
-    ruleset, alloc, shared = assemble(compile_static(config, inventory), fragments, before)
-    memo_out["exact"] = not shared
-    memo_out["allocation"] = _allocation_json(alloc)
-    return OneShot(ruleset, static, memo_out, recompiled=len(fragments))
+    return {"version": MEMO_VERSION, "key": memo_key(config_digest or "", inventory), "exact": False,
+            "services": digests, "tokens": tokens}
 
 
 def _allocation_json(alloc: dict) -> list:

@@ -26,7 +26,7 @@ from reconciler.engine.state import HOST, StateCorrupt, read_history, read_statu
 from reconciler.engine.sync import clean_udp_conntrack, commit, forget_affinity_clients, touched_objects, verify_touched
 from reconciler.engine.target import CommandError, Target, short_revision
 from reconciler.engine.verify import slim_created, verify_listed
-from reconciler.kernel import Interface, NftError, canonical, fingerprint, kernel_token, read_live
+from reconciler.kernel import Interface, NftError, canonical, fingerprint, kernel_token, list_live, parse_live, read_live
 
 EXIT_OK, EXIT_ERROR, EXIT_CHANGES = 0, 1, 2
 
@@ -62,36 +62,60 @@ def read_live_state(nft: Interface, target: Target, *, refresh: bool) -> tuple[R
     return read_live(nft, target.table), False
 
 
-def plan_desired(desired, nft: Interface, target: Target, *, refresh: bool):
+def plan_desired(desired, nft: Interface, target: Target, *, refresh: bool, memo: bool = True):
     """Compile `desired` (read with compile=False) against what the kernel holds, and plan:
     (desired with its ruleset, plan, the listing or None, whether the kernel was not
-    listed, the compile memo). On the fast path only the Services whose input changed are
-    compiled and diffed (compile.project); otherwise everything is compiled against the
-    listing, keeping its index ranges."""
+    listed, the compile memo or {} without `memo`). On the fast path only the Services
+    whose input changed are compiled and diffed (compile.project); otherwise the kernel is
+    listed and everything compiled, keeping the listing's index ranges."""
     from dataclasses import replace
 
     from reconciler.compile import NftSyntaxError, compile_oneshot
 
     # lazily: with its memo, compile_oneshot reads only the changed Services' objects
     rec = None if refresh else recorded_state(nft, target, lazy=True)
-    live = read_live(nft, target.table) if rec is None else None
-    applied, memo = rec if rec is not None else (live, None)
     inv = desired.inventory
+    live = None
     try:
-        one = compile_oneshot(inv, desired.config, desired.config_digest, applied, memo)
+        if rec is not None:
+            one = compile_oneshot(inv, desired.config, desired.config_digest, *rec)
+        else:
+            one, live = _compile_listing(desired, nft, target, memo)
     except NftSyntaxError as e:  # defence in depth: validation should have refused it
         raise CommandError(f"refusing input that would reach nft unsafely: {e}") from None
     desired = replace(desired, ruleset=one.ruleset)
     services = {s.key: s for s in inv.services}
-    if one.changed is not None:  # `applied` became one.ruleset: only its projection is left
+    if one.changed is not None:  # the record became one.ruleset: only its projection is left
         plan = make_plan(one.desired_part, canonical(one.applied_part), services, _derived_hints(desired))
         plan = replace(plan, desired=one.ruleset)  # what commit and verify_touched read
         logs.log.debug(f"incremental plan: {one.recompiled} of {len(services)} Services compiled, "
                        f"{len(one.changed)} compared")
-    else:  # compile_oneshot does not consume `applied` then
-        plan = make_plan(one.ruleset, live if live is not None else canonical(applied), services,
+    else:  # compile_oneshot does not consume the record then
+        plan = make_plan(one.ruleset, live if live is not None else canonical(rec[0]), services,
                          _derived_hints(desired))
     return desired, plan, live, rec is not None, one.memo
+
+
+def _compile_listing(desired, nft: Interface, target: Target, memo: bool):
+    """(compile.compile_all of `desired`, the live ruleset): a helper thread lists the
+    kernel while the Services compile, since libnftables lists outside the GIL; the
+    listing is parsed, and its index ranges taken, once they are compiled."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from reconciler import progress
+    from reconciler.compile import allocation_of, compile_all
+
+    live: list[Ruleset] = []
+
+    def listed():
+        live.append(parse_live(texts.result(), target.table))
+        return allocation_of(live[0])
+
+    with progress.step(f"listing table {target.table} in the kernel and compiling"), \
+            ThreadPoolExecutor(1, thread_name_prefix="listing") as pool:
+        texts = pool.submit(list_live, nft, target.table)
+        one = compile_all(desired.inventory, desired.config, desired.config_digest, listed, memo)
+    return one, live[0]
 
 
 def _keep_ranges(desired, live: Ruleset):
@@ -120,7 +144,8 @@ def run_plan(desired, target: Target, *, verbose: bool, output: str, detailed: b
     try:
         token = kernel_token(nft) if out is not None else None  # before listing (see verify_applied)
         if desired.ruleset is None:
-            desired, plan, live, _fast, _memo = plan_desired(desired, nft, target, refresh=refresh or out is not None)
+            desired, plan, live, _fast, _memo = plan_desired(desired, nft, target, refresh=refresh or out is not None,
+                                                             memo=False)
         else:
             live, _fast = read_live_state(nft, target, refresh=refresh or out is not None)
             desired = _keep_ranges(desired, live)

@@ -17,7 +17,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "health": ("HealthChecker",),
     "interface": ("Interface", "NftError", "NotFound"),
     "libnftables": ("Libnftables",),
-    "live": ("OTHER_KINDS", "canonical", "chain_policy", "fingerprint", "kernel_token", "parse_live", "read_live",
+    "live": ("OTHER_KINDS", "canonical", "chain_policy", "fingerprint", "kernel_token", "list_live", "parse_live", "read_live",
              "parse_duration", "read_live_objects", "read_runtime_keys", "table_flags", "table_others"),
     "netns": ("NamespaceThread",),
     "probes": ("ProbeLoop", "check_probe", "probe_all", "raise_fd_limit"),

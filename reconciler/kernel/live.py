@@ -256,12 +256,17 @@ def read_live(nft: Interface, table_name: str) -> Ruleset:
     from reconciler import progress
 
     with progress.step(f"listing table {table_name} in the kernel"):
-        return parse_live({family: nft.list_table(family, table_name) for family in FAMILIES}, table_name)
+        return parse_live(list_live(nft, table_name), table_name)
+
+
+def list_live(nft: Interface, table_name: str) -> dict[str, str | None]:
+    """nft's listings of nftrec's tables, {family: text or None}: read_live without the
+    parse, for a caller that lists on another thread (nft prints outside the GIL)."""
+    return {family: nft.list_table(family, table_name) for family in FAMILIES}
 
 
 def parse_live(listings: dict[str, str | None], table_name: str) -> Ruleset:
-    """read_live's Ruleset from its listings ({family: list_table's text or None}), for a
-    caller that listed them itself (`plan --refresh` starts the listing early)."""
+    """read_live's Ruleset from list_live's listings."""
     rs = Ruleset()
     for family in FAMILIES:
         text = listings.get(family)
