@@ -8,9 +8,9 @@ from __future__ import annotations
 
 
 def main() -> None:
-    from reconciler.heap import collect_rarely
+    from reconciler.heap import for_one_shot
 
-    collect_rarely()
+    for_one_shot()  # `watch` turns the cyclic GC back on (heap.for_daemon)
     from reconciler.commands import main as command_line
 
     command_line()

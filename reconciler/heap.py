@@ -1,7 +1,7 @@
 """The process's one memory policy: when the cyclic GC runs, and when freed C heap is
 given back to the system. Below every stage, beside logs.py: the entry point calls
-`collect_rarely`, intake reads under `no_cyclic_gc`, the daemon calls `settle_heap` after
-a full sync, and the kernel stage and the state writer call `trim_heap`.
+`for_one_shot`, `watch` `for_daemon`, intake reads under `no_cyclic_gc`, the daemon calls
+`settle_heap` after a full sync, and the kernel stage and the state writer call `trim_heap`.
 """
 
 from __future__ import annotations
@@ -13,11 +13,20 @@ from typing import Iterator
 _malloc_trim = None
 
 
-def collect_rarely() -> None:
-    """A young-generation GC threshold for a process that builds large, mostly acyclic
-    structures (manifests, models, rulesets, their JSON): at CPython's default of 700
-    allocations, thousands of collections free nothing. Older generations keep their ratios."""
+def for_one_shot() -> None:
+    """Every command but `watch`: it builds large, acyclic structures (manifests, models,
+    rulesets, listings) that stay alive until it exits, so the cyclic GC is off: each
+    collection would scan all of them again and free nothing. Reference counting still
+    frees everything else at once."""
+    gc.disable()
+
+
+def for_daemon() -> None:
+    """`watch` lives long and must free cycles: the cyclic GC on, with a young-generation
+    threshold for a process that builds large, mostly acyclic structures (at CPython's
+    default of 700 allocations, thousands of collections free nothing)."""
     gc.set_threshold(50_000, 10, 10)
+    gc.enable()
 
 
 @contextmanager

@@ -17,7 +17,7 @@ from pathlib import Path
 from reconciler import logs
 from reconciler.daemon.probing import start_probes
 from reconciler.daemon.reconcile import Daemon
-from reconciler.heap import trim_heap
+from reconciler.heap import for_daemon, trim_heap
 from reconciler.daemon.runner import Fatal, Runner
 from reconciler.daemon.statewriter import StateWriter
 from reconciler.daemon.watcher import DEBOUNCE, Watcher
@@ -54,6 +54,8 @@ def run_watch(directory: Path, config_path: Path | None, target: Target, *, stri
               metrics_address: str = "127.0.0.1:9105", debounce: float = DEBOUNCE) -> int:
     """The daemon: returns 0 after SIGTERM/SIGINT, 1 when it cannot start."""
     from reconciler.daemon.metrics import Metrics, MetricsError
+
+    for_daemon()
 
     stop_requested = threading.Event()
     metrics = Metrics()
