@@ -7,9 +7,24 @@ deleted afterwards, even when the test fails. Helpers live in nsutil.py.
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from nsutil import throwaway_netns
+
+
+@pytest.fixture
+def caplog(caplog):
+    """pytest's caplog, also seeing nftrec's logger, which does not propagate to the root
+    (logs.setup). pytest >= 9 attaches its handler to such loggers itself; pytest 8, the
+    last for Python 3.9, does not: the logger propagates while the test runs."""
+    log = logging.getLogger("nftrec")
+    was, log.propagate = log.propagate, True
+    try:
+        yield caplog
+    finally:
+        log.propagate = was
 
 
 @pytest.fixture

@@ -235,6 +235,8 @@ def test_bad_input_is_refused(edge):
     for p in (Packet(POD, "fd00::1", 80), Packet(POD, "10.96.0.10", 0), Packet(POD, "10.96.0.10", 80, "icmp")):
         with pytest.raises(TraceError):
             trace_packet(edge[2], p)
+    with pytest.raises(TraceError, match="'010.96.0.10': an IPv4 octet written with a leading zero"):
+        trace_packet(edge[2], Packet(POD, "010.96.0.10", 80))  # Python 3.9.0-3.9.4's ipaddress would read 10.96.0.10
 
 
 # --- the command ---------------------------------------------------------------------------------

@@ -486,3 +486,34 @@ def test_the_lean_validators_memo_tells_true_from_1_and_yes_from_a_string():
     assert [e.validator for e in es.iter_errors(slice_)] == ["type"]
     slice_["endpoints"][0]["conditions"]["ready"] = Yaml11Bool("yes")  # equal to "yes", not the same type
     assert [(e.validator, type(e.instance)) for e in es.iter_errors(slice_)] == [("type", Yaml11Bool)]
+
+
+# ipaddress refuses IPv4 octets with leading zeros only from Python 3.9.5 on; 3.9.0 to
+# 3.9.4 (Debian 11 ships 3.9.2) read 010 as decimal 10. nftrec refuses them itself.
+@pytest.mark.parametrize("addr", ["010.0.0.1", "1.2.3.04"])
+def test_ipv4_leading_zeros_are_refused_whatever_the_python_patch_level(tmp_path, addr):
+    from reconciler.compile.parse import CompileError, parse_ip, parse_net
+
+    write(tmp_path, "f.yaml", svc(ip=addr, extra_spec=f"  externalIPs: [\"{addr}\"]\n") + "---\n" + eps(addr=addr))
+    rc, out = validate(tmp_path)
+    assert rc == 1 and "3 errors" in out, out
+    for field in ("Service default/web: spec.clusterIP", "Service default/web: spec.externalIPs[0]",
+                  "EndpointSlice default/web-1: endpoints[0].addresses[0]"):
+        assert f"{field}: '{addr}'" in out, out
+    assert out.count("remove the leading zeros") == 3, out
+    with pytest.raises(CompileError, match="clusterIP: not an IP address"):
+        parse_ip(addr, "clusterIP")
+    with pytest.raises(CompileError, match="sourceRanges: not a CIDR"):
+        parse_net(f"{addr}/32", "sourceRanges")
+
+
+@pytest.mark.parametrize("text,refused", [
+    ("010.0.0.1", True), ("1.2.3.04", True), ("10.00.0.1", True), ("::ffff:1.2.3.04", True), ("64:ff9b::010.0.0.1", True),
+    ("10.0.0.1", False), ("100.0.0.0", False), ("0.0.0.0", False), ("::1.2.3.0", False), ("fd00::10", False), ("0::1", False),
+])
+def test_leading_zero_octets_are_found_in_ipv4_and_in_ipv6_dotted_tails(text, refused):
+    from reconciler.intake.schemas import parse_ip
+    from reconciler.intake.schema_files import leading_zero_octet
+
+    assert leading_zero_octet(text) is refused
+    assert (parse_ip(text) is None) is refused

@@ -502,6 +502,8 @@ def test_checkout_blobs_from_the_index_equal_ls_tree(tmp_path, monkeypatch, obje
     for i in range(5):  # names of several lengths (index entries are NUL-padded to 8 bytes)
         (src / "m" / ("d" * i + f"f{i}.yaml")).write_text(f"x: {i}\n")
     (src / "m" / "deep" / "g.yaml").write_text("y: 1\n")
+    (src / "m" / ("L" * 150)).mkdir()  # the next path drops > 127 bytes of it: a two-byte varint in version 4
+    (src / "m" / ("L" * 150) / "x.yaml").write_text("w: 1\n")
     (src / "m" / "run.yaml").write_text("z: 1\n")
     (src / "m" / "run.yaml").chmod(0o755)
     (src / "other.txt").write_text("not under m\n")
@@ -515,7 +517,7 @@ def test_checkout_blobs_from_the_index_equal_ls_tree(tmp_path, monkeypatch, obje
         meta, path = line.split("\t")
         mode, _, oid = meta.split(" ")
         listed[path[len("m/"):]] = (mode, oid)
-    assert len(listed) == 7 and {len(oid) for _, oid in listed.values()} == {40 if object_format == "sha1" else 64}
+    assert len(listed) == 8 and {len(oid) for _, oid in listed.values()} == {40 if object_format == "sha1" else 64}
     asked = []
     real_git = G._git
     monkeypatch.setattr(G, "_git", lambda *a, **k: asked.append(a[1]) or real_git(*a, **k))
@@ -529,7 +531,7 @@ def test_checkout_blobs_from_the_index_equal_ls_tree(tmp_path, monkeypatch, obje
     if not index.is_absolute():
         index = wt / index
     edited = {**listed, "deep/g.yaml": ("100644", None)}
-    _git(wt, "update-index", "--index-version", "4")  # path-compressed entries: dulwich reads them
+    _git(wt, "update-index", "--index-version", "4")  # path-compressed entries
     assert G.checkout_blobs(wt / "m") == edited and asked == []
     _git(wt, "update-index", "--split-index")  # entries partly in a shared index: not read here
     assert G._index_blobs(index, wt, "m/") is None

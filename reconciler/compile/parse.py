@@ -8,6 +8,7 @@ import ipaddress
 from collections.abc import Iterable, Sequence
 
 from reconciler.compile.ruleset import NftSyntaxError, check_atom
+from reconciler.intake import leading_zero_octet
 
 FAMILY_OF_VERSION = {4: "ip", 6: "ip6"}
 ADDRESS_TYPE_FAMILY = {"IPv4": "ip", "IPv6": "ip6"}
@@ -19,8 +20,9 @@ class CompileError(NftSyntaxError):
 
 
 def parse_ip(text: str, what: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
-    # '%' would smuggle an IPv6 scope id (arbitrary text) through ipaddress.
-    if not isinstance(text, str) or "%" in text:
+    # '%' would smuggle an IPv6 scope id (arbitrary text) through ipaddress; 010.0.0.1 is
+    # octal to some parsers, decimal to others (and to ipaddress before Python 3.9.5).
+    if not isinstance(text, str) or "%" in text or leading_zero_octet(text.strip()):
         raise CompileError(f"{what}: not an IP address: {text!r}")
     try:
         return ipaddress.ip_address(text.strip())
@@ -29,7 +31,7 @@ def parse_ip(text: str, what: str) -> ipaddress.IPv4Address | ipaddress.IPv6Addr
 
 
 def parse_net(text: str, what: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
-    if not isinstance(text, str) or "%" in text:
+    if not isinstance(text, str) or "%" in text or leading_zero_octet(text.strip().partition("/")[0]):
         raise CompileError(f"{what}: not a CIDR: {text!r}")
     try:
         # strict=False: net.IPNet.String() masks host bits (kube-proxy's rendering).

@@ -25,11 +25,25 @@ def _no_move_pairing_delay() -> None:
     IN_MOVED_TO, and every event behind it waits, git-sync's link
     swap included. A move, a delete and a create all mean "walk the tree" here, so the
     pairing is switched off: an unpaired move arrives as delete + create, at once."""
+    holder = _move_pairing_holder()
+    if holder is not None:
+        holder.delay = 0
+
+
+def _move_pairing_holder():
+    """The watchdog class whose `delay` holds an IN_MOVED_FROM: InotifyMoveEventGrouper
+    from watchdog 7, InotifyBuffer before (6.0 is the last for Python 3.9); None if
+    neither (not Linux, or another watchdog layout: its behaviour is kept)."""
     try:
         from watchdog.observers.inotify_move_event_grouper import InotifyMoveEventGrouper
-    except ImportError:  # not Linux, or another watchdog layout: keep its behaviour
-        return
-    InotifyMoveEventGrouper.delay = 0
+        return InotifyMoveEventGrouper
+    except ImportError:
+        pass
+    try:
+        from watchdog.observers.inotify_buffer import InotifyBuffer
+        return InotifyBuffer if isinstance(getattr(InotifyBuffer, "delay", None), (int, float)) else None
+    except ImportError:
+        return None
 
 
 class Watcher:

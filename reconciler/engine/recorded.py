@@ -210,6 +210,20 @@ def _one(family: str, kind: str, d, name: str):
     return objs[name]
 
 
+class _Lazy:
+    """A sequence of n items computed on demand by `at(i)`: bisect over the keys of a
+    sorted text's lines decodes only the lines it visits (bisect's key= is Python 3.10's)."""
+
+    def __init__(self, n: int, at):
+        self.n, self.at = n, at
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        return self.at(i)
+
+
 class LazyElements(MutableMapping):
     """A recorded set's elements (key -> Element) in its element lines buf[start:end]: one
     is found as `"key":<canonical key>` (only its line holds that: no JSON string holds an
@@ -320,9 +334,10 @@ class LazyElements(MutableMapping):
         def key_at(i: int) -> tuple:
             return tuple(json.loads(line(i))["key"])
 
+        keys = _Lazy(n, key_at)
         edits = []  # (index in the text, key, Element or None, replaces the element there)
         for k, e in changed.items():
-            i = bisect_left(range(n), k, key=key_at)
+            i = bisect_left(keys, k)
             edits.append((i, k, e, i < n and key_at(i) == k))
         edits.sort(key=lambda x: (x[0], x[1]))
         out: list[bytes] = []

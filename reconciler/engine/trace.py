@@ -14,6 +14,7 @@ from fractions import Fraction
 
 from reconciler.compile import Ruleset, Table, chain_id, element_id
 from reconciler.engine.tracereport import Outcome, Packet, Step, Trace, join_endpoint
+from reconciler.intake import leading_zero_octet
 from reconciler.kernel import canonical, rule_tokens
 
 ORIGINS = ("pod", "node", "external")
@@ -526,6 +527,9 @@ class Evaluator:
 
 
 def check_packet(packet: Packet) -> Packet:
+    for a in (packet.src, packet.dst):
+        if leading_zero_octet(a):  # the same refusal on every Python (ipaddress's begins with 3.9.5)
+            raise TraceError(f"{a!r}: an IPv4 octet written with a leading zero (octal or decimal?); remove it")
     try:
         src, dst = ipaddress.ip_address(packet.src), ipaddress.ip_address(packet.dst)
     except ValueError as e:

@@ -21,6 +21,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "probes": ("PROBE_ANNOTATION",),
     "problems": ("ERROR", "NOTICE", "WARNING", "Problem"),
     "report": ("run_validate",),
+    "schema_files": ("leading_zero_octet",),
     "sources": ("STDIN", "display_root", "is_stdin"),
     "store": ("code_digest",),
 })

@@ -13,10 +13,10 @@ worktrees), and the manifests of one revision from the object store (`load_revis
 from __future__ import annotations
 
 import hashlib
-import io
 import os
 import posixpath
 import re
+import struct
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -318,9 +318,60 @@ def checkout_blobs(root: Path) -> dict[str, tuple[str, str | None]] | None:
     return blobs
 
 
-_ASSUME_VALID = 0x8000  # git's index entry flags (Documentation/gitformat-index.txt)
+_ASSUME_VALID, _EXTENDED, _STAGE = 0x8000, 0x4000, 0x3000  # git's index entry flags (Documentation/gitformat-index.txt)
 _SKIP_WORKTREE, _INTENT_TO_ADD = 0x4000, 0x2000  # its extended flags (version 3 and later)
 _U32 = 0xFFFFFFFF  # the index keeps the low 32 bits of each stat field
+_STAT = struct.Struct(">10I")  # ctime s, ns, mtime s, ns, dev, ino, mode, uid, gid, size
+_FLAGS = struct.Struct(">H")
+
+
+def _read_index(data: bytes, n: int) -> tuple[list[tuple[bytes, tuple, bytes, int, int]], list[bytes]]:
+    """The entries of a git index file (versions 2 to 4, object ids of `n` bytes, trailer
+    not checked) as (path, stat fields, raw id, flags, extended flags), and the signatures
+    of its extensions. ValueError (or struct.error) when it is not one."""
+    if data[:4] != b"DIRC":
+        raise ValueError("not an index")
+    version, count = struct.unpack_from(">II", data, 4)
+    if version not in (2, 3, 4):
+        raise ValueError(f"index version {version}")
+    end = len(data) - n
+    pos, path, entries = 12, b"", []
+    for _ in range(count):
+        start = pos
+        stat = _STAT.unpack_from(data, pos)
+        oid = data[pos + 40:pos + 40 + n]
+        (flags,) = _FLAGS.unpack_from(data, pos + 40 + n)
+        pos += 42 + n
+        extended = 0
+        if flags & _EXTENDED:
+            (extended,) = _FLAGS.unpack_from(data, pos)
+            pos += 2
+        if version == 4:  # the path is the previous one less N bytes (git's varint.c), plus a suffix
+            c = data[pos]
+            strip = c & 0x7F
+            while c & 0x80:
+                pos += 1
+                c = data[pos]
+                strip = ((strip + 1) << 7) | (c & 0x7F)
+            if strip > len(path):
+                raise ValueError("index path compression out of range")
+            nul = data.index(b"\0", pos + 1)
+            path = path[:len(path) - strip] + data[pos + 1:nul]
+            pos = nul + 1
+        else:  # NUL-terminated, the entry padded with NULs to a multiple of 8 bytes
+            nul = data.index(b"\0", pos)
+            path = data[pos:nul]
+            pos = start + ((nul - start + 8) & ~7)
+        if pos > end:
+            raise ValueError("index entries overrun")
+        entries.append((path, stat, oid, flags, extended))
+    signatures = []
+    while pos + 8 <= end:  # extensions: signature, length, data
+        signatures.append(data[pos:pos + 4])
+        pos += 8 + struct.unpack_from(">I", data, pos + 4)[0]
+    if pos != end:
+        raise ValueError("index extensions overrun")
+    return entries, signatures
 
 
 def _index_blobs(path: Path, top: Path, prefix: str) -> dict[str, tuple[str, str | None]] | None:
@@ -331,49 +382,42 @@ def _index_blobs(path: Path, top: Path, prefix: str) -> dict[str, tuple[str, str
     # ctime cannot be set back by a user, so an edit after the checkout, even of the same
     # size with the mtime restored, is seen. An entry git calls racily clean (written in
     # the index's own timestamp tick) is taken as the index says, as `git ls-tree` would be.
-    from dulwich.index import ConflictedIndexEntry, IndexChecksumReader, read_index_dict_with_version
-    from dulwich.object_format import SHA1, SHA256
-
     try:
         with open(path, "rb") as f:
             data = f.read()
     except OSError:
         return None
-    for fmt in (SHA1, SHA256):  # the trailer is the checksum of the rest, in the repository's hash
-        n = fmt.oid_length
-        if len(data) > 12 + n:
-            h = fmt.new_hash()
-            h.update(memoryview(data)[:-n])
-            if h.digest() == data[-n:]:
-                break
+    for new_hash in (hashlib.sha1, hashlib.sha256):  # the trailer is the checksum of the rest, in the repository's hash
+        n = new_hash().digest_size
+        if len(data) > 12 + n and new_hash(memoryview(data)[:-n]).digest() == data[-n:]:
+            break
     else:
         return None  # torn, or written without a checksum (index.skipHash)
     try:
-        entries, _version, extensions = read_index_dict_with_version(IndexChecksumReader(io.BytesIO(data), fmt), fmt)
-    except Exception:  # dulwich's parse errors have no common base: any of them means "ask git"
+        entries, signatures = _read_index(data, n)
+    except (ValueError, IndexError, struct.error):
         return None
-    if b"" in entries or any(e.signature in (b"link", b"sdir") for e in extensions):
-        # split (entries live in a shared index too; dulwich 1.2 reads its `link` extension
-        # as an entry with an empty path) or sparse (directories as entries)
-        return None
+    if b"link" in signatures or b"sdir" in signatures:
+        return None  # split (entries live in a shared index too) or sparse (directories as entries)
     out: dict[str, tuple[str, str | None]] = {}
-    for raw, entry in entries.items():
+    for raw, stat, oid, flags, extended in entries:
         name = raw.decode("utf-8", "surrogateescape")
         if not name.startswith(prefix):
             continue
-        if isinstance(entry, ConflictedIndexEntry):
+        if flags & _STAGE:
             return None  # a merge in progress: not a checkout of one commit
-        kind = f"{entry.mode:o}"
-        trusted = kind in ("100644", "100755") and not entry.flags & _ASSUME_VALID and \
-            not entry.extended_flags & (_SKIP_WORKTREE | _INTENT_TO_ADD)
+        ctime_s, ctime_ns, mtime_s, mtime_ns, _dev, ino, mode, _uid, _gid, size = stat
+        kind = f"{mode:o}"
+        trusted = kind in ("100644", "100755") and not flags & _ASSUME_VALID and \
+            not extended & (_SKIP_WORKTREE | _INTENT_TO_ADD)
         if trusted:
             try:
                 st = os.lstat(f"{top}/{name}")
             except OSError:
                 st = None
             trusted = (st is not None
-                       and tuple(entry.mtime) == ((st.st_mtime_ns // 1_000_000_000) & _U32, st.st_mtime_ns % 1_000_000_000)
-                       and tuple(entry.ctime) == ((st.st_ctime_ns // 1_000_000_000) & _U32, st.st_ctime_ns % 1_000_000_000)
-                       and entry.ino == st.st_ino & _U32 and entry.size == st.st_size & _U32)
-        out[name[len(prefix):]] = (kind, entry.sha.decode("ascii") if trusted else None)  # hex bytes
+                       and (mtime_s, mtime_ns) == ((st.st_mtime_ns // 1_000_000_000) & _U32, st.st_mtime_ns % 1_000_000_000)
+                       and (ctime_s, ctime_ns) == ((st.st_ctime_ns // 1_000_000_000) & _U32, st.st_ctime_ns % 1_000_000_000)
+                       and ino == st.st_ino & _U32 and size == st.st_size & _U32)
+        out[name[len(prefix):]] = (kind, oid.hex() if trusted else None)
     return out

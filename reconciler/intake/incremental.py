@@ -31,6 +31,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from reconciler.compat import SLOTS
 from reconciler.intake import yamldocs
 from reconciler.intake.build import build_inventory, model_objects
 from reconciler.intake.git import blob_id, checkout_blobs, revision_of
@@ -127,7 +128,7 @@ def _clean(res) -> bool:
     return res.obj is not None and not res.problems and res.unknown_kind is None
 
 
-@dataclass(eq=False, slots=True)
+@dataclass(eq=False, **SLOTS)
 class _FileEntry:
     display: str
     stat: tuple

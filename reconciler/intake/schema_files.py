@@ -29,6 +29,13 @@ def schema_dir() -> Path:
 # --- strict IP formats ---------------------------------------------------------------------
 
 
+def leading_zero_octet(text: str) -> bool:
+    """Whether the IPv4 part of an address (the whole, or an IPv6 address' dotted tail like
+    ::ffff:1.2.3.04) has an octet written with a leading zero. ipaddress refuses them from
+    Python 3.9.5 on; 3.9.0 to 3.9.4 (Debian 11 ships 3.9.2) read 010 as decimal 10."""
+    return "." in text and any(len(p) > 1 and p[0] == "0" for p in text.rpartition(":")[2].split("."))
+
+
 def parse_ip(value: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     """An IP in any family, or None. Rejects what kube's strict parser rejects: leading
     zeros (010.0.0.1: octal or decimal?), zones (fe80::1%eth0), whitespace, and IPv4-mapped
@@ -42,8 +49,10 @@ def parse_ip(value: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None
 # in turn (three times per endpoint); the objects are immutable, so a small memo serves.
 @lru_cache(maxsize=4096)
 def _parse_ip(value: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    if leading_zero_octet(value):
+        return None
     try:
-        ip = ipaddress.ip_address(value)  # Python >= 3.9.5 refuses IPv4 leading zeros
+        ip = ipaddress.ip_address(value)
     except ValueError:
         return None
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:

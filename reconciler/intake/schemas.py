@@ -13,7 +13,7 @@ from functools import lru_cache
 
 from jsonschema import Draft202012Validator, FormatChecker, validators
 
-from reconciler.intake.schema_files import parse_cidr, parse_ip, schema_dir
+from reconciler.intake.schema_files import leading_zero_octet, parse_cidr, parse_ip, schema_dir
 
 # kind -> schema file
 KINDS = {
@@ -53,7 +53,7 @@ def ip_hint(value: object) -> str:
     if "/" in value:
         return "; this is a CIDR, but a single address is wanted here: drop the /prefix"
     addr = value.split("/")[0]
-    if "." in addr and any(len(p) > 1 and p.startswith("0") for p in addr.split(":")[-1].split(".")):
+    if leading_zero_octet(addr):
         return "; remove the leading zeros"
     try:
         ip = ipaddress.ip_address(addr)

@@ -22,6 +22,7 @@ import struct
 import threading
 from typing import Callable, Iterable
 
+from reconciler.compat import within
 from reconciler.compile import ProbeTarget
 from reconciler.kernel.netns import enter_netns
 
@@ -276,9 +277,8 @@ async def check(t: ProbeTarget) -> str | None:
     if t.error:
         return t.error
     try:
-        async with asyncio.timeout(t.probe.timeout_seconds):
-            await _HANDLERS[t.probe.handler](t)
-    except TimeoutError:
+        await within(t.probe.timeout_seconds, _HANDLERS[t.probe.handler](t))
+    except (asyncio.TimeoutError, TimeoutError):  # one class from Python 3.11; a socket's own timeout too
         return f"{t.probe.handler} probe of {_hostport(t.address, t.port)} timed out after {t.probe.timeout_seconds}s"
     except ProbeFailed as e:
         return str(e)
