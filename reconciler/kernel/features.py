@@ -13,9 +13,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from reconciler import logs
-from reconciler.compile import Chain, Rule, Table, chain_cmd, rule_cmd, set_cmd, table_cmd
-from reconciler.compile.layout import (AFFINITY_SET, affinity_key, affinity_set, dnat_pick, map_for, pick_rule,
-                                       vmap_pick)
+from reconciler.compile import (AFFINITY_SET, Chain, Rule, Table, affinity_key, affinity_set, chain_cmd, dnat_pick,
+                                map_for, pick_rule, rule_cmd, set_cmd, table_cmd, vmap_pick)
 from reconciler.intake import NftSpelling
 from reconciler.kernel.interface import Interface, NftError
 from reconciler.kernel.transaction import Transaction
