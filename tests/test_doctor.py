@@ -21,7 +21,9 @@ def test_kernel_version_gate_and_skip():
 def test_nft_version_gate():
     assert check_nft_version("1.0.6").ok and check_nft_version("1.0.1").ok
     assert not check_nft_version("1.0.0").ok and not check_nft_version("0.9.8").ok
-    assert not check_nft_version(None).ok
+    old = check_nft_version("0.9.8")
+    assert old.warning and "1.0.1" in old.detail and old.line().startswith("warn ")  # warns, never refuses
+    assert not check_nft_version(None).ok and not check_nft_version(None).warning
 
 
 def test_privileges_from_capeff():
@@ -35,6 +37,10 @@ def test_doctor_in_a_namespace_reports_a_kube_proxy_table(netns):
     out = io.StringIO()
     assert run_doctor(netns, "nftrec", out=out) == 0
     assert "ok   nft version: 1." in out.getvalue() and "nftrec can run here." in out.getvalue()
+    # the host's nft accepts nftrec's own spellings (found by check transactions)
+    assert ("ok   nft spellings: endpoint maps: `typeof numgen random mod 1 : verdict` maps accepted, so shared maps"
+            in out.getvalue()), out.getvalue()
+    assert "affinity: `typeof ip saddr . numgen … . numgen …` sets accepted, so one shared set" in out.getvalue()
     in_ns(netns, "nft", "add", "table", "ip", "kube-proxy")
     out = io.StringIO()
     assert run_doctor(netns, "nftrec", out=out) == 0  # a warning, not a failure
