@@ -236,15 +236,22 @@ def test_missing_library_message(monkeypatch):
         Libnftables()
 
 
-def test_two_namespaces_side_by_side(netns):
+def test_one_context_per_process_two_namespaces_in_turn(netns):
+    """libnftables before 1.0 frees process-wide symbol tables with each context, so two
+    open contexts abort the process (double free): a second Libnftables while one is
+    open is refused, on every version; namespaces are worked on in turn."""
+    from reconciler.kernel import SecondContext
+
     other = f"nftrec-t-{uuid.uuid4().hex[:8]}"
     sh("ip", "netns", "add", other)
     try:
-        a, b = Libnftables(netns=netns), Libnftables(netns=other)
+        a = Libnftables(netns=netns)
         try:
+            with pytest.raises(SecondContext):
+                Libnftables(netns=other)
+            assert nftmod._contexts == 1
             a.run(small_tx())
             assert a.list_table("ip", T) is not None
-            assert b.list_table("ip", T) is None
             # usable from several caller threads; all work happens on the worker thread
             errs = []
 
@@ -264,9 +271,24 @@ def test_two_namespaces_side_by_side(netns):
             assert errs == []
         finally:
             a.close()
-            b.close()
+        assert nftmod._contexts == 0
+        with Libnftables(netns=other) as b:
+            assert b.list_table("ip", T) is None
+        assert nftmod._contexts == 0
     finally:
         sh("ip", "netns", "del", other, check=False)
+
+
+def test_renewed_context_is_freed_first(netns, monkeypatch):
+    """A big listing replaces the context (_TRIM_AFTER): the old one is freed before the
+    new one is made, so the count never passes one."""
+    monkeypatch.setattr(nftmod, "_TRIM_AFTER", 1)
+    with Libnftables(netns=netns) as nft:
+        nft.run(small_tx())
+        for _ in range(3):
+            assert nft.list_table("ip", T) is not None
+            assert nftmod._contexts == 1
+    assert nftmod._contexts == 0
 
 
 def test_big_transactions_are_read_from_a_file(netns, monkeypatch):

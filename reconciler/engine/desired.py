@@ -87,13 +87,15 @@ def nft_spelling(netns: str | None, cache_dir: Path | None, nft=None):
     else a context of its own, closed before returning. nftrec's own spellings when no
     context can be made (the command that needs one says why)."""
     from reconciler.intake import NftSpelling
-    from reconciler.kernel import Libnftables, NftError, Spellings
+    from reconciler.kernel import Libnftables, NftError, SecondContext, Spellings
 
     store = Spellings(cache_dir / f"nft-{netns or 'host'}.json" if cache_dir is not None else None)
     if nft is not None:
         return store.get(nft)
     try:
         own = Libnftables(netns)
+    except SecondContext:
+        raise
     except (NftError, OSError) as e:
         logs.log.debug(f"nft spellings not probed ({e}); assuming nftrec's own")
         return NftSpelling()
