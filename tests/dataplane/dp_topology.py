@@ -360,7 +360,11 @@ class Topology:
 
     def flush_conntrack(self) -> None:
         for family in ("ipv4", "ipv6"):
-            nsx(self.node, "conntrack", "-F", "-f", family, check=False)
+            if nsx(self.node, "conntrack", "-F", "-f", family, check=False).returncode != 0:
+                # conntrack-tools before 1.4.7 (Debian 11) takes no family with -F, and
+                # flushes the whole table
+                nsx(self.node, "conntrack", "-F")
+                return
 
     def conntrack(self, *filters: str, family: str = "ipv4") -> list[Flow]:
         """`conntrack -L` entries in the node namespace (the second witness).
