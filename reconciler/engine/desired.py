@@ -87,11 +87,17 @@ def nft_spelling(netns: str | None, cache_dir: Path | None, nft=None):
     else a context of its own, closed before returning. nftrec's own spellings when no
     context can be made (the command that needs one says why)."""
     from reconciler.intake import NftSpelling
-    from reconciler.kernel import Libnftables, NftError, SecondContext, Spellings
+    from reconciler.kernel import Libnftables, NftError, SecondContext, Spellings, netns_cookie
 
     store = Spellings(cache_dir / f"nft-{netns or 'host'}.json" if cache_dir is not None else None)
     if nft is not None:
         return store.get(nft)
+    try:
+        known = store.lookup(_in_target(netns, netns_cookie)())  # a remembered answer: no context
+    except (NftError, OSError):
+        known = None
+    if known is not None:
+        return known
     try:
         own = Libnftables(netns)
     except SecondContext:

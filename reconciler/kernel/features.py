@@ -96,19 +96,31 @@ class Spellings:
         return f"{library_identity()}|{os.uname().release}|{cookie}"
 
     def get(self, nft: Interface) -> NftSpelling:
-        key = self.key(nft.netns_cookie())
-        if key is not None and key in self._memo:
-            return self._memo[key]
-        doc = self._read()
-        if key is not None and doc.get("key") == key:
-            spelling = NftSpelling(**doc["spelling"])
-        else:
+        """The remembered answer for `nft`'s namespace, else a probe through `nft`."""
+        cookie = nft.netns_cookie()
+        spelling = self.lookup(cookie)
+        if spelling is None:
             spelling = probe_spelling(nft)
-            if key is not None:
-                self._write({"format": 1, "key": key, "spelling": asdict(spelling)})
+            self.remember(cookie, spelling)
+        return spelling
+
+    def lookup(self, cookie: int | None) -> NftSpelling | None:
+        """The answer remembered for the namespace of `cookie` (no nft context needed)."""
+        key = self.key(cookie)
+        if key is None:
+            return None
+        if key not in self._memo:
+            doc = self._read()
+            if doc.get("key") != key:
+                return None
+            self._memo[key] = NftSpelling(**doc["spelling"])
+        return self._memo[key]
+
+    def remember(self, cookie: int | None, spelling: NftSpelling) -> None:
+        key = self.key(cookie)
         if key is not None:
             self._memo[key] = spelling
-        return spelling
+            self._write({"format": 1, "key": key, "spelling": asdict(spelling)})
 
     def _read(self) -> dict:
         if self.path is None:
