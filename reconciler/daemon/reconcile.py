@@ -136,7 +136,11 @@ class Daemon:
         cfg, problems = load_node_config(str(self.config_path) if self.config_path else None,
                                          discover_ips=lambda: nft.in_namespace(discover_node_ips),
                                          discover_addresses=lambda: nft.in_namespace(discover_host_addresses))
-        cfg = replace(cfg, spelling=Spellings(None).get(nft))  # probed once per process
+        try:
+            cfg = replace(cfg, spelling=Spellings(None).get(nft))  # probed once per process
+        except NftError as e:
+            logs.log.error(f"cannot tell which spellings this nft accepts: {e}")
+            return False
         for p in problems:
             logs.problem(p)
         if any(p.is_error for p in problems):

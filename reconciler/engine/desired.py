@@ -58,9 +58,9 @@ def node_address_discovery(netns: str | None):
 
 def load_config(config_path: Path | None, netns: str | None, *, interfaces: bool = True,
                 cache_dir: Path | None = None, nft=None):
-    """(the effective node config, problems): what compile sees, with node IPs and (unless
+    """(the effective node config, problems): what compile sees, with node IPs, (unless
     `interfaces` is False: render) the interface addresses discovered in the target
-    namespace and the spellings its nft accepts (nft_spelling; through `nft`, the caller's
+    namespace, and the spellings its nft accepts (nft_spelling; through `nft`, the caller's
     open Interface, if any). The no-op fast path digests exactly this. `cache_dir`: the
     node config's settings cache (intake.read_settings), and the discovery remembered there
     (Remembered)."""
@@ -75,9 +75,9 @@ def load_config(config_path: Path | None, netns: str | None, *, interfaces: bool
         addresses = remembered.wrap("hostAddresses", addresses) if addresses is not None else None
     cfg, problems = load_node_config(str(config_path) if config_path else None, discover_ips=ips,
                                      discover_addresses=addresses, cache_dir=cache_dir)
-    if interfaces:
-        cfg = replace(cfg, spelling=nft_spelling(netns, cache_dir, nft))
-    return cfg, problems
+    # render too: its script is for this nft (a dry run in the namespace; nftrec's own
+    # spellings when nft cannot be asked)
+    return replace(cfg, spelling=nft_spelling(netns, cache_dir, nft)), problems
 
 
 def nft_spelling(netns: str | None, cache_dir: Path | None, nft=None):
@@ -91,7 +91,11 @@ def nft_spelling(netns: str | None, cache_dir: Path | None, nft=None):
 
     store = Spellings(cache_dir / f"nft-{netns or 'host'}.json" if cache_dir is not None else None)
     if nft is not None:
-        return store.get(nft)
+        try:
+            return store.get(nft)
+        except NftError as e:
+            logs.log.debug(f"nft spellings not probed ({e}); assuming nftrec's own")
+            return NftSpelling()
     try:
         known = store.lookup(_in_target(netns, netns_cookie)())  # a remembered answer: no context
     except (NftError, OSError):
@@ -107,6 +111,9 @@ def nft_spelling(netns: str | None, cache_dir: Path | None, nft=None):
         return NftSpelling()
     try:
         return store.get(own)
+    except NftError as e:  # not remembered: the command says why when it uses nft itself
+        logs.log.debug(f"nft spellings not probed ({e}); assuming nftrec's own")
+        return NftSpelling()
     finally:
         own.close()
 

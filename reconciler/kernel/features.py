@@ -43,8 +43,14 @@ def _probe(family: str) -> tuple[list[str], list[str]]:
 
 
 def probe_spelling(nft: Interface) -> NftSpelling:
-    """The spellings `nft`'s library and kernel accept, by two check transactions."""
+    """The spellings `nft`'s library and kernel accept, by check transactions. Raises
+    NftError when even the empty table is refused (no CAP_NET_ADMIN, say): that says
+    nothing about the constructs."""
     maps, affinity = _probe("ip")
+    baseline = Transaction()
+    for c in maps[:2]:  # the table and its chain
+        baseline.raw(c)
+    nft.check(baseline)
 
     def accepts(cmds: list[str]) -> bool:
         tx = Transaction()

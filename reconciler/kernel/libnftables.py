@@ -259,6 +259,10 @@ class Libnftables:
             self._renew_ctx()
             trim_heap()
         if rc != 0:
+            if not (err or out).strip() and ctypes.get_errno():
+                # libnftables before 1.0 prints a netlink error (EPERM: "Operation not
+                # permitted (you must be root)") to stderr, not to the error buffer
+                err = f"{os.strerror(ctypes.get_errno())}\n"
             if where is not None:  # "/proc/self/fd/7:3:39-45: Error: ..." -> "transaction line 3:39-45: ..."
                 err = err.replace(f"{where}:", "transaction line ")
             raise error_for(err or out, text())
