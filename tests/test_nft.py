@@ -236,15 +236,22 @@ def test_missing_library_message(monkeypatch):
         Libnftables()
 
 
-def test_two_namespaces_side_by_side(netns):
+def test_one_context_per_process_two_namespaces_in_turn(netns):
+    """libnftables before 1.0 frees process-wide symbol tables with each context, so two
+    open contexts abort the process (double free): a second Libnftables while one is
+    open is refused, on every version; namespaces are worked on in turn."""
+    from reconciler.kernel import SecondContext
+
     other = f"nftrec-t-{uuid.uuid4().hex[:8]}"
     sh("ip", "netns", "add", other)
     try:
-        a, b = Libnftables(netns=netns), Libnftables(netns=other)
+        a = Libnftables(netns=netns)
         try:
+            with pytest.raises(SecondContext):
+                Libnftables(netns=other)
+            assert nftmod._contexts == 1
             a.run(small_tx())
             assert a.list_table("ip", T) is not None
-            assert b.list_table("ip", T) is None
             # usable from several caller threads; all work happens on the worker thread
             errs = []
 
@@ -264,9 +271,24 @@ def test_two_namespaces_side_by_side(netns):
             assert errs == []
         finally:
             a.close()
-            b.close()
+        assert nftmod._contexts == 0
+        with Libnftables(netns=other) as b:
+            assert b.list_table("ip", T) is None
+        assert nftmod._contexts == 0
     finally:
         sh("ip", "netns", "del", other, check=False)
+
+
+def test_renewed_context_is_freed_first(netns, monkeypatch):
+    """A big listing replaces the context (_TRIM_AFTER): the old one is freed before the
+    new one is made, so the count never passes one."""
+    monkeypatch.setattr(nftmod, "_TRIM_AFTER", 1)
+    with Libnftables(netns=netns) as nft:
+        nft.run(small_tx())
+        for _ in range(3):
+            assert nft.list_table("ip", T) is not None
+            assert nftmod._contexts == 1
+    assert nftmod._contexts == 0
 
 
 def test_big_transactions_are_read_from_a_file(netns, monkeypatch):
@@ -324,14 +346,21 @@ def test_big_transactions_are_read_from_a_file(netns, monkeypatch):
 def test_big_commands_leave_no_cache_behind(netns, monkeypatch):
     """nft keeps what a command listed or declared in its context's cache (~190 MB after
     listing a 10,000-Service table): after a big command the context is replaced."""
+    made = []
+    real = nftmod.Libnftables._new_ctx
+
+    def new_ctx(self):
+        made.append(real(self))  # the old context is freed first: malloc may reuse its address
+        return made[-1]
+
+    monkeypatch.setattr(nftmod.Libnftables, "_new_ctx", new_ctx)
     with Libnftables(netns=netns) as nft:
         nft.run(small_tx())
-        ctx = nft._ctx
         listing = nft.list_table("ip", T)
-        assert nft._ctx == ctx  # small commands keep their context
+        assert len(made) == 1  # small commands keep their context
         monkeypatch.setattr(nftmod, "_TRIM_AFTER", 100)
         assert nft.list_table("ip", T) == listing
-        assert nft._ctx not in (ctx, None)
+        assert len(made) == 2 and nft._ctx == made[-1]
         monkeypatch.undo()
         nft.run(Transaction().add("ip", T, Chain("after")))  # the new context works
         assert "chain after" in nft.list_table("ip", T)

@@ -205,7 +205,7 @@ def _compile_port(service: Service, port: ServicePort, cluster_ip: str,
         if not 1 <= timeout <= 86400:
             raise CompileError(f"Service {service.key}: sessionAffinity timeout {timeout} "
                                "is outside 1..86400 seconds")
-        shared = ctx.sharded
+        shared = ctx.shared_affinity
         for ep in cat.all_reachable:
             b = ep_base(ep)
             aset = check_name(naming.affinity_set(b))
@@ -225,18 +225,18 @@ def _compile_port(service: Service, port: ServicePort, cluster_ip: str,
     def policy_rules(chain: str, eps: Sequence[EndpointInfo]) -> tuple[Rule, ...]:
         # kube-proxy writes an anonymous map for N > 1 endpoints, and for ClientIP
         # affinity an anonymous vmap for any N: each becomes an index range here
-        if ctx.sharded and (affinity or len(eps) > 1):
+        if ctx.index_maps and (affinity or len(eps) > 1):
             if affinity:
                 pick = layout.vmap_pick(fam, chain, tuple(
                     f"goto {check_name(naming.endpoint_chain(ep_base(e)))}" for e in eps))
-                jumps = _affinity_jumps(fam, eps, ep_base, ctx.sharded)[:-1]
+                jumps = _affinity_jumps(fam, eps, ep_base, ctx.shared_affinity)[:-1]
             else:
                 pick = layout.dnat_pick(fam, chain, proto, tuple(f"{check_atom(e.ip)} . {e.port}" for e in eps))
                 jumps = ()
             ff.picks.append(pick)
             return jumps + (layout.pick_rule(pick, 0),)
         if affinity:
-            return _affinity_jumps(fam, eps, ep_base, ctx.sharded)
+            return _affinity_jumps(fam, eps, ep_base, ctx.shared_affinity)
         return (_dnat_rule(fam, proto, eps),)
 
     if uses_cluster_chain:

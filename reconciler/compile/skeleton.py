@@ -12,7 +12,7 @@ from reconciler.compile.nodeports import NodePortAddressesError, select_nodeport
 from reconciler.compile.parse import CompileError, collapse_nets, family_of, parse_ip, parse_net, set_literal
 from reconciler.compile.ruleset import FAMILIES, BaseHook, Chain, Element, NamedSet, Rule, Ruleset, Table, \
     check_atom, check_name
-from reconciler.intake import Inventory, NodeConfig
+from reconciler.intake import Inventory, NftSpelling, NodeConfig
 
 TABLE_COMMENT = "rules for nftrec"
 
@@ -52,11 +52,24 @@ class FamilyContext:
     nodeport_match_all: bool
     nodeport_ips: tuple[str, ...]  # elements of nodeport-ips (when not match-all)
     layout: str = layout.DEFAULT_LAYOUT  # "sharded" | "kube-proxy" (compile/layout.py)
+    spelling: NftSpelling = NftSpelling()  # what the target's nft accepts
 
     @property
     def sharded(self) -> bool:
         """The sharded layout: endpoint maps, the shared affinity set and hairpin shards."""
         return self.layout == "sharded"
+
+    @property
+    def index_maps(self) -> bool:
+        """The sharded layout's endpoint maps by index range (else kube-proxy's anonymous
+        map per Service port: nft before 1.0 writes no `typeof … : verdict`)."""
+        return self.sharded and self.spelling.index_maps
+
+    @property
+    def shared_affinity(self) -> bool:
+        """The sharded layout's one affinity set (else kube-proxy's set per endpoint: nft
+        before 1.0 puts no numgen in a concatenation)."""
+        return self.sharded and self.spelling.shared_affinity
 
     @property
     def addr_type(self) -> str:
@@ -120,6 +133,7 @@ def family_context(config: NodeConfig, family: str) -> FamilyContext:
         nodeport_match_all=match_all,
         nodeport_ips=nodeport_ips,
         layout=_layout(config),
+        spelling=config.spelling,
     )
 
 
@@ -185,7 +199,7 @@ def _static_sets(ctx: FamilyContext) -> list[NamedSet]:
         NamedSet(SERVICE_NODEPORTS, "inet_proto . inet_service", "verdict",
                  comment="NodePort traffic"),
     ]
-    if ctx.sharded:
+    if ctx.shared_affinity:
         sets.append(layout.affinity_set(ctx.family, ctx.addr_type))
     return sets
 

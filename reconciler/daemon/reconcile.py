@@ -32,7 +32,7 @@ from reconciler.daemon import health
 from reconciler.intake import (
     Intake, Inventory, NodeConfig, Snapshot, discover_host_addresses, discover_node_ips, load_node_config,
 )
-from reconciler.kernel import Interface, NftError, canonical, fingerprint, kernel_token, read_live
+from reconciler.kernel import Interface, NftError, Spellings, canonical, fingerprint, kernel_token, read_live
 
 
 def _netns_id(netns: str | None) -> tuple | None:
@@ -136,6 +136,11 @@ class Daemon:
         cfg, problems = load_node_config(str(self.config_path) if self.config_path else None,
                                          discover_ips=lambda: nft.in_namespace(discover_node_ips),
                                          discover_addresses=lambda: nft.in_namespace(discover_host_addresses))
+        try:
+            cfg = replace(cfg, spelling=Spellings(None).get(nft))  # probed once per process
+        except NftError as e:
+            logs.log.error(f"cannot tell which spellings this nft accepts: {e}")
+            return False
         for p in problems:
             logs.problem(p)
         if any(p.is_error for p in problems):

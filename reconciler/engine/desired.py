@@ -57,11 +57,15 @@ def node_address_discovery(netns: str | None):
 
 
 def load_config(config_path: Path | None, netns: str | None, *, interfaces: bool = True,
-                cache_dir: Path | None = None):
-    """(the effective node config, problems): what compile sees, with node IPs and (unless
+                cache_dir: Path | None = None, nft=None):
+    """(the effective node config, problems): what compile sees, with node IPs, (unless
     `interfaces` is False: render) the interface addresses discovered in the target
-    namespace. The no-op fast path digests exactly this. `cache_dir`: the node config's
-    settings cache (intake.read_settings), and the discovery remembered there (Remembered)."""
+    namespace, and the spellings its nft accepts (nft_spelling; through `nft`, the caller's
+    open Interface, if any). The no-op fast path digests exactly this. `cache_dir`: the
+    node config's settings cache (intake.read_settings), and the discovery remembered there
+    (Remembered)."""
+    from dataclasses import replace
+
     from reconciler.intake import load_node_config
 
     ips, addresses = node_ip_discovery(netns), node_address_discovery(netns) if interfaces else None
@@ -69,8 +73,49 @@ def load_config(config_path: Path | None, netns: str | None, *, interfaces: bool
         remembered = Remembered(cache_dir / f"discovery-{netns or 'host'}.json", netns)
         ips = remembered.wrap("nodeIPs", ips)
         addresses = remembered.wrap("hostAddresses", addresses) if addresses is not None else None
-    return load_node_config(str(config_path) if config_path else None, discover_ips=ips,
-                            discover_addresses=addresses, cache_dir=cache_dir)
+    cfg, problems = load_node_config(str(config_path) if config_path else None, discover_ips=ips,
+                                     discover_addresses=addresses, cache_dir=cache_dir)
+    # render too: its script is for this nft (a dry run in the namespace; nftrec's own
+    # spellings when nft cannot be asked)
+    return replace(cfg, spelling=nft_spelling(netns, cache_dir, nft)), problems
+
+
+def nft_spelling(netns: str | None, cache_dir: Path | None, nft=None):
+    """The spellings the target namespace's nft accepts (kernel.Spellings: probed once, then
+    remembered in `cache_dir`). Through `nft` when given: libnftables before 1.0 cannot
+    have two contexts in one process (Libnftables), so a caller holding one passes it;
+    else a context of its own, closed before returning. nftrec's own spellings when no
+    context can be made (the command that needs one says why)."""
+    from reconciler.intake import NftSpelling
+    from reconciler.kernel import Libnftables, NftError, SecondContext, Spellings, netns_cookie
+
+    store = Spellings(cache_dir / f"nft-{netns or 'host'}.json" if cache_dir is not None else None)
+    if nft is not None:
+        try:
+            return store.get(nft)
+        except NftError as e:
+            logs.log.debug(f"nft spellings not probed ({e}); assuming nftrec's own")
+            return NftSpelling()
+    try:
+        known = store.lookup(_in_target(netns, netns_cookie)())  # a remembered answer: no context
+    except (NftError, OSError):
+        known = None
+    if known is not None:
+        return known
+    try:
+        own = Libnftables(netns)
+    except SecondContext:
+        raise
+    except (NftError, OSError) as e:
+        logs.log.debug(f"nft spellings not probed ({e}); assuming nftrec's own")
+        return NftSpelling()
+    try:
+        return store.get(own)
+    except NftError as e:  # not remembered: the command says why when it uses nft itself
+        logs.log.debug(f"nft spellings not probed ({e}); assuming nftrec's own")
+        return NftSpelling()
+    finally:
+        own.close()
 
 
 # iproute2's JSON view of everything address discovery reads (intake.discover_node_ips,

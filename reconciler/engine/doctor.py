@@ -1,8 +1,9 @@
 """`nftrec doctor`: can nftrec work here? One line per check, exit 1 if any fails.
 
-The checks mirror kube-proxy's supported.go (nft >= 1.0.1; kernel >= 5.13 unless
+The checks mirror kube-proxy's supported.go (kernel >= 5.13 unless
 NFTREC_SKIP_KERNEL_VERSION_CHECK is set, because older kernels imply an nft binary
-that would choke on our rules) plus what nftrec itself needs.
+that would choke on our rules; nft >= 1.0.1, a warning here) plus what nftrec itself
+needs, and say which spellings this nft accepts (kernel/features.py).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Callable, TextIO
 
 from reconciler import logs
 from reconciler.engine.teardown import KUBE_PROXY_TABLE
-from reconciler.kernel import Interface, Libnftables, NftError, Transaction
+from reconciler.kernel import Interface, Libnftables, NftError, Transaction, probe_spelling
 from reconciler.compile import Table
 
 MIN_NFT = (1, 0, 1)
@@ -60,11 +61,34 @@ def check_privileges(status_text: str) -> Check:
 
 
 def check_nft_version(version: str | None) -> Check:
+    """kube-proxy refuses nft < 1.0.1: an older nft crashes listing rules that a newer nft
+    wrote into other tools' tables. nftrec lists only its own tables, so a warning."""
     if version is None:
         return Check("nft version", False, "could not read libnftables' version")
     if _version_tuple(version) >= MIN_NFT:
         return Check("nft version", True, f"{version} >= 1.0.1")
-    return Check("nft version", False, f"{version} is older than 1.0.1; install nftables >= 1.0.1")
+    return Check("nft version", False, f"{version} is older than 1.0.1, kube-proxy's floor (an older nft may "
+                 "crash reading other tools' tables written by a newer nft); nftrec reads only its own tables and "
+                 "uses the spellings this nft accepts", warning=True)
+
+
+# What each NftSpelling field says, accepted and refused (compile/layout.py).
+_SPELLINGS = {
+    "index_maps": ("endpoint maps", "`typeof numgen random mod 1 : verdict` maps",
+                   "shared maps by index range", "kube-proxy's anonymous map per Service port"),
+    "shared_affinity": ("affinity", "`typeof ip saddr . numgen … . numgen …` sets",
+                        "one shared set per table", "kube-proxy's set per endpoint"),
+}
+
+
+def check_spelling(nft: Interface) -> Check:
+    """The constructs this nft accepts (check transactions) and the spelling used."""
+    spelling = probe_spelling(nft)
+    parts = []
+    for name, (what, construct, ours, theirs) in _SPELLINGS.items():
+        ok = getattr(spelling, name)
+        parts.append(f"{what}: {construct} {'accepted' if ok else 'refused'}, so {ours if ok else theirs}")
+    return Check("nft spellings", True, "; ".join(parts) + " (same packets either way)")
 
 
 def run_doctor(netns: str | None, table: str, out: TextIO = sys.stdout,
@@ -82,6 +106,7 @@ def run_doctor(netns: str | None, table: str, out: TextIO = sys.stdout,
         try:
             checks.append(Check("libnftables", True, f"loaded{' in netns ' + netns if netns else ''}"))
             checks.append(check_nft_version(nft.version()))
+            checks.append(check_spelling(nft))
             try:  # what knftables probes: can we create our table, with a comment?
                 nft.check(Transaction().add_table(Table("ip", table, comment="nftrec doctor probe")))
                 checks.append(Check("nft transaction", True, f"a table {table} can be created (dry run)"))

@@ -54,7 +54,7 @@ def _why_not(target: Target, directory: Path, config_path: Path | None, *, stric
         if d.digest != st.input_digest:
             return None, "the manifests changed since the last apply"
         cfg, problems = load_config(config_path, target.netns,  # as load_desired reads it
-                                    cache_dir=config_cache_dir(target.state_root))
+                                    cache_dir=config_cache_dir(target.state_root), nft=nft)
         if problems:
             return None, "the node config has problems"
         if config_digest(cfg, strict=strict) != st.config_digest:

@@ -16,7 +16,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "incremental": ("Intake", "Snapshot"),
     "inventory": ("InventoryResult", "read_inventory", "read_revision"),
     "load": ("SUFFIXES",),
-    "model": ("Endpoint", "EndpointPort", "EndpointSlice", "HealthCheck", "Inventory", "LoadBalancerIngress", "NodeConfig",
+    "model": ("Endpoint", "EndpointPort", "EndpointSlice", "HealthCheck", "Inventory", "LoadBalancerIngress", "NftSpelling", "NodeConfig",
               "Probe", "Service", "ServiceCIDR", "ServicePort", "Source"),
     "probes": ("PROBE_ANNOTATION",),
     "problems": ("ERROR", "NOTICE", "WARNING", "Problem"),

@@ -153,6 +153,20 @@ class HealthCheck:
 
 
 @dataclass(frozen=True)
+class NftSpelling:
+    """Which spellings of the sharded layout's constructs the target's nft accepts (found
+    by a check transaction at the first contact with a namespace, kernel/features.py).
+    True: nftrec's own; False: kube-proxy's spelling of the same packet path."""
+
+    # `typeof numgen random mod 1 : verdict` (and `: ip daddr . tcp dport`) maps indexed by
+    # ranges; else an anonymous map per Service port, as kube-proxy writes it
+    index_maps: bool = True
+    # the shared affinity set keyed `ip saddr . numgen … . numgen …`; else kube-proxy's
+    # dynamic set per endpoint
+    shared_affinity: bool = True
+
+
+@dataclass(frozen=True)
 class NodeConfig:
     node_name: str
     node_ips: tuple[str, ...] = ()  # canonical; at most one primary per family is used
@@ -178,6 +192,8 @@ class NodeConfig:
     # watch: checks after each new revision's apply; failing = rolled back
     health_checks: tuple[HealthCheck, ...] = ()
     health_check_timeout: float = 30.0  # seconds
+    # what the target's nft accepts (discovered, like host_addresses; never from the file)
+    spelling: NftSpelling = NftSpelling()
     source: Source = field(default=Source("<defaults>"), compare=False)
 
 

@@ -3,7 +3,7 @@
 through libnftables, and a Fake).
 """
 
-# interface (Interface, NftError), transaction (Transaction), libnftables (the real kernel;
+# interface (Interface, NftError), features (which spellings this nft accepts), transaction (Transaction), libnftables (the real kernel;
 # netns: the namespace thread; netlink: tables and the generation id), fake (Fake),
 # ruletext (the rule tokenizer and normal form), live (listing → canonical Ruleset; the
 # generation token), conntrack (UDP cleanup), health (confirmed apply's checks), probes
@@ -14,12 +14,14 @@ from reconciler import lazy_exports
 __all__, __getattr__ = lazy_exports(__name__, {
     "conntrack": ("cleanup_udp",),
     "fake": ("Fake",),
+    "features": ("PROBE_TABLE", "Spellings", "library_identity", "probe_spelling"),
     "health": ("HealthChecker",),
     "interface": ("Interface", "NftError", "NotFound"),
-    "libnftables": ("Libnftables",),
+    "libnftables": ("Libnftables", "SecondContext"),
     "live": ("OTHER_KINDS", "canonical", "chain_policy", "fingerprint", "kernel_token", "list_live", "parse_live", "read_live",
              "parse_duration", "read_live_objects", "read_runtime_keys", "table_flags", "table_others"),
     "netns": ("NamespaceThread",),
+    "netlink": ("netns_cookie",),
     "probes": ("ProbeLoop", "check_probe", "probe_all", "raise_fd_limit"),
     "ruletext": ("rule_tokens",),
     "transaction": ("Transaction",),

@@ -11,6 +11,7 @@ import ctypes
 import ctypes.util
 import os
 import tempfile
+import threading
 from typing import Callable, TypeVar
 
 from reconciler import logs
@@ -30,6 +31,18 @@ _OUT_NUMERIC_TIME = 1 << 10
 _LIST_FLAGS = _OUT_NUMERIC_PRIO | _OUT_NUMERIC_TIME  # `priority -110`, `timeout 10800s`
 
 _lib: ctypes.CDLL | None = None
+# libnftables before 1.0 keeps its symbol tables (marks, realms, ...) in globals that every
+# nft_ctx_new sets and every nft_ctx_free frees: two contexts alive in one process end in
+# "double free or corruption". So a process holds at most one context, on every version
+# (the same code paths run everywhere): a second Libnftables while one is open is refused,
+# and a context is freed before its replacement is made (_renew_ctx).
+_contexts_lock = threading.Lock()
+_contexts = 0  # nft contexts alive in this process (0 or 1)
+
+
+class SecondContext(NftError):
+    """A Libnftables was made while another is open in this process (a bug of the caller:
+    pass the open one along)."""
 # A command whose script or output is this big is a big one (a cold or full-sync
 # transaction, a listing of a big table). Afterwards its context is replaced and the C
 # heap trimmed: nft keeps what it listed or declared in the context's cache until the
@@ -77,7 +90,11 @@ class Libnftables:
         self.netns = netns
         self._lib = _load_lib()
         self._worker = NamespaceThread(netns)
-        self._ctx = self._worker.call(self._new_ctx)
+        try:
+            self._ctx = self._worker.call(self._new_ctx)
+        except BaseException:
+            self._worker.close()
+            raise
         self._nl = NfTablesSocket()  # used on the worker thread only
         self._cookie: int | None = None  # the worker's namespace's, once read
 
@@ -148,7 +165,7 @@ class Libnftables:
             ctx, self._ctx = self._ctx, None
 
             def free():
-                self._lib.nft_ctx_free(ctx)
+                self._free_ctx(ctx)
                 self._nl.close()
 
             self._worker.call(free)
@@ -183,12 +200,24 @@ class Libnftables:
             self._worker.call(lambda: self._cmd_file(f.fileno(), size, dry_run, tx.text))
 
     def _new_ctx(self):
-        ctx = self._lib.nft_ctx_new(0)
-        if not ctx:
-            raise NftError("nft_ctx_new failed")
+        global _contexts
+        with _contexts_lock:
+            if _contexts:
+                raise SecondContext("another libnftables context is open in this process (libnftables before 1.0 "
+                                    "frees shared globals with each context: a double free); use the open one")
+            ctx = self._lib.nft_ctx_new(0)
+            if not ctx:
+                raise NftError("nft_ctx_new failed")
+            _contexts += 1
         self._lib.nft_ctx_buffer_output(ctx)
         self._lib.nft_ctx_buffer_error(ctx)
         return ctx
+
+    def _free_ctx(self, ctx) -> None:
+        global _contexts
+        with _contexts_lock:
+            self._lib.nft_ctx_free(ctx)
+            _contexts -= 1
 
     def _renew_ctx(self) -> None:
         """Replace the context (see _TRIM_AFTER): nft's cache goes with the old one. The old
@@ -196,7 +225,7 @@ class Libnftables:
         in globals that every nft_ctx_new sets and every nft_ctx_free frees, so two live
         contexts in one process end in a double free."""
         old, self._ctx = self._ctx, None
-        self._lib.nft_ctx_free(old)
+        self._free_ctx(old)
         self._ctx = self._new_ctx()
 
     def _cmd(self, script: str | bytes, flags: int = 0, dry_run: bool = False) -> str:
@@ -230,6 +259,10 @@ class Libnftables:
             self._renew_ctx()
             trim_heap()
         if rc != 0:
+            if not (err or out).strip() and ctypes.get_errno():
+                # libnftables before 1.0 prints a netlink error (EPERM: "Operation not
+                # permitted (you must be root)") to stderr, not to the error buffer
+                err = f"{os.strerror(ctypes.get_errno())}\n"
             if where is not None:  # "/proc/self/fd/7:3:39-45: Error: ..." -> "transaction line 3:39-45: ..."
                 err = err.replace(f"{where}:", "transaction line ")
             raise error_for(err or out, text())

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 
 from reconciler.compile import FAMILIES, BaseHook, Chain, Element, NamedSet, Rule, Ruleset, Table
 from reconciler.kernel.interface import Interface, NftError
-from reconciler.kernel.ruletext import canonical_rule, split_comment
+from reconciler.kernel.ruletext import PROTOCOL_NAMES, canonical_rule, split_comment
 
 
 def canonical_rule_obj(rule: Rule) -> Rule:
@@ -230,7 +230,24 @@ def _parse_set(name: str, kind: str, body: list[str]) -> NamedSet:
                 s.elements[el.key] = el
         else:
             s.elements = _plain_elements(elems_text, kind == "map")
+        if "inet_proto" in s.type and not s.typeof:
+            s.elements = _protocol_names(s.elements, s.type)
     return s
+
+
+def _protocol_names(elements: dict, type_: str) -> dict:
+    """`10.96.0.10 . 6 . 53` (nft before 1.0) → `10.96.0.10 . tcp . 53`: the protocol of an
+    `inet_proto` key part by name, as nftrec writes it and later nft lists it. Every element
+    of a listing spells it alike, so a first element with a name means nothing to do."""
+    at = [i for i, part in enumerate(type_.split(" . ")) if part == "inet_proto"]
+    first = next(iter(elements.values()), None)
+    if first is None or not any(i < len(first.key) and first.key[i] in PROTOCOL_NAMES for i in at):
+        return elements
+    out = {}
+    for e in elements.values():
+        key = tuple(PROTOCOL_NAMES.get(k, k) if i in at else k for i, k in enumerate(e.key))
+        out[key] = Element(key, e.value, e.comment)
+    return out
 
 
 def _plain_elements(text: str, is_map: bool) -> dict:

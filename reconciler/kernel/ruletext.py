@@ -15,6 +15,9 @@ _HEX = re.compile(r"0x[0-9a-fA-F]+")
 _IPISH = re.compile(r"[0-9a-fA-F.:/\-]*[0-9][0-9a-fA-F.:/\-]*")
 _OPS = {"or": "|", "and": "&", "xor": "^"}
 _L4 = {"tcp", "udp", "sctp", "udplite", "dccp"}
+# nft before 1.0 lists a protocol in a rule (`meta l4proto 6`) and in a set element
+# (`10.96.0.10 . 6 . 53`) by its number; later ones by its name, as nftrec writes it.
+PROTOCOL_NAMES = {"6": "tcp", "17": "udp", "132": "sctp", "136": "udplite", "33": "dccp"}
 _COMMENT_TAIL = re.compile(r'\s+comment\s+"([^"]*)"$')
 
 
@@ -151,6 +154,9 @@ def canonical_rule(text: str) -> str:
             if toks[i + 1 : i + 2] in (["ip"], ["ip6"]) and toks[i + 2 : i + 6] == ["addr", ".", "port", "to"]:
                 out += [toks[i + 1], "to"]
                 i += 5
+        elif i + 2 < n and toks[i + 1] == "l4proto" and toks[i + 2] in PROTOCOL_NAMES:
+            toks[i + 2] = PROTOCOL_NAMES[toks[i + 2]]  # `meta l4proto 6` (nft 0.9.8)
+            continue
         elif i + 3 < n and toks[i + 1] == "l4proto" and toks[i + 2] in _L4 and toks[i + 3] == toks[i + 2]:
             i += 3  # `meta l4proto tcp tcp dport 80`: nft drops the implied dependency
             continue

@@ -204,6 +204,7 @@ class Topology:
     loaded_ruleset: object = None
     hand_loaded: bool = False
     trace_checks: int = 0  # probes compared with a trace (the module can tell it ran)
+    _spelling: object = None  # spelling(), once probed
 
     @property
     def node(self) -> str:
@@ -331,11 +332,25 @@ class Topology:
         if flush_conntrack:
             self.flush_conntrack()
 
-    def load(self, inventory, config, *, flush_conntrack: bool = True) -> str:
-        """Compile + render with nftrec's own API, load it into the node namespace."""
+    def spelling(self):
+        """The spellings the node namespace's nft accepts, probed as nftrec probes them
+        (kernel/features.py): what `load` compiles with unless told otherwise."""
+        if self._spelling is None:
+            from reconciler.kernel import Libnftables, probe_spelling
+
+            with Libnftables(self.node) as nft:
+                self._spelling = probe_spelling(nft)
+        return self._spelling
+
+    def load(self, inventory, config, *, flush_conntrack: bool = True, spelling=None) -> str:
+        """Compile + render with nftrec's own API, load it into the node namespace.
+        `spelling` (an NftSpelling): force one; None: what this nft accepts (`spelling()`)."""
+        from dataclasses import replace
+
         from reconciler.compile.services import compile_ruleset
         from reconciler.compile.render import render_script
 
+        config = replace(config, spelling=spelling if spelling is not None else self.spelling())
         ruleset = compile_ruleset(inventory, config)
         script = render_script(ruleset)
         # no delete first: the rendered script itself replaces nftrec's tables, atomically
@@ -345,7 +360,11 @@ class Topology:
 
     def flush_conntrack(self) -> None:
         for family in ("ipv4", "ipv6"):
-            nsx(self.node, "conntrack", "-F", "-f", family, check=False)
+            if nsx(self.node, "conntrack", "-F", "-f", family, check=False).returncode != 0:
+                # conntrack-tools before 1.4.7 (Debian 11) takes no family with -F, and
+                # flushes the whole table
+                nsx(self.node, "conntrack", "-F")
+                return
 
     def conntrack(self, *filters: str, family: str = "ipv4") -> list[Flow]:
         """`conntrack -L` entries in the node namespace (the second witness).

@@ -4,6 +4,8 @@ real packets: no new connection lands on a removed endpoint, the kept ones still
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from dp_topology import EP4
@@ -20,10 +22,11 @@ pytestmark = pytest.mark.dataplane
 def apply(dp, inventory):
     """As `nftrec apply` commits: read the kernel, keep its index ranges, diff, one
     transaction; returns it. The probes are traced against the new desired ruleset."""
+    cfg = replace(config(), spelling=dp.spelling())  # what this nft accepts (before our context)
     nft = Libnftables(dp.node)
     try:
         live = read_live(nft, "nftrec")
-        desired = relocate(compile_ruleset(inventory, config()), live)
+        desired = relocate(compile_ruleset(inventory, cfg), live)
         tx = transaction_for(diff(desired, live), desired)
         nft.run(tx)
         assert diff(desired, read_live(nft, "nftrec")).empty
@@ -44,8 +47,9 @@ def test_removed_and_replaced_endpoints_get_no_new_connections(dp):
         dp.probe(role, "10.96.0.61", 80, count=2)
 
     tx = apply(dp, inv(web, eps("web", EP4[:2]), sticky, eps("sticky", EP4[:2])))
-    assert any(op.startswith("flush map ip nftrec endpoint-dnat-tcp-") for op in tx)
-    assert any(op.startswith("flush map ip nftrec endpoint-vmap-") for op in tx)
+    if dp.spelling().index_maps:  # else (nft 0.9.8) the rules' anonymous maps change
+        assert any(op.startswith("flush map ip nftrec endpoint-dnat-tcp-") for op in tx)
+        assert any(op.startswith("flush map ip nftrec endpoint-vmap-") for op in tx)
     assert not [op for op in tx if op.startswith("delete element ip nftrec endpoint-")], tx.ops
     assert set(servers(dp.probe("clientA", "10.96.0.60", 80, count=40))) == set(EP4[:2])
     for role in ("clientA", "clientB", "pod"):

@@ -1,0 +1,152 @@
+"""Which of the sharded layout's constructs the target's libnftables and kernel accept,
+found by check transactions (`nft -c`: nothing changes) of the exact texts the compiler
+writes, never by a version table; the answer is the compile's `NftSpelling`. Probed once
+per namespace, library and kernel, and remembered in the state directory (`Spellings`),
+so a no-op plan pays a stat, not a probe.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict
+from pathlib import Path
+
+from reconciler import logs
+from reconciler.compile import (AFFINITY_SET, Chain, Rule, Table, affinity_key, affinity_set, chain_cmd, dnat_pick,
+                                map_for, pick_rule, rule_cmd, set_cmd, table_cmd, vmap_pick)
+from reconciler.intake import NftSpelling
+from reconciler.kernel.interface import Interface, NftError
+from reconciler.kernel.transaction import Transaction
+
+PROBE_TABLE = "nftrec-probe"  # only ever in a dry run
+
+
+def _probe(family: str) -> tuple[list[str], list[str]]:
+    """The commands of each construct's check: (index maps, shared affinity set), each
+    with a rule that uses it, as the compiler writes them (compile/layout.py)."""
+    table = Table(family, PROBE_TABLE)
+    head = [table_cmd("add", table), chain_cmd("add", family, PROBE_TABLE, Chain("probe"))]
+
+    def rule(body: str) -> str:
+        return rule_cmd(family, PROBE_TABLE, "probe", Rule(body))
+
+    dnat = dnat_pick(family, "probe/dnat", "tcp", ("192.0.2.1 . 80",) if family == "ip" else ("2001:db8::1 . 80",))
+    vmap = vmap_pick(family, "probe/vmap", ("goto probe",))
+    maps = head + [set_cmd("add", family, PROBE_TABLE, map_for(family, p.map)) for p in (dnat, vmap)]
+    maps += [rule(pick_rule(p, 2).body) for p in (dnat, vmap)]
+    key = affinity_key(family, "probe")
+    affinity = head + [set_cmd("add", family, PROBE_TABLE, affinity_set(family, "")),
+                       rule(f"update @{AFFINITY_SET} {{ {key} timeout 10800s }}"),
+                       rule(f"{key} @{AFFINITY_SET} goto probe")]
+    return maps, affinity
+
+
+def probe_spelling(nft: Interface) -> NftSpelling:
+    """The spellings `nft`'s library and kernel accept, by check transactions. Raises
+    NftError when even the empty table is refused (no CAP_NET_ADMIN, say): that says
+    nothing about the constructs."""
+    maps, affinity = _probe("ip")
+    baseline = Transaction()
+    for c in maps[:2]:  # the table and its chain
+        baseline.raw(c)
+    nft.check(baseline)
+
+    def accepts(cmds: list[str]) -> bool:
+        tx = Transaction()
+        for c in cmds:
+            tx.raw(c)
+        try:
+            nft.check(tx)
+            return True
+        except NftError as e:
+            logs.log.debug(f"nft refuses a construct, using another spelling: {e}")
+            return False
+
+    # nft 0.9.8 refuses `typeof numgen … : verdict`; it accepts `: ip daddr . tcp dport`,
+    # but writes that map's integer keys in network byte order while numgen yields host
+    # order, so no packet would find its endpoint: both maps go by the one check.
+    return NftSpelling(index_maps=accepts(maps), shared_affinity=accepts(affinity))
+
+
+def library_identity() -> str:
+    """Which libnftables this process has loaded: its path, size and mtime as mapped (a
+    package upgrade changes them); no context is made."""
+    from reconciler.kernel.libnftables import _load_lib
+
+    _load_lib()
+    with open("/proc/self/maps") as f:
+        for line in f:
+            path = line.rstrip("\n").split(None, 5)[-1]
+            if "/libnftables.so" in path:
+                st = os.stat(path)
+                return f"{path}:{st.st_size}:{int(st.st_mtime)}"
+    return "libnftables"
+
+
+class Spellings:
+    """NftSpelling per (library, kernel release, namespace cookie): in this process, and in
+    `path` (JSON, data only; a damaged file is ignored) when given. Without a cookie (kernel
+    before 5.14) a namespace has no lasting identity: the answer is kept in this process
+    only."""
+
+    _memo: dict[str, NftSpelling] = {}
+
+    def __init__(self, path: Path | None):
+        self.path = path
+
+    @staticmethod
+    def key(cookie: int | None) -> str | None:
+        if cookie is None:
+            return None
+        return f"{library_identity()}|{os.uname().release}|{cookie}"
+
+    def get(self, nft: Interface) -> NftSpelling:
+        """The remembered answer for `nft`'s namespace, else a probe through `nft`."""
+        cookie = nft.netns_cookie()
+        spelling = self.lookup(cookie)
+        if spelling is None:
+            spelling = probe_spelling(nft)
+            self.remember(cookie, spelling)
+        return spelling
+
+    def lookup(self, cookie: int | None) -> NftSpelling | None:
+        """The answer remembered for the namespace of `cookie` (no nft context needed)."""
+        key = self.key(cookie)
+        if key is None:
+            return None
+        if key not in self._memo:
+            doc = self._read()
+            if doc.get("key") != key:
+                return None
+            self._memo[key] = NftSpelling(**doc["spelling"])
+        return self._memo[key]
+
+    def remember(self, cookie: int | None, spelling: NftSpelling) -> None:
+        key = self.key(cookie)
+        if key is not None:
+            self._memo[key] = spelling
+            self._write({"format": 1, "key": key, "spelling": asdict(spelling)})
+
+    def _read(self) -> dict:
+        if self.path is None:
+            return {}
+        try:
+            doc = json.loads(self.path.read_bytes())
+            fields = set(asdict(NftSpelling()))
+            if (isinstance(doc, dict) and doc.get("format") == 1 and isinstance(doc.get("spelling"), dict)
+                    and set(doc["spelling"]) == fields and all(isinstance(v, bool) for v in doc["spelling"].values())):
+                return doc
+        except (OSError, ValueError):
+            pass
+        return {}
+
+    def _write(self, doc: dict) -> None:
+        from reconciler.atomic import atomic_write
+
+        if self.path is None:
+            return
+        try:
+            atomic_write(self.path, json.dumps(doc, sort_keys=True).encode(), 0o600, durable=False)
+        except OSError as e:
+            logs.log.debug(f"nft spelling not remembered ({e})")
