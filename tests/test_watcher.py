@@ -43,3 +43,14 @@ def test_link_swaps_trigger_and_moves_are_not_held(tmp_path):
             assert w.take_changes() is None  # a swap asks for a walk of the tree
     finally:
         w.stop()
+
+
+def test_watchdog_move_pairing_is_found():
+    """The watcher turns off watchdog's IN_MOVED_FROM pairing delay through a class of
+    watchdog's internals (6.x InotifyBuffer, 7.x InotifyMoveEventGrouper); a watchdog
+    that moved it elsewhere must fail here, not silently delay every link swap."""
+    from reconciler.daemon.watcher import _move_pairing_holder
+
+    holder = _move_pairing_holder()
+    assert holder is not None, "watchdog's move-pairing class not found: update _move_pairing_holder"
+    assert isinstance(holder.delay, (int, float))
