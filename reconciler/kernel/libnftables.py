@@ -43,6 +43,8 @@ _contexts = 0  # nft contexts alive in this process (0 or 1)
 class SecondContext(NftError):
     """A Libnftables was made while another is open in this process (a bug of the caller:
     pass the open one along)."""
+
+
 # A command whose script or output is this big is a big one (a cold or full-sync
 # transaction, a listing of a big table). Afterwards its context is replaced and the C
 # heap trimmed: nft keeps what it listed or declared in the context's cache until the
