@@ -11,7 +11,7 @@ import logging
 
 import pytest
 
-from nsutil import throwaway_netns
+from nsutil import nft_spelling, throwaway_netns
 
 
 @pytest.fixture
@@ -25,6 +25,13 @@ def caplog(caplog):
         yield caplog
     finally:
         log.propagate = was
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _nft_spelling_probed():
+    """The spellings this nft accepts, probed before any test opens a libnftables context
+    (nsutil.nft_spelling opens one of its own)."""
+    nft_spelling()
 
 
 @pytest.fixture

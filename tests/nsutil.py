@@ -5,6 +5,7 @@ namespace, make a throwaway namespace. Imported by tests as `from nsutil import 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import subprocess
@@ -70,3 +71,38 @@ def nft_scratch(script: str, *, check_only: bool) -> str:
         os.unlink(path)
     assert proc.returncode == 0, proc.stderr + "\n----\n" + script
     return proc.stdout
+
+
+@functools.lru_cache(maxsize=None)
+def nft_spelling():
+    """The spellings this machine's nft accepts, found as plan and apply find them
+    (kernel/features.py, in a throwaway namespace): nftrec's own from nft 1.0.1,
+    kube-proxy's on 0.9.8. A test that loads a compiled ruleset into the kernel compiles
+    with these. conftest probes once per session, before any test opens a context (one
+    per process); without root, nftrec's own (kernel tests fail on root anyway)."""
+    from reconciler.intake import NftSpelling
+    from reconciler.kernel import Libnftables, probe_spelling
+
+    if _kernel_ready():
+        return NftSpelling()
+    with throwaway_netns() as ns, Libnftables(netns=ns) as nft:
+        return probe_spelling(nft)
+
+
+def for_this_nft(config):
+    """`config` with the spellings this machine's nft accepts (nft_spelling)."""
+    from dataclasses import replace
+
+    return replace(config, spelling=nft_spelling())
+
+
+def needs_nft_spelling(what: str, backend=None) -> None:
+    """Skip a test about the sharded layout's `what` ("index_maps" or "shared_affinity")
+    on an nft that refuses it (never on kernel.Fake, given as `backend`); plan and apply
+    use kube-proxy's spelling there, whose packets tests/dataplane/test_nft_spelling.py
+    compares."""
+    from reconciler.kernel import Fake
+
+    if not isinstance(backend, Fake) and not getattr(nft_spelling(), what):
+        version = subprocess.run(["nft", "--version"], capture_output=True, text=True).stdout.strip()
+        pytest.skip(f"{version} refuses the sharded layout's {what.replace('_', ' ')}")

@@ -153,7 +153,9 @@ def ct_insert(ns, proto, src, dst, dport, reply_src, sport=1234, zone=None):
 def ct_list(ns) -> set[tuple]:
     """(proto, orig src, orig dst, orig dport, reply src, zone) of every entry, all families."""
     out = set()
-    for line in in_ns(ns, "conntrack", "-L").stdout.splitlines():
+    # family by family: conntrack before 1.4.7 lists IPv4 only when none is named
+    lines = [line for f in ("ipv4", "ipv6") for line in in_ns(ns, "conntrack", "-L", "-f", f).stdout.splitlines()]
+    for line in lines:
         words = line.split()
         kv: dict[str, list[str]] = {}
         for w in words:

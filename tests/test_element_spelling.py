@@ -17,6 +17,7 @@ import pytest
 
 import reconciler.engine.changes as changes_mod
 from _nft_samples import CONFIG, add_service, ep, epp, rich_inventory, sl, sp, svc, with_endpoints
+from nsutil import for_this_nft
 from reconciler.compile.layout import hairpin_set, relocate
 from reconciler.compile.services import compile_ruleset
 from reconciler.engine.changes import diff, transaction_for
@@ -33,7 +34,7 @@ NEW = add_service(BASE, svc("ns9", "new", "NodePort", cips=("172.30.0.99",), por
 
 def sync(nft, inv, layout="sharded"):
     live = read_live(nft, TABLE)
-    desired = relocate(compile_ruleset(inv, replace(CONFIG, layout=layout)), live)
+    desired = relocate(compile_ruleset(inv, replace(for_this_nft(CONFIG), layout=layout)), live)
     ch = diff(desired, live)
     tx = transaction_for(ch, desired)
     nft.run(tx)
@@ -99,7 +100,7 @@ def test_a_projection_rewrites_only_sets_it_kept_whole(backend):
     from reconciler.compile import compile_static
     from reconciler.kernel.live import canonical
 
-    cfg = replace(CONFIG, layout="sharded")
+    cfg = replace(for_this_nft(CONFIG), layout="sharded")
     sync(backend, NEW)
     c1 = compile_incremental(NEW, cfg, None, previous=read_live(backend, TABLE))
     edited = with_endpoints(NEW, "ns9/new", "IPv4", [ep("10.180.9.2")])  # loses its local endpoint

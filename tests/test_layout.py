@@ -18,6 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from _nft_samples import CONFIG, add_service, ep, epp, rich_inventory, sl, sp, svc, with_endpoints, with_service
+from nsutil import for_this_nft, needs_nft_spelling
 from test_kernel_accepts import configs, inventories
 from reconciler.compile.layout import (
     AFFINITY_SET, COMPACT_AT, FIREWALL_RULES_MAX, HAIRPIN_SET_PREFIX, HAIRPIN_VMAP, Pick, affinity_key, allocate,
@@ -337,6 +338,7 @@ def test_removed_and_changed_endpoints_rewrite_their_shard_without_delete_elemen
     10,000 Services): a shard losing or changing elements is flushed and re-declared with
     all its elements, in the same transaction. Everything else in the shard (other
     Services' ranges) survives, the plan shows only the real changes, nothing drifts."""
+    needs_nft_spelling("index_maps", backend)
     base_inv = _sticky(many(400), 3)
     base = compile_ruleset(base_inv, SH)
     _sync(backend, base)
@@ -428,9 +430,9 @@ def test_a_moved_local_endpoint_rewrites_only_its_old_shard(backend):
     for i in range(200):
         inv = add_service(inv, svc("hp", f"s{i:03d}", cips=(f"172.30.5.{1 + i}",), ports=[sp(80)]),
                           sl("hp", f"s{i:03d}", [ep(f"10.185.0.{i}", "edge-7"), ep(f"10.186.0.{i}")], [epp(8080)]))
-    _sync(backend, compile_ruleset(inv, SH))
+    _sync(backend, compile_ruleset(inv, for_this_nft(SH)))
     edited = with_endpoints(inv, "hp/s007", "IPv4", [ep("10.185.1.77", "edge-7"), ep("10.186.0.7")])
-    desired = compile_ruleset(edited, SH)
+    desired = compile_ruleset(edited, for_this_nft(SH))
     changes, tx = _sync(backend, desired)
     old, new = hairpin_set("10.185.0.7"), hairpin_set("10.185.1.77")
     assert old != new

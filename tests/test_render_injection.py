@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from nsutil import nft_scratch
+from nsutil import for_this_nft, nft_scratch
 from reconciler.compile.services import compile_ruleset
 from reconciler.intake.model import (
     Endpoint, EndpointPort, EndpointSlice, Inventory, LoadBalancerIngress, NodeConfig, Service,
@@ -54,7 +54,7 @@ def _nft_load(script: str) -> str:
 
 def _assert_safe(inventory: Inventory, config: NodeConfig) -> None:
     try:
-        script = render_script(compile_ruleset(inventory, config))
+        script = render_script(compile_ruleset(inventory, for_this_nft(config)))
     except NftSyntaxError:
         return  # refused cleanly
     for line in script.splitlines():

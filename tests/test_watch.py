@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from nsutil import EXAMPLES, in_ns
+from nsutil import EXAMPLES, in_ns, needs_nft_spelling
 from watchproc import Watch
 
 NFTREC = str(Path(sys.executable).with_name("nftrec"))
@@ -651,7 +651,8 @@ def watched(netns, tmp_path):
 def test_initial_sync_edit_editor_save_and_concurrent_apply(watched):
     w = watched
     first = w.wait_sync(0, kind="full")
-    assert first["operations"] > 100 and len(first["servicesChanged"]) == 8
+    # a cold transaction: every object of edge-small (fewer with kube-proxy's spelling, nft 0.9.8)
+    assert first["operations"] > 80 and len(first["servicesChanged"]) == 8
     assert_clean(w.manifests, w.state, w.ns, w.config)
 
     # one EndpointSlice edited in place: only that Service's objects change
@@ -703,6 +704,7 @@ def _affinity_id(ns: str, endpoint: str) -> str:
 def test_a_removed_affinity_endpoint_loses_its_clients(watched):
     """The sync after an endpoint of an affinity Service goes deletes that endpoint's
     entries from the shared affinity set (engine/sync.forget_affinity_clients), only those."""
+    needs_nft_spelling("shared_affinity")
     w = watched
     w.wait_sync(0, kind="full")
     gone, kept = _affinity_id(w.ns, "10.244.0.51"), _affinity_id(w.ns, "10.244.0.52")
