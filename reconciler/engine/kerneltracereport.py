@@ -23,6 +23,9 @@ _DEVICE = re.compile(r'\b(iif|oif) (?:== )?"([^"]*)"')
 _ADDRESS = re.compile(r"\b(ip6?) (saddr|daddr) (?:== )?([0-9a-fA-F.:]+)")
 _PORT = re.compile(r"\b(tcp|udp|udplite|sctp|dccp) (sport|dport) (?:== )?(\d+)")
 _DNAT_TO = re.compile(r"\bdnat (?:ip6? )?to (\[[0-9a-fA-F:.]+\]:\d+|[0-9.]+:\d+)(?:\s|$)")
+# NAT statements (not `ct status dnat`, a match): nft's own, and iptables-nft's xt targets
+_DNAT = re.compile(r'(?:^|\s)(?:dnat(?: ip6?| inet)? to\s|redirect(?:\s|$)|xt target "?DNAT\b|xt target "?REDIRECT\b)')
+_SNAT = re.compile(r'(?:^|\s)(?:snat(?: ip6?| inet)? to\s|masquerade(?:\s|$)|xt target "?(?:SNAT|MASQUERADE)\b)')
 TERMINAL = ("drop", "accept", "queue", "stolen")
 
 
@@ -189,13 +192,13 @@ def fate(pkt: TracedPacket, own_table: str) -> Fate:
         if ev.table == own_table and service is None and dnat is None:
             service = chain_service(ev.chain) or service
         words = _words(ev.rule) if ev.kind == "rule" else []
-        if ev.kind == "rule" and "dnat" in words and dnat is None and ev.verdict == "accept":
+        if ev.kind == "rule" and dnat is None and ev.verdict == "accept" and _DNAT.search(ev.rule):
             dnat = ev
             if ev.table == own_table:
                 service = chain_service(ev.chain) or service
             endpoint = _endpoint_after(pkt, i) or _literal_dnat(ev.rule)
             continue
-        if ev.kind == "rule" and ({"masquerade", "snat"} & set(words)) and ev.verdict == "accept":
+        if ev.kind == "rule" and ev.verdict == "accept" and _SNAT.search(ev.rule):
             nat.append(ev)
             continue
         v = ev.verdict.split(" ", 1)[0] if ev.verdict else ""
