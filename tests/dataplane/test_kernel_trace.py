@@ -32,20 +32,13 @@ MANIFESTS = f"""\
 apiVersion: v1
 kind: Service
 metadata: {{name: web, namespace: default}}
-spec:
-  clusterIP: {CLUSTER_IP}
-  ports: [{{name: http, port: {PORT}, targetPort: {TARGET_PORT}, protocol: TCP}}]
+spec: {{clusterIP: {CLUSTER_IP}, ports: [{{name: http, port: {PORT}, targetPort: {TARGET_PORT}, protocol: TCP}}]}}
 ---
 apiVersion: discovery.k8s.io/v1
 kind: EndpointSlice
-metadata:
-  name: web-a
-  namespace: default
-  labels: {{kubernetes.io/service-name: web}}
+metadata: {{name: web-a, namespace: default, labels: {{kubernetes.io/service-name: web}}}}
 addressType: IPv4
-endpoints:
-  - addresses: [{EP4[0]}]
-    nodeName: {NODE_NAME}
+endpoints: [{{addresses: [{EP4[0]}], nodeName: {NODE_NAME}}}]
 ports: [{{name: http, port: {TARGET_PORT}, protocol: TCP}}]
 """
 # What iptables-nft makes of Docker's `iptables -P FORWARD DROP` and its DOCKER-USER chain,
