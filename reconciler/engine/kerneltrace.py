@@ -113,18 +113,22 @@ def _collect(monitor, grouper: Grouper, deadline: float, count: int, where: str)
         sel.close()
 
 
-def _stop(monitor, netns: str | None, family: str, name: str) -> str | None:
-    """End the monitor and delete the tracing table, signals held meanwhile; None, or why
-    the table could not be deleted."""
+def _stop(monitor, nft, netns: str | None, family: str, name: str, where: str) -> bool:
+    """End the monitor and delete the tracing table, signals held meanwhile. False (and
+    logged, whatever else went wrong) when the table could not be deleted and is there
+    (`nft`: an Interface of the namespace, whose table list is a raw netlink dump)."""
     with _signals_held():
         if monitor is not None:
             stop_child(monitor)
         try:
             run_nft_child(netns, f"delete table {family} {name}\n")
         except NftError as e:
-            if "No such file or directory" not in e.text:
-                return e.text.strip()
-    return None
+            if "No such file or directory" not in e.text and (family, name) in nft.list_tables():
+                logs.log.error(f"could not remove the tracing table {family} {name} in {where}: {e.text.strip()}; "
+                               f"remove it with `nft delete table {family} {name}` (the next apply or cleanup "
+                               f"removes it too)", extra={"lines": True})
+                return False
+    return True
 
 
 def run_kernel_trace(packet: Packet, target: Target, *, timeout: float = 10.0, count: int = 1,
@@ -139,9 +143,14 @@ def run_kernel_trace(packet: Packet, target: Target, *, timeout: float = 10.0, c
         raise CommandError(str(e)) from None
     nft = target.nft()
     try:
-        sweep_trace_tables(nft, target.netns)
+        return _trace(packet, target, nft, timeout, count, output, directory, out)
     finally:
         nft.close()
+
+
+def _trace(packet: Packet, target: Target, nft, timeout: float, count: int, output: str,
+           directory: Path | None, out: TextIO) -> int:
+    sweep_trace_tables(nft, target.netns)
     family, name = packet.family, trace_table_name()
     what = f"{packet.proto} {packet.src} -> {join_endpoint(packet.dst, packet.dport)}"
     grouper = Grouper(name)
@@ -159,13 +168,11 @@ def run_kernel_trace(packet: Packet, target: Target, *, timeout: float = 10.0, c
             except (KeyboardInterrupt, _Stopped) as e:
                 interrupted = str(e) or "SIGINT"
             finally:
-                failed = _stop(monitor, target.netns, family, name)
+                removed = _stop(monitor, nft, target.netns, family, name, target.where)
     except NftError as e:
-        raise CommandError(f"nft: {e.text.strip()}", lines=True) from None
-    if failed:
-        raise CommandError(f"could not remove the tracing table {family} {name} in {target.where}: {failed}; "
-                           f"remove it with `nft delete table {family} {name}` (the next apply or cleanup "
-                           f"removes it too)", lines=True)
+        raise CommandError(f"cannot trace in {target.where}: {e.text.strip()}", lines=True) from None
+    if not removed:
+        return EXIT_NONE
     if interrupted:
         logs.log.warning(f"trace interrupted ({interrupted}); the tracing table {family} {name} was removed")
         return EXIT_INTERRUPTED

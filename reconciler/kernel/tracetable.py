@@ -25,6 +25,8 @@ TRACE_TABLE_PREFIX = "nftrec-trace-"
 TRACE_PRIORITY = -2147483647
 CHILD_TIMEOUT = 20.0  # seconds for one `nft -f` of the tracing table
 _OUTPUT_SHOWN = 400  # characters of a failing child's output kept in its error
+CRASH_HINT = ("; nft crashes so when it reads a table that a newer nft made in the namespace: "
+              "use that nft, or remove that table")
 
 
 def netns_argv(netns: str | None, argv: list[str]) -> list[str]:
@@ -72,7 +74,9 @@ def run_nft_child(netns: str | None, script: str, *, timeout: float = CHILD_TIME
         raise error_for(text or f"`nft -f -` {where} exited {proc.returncode}", script)
     if len(text) > _OUTPUT_SHOWN:
         text = "..." + text[-_OUTPUT_SHOWN:]
-    raise NftError(f"`nft -f -` {where} {exit_reason(proc.returncode)}" + (f": {text}" if text else ""), script)
+    reason = exit_reason(proc.returncode)
+    hint = CRASH_HINT if reason.endswith("(a crash)") else ""
+    raise NftError(f"`nft -f -` {where} {reason}" + (f": {text}" if text else "") + hint, script)
 
 
 def start_trace_monitor(netns: str | None, seconds: float) -> subprocess.Popen:
