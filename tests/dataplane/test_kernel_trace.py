@@ -21,40 +21,49 @@ from pathlib import Path
 
 import pytest
 
-from dp_topology import CLIENT_A4, CLUSTER_CIDR4, EP4, NODE_IP4, NODE_NAME, PROBE, SERVICE_CIDR4, nsx, nsx_args
+from dp_topology import (CLIENT_A4, CLIENT_A6, CLUSTER_CIDR4, CLUSTER_CIDR6, EP4, EP6, NODE_IP4, NODE_IP6, NODE_NAME,
+                         PROBE, SERVICE_CIDR4, SERVICE_CIDR6, nsx, nsx_args)
 from test_nodeport_addresses import NFTREC, nftrec
 
 pytestmark = pytest.mark.dataplane
 
-CLUSTER_IP, PORT, TARGET_PORT = "10.96.0.70", 80, 8080
-ENDPOINT = f"{EP4[0]}:{TARGET_PORT}"
-MANIFESTS = f"""\
+PORT, TARGET_PORT = 80, 8080
+# family -> (nft family, client address, Service, its ClusterIP, its endpoint)
+CASES = {"IPv4": ("ip", CLIENT_A4, "web", "10.96.0.70", EP4[0]),
+         "IPv6": ("ip6", CLIENT_A6, "web6", "fd00:96::70", EP6[0])}
+MANIFESTS = "---\n".join(f"""\
 apiVersion: v1
 kind: Service
-metadata: {{name: web, namespace: default}}
-spec: {{clusterIP: {CLUSTER_IP}, ports: [{{name: http, port: {PORT}, targetPort: {TARGET_PORT}, protocol: TCP}}]}}
+metadata: {{name: {svc}, namespace: default}}
+spec: {{clusterIP: "{vip}", ipFamilies: [{fam}], ports: [{{name: http, port: {PORT}, targetPort: {TARGET_PORT}}}]}}
 ---
 apiVersion: discovery.k8s.io/v1
 kind: EndpointSlice
-metadata: {{name: web-a, namespace: default, labels: {{kubernetes.io/service-name: web}}}}
-addressType: IPv4
-endpoints: [{{addresses: [{EP4[0]}], nodeName: {NODE_NAME}}}]
+metadata: {{name: {svc}-a, namespace: default, labels: {{kubernetes.io/service-name: {svc}}}}}
+addressType: {fam}
+endpoints: [{{addresses: ["{ep}"], nodeName: {NODE_NAME}}}]
 ports: [{{name: http, port: {TARGET_PORT}, protocol: TCP}}]
-"""
-# What iptables-nft makes of Docker's `iptables -P FORWARD DROP` and its DOCKER-USER chain,
-# jumped to first from FORWARD.
-DOCKER_FORWARD = """\
-table ip filter {
-    chain DOCKER-USER {
-    }
-    chain FORWARD {
+""" for fam, (_, _, svc, vip, ep) in CASES.items())
+
+
+def docker_forward(family: str) -> str:
+    """What iptables-nft (ip6tables-nft) makes of Docker's `iptables -P FORWARD DROP` and its
+    DOCKER-USER chain, jumped to first from FORWARD."""
+    return f"""\
+table {family} filter {{
+    chain DOCKER-USER {{
+    }}
+    chain FORWARD {{
         type filter hook forward priority filter; policy drop;
         counter jump DOCKER-USER
-    }
-}
+    }}
+}}
 """
-# The fix, as iptables says it: iptables -I DOCKER-USER -m conntrack --ctstate DNAT -j ACCEPT
-DOCKER_USER_ACCEPT = ("add", "rule", "ip", "filter", "DOCKER-USER", "ct", "status", "dnat", "accept")
+
+
+def docker_user_accept(family: str) -> tuple[str, ...]:
+    """The fix, as iptables says it: iptables -I DOCKER-USER -m conntrack --ctstate DNAT -j ACCEPT"""
+    return ("add", "rule", family, "filter", "DOCKER-USER", "ct", "status", "dnat", "accept")
 
 
 def write_input(tmp_path: Path) -> list[str]:
@@ -63,14 +72,14 @@ def write_input(tmp_path: Path) -> list[str]:
     d.mkdir()
     (d / "web.yaml").write_text(MANIFESTS)
     cfg = tmp_path / "config.yaml"
-    cfg.write_text(f"apiVersion: nftrec/v1alpha1\nkind: NodeConfig\nnodeName: {NODE_NAME}\nnodeIPs: [{NODE_IP4}]\n"
-                   f"clusterCIDRs: [{CLUSTER_CIDR4}]\nserviceCIDRs: [{SERVICE_CIDR4}]\n")
+    cfg.write_text(f'apiVersion: nftrec/v1alpha1\nkind: NodeConfig\nnodeName: {NODE_NAME}\nnodeIPs: [{NODE_IP4}, "{NODE_IP6}"]\n'
+                   f'clusterCIDRs: [{CLUSTER_CIDR4}, "{CLUSTER_CIDR6}"]\nserviceCIDRs: [{SERVICE_CIDR4}, "{SERVICE_CIDR6}"]\n')
     return [str(d), "--config", str(cfg)]
 
 
-def trace_args(dp, *extra: str) -> list[str]:
-    return ["trace", "--kernel", "--netns", dp.node, "--src", CLIENT_A4, "--dst", CLUSTER_IP,
-            "--dport", str(PORT), *extra]
+def trace_args(dp, *extra: str, case: str = "IPv4") -> list[str]:
+    _, client, _, vip, _ = CASES[case]
+    return ["trace", "--kernel", "--netns", dp.node, "--src", client, "--dst", vip, "--dport", str(PORT), *extra]
 
 
 def tracing_tables(dp) -> list[str]:
@@ -81,8 +90,8 @@ class RetryingClient:
     """A client in clientA that opens a new connection to the ClusterIP every 0.3 s (each
     waiting at most 0.5 s), until stopped: the packets a kernel trace waits for."""
 
-    def __init__(self, dp):
-        loop = (f"while :; do {sys.executable} {PROBE} --dst {CLUSTER_IP} --port {PORT} --timeout 0.5 "
+    def __init__(self, dp, vip: str):
+        loop = (f"while :; do {sys.executable} {PROBE} --dst {vip} --port {PORT} --timeout 0.5 "
                 f">/dev/null; sleep 0.3; done")
         self.proc = subprocess.Popen(nsx_args(dp.ns["clientA"], "sh", "-c", loop), start_new_session=True,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -95,57 +104,61 @@ class RetryingClient:
         self.proc.wait(timeout=10)
 
 
-def traced(dp, tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
-    with RetryingClient(dp):
-        p = nftrec(*trace_args(dp, "--timeout", "20s", *extra), tmp_path=tmp_path)
+def traced(dp, tmp_path: Path, case: str, *extra: str) -> subprocess.CompletedProcess:
+    with RetryingClient(dp, CASES[case][3]):
+        p = nftrec(*trace_args(dp, "--timeout", "20s", *extra, case=case), tmp_path=tmp_path)
     assert "Traceback" not in p.stderr, p.stderr
     assert tracing_tables(dp) == []  # removed on exit
     return p
 
 
-def test_docker_forward_drop_is_traced_to_its_chain_and_the_dnat_before_it(dp, tmp_path):
+@pytest.mark.parametrize("case", CASES)
+def test_docker_forward_drop_is_traced_to_its_chain_and_the_dnat_before_it(dp, tmp_path, case):
+    family, client, svc, vip, ep = CASES[case]
+    endpoint = f"[{ep}]:{TARGET_PORT}" if ":" in ep else f"{ep}:{TARGET_PORT}"
     args = write_input(tmp_path)
     p = nftrec("apply", *args, "--netns", dp.node, tmp_path=tmp_path)
     assert p.returncode == 0, p.stdout + p.stderr
-    assert [r.reply.server_ip for r in dp.probe("clientA", CLUSTER_IP, PORT, count=3)] == [EP4[0]] * 3
+    assert [r.reply.server_ip for r in dp.probe("clientA", vip, PORT, count=3)] == [ep] * 3
 
-    nsx(dp.node, "nft", "-f", "-", input=DOCKER_FORWARD)
+    nsx(dp.node, "nft", "-f", "-", input=docker_forward(family))
     # nftrec's own trace evaluates only nftrec's table, and so predicts the DNAT, not this
     # drop: the probes below are not compared with it
     dp.hand_loaded = True
     try:
-        assert {r.error for r in dp.probe("clientA", CLUSTER_IP, PORT, count=2, timeout=0.5)} == {"timeout"}
+        assert {r.error for r in dp.probe("clientA", vip, PORT, count=2, timeout=0.5)} == {"timeout"}
 
-        p = traced(dp, tmp_path, *args, "-o", "json")
+        p = traced(dp, tmp_path, case, *args, "-o", "json")
         assert p.returncode == 0, p.stdout + p.stderr
         (pkt,) = json.loads(p.stdout)["packets"]
-        assert (pkt["packet"]["src"], pkt["packet"]["dst"], pkt["packet"]["dport"]) == (CLIENT_A4, CLUSTER_IP, PORT)
+        assert (pkt["packet"]["src"], pkt["packet"]["dst"], pkt["packet"]["dport"]) == (client, vip, PORT)
         assert pkt["verdict"] == "drop"
-        assert {k: pkt["decidedBy"][k] for k in ("table", "chain", "kind", "verdict")} == \
-            {"table": "filter", "chain": "FORWARD", "kind": "policy", "verdict": "drop"}
-        assert pkt["dnat"]["endpoint"] == ENDPOINT and pkt["service"] == "default/web"
-        assert pkt["dnat"]["by"]["table"] == "nftrec" and "-default/web/tcp/http" in pkt["dnat"]["by"]["chain"]
+        assert {k: pkt["decidedBy"][k] for k in ("family", "table", "chain", "kind", "verdict")} == \
+            {"family": family, "table": "filter", "chain": "FORWARD", "kind": "policy", "verdict": "drop"}
+        assert pkt["dnat"]["endpoint"] == endpoint and pkt["service"] == f"default/{svc}"
+        assert pkt["dnat"]["by"]["table"] == "nftrec" and f"-default/{svc}/tcp/http" in pkt["dnat"]["by"]["chain"]
         path = pkt["path"]
         assert path.index(pkt["dnat"]["by"]) < path.index(pkt["decidedBy"])  # DNATed, then dropped
 
-        p = traced(dp, tmp_path, *args)
+        p = traced(dp, tmp_path, case, *args)
         assert p.returncode == 0, p.stdout + p.stderr
         text = p.stdout
-        assert "verdict: DROPPED by the policy of ip filter FORWARD" in text, text
-        assert text.index(f"DNAT to {ENDPOINT} (Service default/web)") < text.index("ip filter FORWARD: policy drop")
-        assert "service: default/web (" in text and "web.yaml:1)" in text
+        assert f"verdict: DROPPED by the policy of {family} filter FORWARD" in text, text
+        assert text.index(f"DNAT to {endpoint} (Service default/{svc})") < \
+            text.index(f"{family} filter FORWARD: policy drop")
+        assert f"service: default/{svc} (" in text and "web.yaml:" in text
 
         # ---- doctor: the lead asserts here, after merging, that `nftrec doctor --netns NODE`
-        # ---- names table ip filter, chain FORWARD (policy drop) and the one-line fix.
+        # ---- names table `family` filter, chain FORWARD (policy drop) and the one-line fix.
 
-        nsx(dp.node, "nft", *DOCKER_USER_ACCEPT)
-        assert [r.reply.server_ip for r in dp.probe("clientA", CLUSTER_IP, PORT, count=3)] == [EP4[0]] * 3
-        p = traced(dp, tmp_path, *args)
+        nsx(dp.node, "nft", *docker_user_accept(family))
+        assert [r.reply.server_ip for r in dp.probe("clientA", vip, PORT, count=3)] == [ep] * 3
+        p = traced(dp, tmp_path, case, *args)
         assert p.returncode == 0, p.stdout + p.stderr
-        assert "verdict: ACCEPTED by ip filter DOCKER-USER rule `ct status dnat accept`" in p.stdout, p.stdout
-        assert f"after DNAT to {ENDPOINT} by ip nftrec service-" in p.stdout
+        assert f"verdict: ACCEPTED by {family} filter DOCKER-USER rule `ct status dnat accept`" in p.stdout, p.stdout
+        assert f"after DNAT to {endpoint} by {family} nftrec service-" in p.stdout
     finally:
-        nsx(dp.node, "nft", "delete", "table", "ip", "filter", check=False)
+        nsx(dp.node, "nft", "delete", "table", family, "filter", check=False)
     assert tracing_tables(dp) == []
 
 
