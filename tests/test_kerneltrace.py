@@ -85,6 +85,7 @@ def test_every_version_that_parses_the_docker_user_accept_the_same():
         assert [e.chain for e in first.nat] == ["masquerading"]
         # the connection's later packets pass no NAT chain: conntrack translates them
         assert len(fates) > 1 and all(f.dnat is None and f.verdict == "accept" for f in fates[1:])
+        assert {f.translated for f in fates[1:]} == {ENDPOINT} and first.translated is None
         seen[version] = summary(first)
     assert len(set(seen.values())) == 1, seen
 

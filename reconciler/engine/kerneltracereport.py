@@ -170,12 +170,13 @@ class Fate:
     endpoint: str | None
     service: str | None
     nat: list[Event]  # masquerade / snat rules
+    translated: str | None = None  # the destination conntrack gave it, without a NAT rule
 
     def to_json(self) -> dict:
         return {"verdict": self.verdict, "decidedBy": self.decided_by.to_json() if self.decided_by else None,
                 "acceptedBy": [e.to_json() for e in self.accepted_by],
                 "dnat": ({"endpoint": self.endpoint, "by": self.dnat.to_json()} if self.dnat else None),
-                "service": self.service, "snat": [e.to_json() for e in self.nat]}
+                "translatedTo": self.translated, "service": self.service, "snat": [e.to_json() for e in self.nat]}
 
 
 def _words(rule: str) -> list[str]:
@@ -212,7 +213,10 @@ def fate(pkt: TracedPacket, own_table: str) -> Fate:
             break
     if decided is None and accepted:
         verdict, decided = "accept", accepted[-1]
-    return Fate(verdict, decided, accepted, dnat, endpoint, service, nat)
+    # no DNAT rule, yet a later chain saw another destination: a packet of a connection
+    # NATed before (conntrack translates it; the NAT chains see only a connection's first)
+    translated = _endpoint_after(pkt, -1) if dnat is None else None
+    return Fate(verdict, decided, accepted, dnat, endpoint, service, nat, translated)
 
 
 def _endpoint_after(pkt: TracedPacket, i: int) -> str | None:
@@ -264,7 +268,10 @@ def format_packet(n: int, total: int, pkt: TracedPacket, f: Fate, services: dict
     lines.append(f"verdict: {_decision(f)}")
     if f.dnat is not None:
         lines.append(f"  after DNAT to {f.endpoint or '?'} by {f.dnat.where} rule `{f.dnat.rule}`")
-    elif f.verdict != "drop":
+    elif f.translated:
+        lines.append(f"  translated to {f.translated} by conntrack: a packet of a connection DNATed before "
+                     f"(NAT rules see only a connection's first packet)")
+    else:
         lines.append("  not DNATed")
     if f.verdict in ("drop", "reject") and f.accepted_by:
         last = f.accepted_by[-1]
