@@ -387,23 +387,53 @@ def trace(
                               "desired one; DIR then only names the manifests for file:line."),
     local_address: list[str] = typer.Option([], "--local-address", help="An address of the node (fib ... type "
                                             "local; delivered locally). nodeIPs and nodeport-ips always count."),
+    kernel: bool = typer.Option(False, "--kernel", help="Trace a real packet with the kernel (meta nftrace) "
+                                "through every table of --netns, iptables-nft's included: send it while the "
+                                "trace waits. Exit 0 once traced, 1 when none came within --timeout."),
+    timeout: str = typer.Option("10s", "--timeout", metavar="DURATION", help="With --kernel: how long to wait "
+                                "for a matching packet."),
+    count: int = typer.Option(1, "--count", help="With --kernel: how many packets to trace and show."),
     config: Optional[Path] = CONFIG_OPT,
     netns: Optional[str] = NETNS_OPT,
     strict: bool = STRICT_OPT,
     output: str = _output_opt(),
 ) -> None:
     """Explain one packet offline: the chains and rules it passes, the verdict (DNAT to which
-    endpoints with what probability, masquerade, reject or drop) and the Service responsible."""
+    endpoints with what probability, masquerade, reject or drop) and the Service responsible.
+    With --kernel, a real packet, traced by the kernel."""
     _check_output(output)
     from reconciler.engine import Packet, run_trace
 
     packet = Packet(src, dst, dport, proto.lower(), origin)
+    if kernel:
+        seconds = _kernel_trace_options(live, timeout, count)
+        from reconciler.engine import run_kernel_trace
+
+        raise typer.Exit(_guard(run_kernel_trace, packet, _target(config, netns), timeout=seconds, count=count,
+                                output=output, directory=directory if directory != Path("-") else None))
     if live:
         target = _target(config, netns)
         raise typer.Exit(_guard(run_trace, packet, live_target=target, local_addresses=local_address,
                                 directory=directory if directory != Path("-") else None, output=output))
     desired = _desired(directory, config, netns, strict, interfaces=netns is not None)
     raise typer.Exit(_guard(run_trace, packet, desired=desired, local_addresses=local_address, output=output))
+
+
+def _kernel_trace_options(live: bool, timeout: str, count: int) -> float:
+    """trace --kernel's usage errors; the --timeout in seconds."""
+    from reconciler.intake import parse_duration
+
+    if live:
+        raise typer.BadParameter("give --kernel or --live, not both (--kernel traces the kernel's every table)")
+    try:
+        seconds = parse_duration(timeout)
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds <= 3600:
+        raise typer.BadParameter(f"{timeout!r} is not a duration between 1ms and 1h (e.g. 10s)", param_hint="--timeout")
+    if not 1 <= count <= 1000:
+        raise typer.BadParameter(f"{count} is not between 1 and 1000", param_hint="--count")
+    return seconds
 
 
 @app.command()
@@ -437,6 +467,10 @@ def cleanup(
         try:
             nft = target.nft()
             try:
+                if not dry_run:
+                    from reconciler.kernel import sweep_trace_tables
+
+                    sweep_trace_tables(nft, target.netns)  # what a killed `trace --kernel` left
                 return EXIT_OK if do_cleanup(nft, target.table, kube_proxy=kube_proxy, dry_run=dry_run) else EXIT_ERROR
             finally:
                 nft.close()

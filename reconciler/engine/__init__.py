@@ -8,7 +8,8 @@
 `confirm` is a confirmed apply's window and its rollback; `teardown` is cleanup; `doctor`
 checks the host; `planfile` is a saved plan; `target` says where a command acts; `review`
 is `nftrec diff` (two manifest trees or git revisions, planned against each other without
-a kernel); `trace` explains one packet with the desired or the live ruleset.
+a kernel); `trace` explains one packet with the desired or the live ruleset, `kerneltrace`
+traces a real one with the kernel's `meta nftrace`.
 """
 
 from reconciler import lazy_exports
@@ -31,6 +32,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
              "verify_touched"),
     "target": ("CommandError", "Target", "short_revision"),
     "teardown": ("KUBE_PROXY_TABLE", "cleanup"),
+    "kerneltrace": ("run_kernel_trace",),
     "trace": ("UnknownExpression", "trace_packet"),
     "tracecommand": ("run_trace",),
     "tracereport": ("Packet",),

@@ -26,7 +26,8 @@ from reconciler.engine.state import HOST, StateCorrupt, read_history, read_statu
 from reconciler.engine.sync import clean_udp_conntrack, commit, forget_affinity_clients, touched_objects, verify_touched
 from reconciler.engine.target import CommandError, Target, short_revision
 from reconciler.engine.verify import slim_created, verify_listed
-from reconciler.kernel import Interface, NftError, canonical, fingerprint, kernel_token, list_live, parse_live, read_live
+from reconciler.kernel import (Interface, NftError, canonical, fingerprint, kernel_token, list_live, parse_live, read_live,
+                               sweep_trace_tables)
 
 EXIT_OK, EXIT_ERROR, EXIT_CHANGES = 0, 1, 2
 
@@ -192,6 +193,7 @@ def run_apply(target: Target, *, desired=None, plan_path: Path | None = None,
     revision = None
     try:
         nft = target.nft()
+        sweep_trace_tables(nft, target.netns)  # a killed `trace --kernel`'s table; before the token below
         status = read_status(store)
         read_history(store)  # a damaged entry would block status and rollback later
         token_before = kernel_token(nft)  # before the kernel is read: see sync.verify_touched

@@ -23,6 +23,13 @@ _OWNER_IN_NAME = re.compile(r"^(?:service|local|external|firewall|endpoint|affin
 _MAX_DEPTH = 64  # jump/goto nesting; nftrec's deepest path is 5
 
 
+def chain_service(chain: str) -> str | None:
+    """The Service (`ns/name`) a chain of nftrec's belongs to, read from its name
+    (kube-proxy's `service-HASH-ns/name/proto/port` and kin), or None."""
+    m = _OWNER_IN_NAME.match(chain)
+    return f"{m.group(1)}/{m.group(2)}" if m else None
+
+
 class UnknownExpression(Exception):
     """A rule the evaluator cannot interpret: reported, never guessed."""
 
@@ -120,11 +127,7 @@ class Evaluator:
     # --- ownership ---
 
     def _chain_owner(self, chain: str) -> str | None:
-        o = self.owners.get(chain_id(self.family, chain))
-        if o:
-            return o
-        m = _OWNER_IN_NAME.match(chain)
-        return f"{m.group(1)}/{m.group(2)}" if m else None
+        return self.owners.get(chain_id(self.family, chain)) or chain_service(chain)
 
     def _element_owner(self, set_name: str, key: tuple[str, ...], comment: str | None) -> str | None:
         o = self.owners.get(element_id(self.family, set_name, key))

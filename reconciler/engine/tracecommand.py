@@ -21,6 +21,15 @@ def service_sources(inventory) -> dict[str, str]:
     return out
 
 
+def manifest_sources(directory: Path | None) -> dict[str, str]:
+    """"ns/name" -> "file:line" of the Services in `directory` (none when None)."""
+    if directory is None:
+        return {}
+    from reconciler.intake import read_inventory
+
+    return service_sources(read_inventory(directory).inventory)
+
+
 def run_trace(packet: Packet, *, desired=None, live_target=None, directory: Path | None = None,
               local_addresses=(), output: str = "text", out: TextIO | None = None) -> int:
     """`nftrec trace`: the desired ruleset (a `Desired`), or the live one (`live_target`,
@@ -55,11 +64,7 @@ def run_trace(packet: Packet, *, desired=None, live_target=None, directory: Path
             from reconciler import logs
 
             logs.log.warning(f"could not list the node's addresses ({e}); only nodeport-ips count as local")
-        if directory is not None:
-            from reconciler.intake import read_inventory
-
-            res = read_inventory(directory)
-            sources = service_sources(res.inventory)
+        sources = manifest_sources(directory)
     try:
         tr = trace_packet(ruleset, packet, local, ruleset_kind=kind, sources=sources)
     except (UnknownExpression, TraceError) as e:

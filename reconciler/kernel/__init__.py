@@ -7,7 +7,8 @@ through libnftables, and a Fake).
 # netns: the namespace thread; netlink: tables and the generation id), fake (Fake),
 # ruletext (the rule tokenizer and normal form), live (listing → canonical Ruleset; the
 # generation token), conntrack (UDP cleanup), health (confirmed apply's checks), probes
-# (readiness probes).
+# (readiness probes), tracetable (`trace --kernel`'s table and `nft monitor trace`, in child
+# processes).
 
 from reconciler import lazy_exports
 
@@ -25,4 +26,6 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "probes": ("ProbeLoop", "check_probe", "probe_all", "raise_fd_limit"),
     "ruletext": ("rule_tokens",),
     "transaction": ("Transaction",),
+    "tracetable": ("TRACE_TABLE_PREFIX", "exit_reason", "run_nft_child", "start_trace_monitor", "stop_child",
+                   "sweep_trace_tables", "trace_table_name", "trace_table_script"),
 })
