@@ -287,6 +287,8 @@ class Repairs:
         held-back repair is already scheduled."""
         now = self.clock()
         with self._lock:
+            if self._backing and (self._last_report is None or self._last_report < now - self.window):
+                self._backing, self._strikes, self._said = False, 0, False  # a quiet window: the fight is over
             self.seq += 1
             self._pending.append((self.seq, now, tamper))
             self._last_report = now
@@ -295,8 +297,6 @@ class Repairs:
     def _wait(self, now: float) -> float:
         while self._starts and self._starts[0] < now - self.window:
             self._starts.popleft()
-        if self._backing and (self._last_report is None or self._last_report < now - self.window):
-            self._backing, self._strikes, self._said = False, 0, False  # a quiet window: the fight is over
         if not self._backing and len(self._starts) >= self.limit:
             self._backing = True
         if not self._backing or self._last_start is None:
@@ -333,8 +333,9 @@ class Repairs:
         return 0.0
 
     def _summary(self) -> str:
-        whats = [str(t) for _, _, t in self._pending]
-        return "; ".join(whats[:3]) + (f" and {len(whats) - 3} more change(s)" if len(whats) > 3 else "")
+        whats = Counter(str(t) for _, _, t in self._pending)  # in order, each once
+        shown = [w + (f" ({n} times)" if n > 1 else "") for w, n in whats.items()]
+        return "; ".join(shown[:3]) + (f" and {len(shown) - 3} more" if len(shown) > 3 else "")
 
     def repaired(self, seq: int) -> None:
         """A full sync that listed the kernel after report `seq` succeeded."""
