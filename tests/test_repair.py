@@ -105,7 +105,7 @@ def test_repairs_back_off_after_a_fight_and_recover_after_a_quiet_window():
 
 @pytest.mark.kernel
 def test_event_watcher_reports_foreign_changes_to_its_table_only(netns):
-    from reconciler.daemon.repair import EventWatcher
+    from reconciler.daemon.repair import EventWatcher, _own_portids
     from reconciler.kernel import Libnftables
 
     seen: list = []
@@ -116,7 +116,15 @@ def test_event_watcher_reports_foreign_changes_to_its_table_only(netns):
         got.set()
 
     nft = Libnftables(netns)
+    nft.run_script("add table ip scratch")  # the nft context's socket is open
     ev = EventWatcher(netns, "nftrec", on_tamper)
+    # a commit is ours by its pid (the committing thread's, in the kernel's first pid
+    # namespace) or, when this process runs in a pid namespace of its own, by its socket
+    ports = ev.call(_own_portids)
+    mine = ev.sockets[0].getsockname()[0]
+    assert mine in ports and len(ports) >= 2, ports  # the event socket and nft's
+    ev._portids = set()  # found again on a miss, in the namespace (the loop's thread)
+    assert ev.call(lambda: all(ev._ours(p, 0) for p in ports) and not ev._ours(max(ports) + 1, 0))
     ev.start()
     try:
         # this process's own commits (the nft worker thread's) are not reported

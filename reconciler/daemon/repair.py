@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import errno
 import os
-import select
-import socket
 import struct
 import threading
 import time
@@ -20,12 +18,10 @@ from dataclasses import dataclass
 from typing import Callable
 
 from reconciler import logs
-from reconciler.kernel import NamespaceThread
+from reconciler.daemon.listener import NetlinkListener, open_netlink
 
 NETLINK_NETFILTER = 12
 NFNLGRP_NFTABLES = 7
-SOL_NETLINK, NETLINK_ADD_MEMBERSHIP = 270, 1
-SO_RCVBUFFORCE = 33
 RCVBUF = 8 << 20  # nftrec's own cold commit notifies every element: room for them
 NFNL_SUBSYS_NFTABLES = 10
 NFT_MSG_NEWGEN = 15
@@ -161,65 +157,20 @@ def _own_portids() -> set[int]:
     return {int(r[2]) for r in rows if len(r) >= 10 and r[1] == str(NETLINK_NETFILTER) and r[9] in inodes}
 
 
-class EventWatcher:
+class EventWatcher(NetlinkListener):
     """nf_tables events in network namespace `netns` (None: the host), on a thread of its
     own: `on_tamper(Tamper)` for each batch of another process that touched table `table`
     (ip/ip6), and once for lost events (ENOBUFS)."""
 
-    def __init__(self, netns: str | None, table: str, on_tamper: Callable[[Tamper], None]):
-        def open_socket():  # a netlink socket belongs to the namespace it was created in
-            sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, NETLINK_NETFILTER)
-            try:
-                try:
-                    sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, RCVBUF)
-                except OSError:  # without CAP_NET_ADMIN: what net.core.rmem_max allows
-                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF)
-                sock.bind((0, 0))
-                sock.setsockopt(SOL_NETLINK, NETLINK_ADD_MEMBERSHIP, NFNLGRP_NFTABLES)
-                sock.setblocking(False)
-                return sock
-            except BaseException:
-                sock.close()
-                raise
+    thread_name = "nftrec-nftevents"
 
-        self._ns = NamespaceThread(netns)
-        try:
-            self._sock = self._ns.call(open_socket)
-        except BaseException:
-            self._ns.close()
-            raise
+    def __init__(self, netns: str | None, table: str, on_tamper: Callable[[Tamper], None]):
+        super().__init__(netns, lambda: (open_netlink(NETLINK_NETFILTER, RCVBUF, group=NFNLGRP_NFTABLES),))
+        self._sock = self.sockets[0]
         self.on_tamper = on_tamper
         self.batch = Batch(table)
         self._portids: set[int] = set()
-        self._stop_r, self._stop_w = os.pipe()
-        self._stopped = False
         self.own = self.foreign = 0  # batches touching the table, by whose commit
-        self._thread = threading.Thread(target=self._ns.call, args=(self._loop,), name="nftrec-nftevents",
-                                        daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        if self._stopped:
-            return
-        self._stopped = True
-        try:
-            os.write(self._stop_w, b"x")
-        except OSError:
-            pass
-        if self._thread.is_alive():
-            self._thread.join(timeout=5)
-        try:
-            self._ns.call(self._sock.close)
-        except Exception:
-            pass
-        self._ns.close()
-        for fd in (self._stop_r, self._stop_w):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
 
     def _ours(self, portid: int, pid: int) -> bool:
         if pid == os.getpid() or os.path.exists(f"/proc/self/task/{pid}"):
@@ -251,12 +202,11 @@ class EventWatcher:
     def _loop(self) -> None:
         try:
             while True:
-                ready, _, _ = select.select([self._sock.fileno(), self._stop_r], [], [])
-                if self._stop_r in ready:
+                if self.wait(self._sock, None) == "stop":
                     return
                 self._drain()
         except Exception as e:  # never take the daemon down: full syncs still repair
-            if not self._stopped:
+            if not self.stopped:
                 logs.log.error(f"the nftables event watcher stopped: {e}; another process's changes to the "
                                f"table are repaired by the next full sync (fullSyncPeriod) only",
                                extra={"fields": {"event": "repair", "ok": False}})
