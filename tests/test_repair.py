@@ -64,7 +64,7 @@ def test_repairs_back_off_after_a_fight_and_recover_after_a_quiet_window():
         assert r.report(t)
         assert "not repaired yet" in r.unhealthy() and "pid 42 (nft)" in r.unhealthy()
         seq = r.seq
-        assert r.take() == 0.0
+        assert r.take() == (0.0, True)
         starts.append(clock.t)
         r.repaired(seq)
         assert r.unhealthy() is None
@@ -73,13 +73,13 @@ def test_repairs_back_off_after_a_fight_and_recover_after_a_quiet_window():
     waits = []
     for _ in range(5):
         assert r.report(t)
-        w = r.take()
-        assert w is not None and w > 0
+        w, known = r.take()
+        assert known and w > 0
         assert "backing off" in r.unhealthy()
         assert not r.report(t)  # the held repair is scheduled: no new run asked for
         clock.t += w
         seq = r.seq
-        assert r.take() == 0.0
+        assert r.take() == (0.0, True)
         waits.append(round(clock.t - starts[-1], 6))
         starts.append(clock.t)
         r.repaired(seq)
@@ -88,7 +88,7 @@ def test_repairs_back_off_after_a_fight_and_recover_after_a_quiet_window():
     # a quiet window ends the fight: the next change is repaired at once again
     clock.t += 31.0
     r.report(t)
-    assert r.take() == 0.0 and "not repaired yet" in r.unhealthy()
+    assert r.take() == (0.0, True) and "not repaired yet" in r.unhealthy()
     # changes reported after the sync listed the kernel stay known
     seq = r.seq
     r.report(Tamper("table ip nftrec: 1 rule deleted", 43, "nft"))
@@ -97,7 +97,7 @@ def test_repairs_back_off_after_a_fight_and_recover_after_a_quiet_window():
     # lost events ask for a sync but do not fail /healthz (nothing is known to differ)
     r.repaired(r.seq)
     r.report(Tamper("events were lost", known=False))
-    assert r.unhealthy() is None and r.take() == 0.0
+    assert r.unhealthy() is None and r.take() == (0.0, False)  # the daemon looks at the generation
 
 
 # --- the event watcher in-process, real kernel ----------------------------------------------

@@ -297,11 +297,23 @@ class Daemon:
         if self.repairs is None:
             return
         self._repair_seq = self.repairs.seq
-        wait = self.repairs.take()
-        if wait == 0.0:
-            self.need_full = True
-        elif wait is not None:
+        taken = self.repairs.take()
+        if taken is None:
+            return
+        wait, known = taken
+        if wait:
             self._hold = wait
+        elif known or self._kernel_moved():
+            self.need_full = True
+        else:  # events were lost, all of them our own commit's (a big one): nothing to repair
+            self.repairs.repaired(self._repair_seq)
+
+    def _kernel_moved(self) -> bool:
+        """Whether anything committed since our last commit (the generation moved)."""
+        try:
+            return self.token is None or kernel_token(self.nft) != self.token
+        except NftError:
+            return True
 
     def _take(self, snap: Snapshot) -> None:
         """A new revision read: log its problems; compile it when valid."""

@@ -254,14 +254,17 @@ class Repairs:
         delay = min(self.first * 2 ** min(self._strikes, 30), max(self.cap(), self.first))
         return max(0.0, self._last_start + delay - now)
 
-    def take(self) -> float | None:
-        """Before a sync: None (nothing to repair), 0.0 (repair now: the caller syncs
-        full; logged here), or seconds to hold the repair back (the caller returns them as
-        the runner's timer)."""
+    def take(self) -> tuple[float, bool] | None:
+        """Before a sync: None (nothing to repair), or (seconds to hold the repair back,
+        known). (0.0, True): repair now (logged here), a full sync; (0.0, False): only
+        events were lost, the caller looks whether the kernel moved; (s > 0, True): the
+        caller returns s as the runner's timer."""
         now = self.clock()
         with self._lock:
             if not self._pending:
                 return None
+            if not any(t.known for _, _, t in self._pending):
+                return 0.0, False
             wait = self._wait(now)
             if wait > 0:
                 if not self._said:
@@ -272,7 +275,7 @@ class Repairs:
                                    f"fails until one holds. Stop the other writer, or give it a table of its own.",
                                    extra={"fields": {"event": "repair", "ok": False, "backoff": True}})
                 self._held = True
-                return wait
+                return wait, True
             if self._backing:
                 self._strikes += 1
             self._held = False
@@ -280,7 +283,7 @@ class Repairs:
             self._last_start = now
             shown = self._summary()
         logs.log.warning(f"repairing: {shown}", extra={"fields": {"event": "repair", "changes": shown}})
-        return 0.0
+        return 0.0, True
 
     def _summary(self) -> str:
         whats = Counter(str(t) for _, _, t in self._pending)  # in order, each once
