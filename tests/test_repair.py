@@ -148,6 +148,35 @@ def test_event_watcher_reports_foreign_changes_to_its_table_only(netns):
         nft.close()
 
 
+@pytest.mark.kernel
+def test_lost_events_are_reported_once_and_do_not_smear_into_the_next_batch(netns):
+    """A socket buffer too small for nftrec's own big commit: ENOBUFS is one "maybe"
+    report once the socket is drained, never a foreign change; the next batch is whole."""
+    from reconciler.daemon.repair import EventWatcher
+    from reconciler.kernel import Libnftables
+
+    seen: list = []
+    nft = Libnftables(netns)
+    ev = EventWatcher(netns, "nftrec", seen.append, rcvbuf=4096)
+    try:
+        elements = ", ".join(f"10.1.{i // 250}.{i % 250}" for i in range(3000))
+        nft.run_script(f"add table ip nftrec\nadd set ip nftrec s {{ type ipv4_addr; }}\n"
+                       f"add element ip nftrec s {{ {elements} }}\n")
+        ev.start()  # subscribed but not read yet: the queue overflowed
+        deadline = time.monotonic() + 5
+        while not seen and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert ev.lost >= 1 and seen and all(not t.known for t in seen), seen
+        n = len(seen)
+        in_ns(netns, "nft", "delete", "element", "ip", "nftrec", "s", "{ 10.1.0.1 }")
+        while len(seen) == n and time.monotonic() < deadline + 5:
+            time.sleep(0.02)
+        assert [t.what for t in seen[n:]] == ["table ip nftrec: 1 element deleted"], seen[n:]
+    finally:
+        ev.stop()
+        nft.close()
+
+
 # --- nftrec watch in a namespace -------------------------------------------------------------
 
 

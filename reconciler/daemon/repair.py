@@ -164,13 +164,15 @@ class EventWatcher(NetlinkListener):
 
     thread_name = "nftrec-nftevents"
 
-    def __init__(self, netns: str | None, table: str, on_tamper: Callable[[Tamper], None]):
-        super().__init__(netns, lambda: (open_netlink(NETLINK_NETFILTER, RCVBUF, group=NFNLGRP_NFTABLES),))
+    def __init__(self, netns: str | None, table: str, on_tamper: Callable[[Tamper], None], *, rcvbuf: int = RCVBUF):
+        super().__init__(netns, lambda: (open_netlink(NETLINK_NETFILTER, rcvbuf, group=NFNLGRP_NFTABLES),))
         self._sock = self.sockets[0]
         self.on_tamper = on_tamper
         self.batch = Batch(table)
         self._portids: set[int] = set()
         self.own = self.foreign = 0  # batches touching the table, by whose commit
+        self.lost = 0  # times events were lost (ENOBUFS)
+        self._lost = False  # events were lost and the socket is not drained yet
 
     def _ours(self, portid: int, pid: int) -> bool:
         if pid == os.getpid() or os.path.exists(f"/proc/self/task/{pid}"):
@@ -184,15 +186,25 @@ class EventWatcher(NetlinkListener):
             try:
                 buf = self._sock.recv(1 << 16)
             except (BlockingIOError, InterruptedError):
+                if self._lost:
+                    # Empty again, so events flow again. Around the gap batches may be cut or
+                    # run together: they are dropped, and the daemon compares the generation
+                    # instead (every commit whose events were lost has moved it by now).
+                    self._lost = False
+                    self.batch.reset()
+                    self.lost += 1
+                    logs.log.debug("nftables events were lost (ENOBUFS); comparing the ruleset generation")
+                    self.on_tamper(Tamper("nftables events were lost (the event socket's buffer overflowed)",
+                                          known=False))
                 return
             except OSError as e:
                 if e.errno != errno.ENOBUFS:
                     raise
-                self.batch.reset()  # part of a batch is gone: nobody can say whose it was
-                self.on_tamper(Tamper("nftables events were lost (the event socket's buffer overflowed); "
-                                      "the kernel may differ", known=False))
+                self._lost = True
                 continue
             for counts, portid, pid, name in self.batch.feed(buf):
+                if self._lost:
+                    continue
                 if self._ours(portid, pid):
                     self.own += 1
                     continue
