@@ -85,6 +85,13 @@ def test_repairs_back_off_after_a_fight_and_recover_after_a_quiet_window():
         r.repaired(seq)
         clock.t += 0.1
     assert waits == [1.0, 2.0, 4.0, 8.0, 8.0]  # doubling, capped at syncPeriod
+    # a held repair done early by another full sync (a new revision): the next sync sets
+    # the runner's timer anew, so the next change asks for a run again
+    r.report(t)
+    assert r.take()[0] > 0 and not r.report(t)
+    r.repaired(r.seq)
+    assert r.take() is None and r.report(t)
+    r.repaired(r.seq)
     # a quiet window ends the fight: the next change is repaired at once again
     clock.t += 31.0
     r.report(t)

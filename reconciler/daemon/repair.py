@@ -273,6 +273,7 @@ class Repairs:
         caller returns s as the runner's timer."""
         now = self.clock()
         with self._lock:
+            self._held = False  # this sync's return sets the runner's timer anew
             if not self._pending:
                 return None
             if not any(t.known for _, _, t in self._pending):
@@ -290,7 +291,6 @@ class Repairs:
                 return wait, True
             if self._backing:
                 self._strikes += 1
-            self._held = False
             self._starts.append(now)
             self._last_start = now
             shown = self._summary()
