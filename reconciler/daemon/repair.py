@@ -22,7 +22,9 @@ from reconciler.daemon.listener import NetlinkListener, open_netlink
 
 NETLINK_NETFILTER = 12
 NFNLGRP_NFTABLES = 7
-RCVBUF = 8 << 20  # nftrec's own cold commit notifies every element: room for them
+# room for the events of ordinary commits; a cold commit of thousands of Services overflows
+# it (ENOBUFS), and then the ruleset generation tells whether anyone else committed
+RCVBUF = 8 << 20
 NFNL_SUBSYS_NFTABLES = 10
 NFT_MSG_NEWGEN = 15
 NFTA_GEN_PROC_PID, NFTA_GEN_PROC_NAME = 2, 3
@@ -35,9 +37,9 @@ FAMILIES = {"ip": 2, "ip6": 10}  # NFPROTO_IPV4, NFPROTO_IPV6: nftrec's tables
 _NLMSGHDR = struct.Struct("=IHHII")  # length, type, flags, seq, portid
 _ATTR = struct.Struct("=HH")
 
-# Back-off: more than LIMIT repairs within WINDOW seconds is a fight; each further repair
-# then waits FIRST, 2 x FIRST, ... (at most syncPeriod) after the previous one, until a
-# whole WINDOW passes without another process's change.
+# Back-off: LIMIT repairs within WINDOW seconds make a fight; each further repair then
+# waits FIRST, 2 x FIRST, ... (at most syncPeriod) after the previous one, until a whole
+# WINDOW passes without another process's change.
 LIMIT, WINDOW, FIRST = 5, 30.0, 1.0
 
 
@@ -45,7 +47,7 @@ LIMIT, WINDOW, FIRST = 5, 30.0, 1.0
 class Tamper:
     """One foreign change: a committed batch that touched nftrec's tables (`what`, e.g.
     "table ip nftrec deleted"), by `pid` (`name`); `known` False: events were lost and the
-    kernel may differ (a full sync finds out)."""
+    kernel may differ (the daemon compares the ruleset generation)."""
 
     what: str
     pid: int = 0
