@@ -8,7 +8,9 @@ that keeps deleting; a repair that the kernel refuses until the other process le
 from __future__ import annotations
 
 import errno
+import os
 import re
+import signal
 import shutil
 import socket
 import struct
@@ -19,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from nsutil import EXAMPLES, in_ns
+import watchproc
 from watchproc import Watch
 
 EDGE = EXAMPLES / "edge-small"
@@ -205,13 +208,22 @@ def other(ns: str) -> str:
 
 
 @pytest.fixture
-def daemon(netns, tmp_path, request):
+def daemon(netns, tmp_path, request, monkeypatch):
     """edge-small under `nftrec watch` (periods an hour, or the test's parameter), beside
-    a foreign table; the first sync done."""
-    periods = getattr(request, "param", {})
+    a foreign table; the first sync done. `pidns` in the parameter: the daemon runs in a
+    pid namespace of its own (as in a container), where the kernel's pids are not its."""
+    periods = dict(getattr(request, "param", {}))
     d = tmp_path / "m"
     shutil.copytree(EDGE, d)
     in_ns(netns, "nft", "-f", "-", input=OTHER)
+    if periods.pop("pidns", False):
+        if shutil.which("unshare") is None:
+            pytest.fail("unshare (util-linux) is needed")
+        wrapper = tmp_path / "nftrec-in-pidns"
+        wrapper.write_text(f'#!/bin/sh\nexec unshare --pid --fork --mount-proc --kill-child=SIGTERM -- '
+                           f'"{watchproc.NFTREC}" "$@"\n')
+        wrapper.chmod(0o755)
+        monkeypatch.setattr(watchproc, "NFTREC", str(wrapper))
     w = Watch(netns, d, config(tmp_path, **periods), tmp_path / "state")
     try:
         w.wait_sync(0, kind="full")
@@ -240,8 +252,11 @@ def service_chain(ns: str) -> str:
 
 
 @pytest.mark.kernel
-@pytest.mark.parametrize("group", [("flush ruleset", "delete table", "delete element", "delete rule"),
-                                   ("flush chain", "add rule")], ids=["acceptance", "chain"])
+@pytest.mark.parametrize("daemon,group", [
+    ({}, ("flush ruleset", "delete table", "delete element", "delete rule")),
+    ({}, ("flush chain", "add rule")),
+    ({"pidns": True}, ("delete element", "flush ruleset")),
+], ids=["acceptance", "chain", "pid-namespace"], indirect=["daemon"])
 def test_foreign_changes_are_repaired_within_a_second_and_the_neighbour_is_untouched(daemon, group):
     """Each group stays under the back-off's limit (LIMIT repairs a window)."""
     w, ns = daemon, daemon.ns
@@ -278,6 +293,9 @@ def test_foreign_changes_are_repaired_within_a_second_and_the_neighbour_is_untou
     assert not [x for x in w.events("repair") if x.get("backoff")]
     # nftrec's own repairs are not changes of another process: one repair per change
     assert len(w.events("repair")) == len(changes), w.events("repair")
+    if w.proc.args[0].endswith("nftrec-in-pidns"):  # unshare --fork ignores SIGTERM: tell its child
+        child = Path(f"/proc/{w.proc.pid}/task/{w.proc.pid}/children").read_text().split()[0]
+        os.kill(int(child), signal.SIGTERM)
     assert w.stop() == 0
 
 
