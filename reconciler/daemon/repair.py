@@ -162,7 +162,9 @@ def _own_portids() -> set[int]:
 class EventWatcher(NetlinkListener):
     """nf_tables events in network namespace `netns` (None: the host), on a thread of its
     own: `on_tamper(Tamper)` for each batch of another process that touched table `table`
-    (ip/ip6), and once for lost events (ENOBUFS)."""
+    (ip/ip6), and once for lost events (ENOBUFS). A plain socket, not pyroute2's nftables
+    module: four fields of each message are needed, its decoder would parse every
+    element of nftrec's own big commits, and its reader buffers out of select()'s sight."""
 
     thread_name = "nftrec-nftevents"
 
