@@ -164,7 +164,8 @@ class EventWatcher(NetlinkListener):
     own: `on_tamper(Tamper)` for each batch of another process that touched table `table`
     (ip/ip6), and once for lost events (ENOBUFS). A plain socket, not pyroute2's nftables
     module: four fields of each message are needed, its decoder would parse every
-    element of nftrec's own big commits, and its reader buffers out of select()'s sight."""
+    element of nftrec's own big commits, and pyroute2 0.9's sockets read through their
+    own event loop (as addresses.py found for IPRoute)."""
 
     thread_name = "nftrec-nftevents"
 
