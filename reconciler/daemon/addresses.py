@@ -7,17 +7,13 @@ that first uses it, so all netlink work runs on one thread inside the namespace.
 
 from __future__ import annotations
 
-import os
-import select
-import socket
 import struct
-import threading
 import time
 from typing import Callable
 
 from reconciler import logs
 from reconciler.intake import discover_host_addresses, discover_node_ips
-from reconciler.kernel import NamespaceThread
+from reconciler.daemon.listener import NetlinkListener, open_netlink
 
 SETTLE = 0.05  # seconds of quiet after an event before the addresses are listed again
 SETTLE_MAX = 0.3  # a continuous stream of events is listed at least this often
@@ -47,8 +43,10 @@ def relevant_messages(buf: bytes) -> int:
     return n
 
 
-class AddressWatcher:
+class AddressWatcher(NetlinkListener):
     """Netlink address (and default-route) events in network namespace `netns` (None: the host)."""
+
+    thread_name = "nftrec-addresses"
 
     def __init__(self, netns: str | None, on_change: Callable[[tuple, tuple], None], *,
                  settle: float = SETTLE, settle_max: float = SETTLE_MAX):
@@ -59,71 +57,29 @@ class AddressWatcher:
 
         groups = RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR | RTMGRP_IPV4_ROUTE | RTMGRP_IPV6_ROUTE
 
-        def open_sockets():  # a netlink socket belongs to the namespace it was created in
+        def open_sockets():
             # Events: a plain netlink socket, read with recv(); pyroute2 0.9's IPRoute
             # reads through its own event loop and buffers messages out of select()'s sight.
-            events = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, NETLINK_ROUTE)
+            events = open_netlink(NETLINK_ROUTE, 1 << 20, groups)
             try:
-                events.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
-                events.bind((0, groups))
-                events.setblocking(False)
                 return events, IPRoute()  # listings: pyroute2, on this thread only
             except BaseException:
                 events.close()
                 raise
 
-        self._ns = NamespaceThread(netns)
-        try:
-            self._events, self._query = self._ns.call(open_sockets)
-        except BaseException:
-            self._ns.close()
-            raise
+        super().__init__(netns, open_sockets)
+        self._events, self._query = self.sockets
         self.on_change = on_change
         self.settle, self.settle_max = settle, settle_max
-        self._stop_r, self._stop_w = os.pipe()
-        self._stopped = False
         self.events = 0  # relevant netlink messages seen
         self.listings = 0  # address listings done after events
-        self._thread = threading.Thread(target=self._ns.call, args=(self._loop,), name="nftrec-addresses",
-                                        daemon=True)
 
     def _list(self) -> Addresses:
         return discover_node_ips(self._query), discover_host_addresses(self._query)
 
     def snapshot(self) -> Addresses:
         """The addresses now (before start(): the loop owns the namespace thread after)."""
-        return self._ns.call(self._list)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        if self._stopped:
-            return
-        self._stopped = True
-        try:
-            os.write(self._stop_w, b"x")
-        except OSError:
-            pass
-        if self._thread.is_alive():
-            self._thread.join(timeout=5)
-
-        def close():
-            for sock in (self._events, self._query):
-                try:
-                    sock.close()
-                except Exception:
-                    pass
-        try:
-            self._ns.call(close)
-        except Exception:
-            pass
-        self._ns.close()
-        for fd in (self._stop_r, self._stop_w):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        return self.call(self._list)
 
     def _drain(self) -> bool:
         """Read everything the socket holds; True when a message matters."""
@@ -141,17 +97,10 @@ class AddressWatcher:
             self.events += n
             relevant = relevant or n > 0
 
-    def _wait(self, timeout: float | None) -> str:
-        """'event', 'stop' or 'timeout'."""
-        ready, _, _ = select.select([self._events.fileno(), self._stop_r], [], [], timeout)
-        if self._stop_r in ready:
-            return "stop"
-        return "event" if ready else "timeout"
-
     def _loop(self) -> None:
         try:
             while True:
-                if self._wait(None) == "stop":
+                if self.wait(self._events, None) == "stop":
                     return
                 if not self._drain():
                     continue
@@ -161,7 +110,7 @@ class AddressWatcher:
                     left = min(last + self.settle, first + self.settle_max) - now
                     if left <= 0:
                         break
-                    w = self._wait(left)
+                    w = self.wait(self._events, left)
                     if w == "stop":
                         return
                     if w == "event" and self._drain():
@@ -169,7 +118,7 @@ class AddressWatcher:
                 self.listings += 1
                 self.on_change(*self._list())
         except Exception as e:  # never take the daemon down: the periodic full sync still re-reads
-            if not self._stopped:
+            if not self.stopped:
                 logs.log.error(f"the node address watcher stopped: {e}; address changes are picked up by "
                                f"the next full sync (fullSyncPeriod) only",
                                extra={"fields": {"event": "addresses", "ok": False}})

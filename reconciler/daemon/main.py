@@ -1,7 +1,8 @@
 """`nftrec watch`: the reconcile daemon, kube-proxy's sync loop without an API server.
 
     watcher.Watcher ─► debounce ─► runner.Runner ─► reconcile.Daemon.sync()
-    addresses.AddressWatcher ──────────┘ (timer: fullSyncPeriod / syncPeriod after a failure)
+    addresses.AddressWatcher ──────────┤ (timer: fullSyncPeriod / syncPeriod after a failure)
+    repair.EventWatcher ───────────────┘ (another process changed the table: a full sync)
 
 Wires signals (SIGTERM/SIGINT stop, SIGHUP re-reads the config), the metrics server and
 the namespace lock, held for the daemon's lifetime (waited for at start when held).
@@ -50,6 +51,28 @@ def _address_watcher(daemon: Daemon, runner: Runner):
     return aw
 
 
+def _event_watcher(daemon: Daemon, runner: Runner):
+    """Subscribe to the namespace's nftables events: another process's change to the
+    table asks for a repair (a full sync), held back while it keeps fighting us."""
+    from reconciler.daemon.repair import EventWatcher, Repairs
+
+    repairs = Repairs(daemon.target.table, cap=lambda: daemon.config.sync_period)
+
+    def on_tamper(tamper) -> None:
+        if repairs.report(tamper):
+            runner.run()
+
+    try:
+        events = EventWatcher(daemon.target.netns, daemon.target.table, on_tamper)
+    except Exception as e:
+        logs.log.warning(f"cannot subscribe to nftables events ({e}); another process's changes to table "
+                         f"{daemon.target.table} are repaired by full syncs (fullSyncPeriod) only")
+        return None
+    daemon.repairs = repairs
+    events.start()
+    return events
+
+
 def run_watch(directory: Path, config_path: Path | None, target: Target, *, strict: bool = False,
               metrics_address: str = "127.0.0.1:9105", debounce: float = DEBOUNCE) -> int:
     """The daemon: returns 0 after SIGTERM/SIGINT, 1 when it cannot start."""
@@ -60,7 +83,7 @@ def run_watch(directory: Path, config_path: Path | None, target: Target, *, stri
     stop_requested = threading.Event()
     metrics = Metrics()
     daemon = Daemon(directory, config_path, target, strict=strict, metrics=metrics)
-    server = lock = watcher = addresses = None
+    server = lock = watcher = addresses = events = None
     runner: Runner | None = None
 
     def on_stop(signum, _frame):
@@ -137,6 +160,7 @@ def run_watch(directory: Path, config_path: Path | None, target: Target, *, stri
             pass
         watcher.start()
         addresses = _address_watcher(daemon, runner)
+        events = _event_watcher(daemon, runner)  # before the initial sync: no change goes unseen
         logs.log.info(f"watching {directory} for table {target.table} in {target.where} (minSyncPeriod "
                       f"{cfg.min_sync_period:g}s, syncPeriod {cfg.sync_period:g}s, fullSyncPeriod "
                       f"{cfg.full_sync_period:g}s, debounce {debounce:g}s); pid {os.getpid()}",
@@ -152,6 +176,8 @@ def run_watch(directory: Path, config_path: Path | None, target: Target, *, stri
     finally:
         if addresses is not None:
             addresses.stop()
+        if events is not None:
+            events.stop()
         if watcher is not None:
             watcher.stop()
         if daemon.prober is not None:

@@ -69,7 +69,8 @@ class Metrics:
         self._elements = Gauge("nftrec_set_elements", "Set and map elements in nftrec's table.",
                                ["family"], registry=r)
         self._drift_repairs = Counter(
-            "nftrec_drift_repairs", "Full syncs that found and repaired drift in the kernel.", registry=r)
+            "nftrec_drift_repairs", "Full syncs that found and repaired drift in the kernel (periodic, or "
+            "right after another process changed nftrec's tables).", registry=r)
         self._drift_objects = Counter(
             "nftrec_drift_objects_repaired", "Kernel objects repaired by full syncs.", registry=r)
         self._conntrack = Counter(

@@ -128,6 +128,11 @@ class Daemon:
         self.rejected: tuple[str, str] | None = None
         self.applied_declared: Inventory | None = None  # `declared` of what `applied` was compiled from
         self.stopping: Callable[[], str | None] = lambda: None
+        # daemon/repair.Repairs (main sets it): other processes' changes to the table, known
+        # from nftables events; a full sync repairs them, held back while they fight us
+        self.repairs = None
+        self._repair_seq = 0  # the last change reported before this sync listed the kernel
+        self._hold: float | None = None  # seconds a repair is held back (the runner's timer)
 
     # -- config
 
@@ -204,6 +209,9 @@ class Daemon:
             return False, f"revision {short_revision(self.invalid[0])} is invalid and was not applied: {self.invalid[1]}"
         if self.rejected is not None:
             return False, f"revision {short_revision(self.rejected[0])} was rolled back: {self.rejected[1]}"
+        why = self.repairs.unhealthy() if self.repairs is not None else None
+        if why:
+            return False, why
         period = self.config.full_sync_period if self.config else 3600.0
         now = self.clock()
         if self.last_success is None:
@@ -243,6 +251,7 @@ class Daemon:
         if (self.need_full or full_due) and self.last_full is not None:
             self.refresh_addresses()
         self._take_addresses()
+        self._take_repair()
         changed = self.changes() if self.changes is not None else None
         if self.need_full or full_due:
             changed = None  # a full sync walks the tree: the safety net for a missed event
@@ -278,8 +287,33 @@ class Daemon:
 
     def _next_full_in(self) -> float | None:
         if self.last_full is None:
-            return None
-        return max(0.0, self.last_full + self.config.full_sync_period - self.clock())
+            return self._hold
+        due = max(0.0, self.last_full + self.config.full_sync_period - self.clock())
+        return due if self._hold is None else min(due, self._hold)
+
+    def _take_repair(self) -> None:
+        """Another process changed the table: a full sync now, or a timer while held back."""
+        self._hold = None
+        if self.repairs is None:
+            return
+        self._repair_seq = self.repairs.seq
+        taken = self.repairs.take()
+        if taken is None:
+            return
+        wait, known = taken
+        if wait:
+            self._hold = wait
+        elif known or self._kernel_moved():
+            self.need_full = True
+        else:  # events were lost, all of them our own commit's (a big one): nothing to repair
+            self.repairs.repaired(self._repair_seq)
+
+    def _kernel_moved(self) -> bool:
+        """Whether anything committed since our last commit (the generation moved)."""
+        try:
+            return self.token is None or kernel_token(self.nft) != self.token
+        except NftError:
+            return True
 
     def _take(self, snap: Snapshot) -> None:
         """A new revision read: log its problems; compile it when valid."""
@@ -400,6 +434,8 @@ class Daemon:
         self.need_full = False
         if full:
             self.last_full = start
+            if self.repairs is not None:
+                self.repairs.repaired(self._repair_seq)
         self.last_success = kernel_done
         invalid, rejected = self.invalid, self.rejected
         # a full sync's listing is let go now, not held until the write (settle_heap, in sync())
