@@ -1,0 +1,143 @@
+"""Work that may crash or hang, run in a child process with a time bound, so that a crash
+there is an answer with its reason rather than the death of nftrec.
+
+An nft older than the tool that wrote a foreign table can segfault reading it, in the
+`nft` binary and in-process libnftables alike. `run_nft` runs the binary inside a network
+namespace; `start_nft` starts one for a stream (`nft monitor trace`); `in_child` forks
+the calling thread (and so its namespace) to run a function of this process.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import shutil
+import signal
+import subprocess
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from reconciler.kernel.netns import NamespaceThread
+
+# Signals that mean the program itself failed, not that someone stopped it.
+_CRASHES = {signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS, signal.SIGILL, signal.SIGFPE}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a child ended. `what` names it in messages ("nft list ruleset")."""
+
+    what: str
+    returncode: int | None  # the exit code; None when a signal ended it or it never started
+    signal: int | None = None  # the signal that ended it (SIGKILL after a timeout)
+    timed_out: bool = False
+    stdout: bytes = b""
+    stderr: bytes = b""
+    missing: str | None = None  # why it could not start (no nft binary)
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+    @property
+    def crashed(self) -> bool:
+        return self.signal in _CRASHES and not self.timed_out
+
+    def reason(self) -> str:
+        """One line: what went wrong, for an error or a doctor finding."""
+        if self.missing:
+            return f"{self.what}: {self.missing}"
+        if self.timed_out:
+            return f"{self.what} did not finish in time (killed)"
+        if self.signal is not None:
+            name = signal.Signals(self.signal).name
+            hint = ": a table written by a newer nft, which this nft cannot read?" if self.crashed else ""
+            return f"{self.what} {'crashed' if self.crashed else 'was killed'} ({name}){hint}"
+        err = (self.stderr or self.stdout).decode(errors="replace").strip().splitlines()
+        return f"{self.what} exited {self.returncode}" + (f": {err[0]}" if err else "")
+
+
+def nft_binary() -> str | None:
+    """The `nft` command, also where root's PATH lacks /usr/sbin."""
+    return shutil.which("nft") or next((p for p in ("/usr/sbin/nft", "/sbin/nft") if os.access(p, os.X_OK)), None)
+
+
+def start_nft(netns: str | None, args: Sequence[str], **popen) -> subprocess.Popen:
+    """The nft binary with `args`, started inside `netns` (a child inherits the namespace
+    of the thread that starts it); the caller reads it, bounds it and stops it.
+    Raises FileNotFoundError without an nft binary."""
+    binary = nft_binary()
+    if binary is None:
+        raise FileNotFoundError("the nft command is not installed (Debian/Ubuntu: apt-get install nftables)")
+    worker = NamespaceThread(netns)
+    try:
+        return worker.call(lambda: subprocess.Popen([binary, *args], **popen))
+    finally:
+        worker.close()
+
+
+def run_nft(netns: str | None, args: Sequence[str], *, timeout: float, stdin: bytes | None = None) -> Outcome:
+    """The nft binary with `args` inside `netns`, killed after `timeout` seconds."""
+    what = "nft " + " ".join(a for a in args if not a.startswith("-"))
+    try:
+        proc = start_nft(netns, args, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    except FileNotFoundError as e:
+        return Outcome(what, None, missing=str(e))
+    try:
+        out, err = proc.communicate(stdin, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        return Outcome(what, None, signal.SIGKILL, True, out, err)
+    rc = proc.returncode
+    return Outcome(what, rc if rc >= 0 else None, -rc if rc < 0 else None, False, out, err)
+
+
+def in_child(fn: Callable[[], bytes], *, what: str, timeout: float) -> Outcome:
+    """Fork the calling thread; the child runs `fn` and hands back its bytes (stdout), or
+    the text of its exception (stderr, exit 1). Only the calling thread lives on in the
+    child, in the calling thread's network namespace; it must touch nothing that another
+    thread of this process may hold (a C library call and plain data are fine)."""
+    r, w = os.pipe()
+    with warnings.catch_warnings():  # Python 3.12 warns about fork() with threads; see the docstring
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:  # the child: never returns
+        code = 0
+        try:
+            os.close(r)
+            data = fn()
+        except BaseException as e:  # noqa: BLE001 - reported to the parent
+            code, data = 1, str(e).encode(errors="replace")
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(w, view):]
+        finally:
+            os._exit(code)
+    os.close(w)
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + timeout
+    timed_out = False
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([r], [], [], left)[0]:
+                timed_out = True
+                os.kill(pid, signal.SIGKILL)
+                break
+            chunk = os.read(r, 1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(r)
+        _, status = os.waitpid(pid, 0)
+    data = b"".join(chunks)
+    if os.WIFSIGNALED(status):
+        return Outcome(what, None, os.WTERMSIG(status), timed_out, data)
+    rc = os.WEXITSTATUS(status)
+    return Outcome(what, rc, None, False, data if rc == 0 else b"", data if rc else b"")
