@@ -3,8 +3,9 @@ there is an answer with its reason rather than the death of nftrec.
 
 An nft older than the tool that wrote a foreign table can segfault reading it, in the
 `nft` binary and in-process libnftables alike. `run_nft` runs the binary inside a network
-namespace; `start_nft` starts one for a stream (`nft monitor trace`); `in_child` forks
-the calling thread (and so its namespace) to run a function of this process.
+namespace (`run`: any program); `start_nft` starts one for a stream (`nft monitor
+trace`); `in_child` forks the calling thread (and so its namespace) to run a function of
+this process.
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ _CRASHES = {signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS, signal.SIGILL, signal
 
 @dataclass(frozen=True)
 class Outcome:
-    """How a child ended. `what` names it in messages ("nft list ruleset")."""
+    """How a child ended."""
 
-    what: str
+    what: str  # the program: "nft", "libnftables"
     returncode: int | None  # the exit code; None when a signal ended it or it never started
     signal: int | None = None  # the signal that ended it (SIGKILL after a timeout)
     timed_out: bool = False
@@ -45,47 +46,61 @@ class Outcome:
     def crashed(self) -> bool:
         return self.signal in _CRASHES and not self.timed_out
 
-    def reason(self) -> str:
-        """One line: what went wrong, for an error or a doctor finding."""
+    def reason(self, doing: str = "") -> str:
+        """One line: what went wrong, for an error or a doctor finding. `doing` says
+        what it was doing ("listing table ip filter")."""
+        what = f"{self.what} {doing}".strip()
         if self.missing:
-            return f"{self.what}: {self.missing}"
+            return f"{what}: {self.missing}"
         if self.timed_out:
-            return f"{self.what} did not finish in time (killed)"
+            return f"{what}: did not finish in time (killed)"
         if self.signal is not None:
             name = signal.Signals(self.signal).name
-            hint = ": a table written by a newer nft, which this nft cannot read?" if self.crashed else ""
-            return f"{self.what} {'crashed' if self.crashed else 'was killed'} ({name}){hint}"
+            if not self.crashed:
+                return f"{self.what} was killed ({name}) {doing}".strip()
+            hint = ": a table written by a newer nft, which this one cannot read?" if "nft" in self.what else ""
+            return f"{self.what} crashed ({name}) {doing}".strip() + hint
         err = (self.stderr or self.stdout).decode(errors="replace").strip().splitlines()
-        return f"{self.what} exited {self.returncode}" + (f": {err[0]}" if err else "")
+        return f"{what}: exit {self.returncode}" + (f": {err[0]}" if err else "")
+
+
+def program(name: str) -> str | None:
+    """The path of the command `name`, also where the PATH lacks /usr/sbin; None if absent."""
+    return shutil.which(name) or next((p for p in (f"/usr/sbin/{name}", f"/sbin/{name}") if os.access(p, os.X_OK)),
+                                      None)
 
 
 def nft_binary() -> str | None:
-    """The `nft` command, also where root's PATH lacks /usr/sbin."""
-    return shutil.which("nft") or next((p for p in ("/usr/sbin/nft", "/sbin/nft") if os.access(p, os.X_OK)), None)
+    return program("nft")
 
 
 def start_nft(netns: str | None, args: Sequence[str], **popen) -> subprocess.Popen:
-    """The nft binary with `args`, started inside `netns` (a child inherits the namespace
-    of the thread that starts it); the caller reads it, bounds it and stops it.
-    Raises FileNotFoundError without an nft binary."""
+    """The nft binary with `args`, started inside `netns`; the caller reads it, bounds it
+    and stops it (a stream: `nft monitor trace`). FileNotFoundError without an nft."""
     binary = nft_binary()
     if binary is None:
         raise FileNotFoundError("the nft command is not installed (Debian/Ubuntu: apt-get install nftables)")
-    worker = NamespaceThread(netns)
-    try:
-        return worker.call(lambda: subprocess.Popen([binary, *args], **popen))
-    finally:
-        worker.close()
+    return _start(netns, [binary, *args], popen)
 
 
 def run_nft(netns: str | None, args: Sequence[str], *, timeout: float, stdin: bytes | None = None) -> Outcome:
     """The nft binary with `args` inside `netns`, killed after `timeout` seconds."""
-    what = "nft " + " ".join(a for a in args if not a.startswith("-"))
+    binary = nft_binary()
+    if binary is None:
+        return Outcome("nft", None, missing="the nft command is not installed")
+    return run(netns, [binary, *args], timeout=timeout, stdin=stdin, what="nft")
+
+
+def run(netns: str | None, argv: Sequence[str], *, timeout: float, stdin: bytes | None = None,
+        what: str | None = None) -> Outcome:
+    """Any program inside `netns`, killed after `timeout` seconds; a missing program is an
+    Outcome that says so (`missing`), never an exception."""
+    what = what or os.path.basename(argv[0])
     try:
-        proc = start_nft(netns, args, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    except FileNotFoundError as e:
-        return Outcome(what, None, missing=str(e))
+        proc = _start(netns, argv, dict(stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    except FileNotFoundError:
+        return Outcome(what, None, missing=f"{argv[0]} is not installed")
     try:
         out, err = proc.communicate(stdin, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -94,6 +109,15 @@ def run_nft(netns: str | None, args: Sequence[str], *, timeout: float, stdin: by
         return Outcome(what, None, signal.SIGKILL, True, out, err)
     rc = proc.returncode
     return Outcome(what, rc if rc >= 0 else None, -rc if rc < 0 else None, False, out, err)
+
+
+def _start(netns: str | None, argv: Sequence[str], popen: dict) -> subprocess.Popen:
+    # A child inherits the network namespace of the thread that starts it.
+    worker = NamespaceThread(netns)
+    try:
+        return worker.call(lambda: subprocess.Popen(list(argv), **popen))
+    finally:
+        worker.close()
 
 
 def in_child(fn: Callable[[], bytes], *, what: str, timeout: float) -> Outcome:

@@ -318,7 +318,7 @@ class Libnftables:
             outcome = in_child(lambda: json.dumps(raw()).encode(), what="libnftables", timeout=_CHILD_TIMEOUT)
             if not outcome.ok:
                 self._renew_ctx()  # the child shared the context's netlink socket
-                raise Crashed(self._crash_text(outcome.reason(), gen))
+                raise Crashed(self._crash_text(outcome.reason("reading this namespace's ruleset"), gen))
             result = tuple(json.loads(outcome.stdout))
         if result[0] == 0:
             after = self._nl.generation()
@@ -330,6 +330,5 @@ class Libnftables:
     def _crash_text(self, reason: str, gen: int) -> str:
         others = ", ".join(f"{f} {n}" for f, n in self._nl.tables())
         changed = "nothing was changed" if self._nl.generation() == gen else "the ruleset changed meanwhile"
-        return (f"{reason}; libnftables ran in a child process reading this namespace's ruleset ({changed}); "
-                f"its tables: {others or 'none'}. Find the tool that wrote the foreign table and upgrade nftables "
-                "to at least its nft version, or remove that table")
+        return (f"{reason} (in a child process: {changed}); the namespace's tables: {others or 'none'}. "
+                "Upgrade nftables to the version of the tool that wrote the foreign table, or remove that table")
