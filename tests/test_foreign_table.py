@@ -4,21 +4,24 @@ The table is written over raw netlink, as a newer nft writes it: a set whose use
 holds a `typeof` key description this nft's parser dereferences without checking (nft
 1.1.3 writes it for every set; nft 1.0.6 and 0.9.8 segfault reading it). Beside it, a
 cold `apply`, `cleanup` and `doctor` each finish with a clear message or succeed, none
-crashes, and the foreign table stays byte for byte as it was.
+crashes, and the foreign table stays byte for byte as it was; `watch` outlives it.
 """
 
 from __future__ import annotations
 
+import ctypes
 import signal
 import socket
 import struct
 import subprocess
+import time
 
 import pytest
 
-from nsutil import EXAMPLES
-from reconciler.kernel import NamespaceThread, run_nft
-from test_cli_kernel import nftrec
+from nsutil import EXAMPLES, in_ns
+from reconciler.kernel import NamespaceThread, in_child, run, run_nft
+from test_cli_kernel import CONFIG, nftrec
+from watchproc import Watch
 
 pytestmark = pytest.mark.kernel
 
@@ -136,3 +139,53 @@ def test_apply_cleanup_doctor_beside_an_unreadable_table(poisoned, tmp_path):
     _no_crash(doctor)
     assert "crashed (SIGSEGV)" in doctor.stdout and "newer nft" in doctor.stdout, doctor.stdout
     assert in_thread(poisoned, foreign_sets) == before
+
+
+def test_a_child_that_crashes_hangs_or_fails_is_an_outcome_with_its_reason():
+    ok = in_child(lambda: b"x" * (1 << 20), what="work", timeout=30)
+    assert ok.ok and ok.stdout == b"x" * (1 << 20)  # more than a pipe holds
+    crash = in_child(lambda: ctypes.string_at(0), what="libnftables", timeout=30)
+    assert crash.crashed and crash.signal == signal.SIGSEGV
+    assert crash.reason("reading the ruleset") == ("libnftables crashed (SIGSEGV) reading the ruleset: a table "
+                                                   "written by a newer nft, which this one cannot read?")
+    hang = in_child(lambda: time.sleep(60), what="work", timeout=0.5)
+    assert hang.timed_out and not hang.crashed and "did not finish in time" in hang.reason()
+    failed = in_child(lambda: 1 / 0, what="work", timeout=30)
+    assert failed.returncode == 1 and b"division by zero" in failed.stderr
+    missing = run(None, ["nftrec-no-such-program"], timeout=5)
+    assert missing.missing and not missing.ok and "is not installed" in missing.reason()
+
+
+def test_a_program_runs_inside_the_namespace(netns):
+    in_ns(netns, "nft", "add", "table", "ip", "marker")
+    listed = run_nft(netns, ["list", "tables"], timeout=30)
+    assert listed.ok and b"table ip marker" in listed.stdout
+    exited = run_nft(netns, ["list", "table", "ip", "absent"], timeout=30)
+    assert exited.returncode == 1 and "No such file or directory" in exited.reason()
+
+
+def test_watch_outlives_an_unreadable_table_and_recovers(netns, tmp_path):
+    """The daemon's own repair of its tables (here the full sync's, every second) meets the
+    table: the sync fails with the reason, the daemon lives on, and once the table is gone
+    the next sync restores nftrec's tables."""
+    config = tmp_path / "config.yaml"
+    config.write_text(CONFIG.read_text().replace("syncPeriod: 30s", "syncPeriod: 1s")
+                      .replace("fullSyncPeriod: 1h", "fullSyncPeriod: 1s"))
+    watch = Watch(netns, EXAMPLES / "edge-small", config, tmp_path / "state", metrics=False)
+    try:
+        watch.wait_sync(0)
+        since = len(watch.lines)
+        in_ns(netns, "nft", "flush", "ruleset")
+        in_thread(netns, write_foreign_table)
+        if not run_nft(netns, ["list", "ruleset"], timeout=30).crashed:
+            pytest.skip("this nft reads the table: nothing to guard")
+        failed = watch.wait(lambda: next((x for x in watch.events("sync", since) if x.get("ok") is False), None),
+                            timeout=30, what="a failed sync")
+        assert "libnftables crashed (SIGSEGV)" in failed["msg"] and "ip foreign" in failed["msg"], failed
+        assert in_thread(netns, foreign_sets)  # untouched
+        since = len(watch.lines)
+        in_ns(netns, "nft", "flush", "ruleset")  # nft reads no table to flush them all
+        watch.wait_sync(since)
+        assert "table ip nftrec" in in_ns(netns, "nft", "list", "tables").stdout
+    finally:
+        assert watch.stop() == 0

@@ -10,6 +10,7 @@ this process.
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import select
 import shutil
@@ -133,6 +134,7 @@ def in_child(fn: Callable[[], bytes], *, what: str, timeout: float) -> Outcome:
         code = 0
         try:
             os.close(r)
+            faulthandler.disable()  # the parent reports a crash, once, with its reason
             data = fn()
         except BaseException as e:  # noqa: BLE001 - reported to the parent
             code, data = 1, str(e).encode(errors="replace")

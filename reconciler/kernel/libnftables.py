@@ -16,6 +16,7 @@ import ctypes
 import ctypes.util
 import json
 import os
+import struct
 import tempfile
 import threading
 from typing import Callable, TypeVar
@@ -62,6 +63,18 @@ _TRIM_AFTER = 1 << 20
 # How long a command may take in a child process (a cold transaction of a big table
 # takes seconds): a bound for a hang, not a timing.
 _CHILD_TIMEOUT = 900.0
+
+
+_HEAD = struct.Struct("=iiQ")  # a child's answer: rc, errno, len(output); then output and errors
+
+
+def _pack(rc: int, errno_: int, out: bytes, err: bytes) -> bytes:
+    return _HEAD.pack(rc, errno_, len(out)) + out + err
+
+
+def _unpack(data: bytes) -> tuple[int, int, bytes, bytes]:
+    rc, errno_, n = _HEAD.unpack_from(data)
+    return rc, errno_, data[_HEAD.size:_HEAD.size + n], data[_HEAD.size + n:]
 
 
 def command_kind(lines) -> frozenset:
@@ -276,7 +289,7 @@ class Libnftables:
              kind: frozenset, where: str | None = None) -> str:
         lib, ctx = self._lib, self._ctx
 
-        def raw() -> tuple[int, str, str, int]:
+        def raw() -> tuple[int, int, bytes, bytes]:
             lib.nft_ctx_output_set_flags(ctx, flags)
             lib.nft_ctx_set_dry_run(ctx, dry_run)
             try:
@@ -284,12 +297,12 @@ class Libnftables:
             finally:
                 lib.nft_ctx_set_dry_run(ctx, False)
             # Reading a buffer also resets it for the next command.
-            out = (lib.nft_ctx_get_output_buffer(ctx) or b"").decode(errors="replace")
-            err = (lib.nft_ctx_get_error_buffer(ctx) or b"").decode(errors="replace")
-            return rc, out, err, ctypes.get_errno()
+            return rc, ctypes.get_errno(), lib.nft_ctx_get_output_buffer(ctx) or b"", \
+                lib.nft_ctx_get_error_buffer(ctx) or b""
 
         commits = not dry_run and any(not k.startswith("list ") for k in kind)
-        rc, out, err, errno_ = self._guarded(raw, kind, commits)
+        rc, errno_, out_b, err_b = self._guarded(raw, kind, commits)
+        out, err = out_b.decode(errors="replace"), err_b.decode(errors="replace")
         if size + len(out) >= _TRIM_AFTER:
             self._renew_ctx()
             trim_heap()
@@ -315,11 +328,11 @@ class Libnftables:
         if self._readable.get(kind) == gen:
             result = raw()
         else:
-            outcome = in_child(lambda: json.dumps(raw()).encode(), what="libnftables", timeout=_CHILD_TIMEOUT)
+            outcome = in_child(lambda: _pack(*raw()), what="libnftables", timeout=_CHILD_TIMEOUT)
             if not outcome.ok:
                 self._renew_ctx()  # the child shared the context's netlink socket
                 raise Crashed(self._crash_text(outcome.reason("reading this namespace's ruleset"), gen))
-            result = tuple(json.loads(outcome.stdout))
+            result = _unpack(outcome.stdout)
         if result[0] == 0:
             after = self._nl.generation()
             if after == (gen + commits) & 0xFFFFFFFF:
