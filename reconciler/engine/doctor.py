@@ -13,12 +13,12 @@ import os
 import re
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, TextIO
 
-from pathlib import Path
-
 from reconciler import logs
-from reconciler.engine.neighbours import Finding, firewall_service, forward_drops, legacy_kube_services, proxies, read_tables
+from reconciler.engine.neighbours import (Finding, firewall_service, forward_drops, legacy_kube_services, proxies,
+                                          read_tables)
 from reconciler.kernel import PROBE_TABLE, Interface, Libnftables, NftError, Transaction, probe_spelling
 from reconciler.compile import FAMILIES, Table
 

@@ -20,8 +20,8 @@ from reconciler.kernel import NamespaceThread, Outcome, program, run, run_nft
 _TIMEOUT = 20.0  # seconds for one listing: a bound for a hang
 _VERDICTS = ("accept", "drop", "reject", "jump", "goto", "return", "queue")
 _NEUTRAL = ("counter", "log")  # statements that neither match nor decide
-_ALL_FORWARD = ("a drop in any chain on the forward hook is final: an accept in another table, "
-                "nftrec's included, does not help")
+_ALL_FORWARD = ("it accepts both directions of every DNATed connection; a drop in any chain on the forward hook "
+                "is final, so an accept in another table, nftrec's included, does not help")
 
 
 @dataclass(frozen=True)
@@ -124,7 +124,8 @@ def forward_drops(items: list[dict]) -> list[Finding]:
         else:
             continue
         found.append(Finding("forward drop", False, f"{where} {how}: it drops the connections nftrec DNATs to "
-                                                    f"a backend on another interface; fix, {_fix(family, table, name, chains)}"))
+                                                    f"a backend that is not a local process (another host, a "
+                                                    f"container); fix, {_fix(family, table, name, chains)}"))
     return found
 
 

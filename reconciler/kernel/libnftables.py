@@ -7,7 +7,9 @@ namespace the object was made for. Tables and the generation id come over raw ne
 Most commands make libnftables read every table of the namespace first (its cache), and
 an nft older than the tool that wrote a foreign table can crash there. So a command runs
 in-process only when the same kind of command already read this namespace's ruleset, at
-this generation, in a child process (isolated.py); otherwise in a child, once.
+this generation, without harm; otherwise in a child process (isolated.py), once per kind
+and foreign change. (A foreign commit in the instant between that check and nft's own
+read is not covered.)
 """
 
 from __future__ import annotations
