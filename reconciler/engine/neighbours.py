@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from reconciler.engine.teardown import KUBE_PROXY_TABLE
-from reconciler.kernel import NamespaceThread, Outcome, program, run, run_nft
+from reconciler.kernel import NamespaceThread, program, run, run_nft
 
 _TIMEOUT = 20.0  # seconds for one listing: a bound for a hang
 _VERDICTS = ("accept", "drop", "reject", "jump", "goto", "return", "queue")
@@ -139,8 +139,7 @@ def kube_services_chains(items: list[dict]) -> list[str]:
                    if c["name"] == "KUBE-SERVICES"})
 
 
-def legacy_kube_services(netns: str | None, read: Callable[[str], str] | None = None,
-                         runner: Callable[..., Outcome] = run) -> tuple[list[str], list[str]]:
+def legacy_kube_services(netns: str | None, read: Callable[[str], str] | None = None) -> tuple[list[str], list[str]]:
     """(tables of iptables-legacy holding KUBE-SERVICES, notes on what could not be read).
     Which legacy tables exist comes from /proc's ip_tables_names of the namespace; their
     chains from iptables-legacy-save, when installed."""
@@ -158,7 +157,7 @@ def legacy_kube_services(netns: str | None, read: Callable[[str], str] | None = 
             notes.append(f"{tool}-legacy has tables here ({', '.join(sorted(names))}) but {tool}-legacy-save is not "
                          "installed to look inside them (install iptables)")
             continue
-        out = runner(netns, [save], timeout=_TIMEOUT)
+        out = run(netns, [save], timeout=_TIMEOUT)
         if not out.ok:
             notes.append(out.reason("listing the legacy tables"))
             continue
@@ -206,8 +205,8 @@ def proxies(tables: list[tuple[str, str]], items: list[dict], legacy: list[str])
 # -- reading the other tables ---------------------------------------------------------------
 
 
-def read_tables(netns: str | None, tables: list[tuple[str, str]], own: set[tuple[str, str]],
-                runner: Callable[..., Outcome] = run_nft) -> tuple[list[dict], list[Finding]]:
+def read_tables(netns: str | None, tables: list[tuple[str, str]],
+                own: set[tuple[str, str]]) -> tuple[list[dict], list[Finding]]:
     """The JSON items of every table not in `own`, each listed by the nft binary in a child
     process; a table that cannot be listed (a crash, a hang) is a finding."""
     items: list[dict] = []
@@ -215,7 +214,9 @@ def read_tables(netns: str | None, tables: list[tuple[str, str]], own: set[tuple
     for family, name in tables:
         if (family, name) in own:
             continue
-        out = runner(netns, ["-j", "list", "table", family, name], timeout=_TIMEOUT)
+        out = run_nft(netns, ["-j", "list", "table", family, name], timeout=_TIMEOUT)
+        if out.missing:
+            return items, [Finding("other tables", False, f"{out.reason()}: doctor cannot look at the other tables")]
         if not out.ok:
             problems.append(Finding("other tables", False, f"{out.reason(f'listing table {family} {name}')}; doctor "
                                     "could not check that table: list it with the nft of the tool that wrote it"))

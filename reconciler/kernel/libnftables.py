@@ -6,7 +6,7 @@ namespace the object was made for. Tables and the generation id come over raw ne
 
 Most commands make libnftables read every table of the namespace first (its cache), and
 an nft older than the tool that wrote a foreign table can crash there. So a command runs
-in-process only when the same kind of command already read this namespace's ruleset, at
+in-process only when commands of its kinds already read this namespace's ruleset, at
 this generation, without harm; otherwise in a child process (isolated.py), once per kind
 and foreign change. (A foreign commit in the instant between that check and nft's own
 read is not covered.)
@@ -87,8 +87,9 @@ def command_kind(lines) -> frozenset:
     for line in lines:
         if not line or line[0] in " \t}#":
             continue
-        words = line.split(" ", 2)[:2]
-        kind.add(" ".join(words) + (" {" if len(words) == 2 and words[1] == "table" and "{" in line else ""))
+        end = line.find(" ", line.find(" ") + 1)
+        head = line if end < 0 else line[:end]
+        kind.add(head + " {" if head.endswith(" table") and "{" in line else head)
     return frozenset(kind)
 
 
@@ -138,9 +139,10 @@ class Libnftables:
             raise
         self._nl = NfTablesSocket()  # used on the worker thread only
         self._cookie: int | None = None  # the worker's namespace's, once read
-        # command kind -> the generation at which that kind ran without harm (see the
-        # module docstring); our own commits carry it forward.
-        self._readable: dict[frozenset, int] = {}
+        # The commands (verb and object) that ran without harm at generation
+        # _readable_gen (see the module docstring); our own commits carry them forward.
+        self._readable: frozenset = frozenset()
+        self._readable_gen: int | None = None
 
     def __enter__(self) -> Libnftables:
         return self
@@ -319,15 +321,16 @@ class Libnftables:
         return out
 
     def _guarded(self, raw: Callable[[], tuple], kind: frozenset, commits: bool) -> tuple:
-        """raw() in-process if this kind of command already read the namespace at its
-        current generation; otherwise in a child, so that a crash reading a foreign
-        table is an NftError with its reason. A success (and our own commit, when the
-        generation moved by exactly that) vouches for the generation after it."""
+        """raw() in-process if each of its commands (verb and object: what decides which
+        objects of every table nft reads) already ran at the current generation;
+        otherwise in a child, so that a crash reading a foreign table is an NftError with
+        its reason. A success (and our own commit, when the generation moved by exactly
+        that) vouches for the generation after it."""
         try:
             gen = self._nl.generation()
         except NftError:  # no privileges to read the ruleset: nor has nft
             return raw()
-        if self._readable.get(kind) == gen:
+        if gen == self._readable_gen and kind <= self._readable:
             result = raw()
         else:
             outcome = in_child(lambda: _pack(*raw()), what="libnftables", timeout=_CHILD_TIMEOUT)
@@ -338,8 +341,8 @@ class Libnftables:
         if result[0] == 0:
             after = self._nl.generation()
             if after == (gen + commits) & 0xFFFFFFFF:
-                self._readable = {k: after for k, g in self._readable.items() if g == gen}
-                self._readable[kind] = after
+                self._readable = kind | (self._readable if gen == self._readable_gen else frozenset())
+                self._readable_gen = after
         return result
 
     def _crash_text(self, reason: str, gen: int) -> str:
