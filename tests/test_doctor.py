@@ -111,8 +111,8 @@ def test_doctor_names_the_neighbours_that_drop_and_the_fix(netns, tmp_path):
     lines = proc.stdout.splitlines()
     docker = [x for x in lines if x.startswith("warn forward drop: table ip filter chain FORWARD has policy drop")]
     assert len(docker) == 1 and "`iptables -I DOCKER-USER -m conntrack --ctstate DNAT -j ACCEPT`" in docker[0], lines
-    admin = [x for x in lines if x.startswith("warn forward drop: table inet admin chain forwarding ends with an "
-                                              "unconditional drop")]
+    admin = [x for x in lines if x.startswith("warn forward drop: table inet admin chain forwarding ends in an "
+                                              "unconditional drop (chain forwarding, rule handle ")]
     assert len(admin) == 1 and "`nft insert rule inet admin forwarding ct status dnat accept`" in admin[0], lines
     assert not [x for x in lines if "lenient" in x], lines  # it accepts DNATed connections first
     assert any(x.startswith("warn conflicting tables:") and "KUBE-SERVICES chains exist (ip nat)" in x
@@ -137,8 +137,8 @@ def test_forward_drop_walks_jumps_and_skips_what_may_not_match():
     base = "table inet t {\n  chain fw {\n    type filter hook forward priority 0; policy %s;\n%s  }\n%s}"
     jump_to_drop = base % ("accept", "    jump sub\n", "  chain sub {\n    counter reject\n  }\n")
     found = forward_drops(_items(jump_to_drop))
-    assert len(found) == 1 and found[0].detail.startswith("table inet t chain fw ends with an unconditional reject"), \
-        found
+    assert len(found) == 1 and found[0].detail.startswith("table inet t chain fw ends in an unconditional reject "
+                                                          "(chain sub, rule handle "), found
     returns = base % ("accept", "    jump sub\n", "  chain sub {\n    return\n  }\n")
     assert forward_drops(_items(returns)) == []
     conditional = base % ("accept", "    tcp dport 22 drop\n", "")
@@ -183,3 +183,18 @@ def test_a_distribution_firewall_that_flushes_the_ruleset(tmp_path):
     (tmp_path / "run").mkdir()
     (tmp_path / "run/firewalld.pid").write_text("1\n")
     assert "firewalld runs" in firewall_service(tmp_path).detail
+
+
+def test_an_iptables_conntrack_accept_is_named_not_judged():
+    """iptables-nft's `-m conntrack --ctstate DNAT -j ACCEPT` reaches nft's JSON as an `xt`
+    statement (nft's xt_stmt_json) that hides the states: doctor names it."""
+    chain = {"family": "ip", "table": "filter", "name": "FORWARD", "type": "filter", "hook": "forward", "prio": 0,
+             "policy": "drop"}
+    user = {"family": "ip", "table": "filter", "name": "DOCKER-USER"}
+    rules = [{"rule": {"family": "ip", "table": "filter", "chain": "FORWARD", "handle": 3,
+                       "expr": [{"counter": None}, {"jump": {"target": "DOCKER-USER"}}]}},
+             {"rule": {"family": "ip", "table": "filter", "chain": "DOCKER-USER", "handle": 7,
+                       "expr": [{"xt": {"type": "match", "name": "conntrack"}}, {"counter": None}, {"accept": None}]}}]
+    found = forward_drops([{"chain": chain}, {"chain": user}] + rules)
+    assert len(found) == 1 and "before it an accept by iptables' conntrack match (chain DOCKER-USER, rule handle 7)" \
+        in found[0].detail and "iptables -I DOCKER-USER -m conntrack --ctstate DNAT -j ACCEPT" in found[0].detail

@@ -59,10 +59,17 @@ def _accepts_dnat(exprs: list) -> bool:
     return True
 
 
+def _xt_conntrack_accept(exprs: list) -> bool:
+    """iptables' `-m conntrack --ctstate … -j ACCEPT` as nft shows it: which states, it cannot say."""
+    conds = [e for e in exprs if not set(e) & {"accept", *_NEUTRAL}]
+    return {"accept": None} in exprs and len(conds) == 1 and (conds[0].get("xt") or {}).get("name") == "conntrack"
+
+
 def _walk(key: tuple, chains: dict, rules: dict, depth: int = 0) -> tuple[str, dict | None]:
     """What becomes of a DNATed packet in chain `key`: ("accept", rule), ("drop", rule) for
-    an unconditional drop or reject, or ("end", None) when it falls off the chain (or
-    returns). Conditional rules are passed over: doctor cannot know whether they match."""
+    an unconditional drop or reject, ("maybe", rule) at an iptables conntrack accept, or
+    ("end", None) when it falls off the chain (or returns). Conditional rules are passed
+    over: doctor cannot know whether they match."""
     if depth > 16:
         return "end", None
     family, table, _ = key
@@ -70,6 +77,8 @@ def _walk(key: tuple, chains: dict, rules: dict, depth: int = 0) -> tuple[str, d
         exprs = rule.get("expr", [])
         if _accepts_dnat(exprs):
             return "accept", rule
+        if _xt_conntrack_accept(exprs):
+            return "maybe", rule
         if any(not set(e) & {*_NEUTRAL, *_VERDICTS} for e in exprs):
             continue  # a match, a limit, an xt match of iptables-nft: may or may not apply
         verdict = next((e for e in reversed(exprs) if set(e) & set(_VERDICTS)), None)
@@ -92,8 +101,7 @@ def _walk(key: tuple, chains: dict, rules: dict, depth: int = 0) -> tuple[str, d
 def _fix(family: str, table: str, chain: str, chains: dict) -> str:
     tool = "ip6tables" if family == "ip6" else "iptables"
     if (family, table, "DOCKER-USER") in chains:
-        return (f"Docker's: `{tool} -I DOCKER-USER -m conntrack --ctstate DNAT -j ACCEPT` ({_ALL_FORWARD}; "
-                "nft cannot see inside iptables' conntrack match, so this warning stays after that fix)")
+        return f"Docker's: `{tool} -I DOCKER-USER -m conntrack --ctstate DNAT -j ACCEPT` ({_ALL_FORWARD})"
     if table == "firewalld":
         return ("firewalld's: StrictForwardPorts=no in /etc/firewalld/firewalld.conf (it then accepts connections "
                 "other tools DNAT), or a firewalld policy accepting forwarding from the clients' zone to the "
@@ -117,8 +125,13 @@ def forward_drops(items: list[dict]) -> list[Finding]:
         family, table, name = key
         where = f"table {family} {table} chain {name}"
         if fate == "drop":
-            how = f"ends with an unconditional {'reject' if any('reject' in e for e in rule['expr']) else 'drop'}"
-            how += f" (rule handle {rule.get('handle')})"
+            verb = "reject" if any("reject" in e for e in rule["expr"]) else "drop"
+            how = f"ends in an unconditional {verb} (chain {rule['chain']}, rule handle {rule.get('handle')})"
+        elif fate == "maybe":
+            if c.get("policy") != "drop":
+                continue
+            how = (f"has policy drop, and before it an accept by iptables' conntrack match (chain {rule['chain']}, "
+                   f"rule handle {rule.get('handle')}) whose states nft cannot show (if they are DNAT, all is well)")
         elif fate == "end" and c.get("policy") == "drop":
             how = "has policy drop"
         else:
