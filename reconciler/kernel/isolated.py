@@ -115,6 +115,7 @@ def run(netns: str | None, argv: Sequence[str], *, timeout: float, stdin: bytes 
 def _start(netns: str | None, argv: Sequence[str], popen: dict) -> subprocess.Popen:
     # A child inherits the network namespace of the thread that starts it.
     worker = NamespaceThread(netns)
+    popen.setdefault("start_new_session", True)  # a Ctrl-C on the terminal is nftrec's to handle
     try:
         return worker.call(lambda: subprocess.Popen(list(argv), **popen))
     finally:
@@ -134,6 +135,7 @@ def in_child(fn: Callable[[], bytes], *, what: str, timeout: float) -> Outcome:
         code = 0
         try:
             os.close(r)
+            os.setsid()  # a Ctrl-C on the terminal is the parent's to handle, as for an in-process call
             faulthandler.disable()  # the parent reports a crash, once, with its reason
             data = fn()
         except BaseException as e:  # noqa: BLE001 - reported to the parent
