@@ -17,7 +17,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "features": ("PROBE_TABLE", "Spellings", "library_identity", "probe_spelling"),
     "health": ("HealthChecker",),
     "interface": ("Crashed", "Interface", "NftError", "NotFound"),
-    "isolated": ("Outcome", "in_child", "nft_binary", "program", "run", "run_nft", "start_nft"),
+    "isolated": ("Outcome", "in_child", "nft_binary", "program", "run", "run_nft", "start", "start_nft"),
     "libnftables": ("Libnftables", "SecondContext"),
     "live": ("OTHER_KINDS", "canonical", "chain_policy", "fingerprint", "kernel_token", "list_live", "parse_live", "read_live",
              "parse_duration", "read_live_objects", "read_runtime_keys", "table_flags", "table_others"),

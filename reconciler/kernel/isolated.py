@@ -4,7 +4,7 @@ there is an answer with its reason rather than the death of nftrec.
 An nft older than the tool that wrote a foreign table can segfault reading it, in the
 `nft` binary and in-process libnftables alike. `run_nft` runs the binary inside a network
 namespace (`run`: any program); `start_nft` starts one for a stream (`nft monitor
-trace`); `in_child` forks the calling thread (and so its namespace) to run a function of
+trace`; `start`: any program); `in_child` forks the calling thread (and so its namespace) to run a function of
 this process.
 """
 
@@ -81,7 +81,7 @@ def start_nft(netns: str | None, args: Sequence[str], **popen) -> subprocess.Pop
     binary = nft_binary()
     if binary is None:
         raise FileNotFoundError("the nft command is not installed (Debian/Ubuntu: apt-get install nftables)")
-    return _start(netns, [binary, *args], popen)
+    return start(netns, [binary, *args], **popen)
 
 
 def run_nft(netns: str | None, args: Sequence[str], *, timeout: float, stdin: bytes | None = None) -> Outcome:
@@ -98,8 +98,8 @@ def run(netns: str | None, argv: Sequence[str], *, timeout: float, stdin: bytes 
     Outcome that says so (`missing`), never an exception."""
     what = what or os.path.basename(argv[0])
     try:
-        proc = _start(netns, argv, dict(stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+        proc = start(netns, argv, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     except FileNotFoundError:
         return Outcome(what, None, missing=f"{argv[0]} is not installed")
     try:
@@ -112,8 +112,10 @@ def run(netns: str | None, argv: Sequence[str], *, timeout: float, stdin: bytes 
     return Outcome(what, rc if rc >= 0 else None, -rc if rc < 0 else None, False, out, err)
 
 
-def _start(netns: str | None, argv: Sequence[str], popen: dict) -> subprocess.Popen:
-    # A child inherits the network namespace of the thread that starts it.
+def start(netns: str | None, argv: Sequence[str], **popen) -> subprocess.Popen:
+    """Any program started inside `netns` (a child inherits the network namespace of the
+    thread that starts it), in a session of its own; the caller reads, bounds and stops it.
+    FileNotFoundError when the program is not installed."""
     worker = NamespaceThread(netns)
     popen.setdefault("start_new_session", True)  # a Ctrl-C on the terminal is nftrec's to handle
     try:

@@ -339,7 +339,9 @@ class Libnftables:
                 raise Crashed(self._crash_text(outcome.reason("reading this namespace's ruleset"), gen))
             result = _unpack(outcome.stdout)
         if result[0] == 0:
-            after = self._nl.generation()
+            # A listing changes nothing: what it vouches for is kept under `gen`, which a
+            # foreign commit meanwhile only makes stale.
+            after = self._nl.generation() if commits else gen
             if after == (gen + commits) & 0xFFFFFFFF:
                 self._readable = kind | (self._readable if gen == self._readable_gen else frozenset())
                 self._readable_gen = after
