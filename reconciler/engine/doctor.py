@@ -3,7 +3,8 @@
 The checks mirror kube-proxy's supported.go (kernel >= 5.13 unless
 NFTREC_SKIP_KERNEL_VERSION_CHECK is set, because older kernels imply an nft binary
 that would choke on our rules; nft >= 1.0.1, a warning here) plus what nftrec itself
-needs, and say which spellings this nft accepts (kernel/features.py).
+needs, and say which spellings this nft accepts (kernel/features.py); then the
+neighbours that decide the fate of nftrec's packets (neighbours.py), warnings all.
 """
 
 from __future__ import annotations
@@ -12,12 +13,14 @@ import os
 import re
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, TextIO
 
 from reconciler import logs
-from reconciler.engine.teardown import KUBE_PROXY_TABLE
-from reconciler.kernel import Interface, Libnftables, NftError, Transaction, probe_spelling
-from reconciler.compile import Table
+from reconciler.engine.neighbours import (Finding, firewall_service, forward_drops, legacy_kube_services, proxies,
+                                          read_tables)
+from reconciler.kernel import PROBE_TABLE, Interface, Libnftables, NftError, Transaction, probe_spelling
+from reconciler.compile import FAMILIES, Table
 
 MIN_NFT = (1, 0, 1)
 MIN_KERNEL = (5, 13)
@@ -92,7 +95,8 @@ def check_spelling(nft: Interface) -> Check:
 
 
 def run_doctor(netns: str | None, table: str, out: TextIO = sys.stdout,
-               env: dict | None = None, read: Callable[[str], str] | None = None) -> int:
+               env: dict | None = None, read: Callable[[str], str] | None = None, root: Path = Path("/")) -> int:
+    """Every check, one line each. `root`: where the host's files are read (tests)."""
     env = os.environ if env is None else env
     read = read or (lambda p: open(p).read())
     checks = [check_kernel(os.uname().release, env), check_privileges(read("/proc/self/status"))]
@@ -112,16 +116,12 @@ def run_doctor(netns: str | None, table: str, out: TextIO = sys.stdout,
                 checks.append(Check("nft transaction", True, f"a table {table} can be created (dry run)"))
             except NftError as e:
                 checks.append(Check("nft transaction", False, f"dry run failed: {e.text.strip()}"))
-            tables = nft.list_tables()
-            kp = sorted(f for f, n in tables if n == KUBE_PROXY_TABLE)
-            if kp:
-                checks.append(Check("conflicting tables", False, f"kube-proxy's tables exist ({', '.join(kp)}): two "
-                                    "proxies would program the same Services; stop kube-proxy and run "
-                                    "`nftrec cleanup --kube-proxy`", warning=True))
-            else:
-                checks.append(Check("conflicting tables", True, "no kube-proxy tables"))
         except NftError as e:
             checks.append(Check("nftables", False, str(e)))
+        try:
+            checks += [_warning(f) for f in neighbour_findings(netns, table, nft.list_tables(), root)]
+        except NftError as e:
+            checks.append(Check("neighbours", False, f"could not look at the other tables: {e}", warning=True))
         finally:
             nft.close()
     for c in checks:
@@ -129,3 +129,25 @@ def run_doctor(netns: str | None, table: str, out: TextIO = sys.stdout,
     failed = [c for c in checks if not c.ok and not c.warning]
     out.write("nftrec can run here.\n" if not failed else f"{len(failed)} check(s) failed.\n")
     return 0 if not failed else 1
+
+
+def neighbour_findings(netns: str | None, table: str, tables: list[tuple[str, str]], root: Path) -> list[Finding]:
+    """The other tables (each listed by the nft binary in a child process), the legacy
+    iptables tables, and, on the host's own namespace, its firewall service."""
+    own = {(family, name) for family in FAMILIES for name in (table, PROBE_TABLE)}
+    items, findings = read_tables(netns, tables, own)
+    drops = forward_drops(items)
+    findings += drops or [Finding("forward drop", True, "no other table drops forwarded DNATed connections")]
+    legacy, notes = legacy_kube_services(netns)
+    findings.append(proxies(tables, items, legacy))
+    findings += [Finding("iptables-legacy", False, n) for n in notes]
+    if netns is None:
+        findings.append(firewall_service(root))
+    else:
+        findings.append(Finding("firewall service", True, f"not checked: the host's services load the host's "
+                                f"namespace, not {netns}"))
+    return findings
+
+
+def _warning(f: Finding) -> Check:
+    return Check(f.name, f.ok, f.detail, warning=not f.ok)

@@ -25,7 +25,7 @@ def cleanup(nft: Interface, table: str, *, kube_proxy: bool = False, dry_run: bo
     ok = True
     for name in names:
         for family in FAMILIES:
-            if dry_run:
+            if dry_run or (family, name) not in present:  # absent: nft is not asked (it would read every table)
                 state = "would delete" if (family, name) in present else "not present:"
                 out.write(f"{state} table {family} {name}\n")
                 continue

@@ -6,9 +6,9 @@ through libnftables, and a Fake).
 # interface (Interface, NftError), features (which spellings this nft accepts), transaction (Transaction), libnftables (the real kernel;
 # netns: the namespace thread; netlink: tables and the generation id), fake (Fake),
 # ruletext (the rule tokenizer and normal form), live (listing → canonical Ruleset; the
-# generation token), conntrack (UDP cleanup), health (confirmed apply's checks), probes
-# (readiness probes), tracetable (`trace --kernel`'s table and `nft monitor trace`, in child
-# processes).
+# generation token), isolated (a child process for what may crash or hang), conntrack (UDP
+# cleanup), health (confirmed apply's checks), probes (readiness probes), tracetable
+# (`trace --kernel`'s table and `nft monitor trace`, in child processes).
 
 from reconciler import lazy_exports
 
@@ -17,7 +17,8 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "fake": ("Fake",),
     "features": ("PROBE_TABLE", "Spellings", "library_identity", "probe_spelling"),
     "health": ("HealthChecker",),
-    "interface": ("Interface", "NftError", "NotFound"),
+    "interface": ("Crashed", "Interface", "NftError", "NotFound"),
+    "isolated": ("Outcome", "in_child", "nft_binary", "program", "run", "run_nft", "start", "start_nft"),
     "libnftables": ("Libnftables", "SecondContext"),
     "live": ("OTHER_KINDS", "canonical", "chain_policy", "fingerprint", "kernel_token", "list_live", "parse_live", "read_live",
              "parse_duration", "read_live_objects", "read_runtime_keys", "table_flags", "table_others"),

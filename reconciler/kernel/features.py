@@ -16,7 +16,7 @@ from reconciler import logs
 from reconciler.compile import (AFFINITY_SET, Chain, Rule, Table, affinity_key, affinity_set, chain_cmd, dnat_pick,
                                 map_for, pick_rule, rule_cmd, set_cmd, table_cmd, vmap_pick)
 from reconciler.intake import NftSpelling
-from reconciler.kernel.interface import Interface, NftError
+from reconciler.kernel.interface import Crashed, Interface, NftError
 from reconciler.kernel.transaction import Transaction
 
 PROBE_TABLE = "nftrec-probe"  # only ever in a dry run
@@ -59,6 +59,8 @@ def probe_spelling(nft: Interface) -> NftSpelling:
         try:
             nft.check(tx)
             return True
+        except Crashed:  # nft could not read the namespace: no answer about the construct
+            raise
         except NftError as e:
             logs.log.debug(f"nft refuses a construct, using another spelling: {e}")
             return False

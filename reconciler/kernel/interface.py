@@ -30,6 +30,11 @@ class NotFound(NftError):
     """ENOENT: the table/chain/set/element the command names does not exist."""
 
 
+class Crashed(NftError):
+    """libnftables crashed or hung in the child process that ran the command (reading a
+    table that a newer nft wrote, say): this says nothing about the command itself."""
+
+
 def error_for(text: str, script: str | None = None) -> NftError:
     """The NftError for nft's error text (knftables.IsNotFound matches the same strerror)."""
     if "No such file or directory" in text:

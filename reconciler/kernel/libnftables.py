@@ -3,13 +3,22 @@
 Every call runs on one `NamespaceThread`, so the library's netlink socket lives in the
 namespace the object was made for. Tables and the generation id come over raw netlink
 (netlink.py): libnftables would fill its whole cache for them.
+
+Most commands make libnftables read every table of the namespace first (its cache), and
+an nft older than the tool that wrote a foreign table can crash there. So a command runs
+in-process only when commands of its kinds already read this namespace's ruleset, at
+this generation, without harm; otherwise in a child process (isolated.py), once per kind
+and foreign change. (A foreign commit in the instant between that check and nft's own
+read is not covered.)
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import json
 import os
+import struct
 import tempfile
 import threading
 from typing import Callable, TypeVar
@@ -17,7 +26,8 @@ from typing import Callable, TypeVar
 from reconciler import logs
 from reconciler.compile import Chain, NamedSet, Table, chain_cmd, set_cmd, table_cmd
 from reconciler.heap import trim_heap
-from reconciler.kernel.interface import NftError, NotFound, error_for
+from reconciler.kernel.interface import Crashed, NftError, NotFound, error_for
+from reconciler.kernel.isolated import in_child
 from reconciler.kernel.netlink import NfTablesSocket, netns_cookie
 from reconciler.kernel.netns import NamespaceThread
 from reconciler.kernel.transaction import Transaction
@@ -51,6 +61,36 @@ class SecondContext(NftError):
 # next command needs another cache, and what it frees stays in the worker thread's
 # malloc arena unless trimmed. A new context is cheap.
 _TRIM_AFTER = 1 << 20
+
+# How long a command may take in a child process (a cold transaction of a big table
+# takes seconds): a bound for a hang, not a timing.
+_CHILD_TIMEOUT = 900.0
+
+
+_HEAD = struct.Struct("=iiQ")  # a child's answer: rc, errno, len(output); then output and errors
+
+
+def _pack(rc: int, errno_: int, out: bytes, err: bytes) -> bytes:
+    return _HEAD.pack(rc, errno_, len(out)) + out + err
+
+
+def _unpack(data: bytes) -> tuple[int, int, bytes, bytes]:
+    rc, errno_, n = _HEAD.unpack_from(data)
+    return rc, errno_, data[_HEAD.size:_HEAD.size + n], data[_HEAD.size + n:]
+
+
+def command_kind(lines) -> frozenset:
+    """What decides which tables libnftables reads for a script: the verb and object of
+    each command, and whether an `add table` carries a block (which makes nft read every
+    table's chains and sets; a bare one reads nothing)."""
+    kind = set()
+    for line in lines:
+        if not line or line[0] in " \t}#":
+            continue
+        end = line.find(" ", line.find(" ") + 1)
+        head = line if end < 0 else line[:end]
+        kind.add(head + " {" if head.endswith(" table") and "{" in line else head)
+    return frozenset(kind)
 
 
 def _load_lib() -> ctypes.CDLL:
@@ -99,6 +139,10 @@ class Libnftables:
             raise
         self._nl = NfTablesSocket()  # used on the worker thread only
         self._cookie: int | None = None  # the worker's namespace's, once read
+        # The commands (verb and object) that ran without harm at generation
+        # _readable_gen (see the module docstring); our own commits carry them forward.
+        self._readable: frozenset = frozenset()
+        self._readable_gen: int | None = None
 
     def __enter__(self) -> Libnftables:
         return self
@@ -150,10 +194,9 @@ class Libnftables:
         return self._cookie
 
     def version(self) -> str | None:
-        """libnftables' own version, from the JSON listing's metainfo."""
-        import json
-
-        doc = json.loads(self._worker.call(lambda: self._cmd("list tables", _OUT_JSON)))
+        """libnftables' own version, from the JSON listing's metainfo. `list flowtables`:
+        nft 1.0 and later read no table's chains, sets or rules for it."""
+        doc = json.loads(self._worker.call(lambda: self._cmd("list flowtables", _OUT_JSON)))
         for item in doc.get("nftables", []):
             if "metainfo" in item:
                 return item["metainfo"].get("version")
@@ -199,7 +242,7 @@ class Libnftables:
             return
         with f:
             trim_heap()  # before nft's own peak (see _TRIM_AFTER)
-            self._worker.call(lambda: self._cmd_file(f.fileno(), size, dry_run, tx.text))
+            self._worker.call(lambda: self._cmd_file(f.fileno(), size, dry_run, tx.text, command_kind(tx)))
 
     def _new_ctx(self):
         global _contexts
@@ -232,40 +275,80 @@ class Libnftables:
 
     def _cmd(self, script: str | bytes, flags: int = 0, dry_run: bool = False) -> str:
         buf = script if isinstance(script, bytes) else script.encode()
+        kind = command_kind(buf.decode(errors="replace").splitlines())
         # c_char_p: passed without a copy (nft makes two: its own and the scanner's)
         return self._nft(lambda ctx: self._lib.nft_run_cmd_from_buffer(ctx, buf), len(buf), flags, dry_run,
-                         lambda: script if isinstance(script, str) else script.decode(errors="replace"))
+                         lambda: script if isinstance(script, str) else script.decode(errors="replace"), kind)
 
-    def _cmd_file(self, fd: int, size: int, dry_run: bool, text: Callable[[], str]) -> str:
+    def _cmd_file(self, fd: int, size: int, dry_run: bool, text: Callable[[], str], kind: frozenset) -> str:
         """Run the script in the open file `fd`. nft's scanner reads a file in 16 KiB
         pieces, while a buffer is copied twice first, so a big transaction peaks lower.
         nft reopens the file by this name to quote a failing line (the right one, unlike
         with a buffer, where nft 1.0.6 quotes the script's first line)."""
         path = f"/proc/self/fd/{fd}"
         return self._nft(lambda ctx: self._lib.nft_run_cmd_from_filename(ctx, path.encode()), size, 0, dry_run,
-                         text, where=path)
+                         text, kind, where=path)
 
     def _nft(self, call: Callable, size: int, flags: int, dry_run: bool, text: Callable[[], str],
-             where: str | None = None) -> str:
+             kind: frozenset, where: str | None = None) -> str:
         lib, ctx = self._lib, self._ctx
-        lib.nft_ctx_output_set_flags(ctx, flags)
-        lib.nft_ctx_set_dry_run(ctx, dry_run)
-        try:
-            rc = call(ctx)
-        finally:
-            lib.nft_ctx_set_dry_run(ctx, False)
-        # Reading a buffer also resets it for the next command.
-        out = (lib.nft_ctx_get_output_buffer(ctx) or b"").decode(errors="replace")
-        err = (lib.nft_ctx_get_error_buffer(ctx) or b"").decode(errors="replace")
+
+        def raw() -> tuple[int, int, bytes, bytes]:
+            lib.nft_ctx_output_set_flags(ctx, flags)
+            lib.nft_ctx_set_dry_run(ctx, dry_run)
+            try:
+                rc = call(ctx)
+            finally:
+                lib.nft_ctx_set_dry_run(ctx, False)
+            # Reading a buffer also resets it for the next command.
+            return rc, ctypes.get_errno(), lib.nft_ctx_get_output_buffer(ctx) or b"", \
+                lib.nft_ctx_get_error_buffer(ctx) or b""
+
+        commits = not dry_run and any(not k.startswith("list ") for k in kind)
+        rc, errno_, out_b, err_b = self._guarded(raw, kind, commits)
+        out, err = out_b.decode(errors="replace"), err_b.decode(errors="replace")
         if size + len(out) >= _TRIM_AFTER:
             self._renew_ctx()
             trim_heap()
         if rc != 0:
-            if not (err or out).strip() and ctypes.get_errno():
+            if not (err or out).strip() and errno_:
                 # libnftables before 1.0 prints a netlink error (EPERM: "Operation not
                 # permitted (you must be root)") to stderr, not to the error buffer
-                err = f"{os.strerror(ctypes.get_errno())}\n"
+                err = f"{os.strerror(errno_)}\n"
             if where is not None:  # "/proc/self/fd/7:3:39-45: Error: ..." -> "transaction line 3:39-45: ..."
                 err = err.replace(f"{where}:", "transaction line ")
             raise error_for(err or out, text())
         return out
+
+    def _guarded(self, raw: Callable[[], tuple], kind: frozenset, commits: bool) -> tuple:
+        """raw() in-process if each of its commands (verb and object: what decides which
+        objects of every table nft reads) already ran at the current generation;
+        otherwise in a child, so that a crash reading a foreign table is an NftError with
+        its reason. A success (and our own commit, when the generation moved by exactly
+        that) vouches for the generation after it."""
+        try:
+            gen = self._nl.generation()
+        except NftError:  # no privileges to read the ruleset: nor has nft
+            return raw()
+        if gen == self._readable_gen and kind <= self._readable:
+            result = raw()
+        else:
+            outcome = in_child(lambda: _pack(*raw()), what="libnftables", timeout=_CHILD_TIMEOUT)
+            if not outcome.ok:
+                self._renew_ctx()  # the child shared the context's netlink socket
+                raise Crashed(self._crash_text(outcome.reason("reading this namespace's ruleset"), gen))
+            result = _unpack(outcome.stdout)
+        if result[0] == 0:
+            # A listing changes nothing: what it vouches for is kept under `gen`, which a
+            # foreign commit meanwhile only makes stale.
+            after = self._nl.generation() if commits else gen
+            if after == (gen + commits) & 0xFFFFFFFF:
+                self._readable = kind | (self._readable if gen == self._readable_gen else frozenset())
+                self._readable_gen = after
+        return result
+
+    def _crash_text(self, reason: str, gen: int) -> str:
+        others = ", ".join(f"{f} {n}" for f, n in self._nl.tables())
+        changed = "nothing was changed" if self._nl.generation() == gen else "the ruleset changed meanwhile"
+        return (f"{reason} (in a child process: {changed}); the namespace's tables: {others or 'none'}. "
+                "Upgrade nftables to the version of the tool that wrote the foreign table, or remove that table")
