@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from reconciler.compile.ruleset import Chain, Element, NamedSet, Rule, Ruleset, Table
 from reconciler.engine import commits
 from reconciler.engine.commits import append_commit, commit_ahead, decode, newest_commit, read_commits, record_path
 from reconciler.engine.state import StateStore
 from reconciler.kernel import canonical, fingerprint
+from test_state import ruleset
 
 
 @pytest.fixture
@@ -94,15 +94,6 @@ def test_a_long_entry_names_fewer_services(store):
     c = add(store, 1, services=[f"+ns/{'x' * 250}{k}" for k in range(40)])
     assert c.services_changed == 40 and 0 < len(c.services) <= 10
     assert len(record_path(store).read_bytes()) <= 4096
-
-
-def ruleset(n: int) -> Ruleset:
-    t = Table("ip", "nftrec")
-    t.chains["services"] = Chain("services", rules=(Rule(f"ip daddr 10.0.0.{n} drop"),))
-    s = NamedSet("cluster-ips", "ipv4_addr")
-    s.add(Element((f"172.30.0.{n}",)))
-    t.sets["cluster-ips"] = s
-    return Ruleset(tables={"ip": t}, owners={"ip chain services": f"default/svc{n}"})
 
 
 def test_a_listed_entry_gives_way_to_the_same_ruleset_compiled(store):

@@ -483,7 +483,7 @@ class Daemon:
             result = fn(*args, **kwargs)
         except (OSError, StateCorrupt) as e:
             message = f"cannot record the state in {self.store.dir}: {e}"
-            if message != self.store_error:
+            if self.store_error is None:  # the commit record and the state writer fail alike: once
                 logs.log.error(f"{message}; the kernel is still reconciled, `nftrec status` is stale until "
                                f"the state directory is writable again",
                                extra={"fields": {"event": "state", "ok": False}})

@@ -20,7 +20,7 @@ from reconciler.compile import Ruleset, digest, relocate
 from reconciler.engine import confirm as confirm_window
 from reconciler.engine import planfile
 from reconciler.engine.changes import Changes, diff
-from reconciler.engine.commits import adopt_commit, append_commit, commit_ahead
+from reconciler.engine.commits import adopt_commit, append_commit, commit_ahead, newest_commit
 from reconciler.engine.plan import format_text, make_plan, to_json
 from reconciler.engine.probes import probe_status_json, probe_status_lines, read_probe_state
 from reconciler.engine.state import HOST, StateCorrupt, read_history, read_status
@@ -328,6 +328,8 @@ def run_status(target: Target, *, output: str, out_stream: TextIO = sys.stdout) 
     # killed before its state writer ran): it names what the kernel holds
     ahead = commit_ahead(store, status)
     if ahead is None and (not status.ever_applied or not entries):
+        ahead = newest_commit(store)  # the history was lost (deleted, damaged): the record still names it
+    if ahead is None and (not status.ever_applied or not entries):
         waiting = "".join(f"; {line}" for line in confirm_window.pending_status_lines(pending))
         raise CommandError(f"nothing was applied to table {target.table} in {target.where} "
                            f"(state: {store.dir}); run `nftrec apply`{waiting}")
@@ -342,10 +344,9 @@ def run_status(target: Target, *, output: str, out_stream: TextIO = sys.stdout) 
         nft.close()
     applied_revision, applied_at, digest_ = status.last_applied_revision, status.last_applied_at, status.desired_digest
     attempted, attempted_at, error = status.last_attempted_revision, status.last_attempted_at, status.last_error
-    if ahead is not None:
+    if ahead is not None:  # status.json's attempt came before that commit (the state writer runs in order)
         applied_revision, applied_at, digest_ = ahead.revision, ahead.committed_at, None
-        if not attempted_at or attempted_at < ahead.committed_at:  # status.json's attempt is older
-            attempted, attempted_at, error = ahead.revision, ahead.committed_at, None
+        attempted, attempted_at, error = ahead.revision, ahead.committed_at, None
     doc = {
         "netns": target.netns, "table": target.table,
         "lastAppliedRevision": applied_revision,
@@ -373,8 +374,7 @@ def run_status(target: Target, *, output: str, out_stream: TextIO = sys.stdout) 
               f" (digest {(digest_ or '')[:12]})\n")
         else:
             w(f"applied:   revision {short_revision(applied_revision)} at {applied_at} (committed by {ahead.writer}, "
-              f"{ahead.operations} operations; not in the history yet: the next `nftrec watch` or `nftrec apply` "
-              f"keeps it)\n")
+              f"{ahead.operations} operations; its ruleset is not in the history yet)\n")
         if attempted != applied_revision or error:
             w(f"attempted: revision {short_revision(attempted)} at {attempted_at}: {error or 'ok'}\n")
         if drift is None:

@@ -98,7 +98,11 @@ def decode(line: bytes) -> Commit | None:
         v = doc.get(key)
         if not ((v is None and nullable) or (isinstance(v, types) and not isinstance(v, bool))):
             return None
-        values[attr] = tuple(v) if key == "services" else v
+        if key == "services":
+            if not all(isinstance(x, str) for x in v):
+                return None
+            v = tuple(v)
+        values[attr] = v
     return Commit(**values)
 
 
