@@ -127,3 +127,41 @@ def test_crash_loop_status_and_rollback(netns, tmp_path):
         if w.proc.poll() is None:
             w.proc.kill()
             w.proc.wait()
+
+
+@pytest.mark.kernel
+def test_status_of_a_commit_the_state_writer_never_recorded(netns, tmp_path):
+    """Killed right after a sync line (the state writer waits for idle time): status names
+    the commit from the record alone; a foreign commit since makes the drift unknown (the
+    ruleset is not on disk), and the next watch records its own commit as usual."""
+    root, state, cfg = tmp_path / "srv", tmp_path / "state", short_config(tmp_path)
+    root.mkdir()
+    publish(root, 0)
+    w = Watch(netns, root / "current", cfg, state, metrics=False)
+    try:
+        w.wait_sync(0, revision=revision(0))
+        mark = len(w.lines)
+        publish(root, 1)
+        w.wait_sync(mark, revision=revision(1))
+        w.proc.kill()
+        w.proc.wait()
+        p = nftrec(state, netns, cfg, "status")
+        assert p.returncode == 0, p.stdout + p.stderr
+        assert f"revision {revision(1)[:12]}" in p.stdout and "committed by nftrec watch" in p.stdout
+        assert "drift:     no" in p.stdout and "nothing was applied" not in p.stdout + p.stderr
+
+        in_ns(netns, "nft", "add", "chain", "ip", "nftrec", "stray")  # another writer commits
+        p = nftrec(state, netns, cfg, "status")
+        assert p.returncode == 2 and "drift:     unknown" in p.stdout, p.stdout + p.stderr
+
+        w = Watch(netns, root / "current", cfg, state, metrics=False)
+        w.wait_sync(0, revision=revision(1))
+        assert "stray" not in in_ns(netns, "nft", "list", "table", "ip", "nftrec").stdout
+        st = w.status(lambda st: "commit" not in st)  # the state writer's record
+        assert st["lastAppliedRevision"] == revision(1) and st["drift"] is False
+        assert w.find("state") and "not kept" in w.find("state")["msg"]
+        assert w.stop() == 0
+    finally:
+        if w.proc.poll() is None:
+            w.proc.kill()
+            w.proc.wait()

@@ -357,7 +357,7 @@ def run_status(target: Target, *, output: str, out_stream: TextIO = sys.stdout) 
         "driftedObjects": len(drift) if drift is not None else None,
     }
     if ahead is not None:
-        doc["commit"] = {**ahead.to_json(), "inHistory": False}
+        doc["commit"] = ahead.to_json()  # the commit record names what the kernel holds
     probes = read_probe_state(store)  # written by nftrec watch
     doc.update(probe_status_json(probes))
     doc.update(pending)
