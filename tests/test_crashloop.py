@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from nsutil import EXAMPLES, in_ns
+from test_watch import short_config
 from watchproc import NFTREC, Watch
 
 EDGE = EXAMPLES / "edge-small"
@@ -60,13 +61,11 @@ def nftrec(state: Path, ns: str, config: Path, *args: str) -> subprocess.Complet
                           capture_output=True, text=True, timeout=120, env={**os.environ, "NO_COLOR": "1"})
 
 
-def short_config(tmp: Path) -> Path:
-    text = (EXAMPLES / "edge-small.config.yaml").read_text()
-    for k, v in {"minSyncPeriod": "0s", "syncPeriod": "1s", "fullSyncPeriod": "30s"}.items():
-        text = re.sub(rf"^{k}: .*$", f"{k}: {v}", text, flags=re.M)
-    path = tmp / "config.yaml"
-    path.write_text(text)
-    return path
+def kill(w: Watch) -> None:
+    """SIGKILL, as an OOM killer does; waited for (the kernel releases the lock)."""
+    if w.proc.poll() is None:
+        w.proc.kill()
+        w.proc.wait()
 
 
 def status(state: Path, ns: str, config: Path) -> tuple[int, dict | None, str]:
@@ -88,8 +87,7 @@ def test_crash_loop_status_and_rollback(netns, tmp_path):
             i += 1
             publish(root, i)
             if time.monotonic() >= next_kill:
-                w.proc.kill()  # SIGKILL
-                w.proc.wait()
+                kill(w)
                 kills += 1
                 held = kernel_revision(netns)
                 rc, st, err = status(state, netns, cfg)  # at once: no state writer ran for this life
@@ -111,8 +109,7 @@ def test_crash_loop_status_and_rollback(netns, tmp_path):
         assert st["lastAppliedRevision"] == revision(final) and st["drift"] is False, st
         assert kills >= 8 and named >= kills // 2, (kills, named)
 
-        w.proc.kill()  # one more kill -9, then roll back with whatever was recorded
-        w.proc.wait()
+        kill(w)  # one more kill -9, then roll back with whatever was recorded
         p = nftrec(state, netns, cfg, "apply", "--rollback")
         assert p.returncode == 0, p.stdout + p.stderr
         rc, st, err = status(state, netns, cfg)
@@ -124,9 +121,7 @@ def test_crash_loop_status_and_rollback(netns, tmp_path):
                    "--detailed-exitcode")
         assert p.returncode == 0 and "No changes" in p.stdout, p.stdout + p.stderr
     finally:
-        if w.proc.poll() is None:
-            w.proc.kill()
-            w.proc.wait()
+        kill(w)
 
 
 @pytest.mark.kernel
@@ -143,8 +138,7 @@ def test_status_of_a_commit_the_state_writer_never_recorded(netns, tmp_path):
         mark = len(w.lines)
         publish(root, 1)
         w.wait_sync(mark, revision=revision(1))
-        w.proc.kill()
-        w.proc.wait()
+        kill(w)
         p = nftrec(state, netns, cfg, "status")
         assert p.returncode == 0, p.stdout + p.stderr
         assert f"revision {revision(1)[:12]}" in p.stdout and "committed by nftrec watch" in p.stdout
@@ -162,6 +156,4 @@ def test_status_of_a_commit_the_state_writer_never_recorded(netns, tmp_path):
         assert w.find("state") and "not kept" in w.find("state")["msg"]
         assert w.stop() == 0
     finally:
-        if w.proc.poll() is None:
-            w.proc.kill()
-            w.proc.wait()
+        kill(w)
