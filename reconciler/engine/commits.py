@@ -13,7 +13,7 @@ import contextlib
 import hashlib
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from reconciler import logs
@@ -151,8 +151,7 @@ def _shown(services: list[str]) -> tuple:
 
 
 def append_commit(store: StateStore, *, revision: str | None, writer: str, kind: str, token: int | None,
-                  operations: int, services: list[str], fingerprint: str | None = None,
-                  ) -> Commit:
+                  operations: int, services: list[str], fingerprint: str | None = None) -> Commit:
     """Append one entry and fsync it; the caller holds the namespace lock. The sequence
     follows the record's last entry (or status.json's, when the record has none). A torn
     end, a missing file or one past COMPACT_AT is rewritten atomically instead, with the
@@ -177,7 +176,7 @@ def append_commit(store: StateStore, *, revision: str | None, writer: str, kind:
                    len(services), _shown(services))
         line = encode(c)
         while len(line) > _MAX_LINE and c.services:
-            c = Commit(**{**c.__dict__, "services": c.services[:-1]})
+            c = replace(c, services=c.services[:-1])
             line = encode(c)
         if last is not None and size + len(line) <= COMPACT_AT:
             os.write(fd, line)
@@ -186,7 +185,8 @@ def append_commit(store: StateStore, *, revision: str | None, writer: str, kind:
     finally:
         if fd is not None:
             os.close(fd)
-    kept = [encode(e) for e in read_commits(store)[-(KEEP - 1):]]
+    old = read_commits(store)
+    kept = [encode(e) for e in old[max(0, len(old) - KEEP + 1):]]
     atomic_write(path, b"".join(kept) + line)
     return c
 
