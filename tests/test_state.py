@@ -127,7 +127,7 @@ def test_status_json_is_the_documented_form(store):
     assert set(doc) == {
         "formatVersion", "netns", "table", "lastAppliedRevision", "lastAppliedAt", "lastAppliedPlanId",
         "lastAttemptedRevision", "lastAttemptedAt", "lastError", "desiredDigest", "liveFingerprint",
-        "kernelGeneration", "nftrecVersion", "inputDigest", "configDigest",
+        "kernelGeneration", "nftrecVersion", "inputDigest", "configDigest", "commitSequence",
     }
     assert doc["kernelGeneration"] is None and doc["inputDigest"] is None and doc["configDigest"] is None
     readme = (REPO / "state" / "README.md").read_text()

@@ -25,8 +25,8 @@ from reconciler.compile import (
 )
 from reconciler.daemon.runner import Fatal, SyncFailed
 from reconciler.engine import (
-    CommandError, StateCorrupt, Target, clean_udp_conntrack, commit, diff, forget_affinity_clients, make_plan,
-    read_history, read_status, short_revision, slim_created, verify_commit,
+    CommandError, StateCorrupt, Target, adopt_commit, append_commit, clean_udp_conntrack, commit, diff,
+    forget_affinity_clients, make_plan, read_history, read_status, short_revision, slim_created, verify_commit,
 )
 from reconciler.daemon import health
 from reconciler.intake import (
@@ -381,6 +381,10 @@ class Daemon:
         try:
             if full:
                 live = read_live(nft, self.target.table)
+                if self.applied is None:  # first sync: a killed daemon's last commit, kept before it is replaced
+                    if self.writer is not None:
+                        self.writer.flush()
+                    self._record(adopt_commit, self.store, nft, self.target.table, live, token)
                 relocated = relocate(desired.ruleset, live)  # keep the kernel's index ranges
                 if relocated is not desired.ruleset:
                     desired = replace(desired, ruleset=relocated, allocation=allocation_of(relocated))
@@ -441,13 +445,19 @@ class Daemon:
         # a full sync's listing is let go now, not held until the write (settle_heap, in sync())
         live_fp = fingerprint(verified_live) if verified_live is not None else None
         verified_live = None
+        # the commit record (engine/commits.py): durable before the sync is reported
+        entry = self._record(append_commit, self.store, revision=desired.inventory.revision, writer="nftrec watch",
+                             kind="full" if full else "partial", token=after, operations=len(plan.transaction),
+                             fingerprint=live_fp, services=[f"{s.action}{s.service}" for s in plan.services])
+        sequence = entry.sequence if entry else None
 
         def record() -> None:  # serializes the whole ruleset: off the sync path (statewriter.py)
             # liveFingerprint: the listing's, when this sync listed (full); null otherwise, as
             # for `apply --verify touched`: fingerprinting the whole desired ruleset on every
             # write costs more than it is worth, and nothing reads it back
             fp = live_fp
-            if self._record(self.store.record_applied, desired.inventory.revision, desired.ruleset, fp, after):
+            if self._record(self.store.record_applied, desired.inventory.revision, desired.ruleset, fp, after,
+                            commit=sequence):
                 if invalid is not None:  # still the newest revision read: keep it visible
                     self._record(self.store.record_attempt, invalid[0], f"invalid input: {invalid[1]}")
                 elif rejected is not None:  # likewise a revision rolled back after its health checks
@@ -500,24 +510,25 @@ class Daemon:
         else:
             self.writer.submit(write, supersedes=supersedes)
 
-    def _record(self, fn, *args) -> bool:
-        """A state-store write. The kernel is what matters: a write that fails (state dir
-        unwritable, disk full) is logged once until writes work again, without a traceback,
-        and never fails the sync (`nftrec status` is stale meanwhile)."""
+    def _record(self, fn, *args, **kwargs):
+        """A state-store write: its result, None when it failed. The kernel is what matters:
+        a write that fails (state dir unwritable, disk full) is logged once until writes
+        work again, without a traceback, and never fails the sync (`nftrec status` is stale
+        meanwhile)."""
         try:
-            fn(*args)
+            result = fn(*args, **kwargs)
         except (OSError, StateCorrupt) as e:
             message = f"cannot record the state in {self.store.dir}: {e}"
-            if message != self.store_error:
+            if self.store_error is None:  # the commit record and the state writer fail alike: once
                 logs.log.error(f"{message}; the kernel is still reconciled, `nftrec status` is stale until "
                                f"the state directory is writable again",
                                extra={"fields": {"event": "state", "ok": False}})
             self.store_error = message
-            return False
+            return None
         if self.store_error is not None:
             logs.log.info(f"state directory {self.store.dir} is writable again", extra={"fields": {"event": "state"}})
             self.store_error = None
-        return True
+        return result
 
     def bind_netns(self) -> None:
         """Remember which namespace --netns named when the daemon entered it."""

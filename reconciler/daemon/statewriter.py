@@ -1,11 +1,12 @@
 """State-store writes off the sync path.
 
 Recording an applied revision encodes the whole ruleset, which takes long for a big
-one, so the daemon commits, logs its sync line and hands the write to this thread. It
-runs writes in order once the daemon was idle for IDLE seconds or as long as the last
-write took (with the GIL, a write during a sync slows it), or a write waited MAX_DELAY;
-flush() writes now. A write describes what the kernel already holds, so a crash leaves
-the state behind the kernel, never ahead; a newer applied revision supersedes a queued one.
+one, so the daemon commits, appends its small commit record (engine/commits.py), logs
+its sync line and hands the heavy write to this thread. It runs writes in order once the
+daemon was idle for IDLE seconds or as long as the last write took (with the GIL, a
+write during a sync slows it), or a write waited MAX_DELAY; flush() writes now. A crash
+before a write leaves status and history behind the kernel, never ahead: the commit
+record names what the kernel holds, and the next start keeps its ruleset from a listing.
 """
 
 from __future__ import annotations

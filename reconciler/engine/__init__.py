@@ -4,12 +4,13 @@
         ─► sync (one transaction, verified) ─► state (status, history), under lock
 
 `apply` is plan, apply and status; `noop` is their fast path for unchanged input;
-`recorded` reads the last applied ruleset lazily for a one-Service change;
-`confirm` is a confirmed apply's window and its rollback; `teardown` is cleanup; `doctor`
-checks the host; `planfile` is a saved plan; `target` says where a command acts; `review`
-is `nftrec diff` (two manifest trees or git revisions, planned against each other without
-a kernel); `trace` explains one packet with the desired or the live ruleset, `kerneltrace`
-traces a real one with the kernel's `meta nftrace`.
+`recorded` reads the last applied ruleset lazily for a one-Service change; `commits` is
+the small record written at each commit, before the history; `confirm` is a confirmed
+apply's window and its rollback; `teardown` is cleanup; `doctor` checks the host;
+`planfile` is a saved plan; `target` says where a command acts; `review` is `nftrec diff`
+(two manifest trees or git revisions, planned against each other without a kernel);
+`trace` explains one packet with the desired or the live ruleset, `kerneltrace` traces a
+real one with the kernel's `meta nftrace`.
 """
 
 from reconciler import lazy_exports
@@ -17,6 +18,7 @@ from reconciler import lazy_exports
 __all__, __getattr__ = lazy_exports(__name__, {
     "apply": ("EXIT_CHANGES", "EXIT_ERROR", "EXIT_OK", "run_apply", "run_plan", "run_status"),
     "changes": ("diff",),
+    "commits": ("Commit", "adopt_commit", "append_commit", "commit_ahead", "read_commits"),
     "confirm": ("ConfirmSpec", "await_confirmation", "begin_confirm", "clear_pending", "mark_confirmed",
                 "pending_path", "record_confirmed", "recover_locked", "recover_pending", "roll_back", "run_confirm"),
     "desired": ("Desired", "InvalidInput", "load_desired", "node_address_discovery", "node_ip_discovery"),

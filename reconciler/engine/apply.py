@@ -19,7 +19,8 @@ from reconciler import logs
 from reconciler.compile import Ruleset, digest, relocate
 from reconciler.engine import confirm as confirm_window
 from reconciler.engine import planfile
-from reconciler.engine.changes import diff
+from reconciler.engine.changes import Changes, diff
+from reconciler.engine.commits import adopt_commit, append_commit, commit_ahead, newest_commit
 from reconciler.engine.plan import format_text, make_plan, to_json
 from reconciler.engine.probes import probe_status_json, probe_status_lines, read_probe_state
 from reconciler.engine.state import HOST, StateCorrupt, read_history, read_status
@@ -194,8 +195,9 @@ def run_apply(target: Target, *, desired=None, plan_path: Path | None = None,
     try:
         nft = target.nft()
         sweep_trace_tables(nft, target.netns)  # a killed `trace --kernel`'s table; before the token below
-        status = read_status(store)
         read_history(store)  # a damaged entry would block status and rollback later
+        adopt_commit(store, nft, target.table)  # a killed watch's last commit, kept before it is replaced
+        status = read_status(store)
         token_before = kernel_token(nft)  # before the kernel is read: see sync.verify_touched
         plan_id, services, memo = None, {}, None
         compiled_here = desired is not None and desired.ruleset is None  # read with compile=False
@@ -278,10 +280,14 @@ def run_apply(target: Target, *, desired=None, plan_path: Path | None = None,
         def record():
             # the fingerprint of a listing: None when only the touched objects were read
             # (the whole ruleset is not canonicalised just for it)
+            kind = "rollback" if rollback else "plan" if plan_path is not None else "apply"
+            commit = append_commit(store, revision=revision, writer="nftrec apply", kind=kind, token=token,
+                                   operations=len(plan.transaction), fingerprint=after_fp,
+                                   services=[f"{s.action}{s.service}" for s in plan.services])
             recorded[:] = [store.record_applied(revision, ruleset, after_fp, token, plan_id,
                                  input_digest=desired.input_digest if from_dir else None,
                                  config_digest=desired.config_digest if from_dir else None,
-                                 compiled=memo if from_dir else None).desired_digest]
+                                 compiled=memo if from_dir else None, commit=commit.sequence).desired_digest]
 
         if pending is not None:
             confirm_window.hold_window(nft, target, pending, confirm, record)  # CommandError: rolled back
@@ -304,31 +310,56 @@ def run_apply(target: Target, *, desired=None, plan_path: Path | None = None,
 # --- status --------------------------------------------------------------------------------
 
 
+def _ahead_drift(nft: Interface, target: Target, commit) -> Changes | None:
+    """The drift for a commit the history lacks (commits.commit_ahead): none while the
+    kernel is as the commit left it (its generation token, else its listing's
+    fingerprint); None (unknown) otherwise, since its ruleset is not on disk."""
+    if commit.token is not None and kernel_token(nft) == commit.token:
+        return Changes()
+    if commit.fingerprint is not None and fingerprint(read_live(nft, target.table)) == commit.fingerprint:
+        return Changes()
+    return None
+
+
 def run_status(target: Target, *, output: str, out_stream: TextIO = sys.stdout) -> int:
     store = target.store()
     status = read_status(store)
     entries = read_history(store)
     pending = confirm_window.pending_status_json(store)  # an apply awaiting confirmation
-    if not status.ever_applied or not entries:
+    # a commit recorded at commit time whose history entry has not been written (a watch
+    # killed before its state writer ran): it names what the kernel holds
+    ahead = commit_ahead(store, status)
+    if ahead is None and (not status.ever_applied or not entries):
+        ahead = newest_commit(store)  # the history was lost (deleted, damaged): the record still names it
+    if ahead is None and (not status.ever_applied or not entries):
         waiting = "".join(f"; {line}" for line in confirm_window.pending_status_lines(pending))
         raise CommandError(f"nothing was applied to table {target.table} in {target.where} "
                            f"(state: {store.dir}); run `nftrec apply`{waiting}")
     nft = target.nft()
     try:
-        applied = store.load_ruleset(entries[-1])
-        live = read_live(nft, target.table)
+        if ahead is None:
+            applied = store.load_ruleset(entries[-1])
+            drift = diff(applied, read_live(nft, target.table))
+        else:
+            drift = _ahead_drift(nft, target, ahead)
     finally:
         nft.close()
-    drift = diff(applied, live)
+    applied_revision, applied_at, digest_ = status.last_applied_revision, status.last_applied_at, status.desired_digest
+    attempted, attempted_at, error = status.last_attempted_revision, status.last_attempted_at, status.last_error
+    if ahead is not None:  # status.json's attempt came before that commit (the state writer runs in order)
+        applied_revision, applied_at, digest_ = ahead.revision, ahead.committed_at, None
+        attempted, attempted_at, error = ahead.revision, ahead.committed_at, None
     doc = {
         "netns": target.netns, "table": target.table,
-        "lastAppliedRevision": status.last_applied_revision,
-        "lastAttemptedRevision": status.last_attempted_revision,
-        "lastAppliedAt": status.last_applied_at, "lastError": status.last_error,
-        "desiredDigest": status.desired_digest, "drift": not drift.empty,
-        "driftedServices": sorted(drift.owners()),
-        "driftedObjects": len(drift),
+        "lastAppliedRevision": applied_revision,
+        "lastAttemptedRevision": attempted,
+        "lastAppliedAt": applied_at, "lastError": error,
+        "desiredDigest": digest_, "drift": None if drift is None else not drift.empty,
+        "driftedServices": sorted(drift.owners()) if drift is not None else [],
+        "driftedObjects": len(drift) if drift is not None else None,
     }
+    if ahead is not None:
+        doc["commit"] = ahead.to_json()  # the commit record names what the kernel holds
     probes = read_probe_state(store)  # written by nftrec watch
     doc.update(probe_status_json(probes))
     doc.update(pending)
@@ -340,12 +371,18 @@ def run_status(target: Target, *, output: str, out_stream: TextIO = sys.stdout) 
             out_stream.write(logs.escape(line.rstrip("\n")) + "\n")
 
         w(f"table:     {target.table} in {target.where}\n")
-        w(f"applied:   revision {short_revision(status.last_applied_revision)} at {status.last_applied_at}"
-          f" (digest {(status.desired_digest or '')[:12]})\n")
-        if status.last_attempted_revision != status.last_applied_revision or status.last_error:
-            w(f"attempted: revision {short_revision(status.last_attempted_revision)} at "
-              f"{status.last_attempted_at}: {status.last_error or 'ok'}\n")
-        if drift.empty:
+        if ahead is None:
+            w(f"applied:   revision {short_revision(applied_revision)} at {applied_at}"
+              f" (digest {(digest_ or '')[:12]})\n")
+        else:
+            w(f"applied:   revision {short_revision(applied_revision)} at {applied_at} (committed by {ahead.writer}, "
+              f"{ahead.operations} operations; its ruleset is not in the history yet)\n")
+        if attempted != applied_revision or error:
+            w(f"attempted: revision {short_revision(attempted)} at {attempted_at}: {error or 'ok'}\n")
+        if drift is None:
+            w("drift:     unknown: the kernel changed since that commit, whose ruleset is not recorded; "
+              "`nftrec plan DIR` compares the kernel with the manifests\n")
+        elif drift.empty:
             w("drift:     no, the kernel matches the last applied ruleset\n")
         else:
             owners = sorted(drift.owners())
@@ -355,4 +392,4 @@ def run_status(target: Target, *, output: str, out_stream: TextIO = sys.stdout) 
               + "; `nftrec plan` shows them, `nftrec apply` repairs them\n")
         for line in probe_status_lines(probes) + confirm_window.pending_status_lines(pending):
             w(line)
-    return EXIT_OK if drift.empty else EXIT_CHANGES
+    return EXIT_OK if drift is not None and drift.empty else EXIT_CHANGES

@@ -27,6 +27,8 @@ from reconciler.atomic import atomic_write, fsync_dir  # noqa: F401 - planfile a
 from reconciler.compile import Ruleset
 from reconciler.compile import digest_pieces, form_parts, parts_digest
 from reconciler.engine.recorded import read_ruleset, ruleset_lines
+from reconciler.kernel import canonical
+from reconciler.kernel import fingerprint as fingerprint_of
 
 FORMAT_VERSION = 1
 HISTORY_KEEP = 5
@@ -145,7 +147,9 @@ _STATUS_FIELDS: tuple[tuple[str, str, tuple[type, ...], bool], ...] = (
     ("nftrecVersion", "nftrec_version", (str,), True),
     ("inputDigest", "input_digest", (str,), True),
     ("configDigest", "config_digest", (str,), True),
+    ("commitSequence", "commit_sequence", (int,), True),
 )
+_ADDED = {"commitSequence"}  # may be absent (older nftrecs): read as null
 
 
 @dataclass
@@ -166,6 +170,7 @@ class Status:
     nftrec_version: str | None = None
     input_digest: str | None = None  # content digest of the manifest tree of the last apply
     config_digest: str | None = None  # effective node config + options + code of that apply
+    commit_sequence: int | None = None  # the commit record's entry of that apply (commits.py)
     format_version: int = FORMAT_VERSION
 
     @property
@@ -190,9 +195,9 @@ class Status:
             raise StateCorrupt(path, f"has formatVersion {version}{newer}; this nftrec reads {FORMAT_VERSION}")
         values: dict[str, Any] = {}
         for key, attr, types, nullable in _STATUS_FIELDS:
-            if key not in doc:
+            if key not in doc and key not in _ADDED:
                 raise StateCorrupt(path, f"lacks the field {key!r}")
-            v = doc[key]
+            v = doc.get(key)
             ok = (v is None and nullable) or (isinstance(v, types) and not isinstance(v, bool))
             if not ok:
                 raise StateCorrupt(path, f"field {key!r} has the wrong type ({type(v).__name__})")
@@ -334,14 +339,18 @@ class StateStore:
         input_digest: str | None = None,
         config_digest: str | None = None,
         compiled: dict | None = None,
+        commit: int | None = None,
+        applied_at: str | None = None,
+        listed: bool = False,
     ) -> Status:
         """Record a successful apply: a history entry unless the ruleset is unchanged (first,
         so status never names a ruleset not on disk), status, and `compiled` (compile_memo)
         as compiled.json. `input_digest`/`config_digest` name the manifests and effective
         node config compiled; None (a saved plan, a rollback, watch) disables the no-op
-        fast path until the next apply of a directory."""
+        fast path until the next apply of a directory. `commit`: its commit record entry
+        (commits.py); `listed`: `ruleset` is a listing of the kernel (commits.adopt_commit)."""
         st = self.status()
-        now = self._clock()
+        now = applied_at or self._clock()
         pieces = digest_pieces(ruleset)  # once: the digest and the history file
         d = parts_digest(form_parts(*pieces))
         # Sequence numbers come from file names only, so a damaged entry (which history()
@@ -353,8 +362,12 @@ class StateStore:
             seq = files[-1][0] + 1 if files else 1
             header = {"formatVersion": FORMAT_VERSION, "sequence": seq, "revision": revision,
                       "appliedAt": now, "digest": d, "planId": plan_id}
+            if listed:
+                header.update(listed=True, fingerprint=fingerprint)
             atomic_write(self.history_dir / f"{seq:06d}-{d[:12]}.jsonl",
                          itertools.chain((json.dumps(header).encode("utf-8") + b"\n",), ruleset_lines(*pieces)))
+            if files and not listed:
+                self._drop_listed_twin(files[-1][1], ruleset)
         del pieces
         st.last_applied_revision = st.last_attempted_revision = revision
         st.last_applied_at = st.last_attempted_at = now
@@ -366,6 +379,7 @@ class StateStore:
         st.nftrec_version = nftrec_version()
         st.input_digest = input_digest
         st.config_digest = config_digest
+        st.commit_sequence = commit if commit is not None else st.commit_sequence
         self._write_status(st)
         if compiled is not None:
             self.write_compiled(d, compiled)
@@ -385,6 +399,19 @@ class StateStore:
         st.nftrec_version = nftrec_version()
         self._write_status(st)
         return st
+
+    def _drop_listed_twin(self, path: Path, ruleset: Ruleset) -> None:
+        """A listed entry (kept from the kernel after a crash) holding the ruleset just
+        recorded in compiled form is deleted: rollback must not go back to the same rules."""
+        try:
+            header = _read_header(path)
+        except (OSError, StateCorrupt):
+            return
+        if isinstance(header, dict) and header.get("listed") and \
+                header.get("fingerprint") == fingerprint_of(canonical(ruleset)):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+            fsync_dir(self.history_dir)
 
     # -- history --
 
