@@ -172,10 +172,10 @@ def test_only_tables_of_runs_that_ended_are_stale():
 
 
 def test_exit_reasons():
-    assert exit_reason(1) == "exited 1"
-    assert exit_reason(-signal.SIGSEGV) == "was killed by SIGSEGV (a crash)"
-    assert exit_reason(128 + signal.SIGKILL) == "was killed by SIGKILL"  # through timeout(1) or a shell
-    assert exit_reason(255) == "exited 255"
+    assert exit_reason(1) == "nft: exit 1"
+    assert exit_reason(-signal.SIGSEGV).startswith("nft crashed (SIGSEGV)")
+    assert exit_reason(128 + signal.SIGKILL) == "nft was killed (SIGKILL)"  # through timeout(1) or a shell
+    assert exit_reason(255) == "nft: exit 255"
 
 
 @pytest.mark.kernel
@@ -204,4 +204,5 @@ def test_a_monitor_that_crashes_is_an_error_with_its_signal():
             _collect(child, Grouper("nftrec-trace-1"), time.monotonic() + 20, 1, "netns x")
     finally:
         child.wait()
-    assert str(e.value) == "`nft monitor trace` netns x was killed by SIGSEGV (a crash) before any packet came: reading"
+    assert str(e.value).startswith("`nft monitor trace` netns x ended before any packet came: nft crashed (SIGSEGV)")
+    assert str(e.value).endswith("; reading")

@@ -97,8 +97,8 @@ def _collect(monitor, grouper: Grouper, deadline: float, count: int, where: str)
                     return
                 monitor.wait()
                 err = monitor.stderr.read().decode(errors="replace").strip()
-                raise CommandError(f"`nft monitor trace` {where} {exit_reason(monitor.returncode)} before "
-                                   f"any packet came" + (f": {err}" if err else ""), lines=True)
+                raise CommandError(f"`nft monitor trace` {where} ended before any packet came: "
+                                   f"{exit_reason(monitor.returncode)}" + (f"; {err}" if err else ""), lines=True)
             buf += chunk
             *done, buf = buf.split(b"\n")
             for raw in done:

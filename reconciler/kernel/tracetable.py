@@ -17,6 +17,7 @@ import subprocess
 
 from reconciler import logs
 from reconciler.kernel.interface import Interface, NftError, error_for
+from reconciler.kernel.isolated import Outcome, nft_binary, run_nft, start
 
 TRACE_TABLE_PREFIX = "nftrec-trace-"
 # The lowest priority nft takes on every version (INT_MIN + 1): before raw (-300),
@@ -29,66 +30,40 @@ CRASH_HINT = ("; nft crashes so when it reads a table that a newer nft made in t
               "use that nft, or remove that table")
 
 
-def netns_argv(netns: str | None, argv: list[str]) -> list[str]:
-    """`argv` run inside `netns` (a name under /run/netns, or a path), as `ip netns exec`
-    runs it (which also binds /etc/netns/NAME); in the caller's namespace when None."""
-    if netns is None:
-        return list(argv)
-    if netns.startswith("/"):
-        return ["nsenter", f"--net={netns}", "--", *argv]
-    return ["ip", "netns", "exec", netns, *argv]
-
-
 def exit_reason(returncode: int) -> str:
-    """How a child ended, in words: `exited 1`, `was killed by SIGSEGV (a crash)`."""
-    sig = -returncode if returncode < 0 else returncode - 128 if 128 < returncode < 160 else 0
-    if sig:
-        try:
-            name = signal.Signals(sig).name
-        except ValueError:
-            name = f"signal {sig}"
-        crash = " (a crash)" if sig in (signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS, signal.SIGILL) else ""
-        return f"was killed by {name}{crash}"
-    return f"exited {returncode}"
+    """How a child ended, in words (isolated.Outcome.reason): `exit 1`, `nft crashed
+    (SIGSEGV)`; 128 + N is signal N, as timeout(1) and shells report it."""
+    sig = -returncode if returncode < 0 else returncode - 128 if 128 < returncode < 160 else None
+    return Outcome("nft", None if sig else returncode, sig).reason()
 
 
 def run_nft_child(netns: str | None, script: str, *, timeout: float = CHILD_TIMEOUT) -> str:
-    """Run an `nft -f -` script in a child process in `netns`, with a time bound; its
-    output, or an NftError that says how the child ended (nft's error, a crash by signal,
-    the timeout). This module's own small runner: a generic child-process runner of the
-    kernel stage is meant to replace it."""
-    argv = netns_argv(netns, ["nft", "-f", "-"])
+    """Run an `nft -f -` script in a child process in `netns` (isolated.run_nft), with a
+    time bound; its output, or an NftError that says how the child ended (nft's error, a
+    crash by signal, the timeout)."""
     where = f"in netns {netns}" if netns else "in the host namespace"
-    try:
-        # own session: a Ctrl-C on the terminal reaches nftrec (which cleans up), not the child
-        proc = subprocess.run(argv, input=script, capture_output=True, text=True, timeout=timeout,
-                              start_new_session=True)
-    except FileNotFoundError as e:
-        raise NftError(f"cannot run {e.filename or argv[0]}: install nftables and iproute2") from None
-    except subprocess.TimeoutExpired:
-        raise NftError(f"`nft -f -` {where} did not finish within {timeout:.0f}s (killed)", script) from None
-    if proc.returncode == 0:
-        return proc.stdout
-    text = (proc.stderr or proc.stdout).strip()
-    if proc.returncode > 0 and proc.returncode < 128:
-        raise error_for(text or f"`nft -f -` {where} exited {proc.returncode}", script)
+    done = run_nft(netns, ["-f", "-"], timeout=timeout, stdin=script.encode())
+    if done.ok:
+        return done.stdout.decode(errors="replace")
+    text = (done.stderr or done.stdout).decode(errors="replace").strip()
+    if done.returncode is not None and 0 < done.returncode < 128:
+        raise error_for(text or f"`nft -f -` {where} exited {done.returncode}", script)
     if len(text) > _OUTPUT_SHOWN:
         text = "..." + text[-_OUTPUT_SHOWN:]
-    reason = exit_reason(proc.returncode)
-    hint = CRASH_HINT if reason.endswith("(a crash)") else ""
-    raise NftError(f"`nft -f -` {where} {reason}" + (f": {text}" if text else "") + hint, script)
+    hint = CRASH_HINT if done.crashed else ""
+    raise NftError(f"`nft -f -` {where}: {done.reason()}" + (f": {text}" if text else "") + hint, script)
 
 
 def start_trace_monitor(netns: str | None, seconds: float) -> subprocess.Popen:
     """`nft monitor trace` in a child process in `netns` (text on its stdout, one line per
     event, flushed per event), under `timeout`: ended after `seconds` even when nftrec is
     killed before it can end it."""
-    argv = ["timeout", "-k", "2", f"{max(1, int(seconds + 0.999))}", *netns_argv(netns, ["nft", "monitor", "trace"])]
+    nft = nft_binary() or "nft"
+    argv = ["timeout", "-k", "2", f"{max(1, int(seconds + 0.999))}", nft, "monitor", "trace"]
     try:
-        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                start_new_session=True)
+        return start(netns, argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     except FileNotFoundError as e:
-        raise NftError(f"cannot run {e.filename or argv[0]}: install coreutils, nftables and iproute2") from None
+        raise NftError(f"cannot run {e.filename or argv[0]}: install coreutils and nftables") from None
 
 
 def stop_child(proc: subprocess.Popen) -> None:

@@ -148,8 +148,12 @@ def test_docker_forward_drop_is_traced_to_its_chain_and_the_dnat_before_it(dp, t
             text.index(f"{family} filter FORWARD: policy drop")
         assert f"service: default/{svc} (" in text and "web.yaml:" in text
 
-        # ---- doctor: the lead asserts here, after merging, that `nftrec doctor --netns NODE`
-        # ---- names table `family` filter, chain FORWARD (policy drop) and the one-line fix.
+        # doctor names the table, the chain and the fix, and warns only (exit 0)
+        p = nftrec("doctor", "--netns", dp.node, tmp_path=tmp_path)
+        assert p.returncode == 0, p.stdout + p.stderr
+        drop = [x for x in p.stdout.splitlines()
+                if x.startswith(f"warn forward drop: table {family} filter chain FORWARD has policy drop")]
+        assert len(drop) == 1 and "DOCKER-USER" in drop[0], p.stdout
 
         nsx(dp.node, "nft", *docker_user_accept(family))
         assert [r.reply.server_ip for r in dp.probe("clientA", vip, PORT, count=3)] == [ep] * 3
@@ -157,6 +161,8 @@ def test_docker_forward_drop_is_traced_to_its_chain_and_the_dnat_before_it(dp, t
         assert p.returncode == 0, p.stdout + p.stderr
         assert f"verdict: ACCEPTED by {family} filter DOCKER-USER rule `ct status dnat accept`" in p.stdout, p.stdout
         assert f"after DNAT to {endpoint} by {family} nftrec service-" in p.stdout
+        p = nftrec("doctor", "--netns", dp.node, tmp_path=tmp_path)
+        assert p.returncode == 0 and "forward drop: table" not in p.stdout, p.stdout
     finally:
         nsx(dp.node, "nft", "delete", "table", family, "filter", check=False)
     assert tracing_tables(dp) == []
