@@ -1,0 +1,231 @@
+"""Signed revisions (`verify` in the node config): only commits signed by a configured key
+are applied, exactly their tree, never an older one after a newer one.
+
+Real git, keys made here (ssh-keygen, gpg --batch), a git-sync layout (`current` linked to
+a `git worktree` per commit), nftrec as a subprocess in a throwaway namespace.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from nsutil import in_ns
+from test_cli_kernel import nftrec, ok
+
+pytestmark = pytest.mark.kernel
+
+needs_ssh = pytest.mark.skipif(shutil.which("ssh-keygen") is None,
+                               reason="ssh-keygen (openssh-client) is not installed: it makes the test keys")
+needs_gpg = pytest.mark.skipif(shutil.which("gpg") is None, reason="gpg is not installed: it makes the test keys")
+
+SERVICE = """apiVersion: v1
+kind: Service
+metadata: {{name: web, namespace: default}}
+spec:
+  clusterIP: {ip}
+  ports: [{{port: 80, protocol: TCP}}]
+"""
+
+
+def git(cwd: Path, *args: str, env: dict | None = None) -> str:
+    e = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+         "GIT_COMMITTER_EMAIL": "t@t", "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1", **(env or {})}
+    return subprocess.run(["git", "-C", str(cwd), *args], check=True, capture_output=True, text=True,
+                          env=e, timeout=60).stdout.strip()
+
+
+def ssh_key(d: Path, name: str) -> Path:
+    d.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"{name}@example", "-f", str(d / name)],
+                   check=True, capture_output=True, timeout=60)
+    return d / name
+
+
+def gpg_key(home: Path, name: str) -> tuple[Path, str]:
+    """(armored public key file, fingerprint) of a new signing key in GNUPGHOME `home`."""
+    home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    g = ["gpg", "--homedir", str(home), "--batch", "--pinentry-mode", "loopback", "--passphrase", ""]
+    subprocess.run([*g, "--quick-gen-key", f"{name} <{name}@example>", "ed25519", "sign", "1d"],
+                   check=True, capture_output=True, timeout=120)
+    listed = subprocess.run([*g, "--with-colons", "--list-keys"], check=True, capture_output=True, text=True).stdout
+    fpr = next(ln.split(":")[9] for ln in listed.splitlines() if ln.startswith("fpr:"))
+    out = home.parent / f"{name}.asc"
+    out.write_bytes(subprocess.run([*g, "--armor", "--export", fpr], check=True, capture_output=True).stdout)
+    return out, fpr
+
+
+class Repo:
+    """A manifest repository and its git-sync publication: `gs/current` -> a worktree."""
+
+    def __init__(self, tmp: Path):
+        self.src, self.gs = tmp / "src", tmp / "gs"
+        self.src.mkdir()
+        self.gs.mkdir()
+        git(self.src, "init", "-q")
+        self.env: dict = {}
+
+    def use_ssh(self, key: Path) -> None:
+        git(self.src, "config", "gpg.format", "ssh")
+        git(self.src, "config", "user.signingkey", str(key))
+
+    def use_gpg(self, home: Path, fpr: str) -> None:
+        git(self.src, "config", "gpg.format", "openpgp")
+        git(self.src, "config", "user.signingkey", fpr)
+        self.env = {"GNUPGHOME": str(home)}
+
+    def commit(self, ip: str, *, sign: bool = True) -> str:
+        (self.src / "web.yaml").write_text(SERVICE.format(ip=ip))
+        git(self.src, "add", "-A")
+        git(self.src, "commit", "-q", "--allow-empty", "-m", ip, *(["-S"] if sign else []), env=self.env)
+        return git(self.src, "rev-parse", "HEAD")
+
+    def publish(self, sha: str) -> Path:
+        wt = self.gs / ".worktrees" / sha
+        if not wt.exists():
+            git(self.src, "worktree", "add", "-q", "--detach", str(wt), sha)
+        (self.gs / "tmp-link").symlink_to(wt.relative_to(self.gs))
+        os.replace(self.gs / "tmp-link", self.gs / "current")
+        return wt
+
+    @property
+    def current(self) -> Path:
+        return self.gs / "current"
+
+
+def config(tmp: Path, *keys: Path, extra: str = "") -> Path:
+    c = tmp / "config.yaml"
+    c.write_text("apiVersion: nftrec/v1alpha1\nkind: NodeConfig\nnodeName: n1\nnodeIPs: [192.168.50.2]\n"
+                 f"verify:\n  mode: HEAD\n  keys: [{', '.join(str(k) for k in keys)}]\n{extra}")
+    return c
+
+
+def live_ips(ns: str) -> str:
+    return in_ns(ns, "nft", "list", "table", "ip", "nftrec", check=False).stdout
+
+
+def status(state: Path, ns: str, cfg: Path) -> dict:
+    return json.loads(nftrec("status", "-o", "json", state=state, ns=ns, config=cfg).stdout)
+
+
+@needs_ssh
+def test_ssh_signed_applied_and_every_untrusted_revision_refused(tmp_path, netns):
+    keys = tmp_path / "keys"
+    ops, stranger = ssh_key(keys, "ops"), ssh_key(keys, "stranger")
+    repo = Repo(tmp_path)
+    repo.use_ssh(ops)
+    cfg = config(tmp_path, Path(f"{ops}.pub"))
+    state = tmp_path / "state"
+    good = repo.commit("10.96.0.10")
+    repo.publish(good)
+    p = ok(nftrec("plan", str(repo.current), state=state, ns=netns, config=cfg), 0)
+    assert f"revision {good[:12]} verified: signed by ops@example" in p.stdout.splitlines()[0]
+    ok(nftrec("apply", str(repo.current), state=state, ns=netns, config=cfg))
+    assert "10.96.0.10" in live_ips(netns)
+    assert status(state, netns, cfg)["lastAppliedRevision"] == good
+
+    def refused(reason: str, revision: str, *words: str) -> None:
+        p = nftrec("apply", str(repo.current), state=state, ns=netns, config=cfg)
+        assert p.returncode == 1, p.stdout + p.stderr
+        assert f"refused ({reason})" in p.stderr, p.stderr
+        assert "10.96.0.10" in live_ips(netns) and "10.96.0.11" not in live_ips(netns)
+        st = status(state, netns, cfg)
+        assert st["lastAppliedRevision"] == good and st["lastAttemptedRevision"] == revision
+        for w in (f"refused ({reason})", *words):
+            assert w in st["lastError"], st["lastError"]
+        text = nftrec("status", state=state, ns=netns, config=cfg).stdout
+        assert f"refused ({reason})" in text
+
+    repo.publish(repo.commit("10.96.0.11", sign=False))
+    refused("unsigned", git(repo.src, "rev-parse", "HEAD"), "no trusted signature")
+
+    repo.use_ssh(stranger)
+    repo.publish(repo.commit("10.96.0.11"))
+    refused("untrusted-key", git(repo.src, "rev-parse", "HEAD"))
+
+    # tampered: the good commit's signature over another tree
+    repo.use_ssh(ops)
+    signed = repo.commit("10.96.0.12")
+    body = git(repo.src, "cat-file", "commit", signed)
+    other_tree = git(repo.src, "rev-parse", f"{good}^{{tree}}")
+    forged = body.replace(body.split("\n")[0], f"tree {other_tree}", 1)
+    sha = subprocess.run(["git", "-C", str(repo.src), "hash-object", "-t", "commit", "-w", "--stdin"],
+                         input=forged + "\n", capture_output=True, text=True, check=True).stdout.strip()
+    wt = repo.publish(sha)
+    (wt / "web.yaml").write_text(SERVICE.format(ip="10.96.0.10"))
+    refused("bad-signature", sha)
+
+    # a modified tracked file, then an untracked manifest, in a validly signed checkout
+    latest = repo.commit("10.96.0.13")
+    wt = repo.publish(latest)
+    (wt / "web.yaml").write_text(SERVICE.format(ip="10.96.0.11"))
+    refused("modified-file", latest, "'web.yaml' differs from the signed commit", "signed by ops@example")
+    git(wt, "checkout", "--", "web.yaml")
+    (wt / "extra.yaml").write_text(SERVICE.format(ip="10.96.0.11").replace("web", "extra"))
+    refused("untracked-file", latest, "'extra.yaml' is a manifest file that git does not track")
+    (wt / "extra.yaml").unlink()
+    ok(nftrec("apply", str(repo.current), state=state, ns=netns, config=cfg))
+    assert "10.96.0.13" in live_ips(netns)
+
+    # an older signed commit after a newer one: refused, then applied once with --allow-rollback
+    repo.publish(good)
+    p = nftrec("apply", str(repo.current), state=state, ns=netns, config=cfg)
+    assert p.returncode == 1 and "refused (rollback)" in p.stderr
+    assert "10.96.0.13" in live_ips(netns)
+    p = ok(nftrec("apply", str(repo.current), "--allow-rollback", state=state, ns=netns, config=cfg))
+    assert "not a descendant of the last applied revision, allowed" in p.stderr
+    assert "10.96.0.10" in live_ips(netns) and "10.96.0.13" not in live_ips(netns)
+    assert status(state, netns, cfg)["lastAppliedRevision"] == good
+
+
+@needs_gpg
+def test_openpgp_signed_applied_and_unknown_key_refused(tmp_path, netns):
+    ops_asc, ops_fpr = gpg_key(tmp_path / "gpg-ops", "ops")
+    _, other_fpr = gpg_key(tmp_path / "gpg-other", "other")
+    repo = Repo(tmp_path)
+    repo.use_gpg(tmp_path / "gpg-ops", ops_fpr)
+    cfg = config(tmp_path, ops_asc)
+    state = tmp_path / "state"
+    good = repo.commit("10.96.0.10")
+    repo.publish(good)
+    p = ok(nftrec("apply", str(repo.current), state=state, ns=netns, config=cfg))
+    assert "10.96.0.10" in live_ips(netns), p.stderr
+    repo.use_gpg(tmp_path / "gpg-other", other_fpr)
+    bad = repo.commit("10.96.0.11")
+    repo.publish(bad)
+    p = nftrec("apply", str(repo.current), state=state, ns=netns, config=cfg)
+    assert p.returncode == 1 and "refused (unknown-key)" in p.stderr, p.stderr
+    assert "10.96.0.11" not in live_ips(netns)
+    assert status(state, netns, cfg)["lastAttemptedRevision"] == bad
+
+
+@needs_ssh
+@pytest.mark.parametrize("case", ["plain-directory", "empty-key", "missing-key", "unknown-mode"])
+def test_configuration_errors_are_loud(tmp_path, netns, case):
+    key = Path(f"{ssh_key(tmp_path / 'keys', 'ops')}.pub")
+    d = tmp_path / "plain"
+    d.mkdir()
+    (d / "web.yaml").write_text(SERVICE.format(ip="10.96.0.10"))
+    if case == "empty-key":
+        key.write_text("\n")
+    elif case == "missing-key":
+        key = tmp_path / "nope.pub"
+    cfg = config(tmp_path, key)
+    if case == "unknown-mode":
+        cfg.write_text(cfg.read_text().replace("mode: HEAD", "mode: Commit"))
+    state = tmp_path / "state"
+    for cmd in ("plan", "apply"):
+        p = nftrec(cmd, str(d), state=state, ns=netns, config=cfg)
+        assert p.returncode == 1, p.stdout + p.stderr
+        said = {"plain-directory": "is not a git checkout", "empty-key": "is empty",
+                "missing-key": "cannot read", "unknown-mode": "verify.mode"}[case]
+        assert said in p.stderr, p.stderr
+    assert "10.96.0.10" not in live_ips(netns)
+    # validate stays a schema check: no keys read, no git
+    p = nftrec("validate", str(d), config=cfg)
+    assert p.returncode == (1 if case == "unknown-mode" else 0), p.stdout + p.stderr
