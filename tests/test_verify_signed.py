@@ -229,3 +229,41 @@ def test_configuration_errors_are_loud(tmp_path, netns, case):
     # validate stays a schema check: no keys read, no git
     p = nftrec("validate", str(d), config=cfg)
     assert p.returncode == (1 if case == "unknown-mode" else 0), p.stdout + p.stderr
+
+
+@needs_ssh
+def test_watch_skips_an_unsigned_revision_and_applies_the_next_signed_one(tmp_path, netns):
+    from watchproc import Watch
+
+    ops = ssh_key(tmp_path / "keys", "ops")
+    repo = Repo(tmp_path)
+    repo.use_ssh(ops)
+    cfg = config(tmp_path, Path(f"{ops}.pub"))
+    state = tmp_path / "state"
+    first = repo.commit("10.96.0.10")
+    repo.publish(first)
+    w = Watch(netns, repo.current, cfg, state)
+    try:
+        w.wait_sync(0)
+        assert "10.96.0.10" in live_ips(netns)
+        mark = len(w.lines)
+        unsigned = repo.commit("10.96.0.11", sign=False)
+        repo.publish(unsigned)
+        line = w.wait_event("unverified", mark)
+        assert line["revision"] == unsigned and line["reason"] == "unsigned"
+        st = w.status(lambda st: st["lastAttemptedRevision"] == unsigned)
+        assert st["lastAppliedRevision"] == first and "refused (unsigned)" in st["lastError"]
+        assert "10.96.0.11" not in live_ips(netns)
+        _, body = w.http("/metrics")
+        assert 'nftrec_revision_verification_failures_total{reason="unsigned"} 1.0' in body
+        assert 'nftrec_verified_signer_info{key="SHA256:' in body and 'signer="ops@example"' in body
+        mark = len(w.lines)
+        signed = repo.commit("10.96.0.12")
+        repo.publish(signed)
+        w.wait_sync(mark)
+        assert "10.96.0.12" in live_ips(netns)
+        assert len(w.events("unverified", mark)) == 0
+        assert len(w.events("unverified")) == 1  # one line per refusal, no retry of the same revision
+        w.status(lambda st: st["lastAppliedRevision"] == signed)
+    finally:
+        assert w.stop() == 0

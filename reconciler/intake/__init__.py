@@ -22,7 +22,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "problems": ("ERROR", "NOTICE", "WARNING", "Problem"),
     "report": ("run_validate",),
     "schema_files": ("leading_zero_octet",),
-    "signatures": ("TrustError", "Verdict", "Verifier"),
+    "signatures": ("TrustError", "Verdict", "Verifier", "checkout_of"),
     "sources": ("STDIN", "display_root", "is_stdin"),
     "store": ("code_digest",),
 })

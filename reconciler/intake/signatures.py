@@ -19,6 +19,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -109,6 +110,7 @@ class Verifier:
         self.spec = spec
         signers, pgp = read_keys(spec.keys)
         self.home = Path(tempfile.mkdtemp(prefix="nftrec-trust-"))
+        self._remove = weakref.finalize(self, shutil.rmtree, str(self.home), True)  # at exit too
         try:
             (self.home / "allowed_signers").write_text("".join(s + "\n" for s in signers))
             self.gnupg = self.home / "gnupg"
@@ -141,7 +143,7 @@ class Verifier:
         _run([*gpg, "--check-trustdb"], env)
 
     def close(self) -> None:
-        shutil.rmtree(self.home, ignore_errors=True)
+        self._remove()
 
     def __enter__(self) -> Verifier:
         return self
@@ -158,12 +160,7 @@ class Verifier:
     def check(self, directory: Path, last_applied: str | None = None, *, allow_rollback: bool = False) -> Verdict:
         """The verdict on the commit checked out at `directory` (resolved: git-sync's
         `current` link names one revision). TrustError when it is not a git checkout."""
-        root = Path(directory).resolve()
-        co = _checkout(root) if root.is_dir() else None
-        if co is None:
-            raise TrustError(f"verify is set, but {directory} is not a git checkout (no .git with a commit "
-                             "checked out); point nftrec at a git-sync worktree or a clone, or remove verify")
-        top, gitdir, commit, sub = co
+        top, gitdir, commit, sub = checkout_of(directory)
         common = gitdir
         if (gitdir / "commondir").is_file():  # a linked worktree: git-sync's
             common = (gitdir / (gitdir / "commondir").read_text().strip()).resolve()
@@ -245,6 +242,17 @@ class Verifier:
             else:
                 return "modified-file", f"{show(path)} differs from the signed commit"
         return None
+
+
+def checkout_of(directory: Path) -> tuple[Path, Path, str, str]:
+    """intake.git's view of the checkout at `directory` (resolved: git-sync's `current`
+    link names one revision, read once); TrustError when it is not a git checkout."""
+    root = Path(directory).resolve()
+    co = _checkout(root) if root.is_dir() else None
+    if co is None:
+        raise TrustError(f"verify is set, but {directory} is not a git checkout (no .git with a commit "
+                         "checked out); point nftrec at a git-sync worktree or a clone, or remove verify")
+    return co
 
 
 def _is_commit(rev: str) -> bool:
