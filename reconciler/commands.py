@@ -338,8 +338,22 @@ def apply(
                                    signed_by=target, allow_rollback=allow_rollback), netns, probe)
     elif probe:
         raise typer.BadParameter("--probe needs a manifest directory (not --plan or --rollback)")
+    if rollback:
+        _say_rollback_unverified(config)
     raise typer.Exit(_guard(run_apply, target, desired=desired, plan_path=plan_file, rollback=rollback,
                             verify=verify, confirm=spec))
+
+
+def _say_rollback_unverified(config: Optional[Path]) -> None:
+    """`apply --rollback` re-applies nftrec's own history: no signature is checked again."""
+    from reconciler import logs
+    from reconciler.engine import config_cache_dir
+    from reconciler.intake import load_node_config
+
+    cfg, _ = load_node_config(str(config) if config else None, discover=False, cache_dir=config_cache_dir(_state_root()))
+    if cfg.verify is not None:
+        logs.log.info("verify: --rollback re-applies a ruleset from nftrec's own history (applied and verified "
+                      "before); no revision is checked, and the rollback is allowed")
 
 
 def _confirm_spec(timeout: Optional[str], cmds: List[str], urls: List[str], tcps: List[str]):

@@ -267,3 +267,40 @@ def test_watch_skips_an_unsigned_revision_and_applies_the_next_signed_one(tmp_pa
         w.status(lambda st: st["lastAppliedRevision"] == signed)
     finally:
         assert w.stop() == 0
+
+
+@needs_ssh
+def test_tag_mode_and_rollback_from_history(tmp_path, netns):
+    """Tag: the commit needs a signed annotated tag; TagAndHEAD: both signed. `apply
+    --rollback` (nftrec's own history) stays allowed and says so."""
+    ops = ssh_key(tmp_path / "keys", "ops")
+    repo = Repo(tmp_path)
+    repo.use_ssh(ops)
+    cfg = config(tmp_path, Path(f"{ops}.pub"))
+    cfg.write_text(cfg.read_text().replace("mode: HEAD", "mode: Tag"))
+    state = tmp_path / "state"
+    first = repo.commit("10.96.0.10", sign=False)
+    repo.publish(first)
+    p = nftrec("apply", str(repo.current), state=state, ns=netns, config=cfg)
+    assert p.returncode == 1 and "refused (no-tag)" in p.stderr, p.stderr
+    git(repo.src, "tag", "-a", "-m", "v1", "v1", first)  # annotated, unsigned
+    p = nftrec("apply", str(repo.current), state=state, ns=netns, config=cfg)
+    assert p.returncode == 1 and "refused (" in p.stderr and "tag 'v1'" in p.stderr, p.stderr
+    stranger = ssh_key(tmp_path / "keys", "stranger")
+    git(repo.src, "-c", f"user.signingkey={stranger}", "tag", "-s", "-m", "v1x", "v1x", first)
+    p = nftrec("apply", str(repo.current), state=state, ns=netns, config=cfg)
+    assert p.returncode == 1 and "refused (unknown-key)" in p.stderr, p.stderr
+    git(repo.src, "tag", "-s", "-m", "v1s", "v1s", first)
+    ok(nftrec("apply", str(repo.current), state=state, ns=netns, config=cfg))
+    assert "10.96.0.10" in live_ips(netns)
+    cfg.write_text(cfg.read_text().replace("mode: Tag", "mode: TagAndHEAD"))
+    p = nftrec("apply", str(repo.current), state=state, ns=netns, config=cfg)
+    assert p.returncode == 1 and "refused (unsigned)" in p.stderr, p.stderr  # the commit itself is not signed
+    second = repo.commit("10.96.0.11")
+    git(repo.src, "tag", "-s", "-m", "v2", "v2", second)
+    repo.publish(second)
+    ok(nftrec("apply", str(repo.current), state=state, ns=netns, config=cfg))
+    assert "10.96.0.11" in live_ips(netns)
+    p = ok(nftrec("apply", "--rollback", state=state, ns=netns, config=cfg))
+    assert "--rollback re-applies a ruleset from nftrec's own history" in p.stderr
+    assert "10.96.0.10" in live_ips(netns) and "10.96.0.11" not in live_ips(netns)

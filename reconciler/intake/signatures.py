@@ -154,7 +154,7 @@ class Verifier:
     def _git(self, top: Path, common: Path, *args: str) -> subprocess.CompletedProcess:
         env = dict(os.environ, LC_ALL="C", GIT_TERMINAL_PROMPT="0", GIT_OPTIONAL_LOCKS="0", GNUPGHOME=str(self.gnupg))
         return _run(["git", "-c", f"safe.directory={top}", "-c", f"safe.directory={common}",
-                     "-c", f"gpg.ssh.allowedSignersFile={self.home / 'allowed_signers'}",
+                     "-c", f"gpg.ssh.allowedSignersFile={self.home / 'allowed_signers'}", "-c", "gpg.minTrustLevel=fully",
                      "-C", str(top), *args], env)
 
     def check(self, directory: Path, last_applied: str | None = None, *, allow_rollback: bool = False) -> Verdict:
@@ -213,7 +213,7 @@ class Verifier:
             m = re.search(r"VALIDSIG ([0-9A-F]+)|key (SHA256:\S+)", said)
             key = next((g for g in m.groups() if g), "") if m else ""
             who = re.search(r"GOODSIG \S+ (.*)|Good \"git\" signature for (\S+)", said)
-            if v.returncode == 0 and "TRUST_UNDEFINED" not in said and "TRUST_NEVER" not in said:
+            if v.returncode == 0 and who is not None and "TRUST_UNDEFINED" not in said and "TRUST_NEVER" not in said:
                 return Verdict(commit, True, signer=_clean(next((g for g in who.groups() if g), "")) if who else "",
                                key=key or "?")
             last = Verdict(commit, False, "unknown-key" if "NO_PUBKEY" in said or "No principal" in said
