@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -105,6 +106,14 @@ def config(tmp: Path, *keys: Path, extra: str = "") -> Path:
     return c
 
 
+def ssh_setup(tmp: Path) -> tuple[Path, Repo, Path]:
+    """(ops's private key, a repository signing with it, a node config trusting it)."""
+    ops = ssh_key(tmp / "keys", "ops")
+    repo = Repo(tmp)
+    repo.use_ssh(ops)
+    return ops, repo, config(tmp, Path(f"{ops}.pub"))
+
+
 def live_ips(ns: str) -> str:
     return in_ns(ns, "nft", "list", "table", "ip", "nftrec", check=False).stdout
 
@@ -115,11 +124,8 @@ def status(state: Path, ns: str, cfg: Path) -> dict:
 
 @needs_ssh
 def test_ssh_signed_applied_and_every_untrusted_revision_refused(tmp_path, netns):
-    keys = tmp_path / "keys"
-    ops, stranger = ssh_key(keys, "ops"), ssh_key(keys, "stranger")
-    repo = Repo(tmp_path)
-    repo.use_ssh(ops)
-    cfg = config(tmp_path, Path(f"{ops}.pub"))
+    ops, repo, cfg = ssh_setup(tmp_path)
+    stranger = ssh_key(tmp_path / "keys", "stranger")
     state = tmp_path / "state"
     good = repo.commit("10.96.0.10")
     repo.publish(good)
@@ -202,6 +208,21 @@ def test_openpgp_signed_applied_and_unknown_key_refused(tmp_path, netns):
     assert p.returncode == 1 and "refused (unknown-key)" in p.stderr, p.stderr
     assert "10.96.0.11" not in live_ips(netns)
     assert status(state, netns, cfg)["lastAttemptedRevision"] == bad
+    # a key that expired after signing: refused, even when it is in verify.keys
+    exp_home = tmp_path / "gpg-exp"
+    _, exp_fpr = gpg_key(exp_home, "exp")
+    repo.use_gpg(exp_home, exp_fpr)
+    late = repo.commit("10.96.0.12")
+    subprocess.run(["gpg", "--homedir", str(exp_home), "--batch", "--pinentry-mode", "loopback", "--passphrase", "",
+                    "--quick-set-expire", exp_fpr, "seconds=1"], check=True, capture_output=True, timeout=60)
+    time.sleep(2.5)  # past the expiry: a fact to set up, not a timed assertion
+    exp_asc = tmp_path / "exp-expired.asc"
+    exp_asc.write_bytes(subprocess.run(["gpg", "--homedir", str(exp_home), "--armor", "--export", exp_fpr],
+                                       check=True, capture_output=True).stdout)
+    repo.publish(late)
+    p = nftrec("apply", str(repo.current), state=state, ns=netns, config=config(tmp_path, ops_asc, exp_asc))
+    assert p.returncode == 1 and "refused (expired-key)" in p.stderr, p.stderr
+    assert "10.96.0.12" not in live_ips(netns)
 
 
 @needs_ssh
@@ -235,10 +256,7 @@ def test_configuration_errors_are_loud(tmp_path, netns, case):
 def test_watch_skips_an_unsigned_revision_and_applies_the_next_signed_one(tmp_path, netns):
     from watchproc import Watch
 
-    ops = ssh_key(tmp_path / "keys", "ops")
-    repo = Repo(tmp_path)
-    repo.use_ssh(ops)
-    cfg = config(tmp_path, Path(f"{ops}.pub"))
+    _, repo, cfg = ssh_setup(tmp_path)
     state = tmp_path / "state"
     first = repo.commit("10.96.0.10")
     repo.publish(first)
@@ -273,10 +291,7 @@ def test_watch_skips_an_unsigned_revision_and_applies_the_next_signed_one(tmp_pa
 def test_tag_mode_and_rollback_from_history(tmp_path, netns):
     """Tag: the commit needs a signed annotated tag; TagAndHEAD: both signed. `apply
     --rollback` (nftrec's own history) stays allowed and says so."""
-    ops = ssh_key(tmp_path / "keys", "ops")
-    repo = Repo(tmp_path)
-    repo.use_ssh(ops)
-    cfg = config(tmp_path, Path(f"{ops}.pub"))
+    _, repo, cfg = ssh_setup(tmp_path)
     cfg.write_text(cfg.read_text().replace("mode: HEAD", "mode: Tag"))
     state = tmp_path / "state"
     first = repo.commit("10.96.0.10", sign=False)

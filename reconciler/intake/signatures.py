@@ -65,13 +65,29 @@ class Verdict:
         return f"revision {self.revision[:12]} refused ({self.reason}): {self.message}; {who}"
 
 
+class _Started:
+    """A process started now, its result taken later: a check's git processes run side by side."""
+
+    def __init__(self, argv: list[str], env: dict, stdin: bytes | None = None):
+        self.argv, self.stdin = argv, stdin
+        try:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        except FileNotFoundError:
+            raise TrustError(f"{argv[0]} is not installed (or not on PATH); `verify` needs it") from None
+
+    def result(self) -> subprocess.CompletedProcess:
+        try:
+            out, err = self.proc.communicate(self.stdin, timeout=GIT_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.communicate()
+            raise TrustError(f"`{' '.join(self.argv[:3])}` took longer than {GIT_TIMEOUT:.0f} s") from None
+        return subprocess.CompletedProcess(self.argv, self.proc.returncode, out, err)
+
+
 def _run(argv: list[str], env: dict, stdin: bytes | None = None) -> subprocess.CompletedProcess:
-    try:
-        return subprocess.run(argv, input=stdin, capture_output=True, timeout=GIT_TIMEOUT, env=env, check=False)
-    except FileNotFoundError:
-        raise TrustError(f"{argv[0]} is not installed (or not on PATH); `verify` needs it") from None
-    except subprocess.TimeoutExpired:
-        raise TrustError(f"`{' '.join(argv[:3])}` took longer than {GIT_TIMEOUT:.0f} s") from None
+    return _Started(argv, env, stdin).result()
 
 
 def read_keys(paths: tuple[str, ...]) -> tuple[list[str], list[tuple[str, bytes]]]:
@@ -152,8 +168,11 @@ class Verifier:
         self.close()
 
     def _git(self, top: Path, common: Path, *args: str) -> subprocess.CompletedProcess:
+        return self._start(top, common, *args).result()
+
+    def _start(self, top: Path, common: Path, *args: str) -> _Started:
         env = dict(os.environ, LC_ALL="C", GIT_TERMINAL_PROMPT="0", GIT_OPTIONAL_LOCKS="0", GNUPGHOME=str(self.gnupg))
-        return _run(["git", "-c", f"safe.directory={top}", "-c", f"safe.directory={common}",
+        return _Started(["git", "-c", f"safe.directory={top}", "-c", f"safe.directory={common}",
                      "-c", f"gpg.ssh.allowedSignersFile={self.home / 'allowed_signers'}", "-c", "gpg.minTrustLevel=fully",
                      "-C", str(top), *args], env)
 
@@ -164,23 +183,29 @@ class Verifier:
         common = gitdir
         if (gitdir / "commondir").is_file():  # a linked worktree: git-sync's
             common = (gitdir / (gitdir / "commondir").read_text().strip()).resolve()
-        signed = self._signature(top, common, commit)
+        # side by side: the tree and the ancestry are checked while git verifies the signature
+        status = self._start(top, common, "status", "--porcelain=v1", "-z", "--untracked-files=all",
+                             "--ignored=matching", "--no-renames", "--", sub)
+        moved = last_applied and last_applied != commit and _is_commit(last_applied)
+        ancestry = self._start(top, common, "merge-base", "--is-ancestor", last_applied, commit) if moved else None
+        try:
+            signed = self._signature(top, common, commit)
+        finally:
+            tree = status.result()
+            descends = ancestry.result().returncode == 0 if ancestry is not None else True
         if not signed.ok:
             return signed
-        changed = self._changed_files(top, common, sub)
+        changed = _changed_files(tree, top, sub)
         if changed:
             return Verdict(commit, False, *changed, signer=signed.signer, key=signed.key)
-        allowed = allow_rollback or self.spec.allow_rollback
-        if last_applied and last_applied != commit and _is_commit(last_applied):
-            done = self._git(top, common, "merge-base", "--is-ancestor", last_applied, commit)
-            if done.returncode != 0:
-                if not allowed:
-                    return Verdict(commit, False, "rollback",
-                                   f"it does not descend from the last applied revision {last_applied[:12]} (a replayed "
-                                   "older commit or a force-push); `nftrec apply --allow-rollback` applies it once",
-                                   signed.signer, signed.key)
-                return Verdict(commit, True, signer=signed.signer, key=signed.key, rollback_allowed=True)
-        return signed
+        if descends:
+            return signed
+        if not (allow_rollback or self.spec.allow_rollback):
+            return Verdict(commit, False, "rollback",
+                           f"it does not descend from the last applied revision {last_applied[:12]} (a replayed "
+                           "older commit or a force-push); `nftrec apply --allow-rollback` applies it once",
+                           signed.signer, signed.key)
+        return Verdict(commit, True, signer=signed.signer, key=signed.key, rollback_allowed=True)
 
     def _signature(self, top: Path, common: Path, commit: str) -> Verdict:
         mode = self.spec.mode
@@ -221,27 +246,28 @@ class Verifier:
                            key=key)
         return last
 
-    def _changed_files(self, top: Path, common: Path, sub: str) -> tuple[str, str] | None:
-        """(reason, sentence) when a file under `sub` is not the commit's: a tracked file
-        changed, or a manifest file git does not track (ignored ones too)."""
-        done = self._git(top, common, "status", "--porcelain=v1", "-z", "--untracked-files=all",
-                         "--ignored=matching", "--no-renames", "--", sub)
-        if done.returncode != 0:
-            said = done.stderr.decode("utf-8", "replace").strip().splitlines()
-            raise TrustError(f"git status failed in {top}: {said[0] if said else done.returncode}")
-        for item in done.stdout.split(b"\0"):
-            if len(item) < 4:
-                continue
-            code, path = item[:2].decode(), item[3:].decode("utf-8", "surrogateescape")
-            rel = path[len(sub) + 1:] if sub != "." and path.startswith(sub + "/") else path
-            if any(part.startswith(".") for part in rel.split("/")):
-                continue  # never read (.git, git-sync's .tmp-*)
-            if code in ("??", "!!"):
-                if path.endswith(SUFFIXES):
-                    return "untracked-file", f"{show(path)} is a manifest file that git does not track"
-            else:
-                return "modified-file", f"{show(path)} differs from the signed commit"
-        return None
+
+
+def _changed_files(done: subprocess.CompletedProcess, top: Path, sub: str) -> tuple[str, str] | None:
+    """(reason, sentence) when `git status` of `sub` shows a file that is not the
+    commit's: a tracked file changed, or a manifest file git does not track (ignored
+    ones too)."""
+    if done.returncode != 0:
+        said = done.stderr.decode("utf-8", "replace").strip().splitlines()
+        raise TrustError(f"git status failed in {top}: {said[0] if said else done.returncode}")
+    for item in done.stdout.split(b"\0"):
+        if len(item) < 4:
+            continue
+        code, path = item[:2].decode(), item[3:].decode("utf-8", "surrogateescape")
+        rel = path[len(sub) + 1:] if sub != "." and path.startswith(sub + "/") else path
+        if any(part.startswith(".") for part in rel.split("/")):
+            continue  # never read (.git, git-sync's .tmp-*)
+        if code in ("??", "!!"):
+            if path.endswith(SUFFIXES):
+                return "untracked-file", f"{show(path)} is a manifest file that git does not track"
+        else:
+            return "modified-file", f"{show(path)} differs from the signed commit"
+    return None
 
 
 def checkout_of(directory: Path) -> tuple[Path, Path, str, str]:
