@@ -37,7 +37,7 @@ spec:
 def git(cwd: Path, *args: str, env: dict | None = None) -> str:
     e = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
          "GIT_COMMITTER_EMAIL": "t@t", "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1", **(env or {})}
-    return subprocess.run(["git", "-C", str(cwd), *args], check=True, capture_output=True, text=True,
+    return subprocess.run(["git", "-c", "safe.directory=*", "-C", str(cwd), *args], check=True, capture_output=True, text=True,
                           env=e, timeout=60).stdout.strip()
 
 
@@ -129,6 +129,7 @@ def test_ssh_signed_applied_and_every_untrusted_revision_refused(tmp_path, netns
     state = tmp_path / "state"
     good = repo.commit("10.96.0.10")
     repo.publish(good)
+    subprocess.run(["chown", "-R", "65534:65534", str(repo.src), str(repo.gs)], check=True)  # git-sync's own user
     p = ok(nftrec("plan", str(repo.current), state=state, ns=netns, config=cfg), 0)
     assert f"revision {good[:12]} verified: signed by ops@example" in p.stdout.splitlines()[0]
     ok(nftrec("apply", str(repo.current), state=state, ns=netns, config=cfg))
@@ -160,7 +161,7 @@ def test_ssh_signed_applied_and_every_untrusted_revision_refused(tmp_path, netns
     body = git(repo.src, "cat-file", "commit", signed)
     other_tree = git(repo.src, "rev-parse", f"{good}^{{tree}}")
     forged = body.replace(body.split("\n")[0], f"tree {other_tree}", 1)
-    sha = subprocess.run(["git", "-C", str(repo.src), "hash-object", "-t", "commit", "-w", "--stdin"],
+    sha = subprocess.run(["git", "-c", "safe.directory=*", "-C", str(repo.src), "hash-object", "-t", "commit", "-w", "--stdin"],
                          input=forged + "\n", capture_output=True, text=True, check=True).stdout.strip()
     wt = repo.publish(sha)
     (wt / "web.yaml").write_text(SERVICE.format(ip="10.96.0.10"))
