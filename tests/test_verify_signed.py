@@ -301,7 +301,7 @@ def test_tag_mode_and_rollback_from_history(tmp_path, netns):
     assert p.returncode == 1 and "refused (no-tag)" in p.stderr, p.stderr
     git(repo.src, "tag", "-a", "-m", "v1", "v1", first)  # annotated, unsigned
     p = nftrec("apply", str(repo.current), state=state, ns=netns, config=cfg)
-    assert p.returncode == 1 and "refused (" in p.stderr and "tag 'v1'" in p.stderr, p.stderr
+    assert p.returncode == 1 and "refused (unsigned)" in p.stderr and "tag 'v1'" in p.stderr, p.stderr
     stranger = ssh_key(tmp_path / "keys", "stranger")
     git(repo.src, "-c", f"user.signingkey={stranger}", "tag", "-s", "-m", "v1x", "v1x", first)
     p = nftrec("apply", str(repo.current), state=state, ns=netns, config=cfg)

@@ -23,7 +23,7 @@ import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
-from reconciler.intake.git import GIT_TIMEOUT, _checkout
+from reconciler.intake.git import GIT_TIMEOUT, find_checkout
 from reconciler.intake.load import SUFFIXES
 from reconciler.intake.model import Verify
 from reconciler.intake.problems import show
@@ -241,9 +241,9 @@ class Verifier:
             if v.returncode == 0 and who is not None and "TRUST_UNDEFINED" not in said and "TRUST_NEVER" not in said:
                 return Verdict(commit, True, signer=_clean(next((g for g in who.groups() if g), "")) if who else "",
                                key=key or "?")
-            last = Verdict(commit, False, "unknown-key" if "NO_PUBKEY" in said or "No principal" in said
-                           else "bad-signature", f"tag {show(tag)} does not carry a signature of verify.keys",
-                           key=key)
+            reason = ("unsigned" if "no signature found" in said else
+                      "unknown-key" if "NO_PUBKEY" in said or "No principal" in said else "bad-signature")
+            last = Verdict(commit, False, reason, f"tag {show(tag)} does not carry a signature of verify.keys", key=key)
         return last
 
 
@@ -274,7 +274,7 @@ def checkout_of(directory: Path) -> tuple[Path, Path, str, str]:
     """intake.git's view of the checkout at `directory` (resolved: git-sync's `current`
     link names one revision, read once); TrustError when it is not a git checkout."""
     root = Path(directory).resolve()
-    co = _checkout(root) if root.is_dir() else None
+    co = find_checkout(root) if root.is_dir() else None
     if co is None:
         raise TrustError(f"verify is set, but {directory} is not a git checkout (no .git with a commit "
                          "checked out); point nftrec at a git-sync worktree or a clone, or remove verify")
