@@ -132,6 +132,8 @@ def test_ssh_signed_applied_and_every_untrusted_revision_refused(tmp_path, netns
     subprocess.run(["chown", "-R", "65534:65534", str(repo.src), str(repo.gs)], check=True)  # git-sync's own user
     p = ok(nftrec("plan", str(repo.current), state=state, ns=netns, config=cfg), 0)
     assert f"revision {good[:12]} verified: signed by ops@example" in p.stdout.splitlines()[0]
+    doc = json.loads(ok(nftrec("plan", str(repo.current), "-o", "json", state=state, ns=netns, config=cfg)).stdout)
+    assert doc["verification"]["revision"] == good and doc["verification"]["signer"] == "ops@example"
     ok(nftrec("apply", str(repo.current), state=state, ns=netns, config=cfg))
     assert "10.96.0.10" in live_ips(netns)
     assert status(state, netns, cfg)["lastAppliedRevision"] == good

@@ -293,6 +293,9 @@ def load_desired(directory: Path, config_path: Path | None, *, strict: bool = Fa
     if signed is not None and not any(p.is_error for p in config_problems):
         verdict = check_signed(config, directory, *signed)
     result = read_inventory(directory, strict=strict, cache_dir=cache_dir)
+    if verdict is not None and result.inventory.revision != verdict.revision:  # git-sync swapped in between
+        raise Unverified(result.inventory.revision, f"revision {result.inventory.revision[:12]} was published while "
+                         f"revision {verdict.revision[:12]} was verified; it was not applied: run again")
     problems = list(config_problems) + list(result.problems)
     for p in problems:
         logs.problem(p)
