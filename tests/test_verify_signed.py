@@ -250,6 +250,9 @@ def test_configuration_errors_are_loud(tmp_path, netns, case):
                 "missing-key": "cannot read", "unknown-mode": "verify.mode"}[case]
         assert said in p.stderr, p.stderr
     assert "10.96.0.10" not in live_ips(netns)
+    if case == "plain-directory":  # watch does not start
+        p = nftrec("watch", str(d), "--metrics-address", "", state=state, ns=netns, config=cfg)
+        assert p.returncode == 1 and "is not a git checkout" in p.stderr, p.stderr
     # validate stays a schema check: no keys read, no git
     p = nftrec("validate", str(d), config=cfg)
     assert p.returncode == (1 if case == "unknown-mode" else 0), p.stdout + p.stderr

@@ -21,9 +21,8 @@ class SignatureGate:
 
     def configure(self, spec: Verify | None, directory: Path) -> bool:
         """Take the config's `verify` (None: no checks). False, logged, when it cannot be
-        used: a key file, a directory that is not a git checkout (the old one stays)."""
-        if spec == self.spec:
-            return True
+        used: a key file, a directory that is not a git checkout (the old one stays). The
+        key files are read again each time (SIGHUP): a rotated key counts from then on."""
         try:
             new = Verifier(spec) if spec is not None else None
             if new is not None:
