@@ -17,12 +17,14 @@ from pathlib import Path
 import pytest
 
 from nsutil import in_ns
+from reconciler.intake import git_version
 from test_cli_kernel import nftrec, ok
 
 pytestmark = pytest.mark.kernel
 
 needs_ssh = pytest.mark.skipif(shutil.which("ssh-keygen") is None,
                                reason="ssh-keygen (openssh-client) is not installed: it makes the test keys")
+needs_ssh_git = pytest.mark.skipif(git_version() < (2, 34), reason="git before 2.34 cannot sign or verify with SSH keys")
 needs_gpg = pytest.mark.skipif(shutil.which("gpg") is None, reason="gpg is not installed: it makes the test keys")
 
 SERVICE = """apiVersion: v1
@@ -123,6 +125,7 @@ def status(state: Path, ns: str, cfg: Path) -> dict:
 
 
 @needs_ssh
+@needs_ssh_git
 def test_ssh_signed_applied_and_every_untrusted_revision_refused(tmp_path, netns):
     ops, repo, cfg = ssh_setup(tmp_path)
     stranger = ssh_key(tmp_path / "keys", "stranger")
@@ -229,6 +232,7 @@ def test_openpgp_signed_applied_and_unknown_key_refused(tmp_path, netns):
 
 
 @needs_ssh
+@needs_ssh_git
 @pytest.mark.parametrize("case", ["plain-directory", "empty-key", "missing-key", "unknown-mode"])
 def test_configuration_errors_are_loud(tmp_path, netns, case):
     key = Path(f"{ssh_key(tmp_path / 'keys', 'ops')}.pub")
@@ -259,6 +263,7 @@ def test_configuration_errors_are_loud(tmp_path, netns, case):
 
 
 @needs_ssh
+@needs_ssh_git
 def test_watch_skips_an_unsigned_revision_and_applies_the_next_signed_one(tmp_path, netns):
     from watchproc import Watch
 
@@ -294,6 +299,7 @@ def test_watch_skips_an_unsigned_revision_and_applies_the_next_signed_one(tmp_pa
 
 
 @needs_ssh
+@needs_ssh_git
 def test_tag_mode_and_rollback_from_history(tmp_path, netns):
     """Tag: the commit needs a signed annotated tag; TagAndHEAD: both signed. `apply
     --rollback` (nftrec's own history) stays allowed and says so."""

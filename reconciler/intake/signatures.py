@@ -125,6 +125,10 @@ class Verifier:
     def __init__(self, spec: Verify):
         self.spec = spec
         signers, pgp = read_keys(spec.keys)
+        if signers and git_version() < (2, 34):
+            raise TrustError("verify.keys holds SSH keys, and git verifies SSH signatures from version 2.34 "
+                             f"on; this git is {'.'.join(map(str, git_version()))}: install a newer git or use "
+                             "OpenPGP keys")
         self.home = Path(tempfile.mkdtemp(prefix="nftrec-trust-"))
         self._remove = weakref.finalize(self, shutil.rmtree, str(self.home), True)  # at exit too
         try:
@@ -268,6 +272,16 @@ def _changed_files(done: subprocess.CompletedProcess, top: Path, sub: str) -> tu
         else:
             return "modified-file", f"{show(path)} differs from the signed commit"
     return None
+
+
+def git_version() -> tuple[int, ...]:
+    """git's version, as (major, minor); (0, 0) when it cannot tell."""
+    try:
+        out = subprocess.run(["git", "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return (0, 0)
+    m = re.search(r"(\d+)\.(\d+)", out)
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
 
 
 def checkout_of(directory: Path) -> tuple[Path, Path, str, str]:
