@@ -294,6 +294,10 @@ def test_watch_skips_an_unsigned_revision_and_applies_the_next_signed_one(tmp_pa
         assert len(w.events("unverified", mark)) == 0
         assert len(w.events("unverified")) == 1  # one line per refusal, no retry of the same revision
         w.status(lambda st: st["lastAppliedRevision"] == signed)
+        mark = len(w.lines)
+        repo.publish(first)  # a validly signed older revision: a replay
+        assert w.wait_event("unverified", mark)["reason"] == "rollback"
+        assert "10.96.0.12" in live_ips(netns) and "10.96.0.10" not in live_ips(netns)
     finally:
         assert w.stop() == 0
 
