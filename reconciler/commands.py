@@ -203,19 +203,26 @@ def _target(config: Optional[Path], netns: Optional[str], recover: bool = True):
 
 
 def _desired(directory: Path, config: Optional[Path], netns: Optional[str], strict: bool,
-             target=None, interfaces: bool = True, compile: bool = True):
+             target=None, interfaces: bool = True, compile: bool = True, signed_by=None, allow_rollback: bool = False):
     """The validated, compiled input; invalid input exits 1 (and, for apply, is recorded
     as a failed attempt: status then shows lastAttemptedRevision != lastAppliedRevision).
-    compile=False: plan and apply compile it themselves, only what changed."""
+    compile=False: plan and apply compile it themselves, only what changed.
+    `signed_by` (plan, apply: their Target): check the revision's signature when `verify` is set."""
     from reconciler import logs
     from reconciler.engine import InvalidInput, config_cache_dir, load_desired
 
     try:
+        signed = None
+        if signed_by is not None:
+            from reconciler.engine import read_status
+
+            signed = (read_status(signed_by.store()).last_applied_revision, allow_rollback)
         return load_desired(directory, config, strict=strict, netns=netns, interfaces=interfaces,
-                            cache_dir=_cache_dir(), compile=compile, config_cache=config_cache_dir(_state_root()))
+                            cache_dir=_cache_dir(), compile=compile, config_cache=config_cache_dir(_state_root()),
+                            signed=signed)
     except InvalidInput as e:
         logs.log.error(str(e))
-        if target is not None:
+        if target is not None and e.record:
             _guard(_record_invalid, target, e)
         raise typer.Exit(EXIT_ERROR)
 
@@ -276,7 +283,7 @@ def plan(
             raise typer.Exit(rc)
     from reconciler.engine import run_plan  # imported late: the fast path never needs it
 
-    desired = _probed(_desired(directory, config, netns, strict, compile=probe), netns, probe)
+    desired = _probed(_desired(directory, config, netns, strict, compile=probe, signed_by=target), netns, probe)
     raise typer.Exit(_guard(run_plan, desired, target, verbose=verbose, output=output,
                             detailed=detailed_exitcode, out=out, refresh=refresh))
 
@@ -290,6 +297,8 @@ def apply(
     plan_file: Optional[Path] = typer.Option(None, "--plan", help="Apply a plan saved by `plan --out`; "
                                              "refused when stale or already applied."),
     rollback: bool = typer.Option(False, "--rollback", help="Re-apply the previous applied ruleset."),
+    allow_rollback: bool = typer.Option(False, "--allow-rollback", help="With `verify`: apply a signed revision "
+                                        "that does not descend from the last applied one, this once."),
     verify: str = typer.Option("touched", "--verify", help="After the transaction, read back what it wrote and "
                                "check that nobody else committed (touched), or list and compare the whole "
                                "table (full)."),
@@ -325,12 +334,26 @@ def apply(
             rc = _guard(run_apply_noop, target, directory or Path("."), config, strict=strict)
             if rc is not None:
                 raise typer.Exit(rc)
-        desired = _probed(_desired(directory or Path("."), config, netns, strict, target=target, compile=probe),
-                          netns, probe)
+        desired = _probed(_desired(directory or Path("."), config, netns, strict, target=target, compile=probe,
+                                   signed_by=target, allow_rollback=allow_rollback), netns, probe)
     elif probe:
         raise typer.BadParameter("--probe needs a manifest directory (not --plan or --rollback)")
+    if rollback:
+        _say_rollback_unverified(config)
     raise typer.Exit(_guard(run_apply, target, desired=desired, plan_path=plan_file, rollback=rollback,
                             verify=verify, confirm=spec))
+
+
+def _say_rollback_unverified(config: Optional[Path]) -> None:
+    """`apply --rollback` re-applies nftrec's own history: no signature is checked again."""
+    from reconciler import logs
+    from reconciler.engine import config_cache_dir
+    from reconciler.intake import load_node_config
+
+    cfg, _ = load_node_config(str(config) if config else None, discover=False, cache_dir=config_cache_dir(_state_root()))
+    if cfg.verify is not None:
+        logs.log.info("verify: --rollback re-applies a ruleset from nftrec's own history (applied and verified "
+                      "before); no revision is checked, and the rollback is allowed")
 
 
 def _confirm_spec(timeout: Optional[str], cmds: List[str], urls: List[str], tcps: List[str]):

@@ -50,6 +50,21 @@ class _Revisions:
             yield fam
 
 
+class _Signer:
+    """`nftrec_verified_signer_info{signer="…",key="…"} 1`: who signed the last revision
+    that `verify` passed (one series, replaced whole, as _Revisions)."""
+
+    def __init__(self) -> None:
+        self.last: tuple[str, str] | None = None
+
+    def collect(self):
+        fam = GaugeMetricFamily("nftrec_verified_signer_info", "Signer and key of the last verified revision.",
+                                labels=["signer", "key"])
+        if self.last is not None:
+            fam.add_metric(list(self.last), 1)
+        yield fam
+
+
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -80,6 +95,11 @@ class Metrics:
             "(or nftrec watch stopped first).", registry=r)
         self._revisions = _Revisions()
         r.register(self._revisions)
+        self._unverified = Counter(
+            "nftrec_revision_verification_failures", "Revisions refused by verify (unsigned, unknown-key, "
+            "bad-signature, modified-file, untracked-file, rollback, ...).", ["reason"], registry=r)
+        self._signer = _Signer()
+        r.register(self._signer)
 
     def observe_sync(self, kind: str, seconds: float, ok: bool) -> None:
         """One sync attempt of `kind` ("full"|"partial") that took `seconds`."""
@@ -99,6 +119,12 @@ class Metrics:
 
     def set_revisions(self, applied: str | None, attempted: str | None) -> None:
         self._revisions.pair = (applied, attempted)
+
+    def verification_failed(self, reason: str) -> None:
+        self._unverified.labels(reason).inc()
+
+    def verified(self, signer: str, key: str) -> None:
+        self._signer.last = (signer, key)
 
     def drift_repaired(self, objects: int) -> None:
         """A full sync repaired `objects` drifted objects; 0 is no repair (not counted),

@@ -29,6 +29,7 @@ from reconciler.engine import (
     forget_affinity_clients, make_plan, read_history, read_status, short_revision, slim_created, verify_commit,
 )
 from reconciler.daemon import health
+from reconciler.daemon.signed import SignatureGate
 from reconciler.intake import (
     Intake, Inventory, NodeConfig, Snapshot, discover_host_addresses, discover_node_ips, load_node_config,
 )
@@ -97,6 +98,7 @@ class Daemon:
         self.token: int | None = None  # kernel token right after our last commit
         self.last_digest: tuple | None = None  # (input digest, revision) last read (valid or not)
         self.invalid: tuple[str, str] | None = None  # (revision, message) of an invalid latest revision
+        self.gate = SignatureGate(metrics)  # `verify`: only signed revisions are compiled
         self.need_full = True
         self.reload_config = False
         self.last_full: float | None = None
@@ -157,6 +159,8 @@ class Daemon:
         if cfg.full_sync_period < cfg.min_sync_period:
             logs.log.error(f"{cfg.source.file}: fullSyncPeriod ({cfg.full_sync_period}s) is shorter than "
                            f"minSyncPeriod ({cfg.min_sync_period}s); make it at least as long")
+            return False
+        if not self.gate.configure(cfg.verify, self.directory):
             return False
         self.config = cfg
         return True
@@ -321,6 +325,13 @@ class Daemon:
         for p in snap.problems:
             logs.problem(p)
         compiled, message = None, None
+        refused = self.gate.refusal(Path(snap.root), lambda: self.applied.inventory.revision if self.applied else
+                                    read_status(self.store).last_applied_revision) if snap.ok and snap.root else None
+        if refused is not None:  # logged by the gate; kept like an invalid revision
+            self.invalid = (snap.revision, refused)
+            self._write(lambda: self._record(self.store.record_attempt, snap.revision, refused))
+            self._set_revisions()
+            return
         if snap.ok:
             try:
                 # the first compile keeps the last applied ruleset's endpoint index ranges

@@ -155,6 +155,10 @@ def run_plan(desired, target: Target, *, verbose: bool, output: str, detailed: b
             plan = make_plan(desired.ruleset, live, services, _derived_hints(desired))
         context = {"netns": target.netns, "table": target.table, "revision": desired.revision,
                    "fastPath": False}
+        verdict = desired.verdict  # `verify` set: the signature check, in the header
+        if verdict is not None:
+            context["verification"] = {"revision": verdict.revision, "signer": verdict.signer, "key": verdict.key,
+                                       "rollbackAllowed": verdict.rollback_allowed}
         if out is not None:
             saved = planfile.SavedPlan.create(
                 netns=target.netns or HOST, table=target.table, revision=desired.revision,
@@ -170,6 +174,8 @@ def run_plan(desired, target: Target, *, verbose: bool, output: str, detailed: b
             json.dump(to_json(plan, **context), out_stream, indent=2)
             out_stream.write("\n")
         else:
+            if verdict is not None:
+                out_stream.write(verdict.describe() + "\n")
             out_stream.write(format_text(plan, verbose=verbose, color=_color(out_stream)))
             if out is not None:
                 out_stream.write(f"Saved the plan to {out}; apply it with `nftrec apply --plan {out}`.\n")

@@ -19,6 +19,7 @@ class Desired:
     ruleset: Ruleset | None  # None: read with compile=False, compiled by plan/apply (apply.plan_desired)
     input_digest: str | None = None  # content digest of the manifest tree read
     config_digest: str | None = None  # intake.config_digest of `config` (after discovery)
+    verdict: object = None  # intake.Verdict of the revision's signature when `verify` is set
 
     @property
     def revision(self) -> str:
@@ -239,26 +240,62 @@ def _decode(key: str, value):
 class InvalidInput(Exception):
     """The manifests or the node config have errors (each already logged)."""
 
+    record = True  # recorded as the revision's failed attempt (status shows it)
+
     def __init__(self, revision: str, errors: int, directory: Path):
         self.revision, self.errors = revision, errors
         super().__init__(f"{errors} error(s) in the input of revision {revision or '-'}; nothing was "
                          f"changed. Run `nftrec validate {directory}` for the full report.")
 
 
+class Unverified(InvalidInput):
+    """`verify` refused the revision (record: True), or cannot be used as configured."""
+
+    def __init__(self, revision: str, message: str, *, record: bool = True):
+        Exception.__init__(self, message)
+        self.revision, self.errors, self.record = revision, 1, record
+
+
+def check_signed(config: NodeConfig, directory: Path, last_applied: str | None, allow_rollback: bool):
+    """The intake.Verdict on the revision at `directory` when `verify` is set (else None);
+    Unverified when it is refused or `verify` cannot be used (nothing read or applied)."""
+    if config.verify is None:
+        return None
+    from reconciler.intake import TrustError, Verifier
+
+    try:
+        with Verifier(config.verify) as verifier:
+            verdict = verifier.check(directory, last_applied, allow_rollback=allow_rollback)
+    except TrustError as e:
+        raise Unverified("", f"configuration error: {e}; nothing was changed", record=False) from None
+    if not verdict.ok:
+        raise Unverified(verdict.revision, f"{verdict.describe()}; nothing was changed")
+    if verdict.rollback_allowed:  # said once, in the log the operator keeps
+        logs.log.warning(verdict.describe())
+    return verdict
+
+
 def load_desired(directory: Path, config_path: Path | None, *, strict: bool = False,
                  netns: str | None = None, interfaces: bool = True, cache_dir: Path | None = None,
-                 compile: bool = True, config_cache: Path | None = None) -> Desired:
+                 compile: bool = True, config_cache: Path | None = None, signed: tuple | None = None) -> Desired:
     """Read, validate and compile, logging every problem. Raises InvalidInput when the
     input has errors: invalid input is never applied. interfaces=False (render): the
     node's interface addresses are not listed; nodeIPs stand in for them. `cache_dir`:
     the intake cache; `config_cache`: the node config's (load_config). compile=False (plan,
     apply): the ruleset is left None, for apply.plan_desired to compile against the last
-    applied one (only what changed)."""
+    applied one (only what changed). `signed` (plan, apply): (last applied revision,
+    allow rollback) for check_signed, run before the manifests are read."""
     from reconciler.compile import compile_ruleset
     from reconciler.intake import config_digest, read_inventory
 
     config, config_problems = load_config(config_path, netns, interfaces=interfaces, cache_dir=config_cache)
+    verdict = None
+    if signed is not None and not any(p.is_error for p in config_problems):
+        verdict = check_signed(config, directory, *signed)
     result = read_inventory(directory, strict=strict, cache_dir=cache_dir)
+    if verdict is not None and result.inventory.revision != verdict.revision:  # git-sync swapped in between
+        raise Unverified(result.inventory.revision, f"revision {result.inventory.revision[:12]} was published while "
+                         f"revision {verdict.revision[:12]} was verified; it was not applied: run again")
     problems = list(config_problems) + list(result.problems)
     for p in problems:
         logs.problem(p)
@@ -267,7 +304,7 @@ def load_desired(directory: Path, config_path: Path | None, *, strict: bool = Fa
         raise InvalidInput(result.inventory.revision, errors, directory)
     if not compile:
         _warn_loopback(config)
-        return Desired(result.inventory, config, None, result.digest, config_digest(config, strict=strict))
+        return Desired(result.inventory, config, None, result.digest, config_digest(config, strict=strict), verdict)
     try:
         with progress.step(f"compiling {len(result.inventory.services)} Services"):
             ruleset = compile_ruleset(result.inventory, config)
@@ -275,7 +312,7 @@ def load_desired(directory: Path, config_path: Path | None, *, strict: bool = Fa
         logs.log.error(f"{directory}: refusing input that would reach nft unsafely: {e}")
         raise InvalidInput(result.inventory.revision, 1, directory) from None
     _warn_loopback(config)
-    return Desired(result.inventory, config, ruleset, result.digest, config_digest(config, strict=strict))
+    return Desired(result.inventory, config, ruleset, result.digest, config_digest(config, strict=strict), verdict)
 
 
 def _warn_loopback(config: NodeConfig) -> None:

@@ -57,6 +57,8 @@ def _why_not(target: Target, directory: Path, config_path: Path | None, *, stric
                                     cache_dir=config_cache_dir(target.state_root), nft=nft)
         if problems:
             return None, "the node config has problems"
+        if cfg.verify is not None:
+            return None, "verify is set: every run checks the revision's signature"
         if config_digest(cfg, strict=strict) != st.config_digest:
             return None, "the effective node config (or --strict, or nftrec) changed since the last apply"
     finally:

@@ -17,11 +17,12 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "inventory": ("InventoryResult", "read_inventory", "read_revision"),
     "load": ("SUFFIXES",),
     "model": ("Endpoint", "EndpointPort", "EndpointSlice", "HealthCheck", "Inventory", "LoadBalancerIngress", "NftSpelling", "NodeConfig",
-              "Probe", "Service", "ServiceCIDR", "ServicePort", "Source"),
+              "Probe", "Service", "ServiceCIDR", "ServicePort", "Source", "Verify"),
     "probes": ("PROBE_ANNOTATION",),
     "problems": ("ERROR", "NOTICE", "WARNING", "Problem"),
     "report": ("run_validate",),
     "schema_files": ("leading_zero_octet",),
+    "signatures": ("TrustError", "Verdict", "Verifier", "checkout_of", "git_version"),
     "sources": ("STDIN", "display_root", "is_stdin"),
     "store": ("code_digest",),
 })

@@ -157,6 +157,7 @@ def load_node_config(
         full_sync_period=periods["fullSyncPeriod"],
         health_checks=tuple(model.HealthCheck(kind, target) for kind, target in settings["healthChecks"]),
         health_check_timeout=periods["healthCheckTimeout"],
+        verify=model.Verify(v["mode"], tuple(v["keys"]), v["allowRollback"]) if (v := settings["verify"]) else None,
         source=model.Source(shown, 1, 1) if settings["fromFile"] else model.Source("<defaults>"),
     )
     return cfg, problems
@@ -176,7 +177,7 @@ _CACHE_KEEP = 8  # entries kept (one per config file content; a node has one or 
 _SETTINGS_TYPES = {
     "nodeName": str, "hasNodeIPs": bool, "nodeIPs": list, "clusterCIDRs": list, "serviceCIDRs": list,
     "nodePortAddresses": list, "masqueradeAll": bool, "masqueradeBit": int, "tableName": str, "layout": str,
-    "zone": str, "deriveTopologyHints": bool, "periods": dict, "healthChecks": list, "fromFile": bool,
+    "zone": str, "deriveTopologyHints": bool, "periods": dict, "healthChecks": list, "fromFile": bool, "verify": (dict, type(None)),
 }
 _PERIODS = (("minSyncPeriod", 1.0), ("syncPeriod", 30.0), ("fullSyncPeriod", 3600.0), ("healthCheckTimeout", 30.0))
 
@@ -217,14 +218,16 @@ def read_settings(path: str | None, cache_dir: Path | None = None) -> tuple[dict
 def _valid_settings(s: object) -> bool:
     if not isinstance(s, dict) or set(s) != set(_SETTINGS_TYPES):
         return False
-    if any(type(s[k]) is not t for k, t in _SETTINGS_TYPES.items()):
+    if any(type(s[k]) not in (t if isinstance(t, tuple) else (t,)) for k, t in _SETTINGS_TYPES.items()):
         return False
     strings = s["nodeIPs"] + s["clusterCIDRs"] + s["serviceCIDRs"] + s["nodePortAddresses"]
     return (all(isinstance(x, str) for x in strings)
             and all(isinstance(hc, list) and len(hc) == 2 and all(isinstance(x, str) for x in hc)
                     for hc in s["healthChecks"])
             and set(s["periods"]) == {k for k, _ in _PERIODS}
-            and all(type(v) is float for v in s["periods"].values()))
+            and all(type(v) is float for v in s["periods"].values())
+            and (s["verify"] is None or (set(s["verify"]) == {"mode", "keys", "allowRollback"}
+                                         and all(isinstance(k, str) for k in s["verify"]["keys"]))))
 
 
 def _check(path: str | None, raw: bytes) -> tuple[dict | None, list[Problem]]:
@@ -290,6 +293,11 @@ def _check(path: str | None, raw: bytes) -> tuple[dict | None, list[Problem]]:
         "periods": {k: float(v) for k, v in periods.items()},
         "healthChecks": health_checks,
         "fromFile": bool(data),
+        "verify": None if "verify" not in data else {
+            "mode": str(data["verify"].get("mode", "HEAD")),
+            "keys": [str(k) for k in data["verify"]["keys"]],
+            "allowRollback": bool(data["verify"].get("allowRollback", False)),
+        },
     }
     return settings, problems
 

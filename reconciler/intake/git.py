@@ -266,7 +266,7 @@ def load_revision(directory: Path, rev: str, commit: str | None = None) -> LoadR
     return loaded
 
 
-def _checkout(root: Path) -> tuple[Path, Path, str, str] | None:
+def find_checkout(root: Path) -> tuple[Path, Path, str, str] | None:
     """(worktree top, its git directory, commit checked out, root's path below the top) of
     a directory inside a git checkout, from the files under .git (no subprocess), or None."""
     for top in (root, *root.parents):
@@ -293,7 +293,7 @@ def checkout_blobs(root: Path) -> dict[str, tuple[str, str | None]] | None:
     From the checkout's index (_index_blobs: an id only where the file's stat is the one
     recorded, else None), otherwise `git ls-tree` of the commit checked out: git-sync never
     edits a worktree it published, so it holds its commit's files."""
-    co = _checkout(root)
+    co = find_checkout(root)
     if co is None:
         return None
     top, gitdir, commit, sub = co

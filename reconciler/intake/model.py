@@ -167,6 +167,15 @@ class NftSpelling:
 
 
 @dataclass(frozen=True)
+class Verify:
+    """The node config's `verify`: apply only revisions signed by one of `keys` (files)."""
+
+    mode: str = "HEAD"  # HEAD | Tag | TagAndHEAD
+    keys: tuple[str, ...] = ()
+    allow_rollback: bool = False
+
+
+@dataclass(frozen=True)
 class NodeConfig:
     node_name: str
     node_ips: tuple[str, ...] = ()  # canonical; at most one primary per family is used
@@ -192,6 +201,7 @@ class NodeConfig:
     # watch: checks after each new revision's apply; failing = rolled back
     health_checks: tuple[HealthCheck, ...] = ()
     health_check_timeout: float = 30.0  # seconds
+    verify: Verify | None = None  # signed revisions only; None: no signature checks
     # what the target's nft accepts (discovered, like host_addresses; never from the file)
     spelling: NftSpelling = NftSpelling()
     source: Source = field(default=Source("<defaults>"), compare=False)

@@ -1,0 +1,60 @@
+"""watch's gate for signed revisions: each new revision read is checked against the node
+config's `verify` (intake.Verifier, its keys read once per config) before it is compiled;
+a refused one is handled as an invalid revision (reconcile.Daemon._take), counted in the
+metrics by reason, and logged in one line naming the revision, the signer and the reason.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from reconciler import logs
+from reconciler.intake import TrustError, Verifier, Verify, checkout_of
+
+
+class SignatureGate:
+    def __init__(self, metrics=None):
+        self.metrics = metrics
+        self.spec: Verify | None = None
+        self.verifier: Verifier | None = None
+
+    def configure(self, spec: Verify | None, directory: Path) -> bool:
+        """Take the config's `verify` (None: no checks). False, logged, when it cannot be
+        used: a key file, a directory that is not a git checkout (the old one stays). The
+        key files are read again each time (SIGHUP): a rotated key counts from then on."""
+        try:
+            new = Verifier(spec) if spec is not None else None
+            if new is not None:
+                checkout_of(directory)
+        except TrustError as e:
+            logs.log.error(f"configuration error: {e}")
+            return False
+        if self.verifier is not None:
+            self.verifier.close()
+        self.spec, self.verifier = spec, new
+        return True
+
+    def refusal(self, root: Path, last_applied: Callable[[], str | None]) -> str | None:
+        """None when `verify` is off or passes the revision at `root` (`last_applied()`:
+        the revision it must descend from); else the reason, already logged and counted."""
+        if self.verifier is None:
+            return None
+        try:
+            verdict = self.verifier.check(root, last_applied())
+        except TrustError as e:
+            message, reason, fields = f"configuration error: {e}", "configuration", {}
+        else:
+            if verdict.ok:
+                if self.metrics is not None:
+                    self.metrics.verified(verdict.signer, verdict.key)
+                if verdict.rollback_allowed:
+                    logs.log.warning(verdict.describe())
+                return None
+            message, reason = verdict.describe(), verdict.reason
+            fields = {"revision": verdict.revision, "signer": verdict.signer, "key": verdict.key}
+        if self.metrics is not None:
+            self.metrics.verification_failed(reason)
+        logs.log.error(f"{message}; it was not applied and the last good ruleset stays in the kernel",
+                       extra={"fields": {"event": "unverified", "reason": reason, **fields}})
+        return message

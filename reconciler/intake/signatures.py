@@ -1,0 +1,304 @@
+"""Signed revisions: a git checkout's commit is applied only when a key of the node
+config's `verify.keys` signed it, its files are exactly the commit's, and (unless rollback
+is allowed) it descends from the last applied commit.
+
+`Verifier(spec)` reads the keys once (a TrustError when they cannot be used) into a private
+directory: an SSH allowed-signers file, and a GNUPGHOME holding only the given OpenPGP keys
+with their trust pinned, so that only they count. `check(directory, ...)` gives a Verdict.
+"""
+
+# git decides, nftrec reads its verdict: `git log -1 --format=%G?...` with the allowed
+# signers and the private GNUPGHOME, `%G?` "G" (good, from a trusted key) being the only
+# pass; "U" (good, untrusted), "X"/"Y" (expired), "R" (revoked), "B" (bad), "E" (cannot
+# check) and "N" (none) refuse. `git status` proves the working tree is the commit's.
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+
+from reconciler.intake.git import GIT_TIMEOUT, find_checkout
+from reconciler.intake.load import SUFFIXES
+from reconciler.intake.model import Verify
+from reconciler.intake.problems import show
+
+_PGP = "-----BEGIN PGP PUBLIC KEY BLOCK-----"
+_SSH_LINE = re.compile(r"(?:[a-z0-9-]+=\S+\s+)?((?:ssh-|ecdsa-|sk-)[A-Za-z0-9@.-]+)\s+([A-Za-z0-9+/=]+)(?:\s+(.*))?")
+_STATUS = {  # git's %G? -> (reason, sentence)
+    "N": ("unsigned", "the commit is not signed"),
+    "B": ("bad-signature", "the signature does not verify (the commit was changed after signing)"),
+    "U": ("untrusted-key", "the signature is good but its key is not one of verify.keys"),
+    "X": ("expired-signature", "the signature has expired"),
+    "Y": ("expired-key", "the signing key has expired"),
+    "R": ("revoked-key", "the signing key is revoked"),
+    "E": ("unknown-key", "the signing key is not one of verify.keys"),
+}
+
+
+class TrustError(Exception):
+    """`verify` cannot be used as configured: a key file, a directory that is not a git
+    checkout, a missing tool. A configuration error: nothing is applied."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    revision: str
+    ok: bool
+    reason: str = ""  # a metric label: unsigned, unknown-key, modified-file, rollback, ...
+    message: str = ""  # the sentence for logs and status (lastError)
+    signer: str = ""  # principal or user id of a good signature, else ""
+    key: str = ""  # its key's fingerprint
+    rollback_allowed: bool = False  # not a descendant of the last applied, let through
+
+    def describe(self) -> str:
+        """One line: which revision, who signed it, the outcome."""
+        who = f"signed by {self.signer or '?'} (key {self.key})" if self.key else "no trusted signature"
+        if self.ok:
+            extra = "; not a descendant of the last applied revision, allowed" if self.rollback_allowed else ""
+            return f"revision {self.revision[:12]} verified: {who}{extra}"
+        return f"revision {self.revision[:12]} refused ({self.reason}): {self.message}; {who}"
+
+
+class _Started:
+    """A process started now, its result taken later: a check's git processes run side by side."""
+
+    def __init__(self, argv: list[str], env: dict, stdin: bytes | None = None):
+        self.argv, self.stdin = argv, stdin
+        try:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        except FileNotFoundError:
+            raise TrustError(f"{argv[0]} is not installed (or not on PATH); `verify` needs it") from None
+
+    def result(self) -> subprocess.CompletedProcess:
+        try:
+            out, err = self.proc.communicate(self.stdin, timeout=GIT_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.communicate()
+            raise TrustError(f"`{' '.join(self.argv[:3])}` took longer than {GIT_TIMEOUT:.0f} s") from None
+        return subprocess.CompletedProcess(self.argv, self.proc.returncode, out, err)
+
+
+def _run(argv: list[str], env: dict, stdin: bytes | None = None) -> subprocess.CompletedProcess:
+    return _Started(argv, env, stdin).result()
+
+
+def read_keys(paths: tuple[str, ...]) -> tuple[list[str], list[tuple[str, bytes]]]:
+    """(allowed-signers lines, OpenPGP armored keys as (file, bytes)) of the key files,
+    each recognised by its content. TrustError for an unreadable, empty or unknown file."""
+    signers: list[str] = []
+    pgp: list[tuple[str, bytes]] = []
+    for path in paths:
+        try:
+            raw = Path(path).read_bytes()
+        except OSError as e:
+            raise TrustError(f"verify.keys: cannot read {path} ({e.strerror}); check the path and its "
+                             "permissions") from None
+        text = raw.decode("utf-8", "replace")
+        if _PGP in text:
+            pgp.append((path, raw))
+            continue
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("#")]
+        if not lines:
+            raise TrustError(f"verify.keys: {path} is empty; put SSH public keys (one per line) or an "
+                             "OpenPGP armored public key in it")
+        for n, line in enumerate(lines, 1):
+            m = _SSH_LINE.fullmatch(line)
+            if m is None:
+                raise TrustError(f"verify.keys: {path} line {n} is neither an SSH public key nor an OpenPGP "
+                                 "armored public key block")
+            name = re.sub(r"[^A-Za-z0-9@._+-]", "_", (m.group(3) or "").split(" ")[0]) or f"{Path(path).name}-{n}"
+            signers.append(f'{name} namespaces="git" {m.group(1)} {m.group(2)}')
+    return signers, pgp
+
+
+class Verifier:
+    """The trusted keys of one `verify` config, ready for git. close() removes them."""
+
+    def __init__(self, spec: Verify):
+        self.spec = spec
+        signers, pgp = read_keys(spec.keys)
+        if signers and git_version() < (2, 34):
+            raise TrustError("verify.keys holds SSH keys, and git verifies SSH signatures from version 2.34 "
+                             f"on; this git is {'.'.join(map(str, git_version()))}: install a newer git or use "
+                             "OpenPGP keys")
+        self.home = Path(tempfile.mkdtemp(prefix="nftrec-trust-"))
+        self._remove = weakref.finalize(self, shutil.rmtree, str(self.home), True)  # at exit too
+        try:
+            (self.home / "allowed_signers").write_text("".join(s + "\n" for s in signers))
+            self.gnupg = self.home / "gnupg"
+            self.gnupg.mkdir(mode=0o700)
+            if pgp:
+                self._import(pgp)
+        except BaseException:
+            self.close()
+            raise
+
+    def _import(self, keys: list[tuple[str, bytes]]) -> None:
+        env = dict(os.environ, GNUPGHOME=str(self.gnupg), LC_ALL="C")
+        gpg = ["gpg", "--batch", "--no-tty", "--quiet"]
+        for path, raw in keys:
+            done = _run([*gpg, "--import"], env, raw)
+            if done.returncode != 0:
+                said = done.stderr.decode("utf-8", "replace").strip().splitlines()
+                raise TrustError(f"verify.keys: gpg cannot import {path}: {said[-1] if said else 'exit %d' % done.returncode}")
+        listed = _run([*gpg, "--with-colons", "--list-keys"], env).stdout.decode()
+        fprs, want = [], False
+        for line in listed.splitlines():  # the primary key's fingerprint follows its "pub" line
+            fields = line.split(":")
+            if fields[0] == "pub":
+                want = True
+            elif fields[0] == "fpr" and want:
+                fprs.append(fields[9])
+                want = False
+        # pinned trust: these keys, and only they, are valid signers (ownertrust 6: ultimate)
+        _run([*gpg, "--import-ownertrust"], env, "".join(f"{f}:6:\n" for f in fprs).encode())
+        _run([*gpg, "--check-trustdb"], env)
+
+    def close(self) -> None:
+        self._remove()
+
+    def __enter__(self) -> Verifier:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _git(self, top: Path, common: Path, *args: str) -> subprocess.CompletedProcess:
+        return self._start(top, common, *args).result()
+
+    def _start(self, top: Path, common: Path, *args: str) -> _Started:
+        env = dict(os.environ, LC_ALL="C", GIT_TERMINAL_PROMPT="0", GIT_OPTIONAL_LOCKS="0", GNUPGHOME=str(self.gnupg))
+        return _Started(["git", "-c", f"safe.directory={top}", "-c", f"safe.directory={common}",
+                     "-c", f"gpg.ssh.allowedSignersFile={self.home / 'allowed_signers'}", "-c", "gpg.minTrustLevel=fully",
+                     "-C", str(top), *args], env)
+
+    def check(self, directory: Path, last_applied: str | None = None, *, allow_rollback: bool = False) -> Verdict:
+        """The verdict on the commit checked out at `directory` (resolved: git-sync's
+        `current` link names one revision). TrustError when it is not a git checkout."""
+        top, gitdir, commit, sub = checkout_of(directory)
+        common = gitdir
+        if (gitdir / "commondir").is_file():  # a linked worktree: git-sync's
+            common = (gitdir / (gitdir / "commondir").read_text().strip()).resolve()
+        # side by side: the tree and the ancestry are checked while git verifies the signature
+        status = self._start(top, common, "status", "--porcelain=v1", "-z", "--untracked-files=all",
+                             "--ignored=matching", "--no-renames", "--", sub)
+        moved = last_applied and last_applied != commit and _is_commit(last_applied)
+        ancestry = self._start(top, common, "merge-base", "--is-ancestor", last_applied, commit) if moved else None
+        try:
+            signed = self._signature(top, common, commit)
+        finally:
+            tree = status.result()
+            descends = ancestry.result().returncode == 0 if ancestry is not None else True
+        if not signed.ok:
+            return signed
+        changed = _changed_files(tree, top, sub)
+        if changed:
+            return Verdict(commit, False, *changed, signer=signed.signer, key=signed.key)
+        if descends:
+            return signed
+        if not (allow_rollback or self.spec.allow_rollback):
+            return Verdict(commit, False, "rollback",
+                           f"it does not descend from the last applied revision {last_applied[:12]} (a replayed "
+                           "older commit or a force-push); `nftrec apply --allow-rollback` applies it once",
+                           signed.signer, signed.key)
+        return Verdict(commit, True, signer=signed.signer, key=signed.key, rollback_allowed=True)
+
+    def _signature(self, top: Path, common: Path, commit: str) -> Verdict:
+        mode = self.spec.mode
+        if mode in ("Tag", "TagAndHEAD"):
+            tagged = self._tag(top, common, commit)
+            if not tagged.ok or mode == "Tag":
+                return tagged
+        done = self._git(top, common, "log", "-1", "--no-show-signature", "--format=%G?%x00%GK%x00%GS%x00%GF", commit, "--")
+        if done.returncode != 0:
+            said = done.stderr.decode("utf-8", "replace").strip().splitlines()
+            raise TrustError(f"git cannot read commit {commit[:12]} in {top}: {said[0] if said else done.returncode}")
+        status, key, signer, fpr = (done.stdout.decode("utf-8", "replace").rstrip("\n").split("\0") + ["", "", ""])[:4]
+        signer, key = _clean(signer), fpr or key
+        if status == "G":
+            return Verdict(commit, True, signer=signer, key=key)
+        reason, sentence = _STATUS.get(status, ("bad-signature", f"git says {status!r} about the signature"))
+        return Verdict(commit, False, reason, sentence, signer if status != "E" else "", key)
+
+    def _tag(self, top: Path, common: Path, commit: str) -> Verdict:
+        """The first tag on `commit` whose signature verifies, else the refusal."""
+        done = self._git(top, common, "tag", "--points-at", commit, "--format=%(refname:strip=2)%00%(objecttype)")
+        tags = [ln.split("\0")[0] for ln in done.stdout.decode("utf-8", "replace").splitlines()
+                if ln.endswith("\0tag")]
+        if not tags:
+            return Verdict(commit, False, "no-tag", "verify.mode is Tag but no annotated tag points at this commit")
+        last = Verdict(commit, False, "unsigned", "no tag on this commit is signed")
+        for tag in tags:
+            v = self._git(top, common, "verify-tag", "--raw", tag)
+            said = v.stderr.decode("utf-8", "replace")
+            m = re.search(r"VALIDSIG ([0-9A-F]+)|key (SHA256:\S+)", said)
+            key = next((g for g in m.groups() if g), "") if m else ""
+            who = re.search(r"GOODSIG \S+ (.*)|Good \"git\" signature for (\S+)", said)
+            if v.returncode == 0 and who is not None and "TRUST_UNDEFINED" not in said and "TRUST_NEVER" not in said:
+                return Verdict(commit, True, signer=_clean(next((g for g in who.groups() if g), "")) if who else "",
+                               key=key or "?")
+            reason = ("unsigned" if "no signature found" in said else
+                      "unknown-key" if "NO_PUBKEY" in said or "No principal" in said else "bad-signature")
+            last = Verdict(commit, False, reason, f"tag {show(tag)} does not carry a signature of verify.keys", key=key)
+        return last
+
+
+
+def _changed_files(done: subprocess.CompletedProcess, top: Path, sub: str) -> tuple[str, str] | None:
+    """(reason, sentence) when `git status` of `sub` shows a file that is not the
+    commit's: a tracked file changed, or a manifest file git does not track (ignored
+    ones too)."""
+    if done.returncode != 0:
+        said = done.stderr.decode("utf-8", "replace").strip().splitlines()
+        raise TrustError(f"git status failed in {top}: {said[0] if said else done.returncode}")
+    for item in done.stdout.split(b"\0"):
+        if len(item) < 4:
+            continue
+        code, path = item[:2].decode(), item[3:].decode("utf-8", "surrogateescape")
+        rel = path[len(sub) + 1:] if sub != "." and path.startswith(sub + "/") else path
+        if any(part.startswith(".") for part in rel.split("/")):
+            continue  # never read (.git, git-sync's .tmp-*)
+        if code in ("??", "!!"):
+            if path.endswith(SUFFIXES):
+                return "untracked-file", f"{show(path)} is a manifest file that git does not track"
+        else:
+            return "modified-file", f"{show(path)} differs from the signed commit"
+    return None
+
+
+def git_version() -> tuple[int, ...]:
+    """git's version, as (major, minor); (0, 0) when it cannot tell."""
+    try:
+        out = subprocess.run(["git", "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return (0, 0)
+    m = re.search(r"(\d+)\.(\d+)", out)
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+
+def checkout_of(directory: Path) -> tuple[Path, Path, str, str]:
+    """intake.git's view of the checkout at `directory` (resolved: git-sync's `current`
+    link names one revision, read once); TrustError when it is not a git checkout."""
+    root = Path(directory).resolve()
+    co = find_checkout(root) if root.is_dir() else None
+    if co is None:
+        raise TrustError(f"verify is set, but {directory} is not a git checkout (no .git with a commit "
+                         "checked out); point nftrec at a git-sync worktree or a clone, or remove verify")
+    return co
+
+
+def _is_commit(rev: str) -> bool:
+    return re.fullmatch(r"[0-9a-f]{40}([0-9a-f]{24})?", rev) is not None
+
+
+def _clean(text: str) -> str:
+    """A signer's name as one printable line (it comes from a key's user id)."""
+    return re.sub(r"[\x00-\x1f\x7f]", "?", text)[:200]
