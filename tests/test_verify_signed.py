@@ -193,6 +193,9 @@ def test_ssh_signed_applied_and_every_untrusted_revision_refused(tmp_path, netns
     assert "not a descendant of the last applied revision, allowed" in p.stderr
     assert "10.96.0.10" in live_ips(netns) and "10.96.0.13" not in live_ips(netns)
     assert status(state, netns, cfg)["lastAppliedRevision"] == good
+    # the override is recorded with the commit
+    records = [json.loads(line) for f in Path(state).rglob("commits.jsonl") for line in f.read_text().splitlines()]
+    assert [r["kind"] for r in records if r["revision"] == good][-1] == "allow-rollback", records
 
 
 @needs_gpg

@@ -287,6 +287,8 @@ def run_apply(target: Target, *, desired=None, plan_path: Path | None = None,
             # the fingerprint of a listing: None when only the touched objects were read
             # (the whole ruleset is not canonicalised just for it)
             kind = "rollback" if rollback else "plan" if plan_path is not None else "apply"
+            if from_dir and getattr(desired.verdict, "rollback_allowed", False):
+                kind = "allow-rollback"  # `apply --allow-rollback` let an older revision through
             commit = append_commit(store, revision=revision, writer="nftrec apply", kind=kind, token=token,
                                    operations=len(plan.transaction), fingerprint=after_fp,
                                    services=[f"{s.action}{s.service}" for s in plan.services])
