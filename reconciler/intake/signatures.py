@@ -14,6 +14,7 @@ with their trust pinned, so that only they count. `check(directory, ...)` gives 
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -274,8 +275,10 @@ def _changed_files(done: subprocess.CompletedProcess, top: Path, sub: str) -> tu
     return None
 
 
+@functools.lru_cache(maxsize=None)
 def git_version() -> tuple[int, ...]:
-    """git's version, as (major, minor); (0, 0) when it cannot tell."""
+    """git's version, as (major, minor); (0, 0) when it cannot tell. Asked once per
+    process: not one more git process per revision."""
     try:
         out = subprocess.run(["git", "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
