@@ -10,7 +10,14 @@ with their trust pinned, so that only they count. `check(directory, ...)` gives 
 # git decides, nftrec reads its verdict: `git log -1 --format=%G?...` with the allowed
 # signers and the private GNUPGHOME, `%G?` "G" (good, from a trusted key) being the only
 # pass; "U" (good, untrusted), "X"/"Y" (expired), "R" (revoked), "B" (bad), "E" (cannot
-# check) and "N" (none) refuse. `git status` proves the working tree is the commit's.
+# check) and "N" (none) refuse. One git process per revision: the same `git log` gives
+# the commit's tree (%T), its parents (%P) and in Tag modes its tags (%D, each then
+# checked by `git verify-tag`). The checkout's index, read here, must describe that tree
+# and the files under the directory must be the index's (intake.git.worktree_change);
+# `git status` decides instead when the index has what nftrec does not read (split,
+# sparse, unmerged, ...) and names the file when the index is not the commit's. The last
+# applied commit being the commit or a parent proves descent; else `git merge-base
+# --is-ancestor` runs (skipped commits, a force-push, a replay).
 
 from __future__ import annotations
 
@@ -24,7 +31,7 @@ import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
-from reconciler.intake.git import GIT_TIMEOUT, find_checkout
+from reconciler.intake.git import GIT_TIMEOUT, find_checkout, index_tree, read_index, worktree_change
 from reconciler.intake.load import SUFFIXES
 from reconciler.intake.model import Verify
 from reconciler.intake.problems import show
@@ -188,22 +195,44 @@ class Verifier:
         common = gitdir
         if (gitdir / "commondir").is_file():  # a linked worktree: git-sync's
             common = (gitdir / (gitdir / "commondir").read_text().strip()).resolve()
-        # side by side: the tree and the ancestry are checked while git verifies the signature
-        status = self._start(top, common, "status", "--porcelain=v1", "-z", "--untracked-files=all",
-                             "--ignored=matching", "--no-renames", "--", sub)
-        moved = last_applied and last_applied != commit and _is_commit(last_applied)
-        ancestry = self._start(top, common, "merge-base", "--is-ancestor", last_applied, commit) if moved else None
+        mode = self.spec.mode
+        signature = "%G?%x00%GK%x00%GS%x00%GF" if mode != "Tag" else "%x00%x00%x00"
+        tags = ["--decorate-refs=refs/tags/"] if mode != "HEAD" else []
+        log = self._start(top, common, "log", "-1", "--no-show-signature", *tags,
+                          f"--format={signature}%x00%T%x00%P%x00%D", commit, "--")
+        # while git checks the signature: the tree the index describes, the files against it
+        index = read_index(gitdir / "index")
+        tree = index_tree(index) if index is not None else None
+        status = self._status(top, common, sub) if tree is None else None  # an index read by git only
         try:
-            signed = self._signature(top, common, commit)
+            changed = worktree_change(top, index, "" if sub == "." else sub + "/") if tree is not None else None
         finally:
-            tree = status.result()
-            descends = ancestry.result().returncode == 0 if ancestry is not None else True
+            try:
+                done = log.result()
+            finally:
+                by_git = status.result() if status is not None else None
+        if done.returncode != 0:
+            said = done.stderr.decode("utf-8", "replace").strip().splitlines()
+            raise TrustError(f"git cannot read commit {commit[:12]} in {top}: {said[0] if said else done.returncode}")
+        fields = (done.stdout.decode("utf-8", "surrogateescape").rstrip("\n").split("\0") + [""] * 7)[:7]
+        signed = self._signature(top, common, commit, fields)
         if not signed.ok:
             return signed
-        changed = _changed_files(tree, top, sub)
+        if by_git is not None:
+            changed = _changed_files(by_git, top, sub)
+        elif tree != fields[4]:  # staged changes, or an index made by hand: git names the file
+            changed = _changed_files(self._status(top, common, sub).result(), top, sub) or (
+                "modified-file", f"the index of {top} does not describe the signed commit's tree")
+        elif changed is not None:
+            reason, path = changed
+            changed = reason, (f"{show(path)} differs from the signed commit" if reason == "modified-file" else
+                               f"{show(path)} is a manifest file that git does not track")
         if changed:
             return Verdict(commit, False, *changed, signer=signed.signer, key=signed.key)
-        if descends:
+        if not last_applied or last_applied == commit or not _is_commit(last_applied) \
+                or last_applied in fields[5].split():
+            return signed  # the commit itself or a child of the last applied: descends
+        if self._git(top, common, "merge-base", "--is-ancestor", last_applied, commit).returncode == 0:
             return signed
         if not (allow_rollback or self.spec.allow_rollback):
             return Verdict(commit, False, "rollback",
@@ -212,34 +241,33 @@ class Verifier:
                            signed.signer, signed.key)
         return Verdict(commit, True, signer=signed.signer, key=signed.key, rollback_allowed=True)
 
-    def _signature(self, top: Path, common: Path, commit: str) -> Verdict:
+    def _status(self, top: Path, common: Path, sub: str) -> _Started:
+        return self._start(top, common, "status", "--porcelain=v1", "-z", "--untracked-files=all",
+                           "--ignored=matching", "--no-renames", "--", sub)
+
+    def _signature(self, top: Path, common: Path, commit: str, fields: list[str]) -> Verdict:
+        """The verdict of `git log`'s %G? fields, and in Tag modes of the tags in %D."""
         mode = self.spec.mode
         if mode in ("Tag", "TagAndHEAD"):
-            tagged = self._tag(top, common, commit)
+            names = sorted(d[5:] for d in fields[6].split(", ") if d.startswith("tag: "))
+            tagged = self._tag(top, common, commit, names)
             if not tagged.ok or mode == "Tag":
                 return tagged
-        done = self._git(top, common, "log", "-1", "--no-show-signature", "--format=%G?%x00%GK%x00%GS%x00%GF", commit, "--")
-        if done.returncode != 0:
-            said = done.stderr.decode("utf-8", "replace").strip().splitlines()
-            raise TrustError(f"git cannot read commit {commit[:12]} in {top}: {said[0] if said else done.returncode}")
-        status, key, signer, fpr = (done.stdout.decode("utf-8", "replace").rstrip("\n").split("\0") + ["", "", ""])[:4]
+        status, key, signer, fpr = fields[:4]
         signer, key = _clean(signer), fpr or key
         if status == "G":
             return Verdict(commit, True, signer=signer, key=key)
         reason, sentence = _STATUS.get(status, ("bad-signature", f"git says {status!r} about the signature"))
         return Verdict(commit, False, reason, sentence, signer if status != "E" else "", key)
 
-    def _tag(self, top: Path, common: Path, commit: str) -> Verdict:
-        """The first tag on `commit` whose signature verifies, else the refusal."""
-        done = self._git(top, common, "tag", "--points-at", commit, "--format=%(refname:strip=2)%00%(objecttype)")
-        tags = [ln.split("\0")[0] for ln in done.stdout.decode("utf-8", "replace").splitlines()
-                if ln.endswith("\0tag")]
-        if not tags:
-            return Verdict(commit, False, "no-tag", "verify.mode is Tag but no annotated tag points at this commit")
-        last = Verdict(commit, False, "unsigned", "no tag on this commit is signed")
+    def _tag(self, top: Path, common: Path, commit: str, tags: list[str]) -> Verdict:
+        """The first of the tags on `commit` whose signature verifies, else the refusal."""
+        last = None
         for tag in tags:
-            v = self._git(top, common, "verify-tag", "--raw", tag)
+            v = self._git(top, common, "verify-tag", "--raw", f"refs/tags/{tag}")
             said = v.stderr.decode("utf-8", "replace")
+            if "cannot verify a non-tag object" in said:
+                continue  # a lightweight tag: no tag object to sign
             m = re.search(r"VALIDSIG ([0-9A-F]+)|key (SHA256:\S+)", said)
             key = next((g for g in m.groups() if g), "") if m else ""
             who = re.search(r"GOODSIG \S+ (.*)|Good \"git\" signature for (\S+)", said)
@@ -249,7 +277,7 @@ class Verifier:
             reason = ("unsigned" if "no signature found" in said else
                       "unknown-key" if "NO_PUBKEY" in said or "No principal" in said else "bad-signature")
             last = Verdict(commit, False, reason, f"tag {show(tag)} does not carry a signature of verify.keys", key=key)
-        return last
+        return last or Verdict(commit, False, "no-tag", "verify.mode is Tag but no annotated tag points at this commit")
 
 
 
