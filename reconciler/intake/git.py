@@ -462,9 +462,10 @@ def index_tree(index: Index) -> str | None:
         d[name] = (b"%o" % stat[6], oid)
     algo = "sha1" if index.id_bytes == 20 else "sha256"
 
-    def tree(d: dict) -> bytes:  # git's tree object: entries sorted as if directories ended in "/"
-        body = b"".join(b"40000 " + name + b"\0" + tree(v) if isinstance(v, dict) else v[0] + b" " + name + b"\0" + v[1]
-                        for name, v in sorted(d.items(), key=lambda kv: kv[0] + b"/" if isinstance(kv[1], dict) else kv[0]))
+    def tree(d: dict) -> bytes:  # git's tree object: "mode name\0<raw id>" for each entry
+        items = [(name + b"/", b"40000 " + name + b"\0" + tree(v)) if isinstance(v, dict) else
+                 (name, v[0] + b" " + name + b"\0" + v[1]) for name, v in d.items()]
+        body = b"".join(entry for _, entry in sorted(items))  # sorted as if a directory's name ended in "/"
         return hashlib.new(algo, b"tree %d\0" % len(body) + body).digest()
     return tree(root).hex()
 

@@ -197,9 +197,9 @@ class Verifier:
             common = (gitdir / (gitdir / "commondir").read_text().strip()).resolve()
         mode = self.spec.mode
         signature = "%G?%x00%GK%x00%GS%x00%GF" if mode != "Tag" else "%x00%x00%x00"
-        tags = ["--decorate-refs=refs/tags/"] if mode != "HEAD" else []
+        tags = ["--decorate-refs=refs/tags/"] if mode != "HEAD" else []  # %D: its tags
         log = self._start(top, common, "log", "-1", "--no-show-signature", *tags,
-                          f"--format={signature}%x00%T%x00%P%x00%D", commit, "--")
+                          f"--format={signature}%x00%T%x00%P{'%x00%D' if tags else ''}", commit, "--")
         # while git checks the signature: the tree the index describes, the files against it
         index = read_index(gitdir / "index")
         tree = index_tree(index) if index is not None else None
