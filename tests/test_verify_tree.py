@@ -89,6 +89,18 @@ def test_index_tree_refuses_what_it_does_not_read(tmp_path):
     assert b"link" in index_of(r).extensions and tree_of(r) is None
     git(r, "update-index", "--no-split-index")
     assert tree_of(r) is not None
+    (r / "d").mkdir()
+    (r / "d" / "f.yaml").write_text("f\n")
+    git(r, "add", "-A")
+    git(r, "commit", "-q", "-m", "d")
+    try:  # a sparse index: directories as entries (git 2.32 and later)
+        git(r, "sparse-checkout", "set", "--cone", "--sparse-index", "nothing")
+    except subprocess.CalledProcessError:
+        pass
+    else:
+        assert b"sdir" in index_of(r).extensions and tree_of(r) is None
+        git(r, "sparse-checkout", "disable")
+        assert tree_of(r) == git(r, "rev-parse", "HEAD^{tree}")
     base = git(r, "rev-parse", "HEAD")
     (r / "web.yaml").write_text("b\n")
     git(r, "commit", "-q", "-am", "b")
