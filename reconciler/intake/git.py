@@ -1,7 +1,8 @@
 """What nftrec reads of git: the commit a checkout is (`find_revision`, from the files under
 `.git`), what a checkout's commit holds (`checkout_blobs`, for the watch on git-sync's
-worktrees), and the manifests of one revision from the object store (`load_revision`,
-`nftrec diff --git DIR A..B`: no checkout, the working tree untouched).
+worktrees), the tree a checkout's index describes and the files that are not it
+(`index_tree`, `worktree_change`, for signed revisions), and the manifests of one revision
+from the object store (`load_revision`, `nftrec diff --git DIR A..B`: no checkout).
 """
 
 # load_revision reads the revision's copy of DIR with the rules of a directory on disk

@@ -4,20 +4,22 @@ is allowed) it descends from the last applied commit.
 
 `Verifier(spec)` reads the keys once (a TrustError when they cannot be used) into a private
 directory: an SSH allowed-signers file, and a GNUPGHOME holding only the given OpenPGP keys
-with their trust pinned, so that only they count. `check(directory, ...)` gives a Verdict.
+with their trust pinned, so that only they count. `check(directory, ...)` gives a Verdict,
+from one git process in the common case (`git log`: signature, tree, parents); `git
+merge-base` runs only when the last applied commit is neither the commit nor its parent.
 """
 
 # git decides, nftrec reads its verdict: `git log -1 --format=%G?...` with the allowed
 # signers and the private GNUPGHOME, `%G?` "G" (good, from a trusted key) being the only
 # pass; "U" (good, untrusted), "X"/"Y" (expired), "R" (revoked), "B" (bad), "E" (cannot
-# check) and "N" (none) refuse. One git process per revision: the same `git log` gives
-# the commit's tree (%T), its parents (%P) and in Tag modes its tags (%D, each then
-# checked by `git verify-tag`). The checkout's index, read here, must describe that tree
-# and the files under the directory must be the index's (intake.git.worktree_change);
-# `git status` decides instead when the index has what nftrec does not read (split,
-# sparse, unmerged, ...) and names the file when the index is not the commit's. The last
-# applied commit being the commit or a parent proves descent; else `git merge-base
-# --is-ancestor` runs (skipped commits, a force-push, a replay).
+# check) and "N" (none) refuse. The same `git log` gives the commit's tree (%T), its
+# parents (%P) and in Tag modes its tags (%D, each then checked by `git verify-tag`). The
+# checkout's index, read here, must describe that tree and the files under the directory
+# must be the index's (intake.git.worktree_change); `git status` decides instead when the
+# index has what nftrec does not read (split, sparse, unmerged, ...), and names the file
+# when the index is not the commit's. The last applied commit being the commit or a
+# parent proves descent; else `git merge-base --is-ancestor` decides (skipped commits, a
+# force-push, a replay).
 
 from __future__ import annotations
 
