@@ -171,17 +171,30 @@ def test_one_git_process_per_new_revision(signed, tmp_path, monkeypatch):
     repo.publish(second)
     verdict, ran = calls.during(lambda: v.check(repo.current, first))  # a child of the last applied: %P says so
     assert verdict.ok and not verdict.rollback_allowed and ran == ["log"]
-    # git-sync skipped a commit: the parent is not the last applied, merge-base decides
+    # git-sync skipped a commit: the same log walks from the last applied one
     repo.commit("10.96.0.12")
     fourth = repo.commit("10.96.0.13")
     repo.publish(fourth)
     verdict, ran = calls.during(lambda: v.check(repo.current, first))
-    assert verdict.ok and ran == ["log", "merge-base"]
-    # an older one after it: a rollback, refused after merge-base
+    assert verdict.ok and ran == ["log"]
+    # an older one after it: a rollback, refused by that log alone
     repo.publish(second)
     verdict, ran = calls.during(lambda: v.check(repo.current, fourth))
-    assert verdict.reason == "rollback" and ran == ["log", "merge-base"]
-    assert v.check(repo.current, fourth, allow_rollback=True).rollback_allowed
+    assert verdict.reason == "rollback" and ran == ["log"]
+    # let through: a second log reads the signature
+    verdict, ran = calls.during(lambda: v.check(repo.current, fourth, allow_rollback=True))
+    assert verdict.ok and verdict.rollback_allowed and verdict.signer == "ops@example" and ran == ["log", "log"]
+    # a last applied commit git does not know (another history): not a descendant
+    assert v.check(repo.current, "f" * 40).reason == "rollback"
+    # committer dates out of order (a clock set wrong): the log still shows the commit
+    repo.env["GIT_COMMITTER_DATE"] = "2030-01-01T00:00:00Z"
+    repo.commit("10.96.0.14")
+    repo.env["GIT_COMMITTER_DATE"] = "2001-01-01T00:00:00Z"
+    sixth = repo.commit("10.96.0.15")
+    del repo.env["GIT_COMMITTER_DATE"]
+    repo.publish(sixth)
+    verdict, ran = calls.during(lambda: v.check(repo.current, fourth))
+    assert verdict.ok and ran == ["log"]
     # an index nftrec does not read: git status decides, beside the log
     wt = repo.publish(fourth)
     git(wt, "update-index", "--split-index")

@@ -5,21 +5,20 @@ is allowed) it descends from the last applied commit.
 `Verifier(spec)` reads the keys once (a TrustError when they cannot be used) into a private
 directory: an SSH allowed-signers file, and a GNUPGHOME holding only the given OpenPGP keys
 with their trust pinned, so that only they count. `check(directory, ...)` gives a Verdict,
-from one git process in the common case (`git log`: signature, tree, parents); `git
-merge-base` runs only when the last applied commit is neither the commit nor its parent.
+from one git process (`git log`: signature, tree, tags, and whether the commit descends
+from the last applied one); a second `git log` only to let a rollback through.
 """
 
 # git decides, nftrec reads its verdict: `git log -1 --format=%G?...` with the allowed
 # signers and the private GNUPGHOME, `%G?` "G" (good, from a trusted key) being the only
 # pass; "U" (good, untrusted), "X"/"Y" (expired), "R" (revoked), "B" (bad), "E" (cannot
-# check) and "N" (none) refuse. The same `git log` gives the commit's tree (%T), its
-# parents (%P) and in Tag modes its tags (%D, each then checked by `git verify-tag`). The
+# check) and "N" (none) refuse. The same `git log` gives the commit's tree (%T) and in
+# Tag modes its tags (%D, each then checked by `git verify-tag`). The
 # checkout's index, read here, must describe that tree and the files under the directory
 # must be the index's (intake.git.worktree_change); `git status` decides instead when the
 # index has what nftrec does not read (split, sparse, unmerged, ...), and names the file
-# when the index is not the commit's. The last applied commit being the commit or a
-# parent proves descent; else `git merge-base --is-ancestor` decides (skipped commits, a
-# force-push, a replay).
+# when the index is not the commit's. Descent: the log walks `LAST..COMMIT` with
+# --ancestry-path, which shows the commit only when LAST is one of its ancestors.
 
 from __future__ import annotations
 
@@ -197,11 +196,10 @@ class Verifier:
         common = gitdir
         if (gitdir / "commondir").is_file():  # a linked worktree: git-sync's
             common = (gitdir / (gitdir / "commondir").read_text().strip()).resolve()
-        mode = self.spec.mode
-        signature = "%G?%x00%GK%x00%GS%x00%GF" if mode != "Tag" else "%x00%x00%x00"
-        tags = ["--decorate-refs=refs/tags/"] if mode != "HEAD" else []  # %D: its tags
-        log = self._start(top, common, "log", "-1", "--no-show-signature", *tags,
-                          f"--format={signature}%x00%T%x00%P{'%x00%D' if tags else ''}", commit, "--")
+        moved = bool(last_applied) and last_applied != commit and _is_commit(last_applied)
+        # a new revision: the same log walks from the last applied commit (--ancestry-path,
+        # topo order: the commit comes first), so that nothing shown means "not a descendant"
+        log = self._log(top, common, commit, last_applied if moved else None)
         # while git checks the signature: the tree the index describes, the files against it
         index = read_index(gitdir / "index")
         tree = index_tree(index) if index is not None else None
@@ -213,10 +211,20 @@ class Verifier:
                 done = log.result()
             finally:
                 by_git = status.result() if status is not None else None
+        descends = done.returncode == 0 and done.stdout.strip() != b""
+        if moved and not descends:  # an older commit, another history, or one git does not know
+            if not (allow_rollback or self.spec.allow_rollback):
+                return Verdict(commit, False, "rollback",
+                               f"it does not descend from the last applied revision {last_applied[:12]} (a "
+                               "replayed older commit or a force-push); `nftrec apply --allow-rollback` applies "
+                               "it once")
+            done = self._log(top, common, commit, None).result()
         if done.returncode != 0:
             said = done.stderr.decode("utf-8", "replace").strip().splitlines()
             raise TrustError(f"git cannot read commit {commit[:12]} in {top}: {said[0] if said else done.returncode}")
-        fields = (done.stdout.decode("utf-8", "surrogateescape").rstrip("\n").split("\0") + [""] * 7)[:7]
+        fields = (done.stdout.decode("utf-8", "surrogateescape").split("\n", 1)[0].split("\0") + [""] * 7)[:7]
+        if fields[6] != commit:
+            raise TrustError(f"git log showed {fields[6][:12] or 'nothing'} for commit {commit[:12]} in {top}")
         signed = self._signature(top, common, commit, fields)
         if not signed.ok:
             return signed
@@ -231,17 +239,19 @@ class Verifier:
                                f"{show(path)} is a manifest file that git does not track")
         if changed:
             return Verdict(commit, False, *changed, signer=signed.signer, key=signed.key)
-        if not last_applied or last_applied == commit or not _is_commit(last_applied) \
-                or last_applied in fields[5].split():
-            return signed  # the commit itself or a child of the last applied: descends
-        if self._git(top, common, "merge-base", "--is-ancestor", last_applied, commit).returncode == 0:
-            return signed
-        if not (allow_rollback or self.spec.allow_rollback):
-            return Verdict(commit, False, "rollback",
-                           f"it does not descend from the last applied revision {last_applied[:12]} (a replayed "
-                           "older commit or a force-push); `nftrec apply --allow-rollback` applies it once",
-                           signed.signer, signed.key)
-        return Verdict(commit, True, signer=signed.signer, key=signed.key, rollback_allowed=True)
+        if moved and not descends:
+            return Verdict(commit, True, signer=signed.signer, key=signed.key, rollback_allowed=True)
+        return signed
+
+    def _log(self, top: Path, common: Path, commit: str, since: str | None) -> _Started:
+        """`git log` of `commit`: its signature (%G?, not in Tag mode), tree, tags
+        (%D, Tag modes) and id. With `since`, only when `commit` descends from it."""
+        mode = self.spec.mode
+        signature = "%G?%x00%GK%x00%GS%x00%GF" if mode != "Tag" else "%x00%x00%x00"
+        tags = ["--decorate-refs=refs/tags/"] if mode != "HEAD" else []  # %D: its tags
+        walk = ["--ancestry-path", "--topo-order", f"{since}..{commit}"] if since else [commit]
+        return self._start(top, common, "log", "-1", "--no-show-signature", *tags,
+                           f"--format={signature}%x00%T%x00{'%D' if tags else ''}%x00%H", *walk, "--")
 
     def _status(self, top: Path, common: Path, sub: str) -> _Started:
         return self._start(top, common, "status", "--porcelain=v1", "-z", "--untracked-files=all",
@@ -251,7 +261,7 @@ class Verifier:
         """The verdict of `git log`'s %G? fields, and in Tag modes of the tags in %D."""
         mode = self.spec.mode
         if mode in ("Tag", "TagAndHEAD"):
-            names = sorted(d[5:] for d in fields[6].split(", ") if d.startswith("tag: "))
+            names = sorted(d[5:] for d in fields[5].split(", ") if d.startswith("tag: "))
             tagged = self._tag(top, common, commit, names)
             if not tagged.ok or mode == "Tag":
                 return tagged
