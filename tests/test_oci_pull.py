@@ -238,3 +238,49 @@ def test_metadata_is_the_record(registry, tmp_path):
     # a tree without (valid) metadata is no artifact
     art.path.with_name(art.path.name + ".json").write_text("{}")
     assert artifact_at(art.path) is None
+
+
+def push_sig_manifest(registry, repo: str, digest: str, payloads: list[bytes]) -> str:
+    """cosign's layout, no cryptography: tag sha256-<hex>.sig, one simple-signing layer per
+    payload annotated with a (here meaningless) signature."""
+    layers = []
+    for i, payload in enumerate(payloads):
+        layers.append({"mediaType": "application/vnd.dev.cosign.simplesigning.v1+json", "size": len(payload),
+                       "digest": push_blob(registry.host, repo, payload, **registry.http),
+                       "annotations": {"dev.cosignproject.cosign/signature": f"c2lnbmF0dXJl{i}",
+                                       "dev.sigstore.cosign/bundle": "{}"}})
+    config = b'{"architecture":"","os":""}'
+    manifest = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "size": len(config),
+                           "digest": push_blob(registry.host, repo, config, **registry.http)},
+                "layers": layers}
+    return push_manifest(registry.host, repo, f"sha256-{digest[7:]}.sig", manifest, **registry.http)
+
+
+def test_signatures_are_fetched_when_asked(registry, tmp_path):
+    digest = push_artifact(registry.host, "m", "v1", FILES, **registry.http)
+    ref = parse_reference(registry.ref("m", "v1"))
+    store = store_for(tmp_path, ref)
+    assert pull(ref, INSECURE, store, signatures=True).signatures == ()  # no .sig tag: none, no error
+    payload = json.dumps({"critical": {"image": {"docker-manifest-digest": digest}, "type": "cosign container image signature"},
+                          "optional": None}).encode()
+    push_sig_manifest(registry, "m", digest, [payload, b"second"])
+    layer_gets = len(registry.requests("GET", "/blobs/"))
+    art = pull(ref, INSECURE, store, signatures=True)  # none stored: looked up again, the layer not downloaded
+    assert [s.payload for s in art.signatures] == [payload, b"second"]
+    assert art.signatures[0].signature == "c2lnbmF0dXJl0" and art.signatures[0].annotations == {"dev.sigstore.cosign/bundle": "{}"}
+    assert len(registry.requests("GET", "/blobs/")) == layer_gets + 2  # the two payloads only
+    before = registry.requests()
+    again = pull(ref, INSECURE, store, digest=digest, signatures=True)
+    assert again.signatures == art.signatures and registry.requests() == before  # from the metadata
+    assert artifact_at(art.path).signatures == art.signatures
+
+
+def test_signature_payload_whose_bytes_lie(registry, tmp_path):
+    digest = push_artifact(registry.host, "m", "v1", FILES, **registry.http)
+    push_sig_manifest(registry, "m", digest, [b'{"critical": {}}'])
+    registry.corrupt_blob(sha256(b'{"critical": {}}'))
+    ref = parse_reference(registry.ref("m", "v1"))
+    with pytest.raises(SourceError) as e:
+        pull(ref, INSECURE, store_for(tmp_path, ref), signatures=True)
+    assert e.value.reason == "digest-mismatch"
