@@ -379,6 +379,36 @@ def push_artifact(host: str, repo: str, tag: str, files: dict[str, bytes] | None
     return push_manifest(host, repo, tag, manifest, **http)
 
 
+# --- asserting that nothing was left -----------------------------------------------------------
+
+
+def listing(root: Path, *skip: Path) -> set[str]:
+    """Every path under root (links not followed), except the trees `skip`."""
+    out = set()
+    for dirpath, dirnames, filenames in os.walk(root):
+        d = Path(dirpath)
+        dirnames[:] = [n for n in dirnames if d / n not in skip]
+        out.update(str((d / n).relative_to(root)) for n in dirnames + filenames)
+    return out
+
+
+def assert_refused(reason: str, ref, settings, state: Path, tmp_path: Path, *, skip: Path, says: str = ""):
+    """oci.pull() fails with `reason` and nothing is left: the store holds nothing, nothing
+    else under tmp_path changed (the registry's own tree `skip` aside). Returns the error."""
+    from reconciler.intake.oci import SourceError, pull, store_for
+
+    before = listing(tmp_path, skip)
+    store = store_for(state, ref)
+    with pytest.raises(SourceError) as e:
+        pull(ref, settings, store)
+    assert e.value.reason == reason, e.value.message
+    assert says in e.value.message
+    after = listing(tmp_path, skip)
+    assert after - before <= {str(p.relative_to(tmp_path)) for p in (store, *store.parents) if tmp_path in p.parents}
+    assert not store.exists() or list(store.iterdir()) == []
+    return e.value
+
+
 def gzip_bomb(path: Path, size: int, name: str = "bomb.yaml") -> Path:
     """A .tar.gz of one file of `size` zero bytes, written by streaming (never held in memory)."""
     with open(path, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=9, mtime=0) as gz:
