@@ -10,6 +10,7 @@ manifests). Imported by tests as `from ociregistry import ...`.
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime
 import gzip
 import hashlib
@@ -200,24 +201,28 @@ def start_registry(tmp: Path, *, tls: bool = False) -> Registry:
     raise AssertionError("unreachable")
 
 
-@pytest.fixture
-def registry(tmp_path):
-    """docker-registry over plain HTTP on 127.0.0.1 (clients need oci.insecure)."""
-    reg = start_registry(tmp_path / "registry", tls=False)
+@contextlib.contextmanager
+def running_registry(tmp: Path, *, tls: bool = False):
+    """start_registry(), stopped when the `with` ends, whatever happened."""
+    reg = start_registry(tmp, tls=tls)
     try:
         yield reg
     finally:
         reg.stop()
+
+
+@pytest.fixture
+def registry(tmp_path):
+    """docker-registry over plain HTTP on 127.0.0.1 (clients need oci.insecure)."""
+    with running_registry(tmp_path / "registry") as reg:
+        yield reg
 
 
 @pytest.fixture
 def tls_registry(tmp_path):
     """docker-registry with TLS (a test CA: reg.ca_file) and basic auth (reg.username, reg.password)."""
-    reg = start_registry(tmp_path / "tls-registry", tls=True)
-    try:
+    with running_registry(tmp_path / "tls-registry", tls=True) as reg:
         yield reg
-    finally:
-        reg.stop()
 
 
 def htpasswd_line(user: str, password: str) -> str:
