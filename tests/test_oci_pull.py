@@ -5,6 +5,8 @@ and every digest lie refused with nothing written outside the store."""
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -75,6 +77,17 @@ def test_publish_revision_and_prune(registry, tmp_path):
     assert left == sorted(["current", f"sha256-{digests[4][7:]}", f"sha256-{digests[4][7:]}.json",
                            f"sha256-{digests[1][7:]}", f"sha256-{digests[1][7:]}.json"])
     assert artifact_at(tmp_path) is None and artifact_at(store / f"sha256-{digests[1][7:]}" / "a.yaml").digest == digests[1]
+    # what a killed pull or publish left: removed once an hour old, never while it may be in use
+    (store / ".tmp-1234").mkdir()
+    (store / ".tmp-99-1.layer").write_bytes(b"partial")
+    os.symlink("sha256-x", store / ".tmp-current-99-2")
+    prune(store)
+    assert len([p for p in store.iterdir() if p.name.startswith(".tmp-")]) == 3
+    for p in store.iterdir():
+        if p.name.startswith(".tmp-"):
+            os.utime(p, (time.time() - 7200,) * 2, follow_symlinks=False)
+    prune(store)
+    assert sorted(p.name for p in store.iterdir()) == left
 
 
 def test_unchanged_tag_costs_one_head_and_no_download(registry, tmp_path):
