@@ -26,11 +26,13 @@ from pathlib import Path
 
 from reconciler.atomic import atomic_write, fsync_dir
 from reconciler.intake.model import OciSettings
-from reconciler.intake.oci_reference import OCI_PREFIX, Reference, SourceError, is_digest, is_oci, parse_reference
+from reconciler.intake.oci_reference import (OCI_PREFIX, SOURCE_ERROR_REASONS, Reference, SourceError, is_digest, is_oci,
+                                             parse_reference)
 from reconciler.intake.unpack import TMP_PREFIX, unpack
 
-__all__ = ["OCI_PREFIX", "Artifact", "Reference", "Signature", "SourceError", "artifact_at", "fetch", "is_oci",
-           "parse_reference", "prune", "publish", "pull", "resolve", "store_for"]
+__all__ = ["OCI_PREFIX", "SOURCE_ERROR_REASONS", "Artifact", "Reference", "Signature", "SourceError", "artifact_at",
+           "close_registries", "current_digest", "fetch", "is_oci", "parse_reference", "prune", "publish", "pull", "resolve",
+           "store_for"]
 
 CURRENT = "current"
 METADATA_KIND = "nftrec.oci-artifact/v1"
