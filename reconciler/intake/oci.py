@@ -31,8 +31,7 @@ from reconciler.intake.oci_reference import (OCI_PREFIX, SOURCE_ERROR_REASONS, R
 from reconciler.intake.unpack import TMP_PREFIX, unpack
 
 __all__ = ["OCI_PREFIX", "SOURCE_ERROR_REASONS", "Artifact", "Reference", "Signature", "SourceError", "artifact_at",
-           "close_registries", "current_digest", "fetch", "fetch_artifact", "is_oci", "parse_reference", "prune",
-           "prune_artifacts", "publish", "publish_artifact", "pull", "pull_artifact", "resolve", "resolve_artifact",
+           "close_registries", "current_digest", "fetch", "is_oci", "parse_reference", "prune", "publish", "pull", "resolve",
            "store_for"]
 
 CURRENT = "current"
@@ -222,15 +221,6 @@ def fetch(source: str, settings: OciSettings, state_dir: Path, *, signatures: bo
     root = publish(store, artifact)
     prune(store)
     return root
-
-
-# The names other stages import through `reconciler.intake`, where `resolve` is git's and
-# the short names would be ambiguous; inside intake, `oci.resolve` etc. are the same functions.
-resolve_artifact = resolve
-pull_artifact = pull
-publish_artifact = publish
-prune_artifacts = prune
-fetch_artifact = fetch
 
 
 # --- the registry's side --------------------------------------------------------------------
