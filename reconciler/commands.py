@@ -208,17 +208,13 @@ def _target(config: Optional[Path], netns: Optional[str], recover: bool = True):
 
 
 def _root(argument: str, config: Optional[Path], target=None) -> Path:
-    """DIR as given, or the tree of the artifact an oci:// reference names (engine/source.py),
-    kept until the command ends (`target`: plan and apply, in its state directory)."""
-    from reconciler.engine import command_source, is_source
+    """DIR, or the tree of the artifact an oci:// reference names (engine/source.py; `target`: plan, apply)."""
+    from reconciler.engine import is_source, open_source
 
     if not is_source(argument):
         return Path(argument)
-    import click
-
     out: list = []
-    source = command_source(argument, config, _state_root(), target)
-    if _guard(lambda: out.append(click.get_current_context().with_resource(source)) or EXIT_OK) != EXIT_OK:
+    if _guard(lambda: out.append(open_source(argument, config, _state_root(), target)) or EXIT_OK) != EXIT_OK:
         raise typer.Exit(EXIT_ERROR)
     return out[0]
 

@@ -7,10 +7,11 @@ of another tag of the same repository must not move it.
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import tempfile
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -19,6 +20,8 @@ from reconciler.engine.target import CommandError
 KEEP = 3  # artifacts kept in a store besides the current and the last applied one (rollback)
 
 _in_use: set[str] = set()  # digests this process is reading (`diff` of two artifacts): never pruned
+_open = ExitStack()  # the sources a command reads, released when the process exits
+atexit.register(_open.close)
 
 
 def is_source(argument: str | Path | None) -> bool:
@@ -115,3 +118,9 @@ def command_source(argument: str, config_path: Path | None, state_root: Path, ta
 
     return manifest_root(argument, config_path, target.store().dir, verify=True,
                          last_applied=lambda: read_status(target.store()).last_applied_revision)
+
+
+def open_source(argument: str, config_path: Path | None, state_root: Path, target=None) -> Path:
+    """command_source's manifest root, kept until the process exits (a private temporary
+    copy is removed then)."""
+    return _open.enter_context(command_source(argument, config_path, state_root, target))
