@@ -105,7 +105,7 @@ def test_a_restart_with_the_registry_down_serves_the_stored_artifact(registry, t
     in_kernel = listing(netns)
     w = Watch(netns, registry.ref("team/edge", "prod"), cfg, state)
     try:
-        sync = w.wait(lambda: synced(w, name_of(v1)), 30, what="the sync of the stored artifact")
+        [sync] = w.wait(lambda: synced(w, name_of(v1)), 30, what="the sync of the stored artifact")
         assert sync["operations"] == 0  # the kernel already holds it
         w.wait(lambda: metric(w, "nftrec_source_errors_total", '{reason="unreachable"}') >= 1, 20,
                what="a failed poll")

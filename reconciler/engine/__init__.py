@@ -10,7 +10,8 @@ apply's window and its rollback; `teardown` is cleanup; `doctor` checks the host
 `planfile` is a saved plan; `target` says where a command acts; `review` is `nftrec diff`
 (two manifest trees or git revisions, planned against each other without a kernel);
 `trace` explains one packet with the desired or the live ruleset, `kerneltrace` traces a
-real one with the kernel's `meta nftrace`.
+real one with the kernel's `meta nftrace`. `source` turns an `oci://` argument into the
+tree a command reads; `sourcestate` is `watch oci://`'s source for `status`.
 """
 
 from reconciler import lazy_exports
