@@ -33,13 +33,22 @@ def synced(w: Watch, revision: str) -> list[dict]:
     return [s for s in w.syncs() if s.get("revision") == revision]
 
 
-def test_watch_follows_a_repushed_tag_and_never_resyncs_a_digest(registry, tmp_path, netns):  # noqa: F811
+def watching(registry, tmp_path, netns) -> tuple[dict, str, Watch]:  # noqa: F811
+    """edge-small pushed as team/edge:prod and `watch` on it, once it has synced."""
     files = tree_files(EDGE)
     v1 = push_artifact(registry.host, "team/edge", "prod", files)
-    state = tmp_path / "state"
-    w = Watch(netns, registry.ref("team/edge", "prod"), node_config(tmp_path, OCI), state)
+    w = Watch(netns, registry.ref("team/edge", "prod"), node_config(tmp_path, OCI), tmp_path / "state")
     try:
         w.wait(lambda: synced(w, name_of(v1)), 30, what="the first sync of v1")
+    except BaseException:
+        w.stop()
+        raise
+    return files, v1, w
+
+
+def test_watch_follows_a_repushed_tag_and_never_resyncs_a_digest(registry, tmp_path, netns):  # noqa: F811
+    files, v1, w = watching(registry, tmp_path, netns)
+    try:
         assert "dns" in listing(netns)
         v2 = push_artifact(registry.host, "team/edge", "prod", without_service(files, "dns"), revision=REV2)
         pushed = time.monotonic()
@@ -64,12 +73,8 @@ def test_watch_follows_a_repushed_tag_and_never_resyncs_a_digest(registry, tmp_p
 
 
 def test_a_registry_outage_changes_nothing_and_the_daemon_recovers(registry, tmp_path, netns):  # noqa: F811
-    files = tree_files(EDGE)
-    v1 = push_artifact(registry.host, "team/edge", "prod", files)
-    state = tmp_path / "state"
-    w = Watch(netns, registry.ref("team/edge", "prod"), node_config(tmp_path, OCI), state)
+    files, v1, w = watching(registry, tmp_path, netns)
     try:
-        w.wait(lambda: synced(w, name_of(v1)), 30, what="the first sync")
         before = listing(netns)
         registry.stop()
         errors = 'nftrec_source_errors_total'
@@ -94,13 +99,9 @@ def test_a_registry_outage_changes_nothing_and_the_daemon_recovers(registry, tmp
 
 
 def test_a_restart_with_the_registry_down_serves_the_stored_artifact(registry, tmp_path, netns):  # noqa: F811
-    v1 = push_artifact(registry.host, "team/edge", "prod", tree_files(EDGE))
+    _, v1, w = watching(registry, tmp_path, netns)
+    assert w.stop() == 0
     state, cfg = tmp_path / "state", node_config(tmp_path, OCI)
-    w = Watch(netns, registry.ref("team/edge", "prod"), cfg, state)
-    try:
-        w.wait(lambda: synced(w, name_of(v1)), 30, what="the first sync")
-    finally:
-        assert w.stop() == 0
     registry.stop()
     in_kernel = listing(netns)
     w = Watch(netns, registry.ref("team/edge", "prod"), cfg, state)
