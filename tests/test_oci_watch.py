@@ -213,3 +213,46 @@ def test_fetcher_at_start_keeps_its_own_published_artifact_only(fake_fetcher):
     assert make().ready()  # a restart: this reference published it
     other = type(f)("oci://127.0.0.1:5000/team/edge:staging", f.target)
     assert not other.ready()  # another tag of the same repository: not used before its own fetch
+
+
+def test_the_watcher_sees_only_the_link_swap_in_an_oci_store(tmp_path):
+    """What the fetcher and prune do beside `current` (a .tmp- unpack, metadata files,
+    another tree coming and going) triggers nothing; publish's swap triggers a sync."""
+    import os
+    import shutil
+    import threading
+
+    from reconciler.daemon.watcher import Watcher
+    from reconciler.intake import artifact_at, parse_reference, publish
+    from reconciler.intake.oci import write_metadata
+
+    store = tmp_path / "oci" / "127.0.0.1_5000" / "team+edge"
+    store.mkdir(parents=True)
+    ref = parse_reference("oci://127.0.0.1:5000/team/edge:prod")
+
+    def tree(ch: str):
+        t = store / ("sha256-" + ch * 64)
+        t.mkdir()
+        (t / "svc.yaml").write_text("kind: Service\n")
+        write_metadata(t, ref, "sha256:" + ch * 64, {}, ())
+        return artifact_at(t)
+
+    publish(store, tree("a"))
+    fired = threading.Event()
+    w = Watcher(store / "current", fired.set, debounce=0.01, debounce_max=0.1)
+    w.start()
+    try:
+        w.follow(str((store / "current").resolve()))
+        (store / ".tmp-unpack").mkdir()
+        (store / ".tmp-unpack" / "x.yaml").write_text("kind: Service\n")
+        shutil.rmtree(store / ".tmp-unpack")
+        b = tree("b")  # a pull: its tree and metadata beside the published one
+        os.utime(store / ("sha256-" + "a" * 64 + ".json"))
+        tree("c")  # a prune: an old tree and its metadata removed
+        shutil.rmtree(store / ("sha256-" + "c" * 64))
+        os.unlink(store / ("sha256-" + "c" * 64 + ".json"))
+        assert not fired.wait(0.5)
+        publish(store, b)
+        assert fired.wait(5), "the swap of current was not seen"
+    finally:
+        w.stop()
