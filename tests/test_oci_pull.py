@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
-from ociregistry import (FLUX_LAYER, OCI_INDEX, flux_manifest, push_artifact, push_blob, push_manifest, registry,  # noqa: F401
-                         sha256, tar_gz, tls_registry)
+from ociregistry import (FLUX_LAYER, OCI_INDEX, assert_refused, flux_manifest, listing, push_artifact, push_blob,  # noqa: F401
+                         push_manifest, registry, sha256, tar_gz, tls_registry)
 
 from reconciler.intake import input_digest
 from reconciler.intake.model import OciSettings
@@ -26,16 +27,6 @@ REVISION = "main@sha1:" + "ab" * 20
 def _fresh_clients():
     yield
     close_registries()
-
-
-def listing(root: Path, *skip: Path) -> set[str]:
-    """Every path under root (links not followed), except the trees `skip`."""
-    out = set()
-    for dirpath, dirnames, filenames in os.walk(root):
-        d = Path(dirpath)
-        dirnames[:] = [n for n in dirnames if d / n not in skip]
-        out.update(str((d / n).relative_to(root)) for n in dirnames + filenames)
-    return out
 
 
 def read_tree(root: Path) -> dict[str, bytes]:
@@ -86,6 +77,17 @@ def test_publish_revision_and_prune(registry, tmp_path):
     assert left == sorted(["current", f"sha256-{digests[4][7:]}", f"sha256-{digests[4][7:]}.json",
                            f"sha256-{digests[1][7:]}", f"sha256-{digests[1][7:]}.json"])
     assert artifact_at(tmp_path) is None and artifact_at(store / f"sha256-{digests[1][7:]}" / "a.yaml").digest == digests[1]
+    # what a killed pull or publish left: removed once an hour old, never while it may be in use
+    (store / ".tmp-1234").mkdir()
+    (store / ".tmp-99-1.layer").write_bytes(b"partial")
+    os.symlink("sha256-x", store / ".tmp-current-99-2")
+    prune(store)
+    assert len([p for p in store.iterdir() if p.name.startswith(".tmp-")]) == 3
+    for p in store.iterdir():
+        if p.name.startswith(".tmp-"):
+            os.utime(p, (time.time() - 7200,) * 2, follow_symlinks=False)
+    prune(store)
+    assert sorted(p.name for p in store.iterdir()) == left
 
 
 def test_unchanged_tag_costs_one_head_and_no_download(registry, tmp_path):
@@ -152,21 +154,6 @@ def test_tls_errors_are_clear(tls_registry, tmp_path):
     with pytest.raises(SourceError) as e:
         resolve(ref, OciSettings(insecure=True))
     assert e.value.reason == "tls" and "remove oci.insecure" in e.value.message
-
-
-def assert_refused(reason: str, ref, settings, state: Path, tmp_path: Path, *, skip: Path, says: str = "") -> SourceError:
-    """pull() fails with `reason` and nothing is left: the store holds nothing, nothing
-    else under tmp_path changed (the registry's own files aside)."""
-    before = listing(tmp_path, skip)
-    store = store_for(state, ref)
-    with pytest.raises(SourceError) as e:
-        pull(ref, settings, store)
-    assert e.value.reason == reason, e.value.message
-    assert says in e.value.message
-    after = listing(tmp_path, skip)
-    assert after - before <= {str(p.relative_to(tmp_path)) for p in (store, *store.parents) if tmp_path in p.parents}
-    assert not store.exists() or list(store.iterdir()) == []
-    return e.value
 
 
 def test_layer_whose_bytes_do_not_match_its_digest(registry, tmp_path):
@@ -238,3 +225,49 @@ def test_metadata_is_the_record(registry, tmp_path):
     # a tree without (valid) metadata is no artifact
     art.path.with_name(art.path.name + ".json").write_text("{}")
     assert artifact_at(art.path) is None
+
+
+def push_sig_manifest(registry, repo: str, digest: str, payloads: list[bytes]) -> str:
+    """cosign's layout, no cryptography: tag sha256-<hex>.sig, one simple-signing layer per
+    payload annotated with a (here meaningless) signature."""
+    layers = []
+    for i, payload in enumerate(payloads):
+        layers.append({"mediaType": "application/vnd.dev.cosign.simplesigning.v1+json", "size": len(payload),
+                       "digest": push_blob(registry.host, repo, payload, **registry.http),
+                       "annotations": {"dev.cosignproject.cosign/signature": f"c2lnbmF0dXJl{i}",
+                                       "dev.sigstore.cosign/bundle": "{}"}})
+    config = b'{"architecture":"","os":""}'
+    manifest = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "size": len(config),
+                           "digest": push_blob(registry.host, repo, config, **registry.http)},
+                "layers": layers}
+    return push_manifest(registry.host, repo, f"sha256-{digest[7:]}.sig", manifest, **registry.http)
+
+
+def test_signatures_are_fetched_when_asked(registry, tmp_path):
+    digest = push_artifact(registry.host, "m", "v1", FILES, **registry.http)
+    ref = parse_reference(registry.ref("m", "v1"))
+    store = store_for(tmp_path, ref)
+    assert pull(ref, INSECURE, store, signatures=True).signatures == ()  # no .sig tag: none, no error
+    payload = json.dumps({"critical": {"image": {"docker-manifest-digest": digest}, "type": "cosign container image signature"},
+                          "optional": None}).encode()
+    push_sig_manifest(registry, "m", digest, [payload, b"second"])
+    layer_gets = len(registry.requests("GET", "/blobs/"))
+    art = pull(ref, INSECURE, store, signatures=True)  # none stored: looked up again, the layer not downloaded
+    assert [s.payload for s in art.signatures] == [payload, b"second"]
+    assert art.signatures[0].signature == "c2lnbmF0dXJl0" and art.signatures[0].annotations == {"dev.sigstore.cosign/bundle": "{}"}
+    assert len(registry.requests("GET", "/blobs/")) == layer_gets + 2  # the two payloads only
+    before = registry.requests()
+    again = pull(ref, INSECURE, store, digest=digest, signatures=True)
+    assert again.signatures == art.signatures and registry.requests() == before  # from the metadata
+    assert artifact_at(art.path).signatures == art.signatures
+
+
+def test_signature_payload_whose_bytes_lie(registry, tmp_path):
+    digest = push_artifact(registry.host, "m", "v1", FILES, **registry.http)
+    push_sig_manifest(registry, "m", digest, [b'{"critical": {}}'])
+    registry.corrupt_blob(sha256(b'{"critical": {}}'))
+    ref = parse_reference(registry.ref("m", "v1"))
+    with pytest.raises(SourceError) as e:
+        pull(ref, INSECURE, store_for(tmp_path, ref), signatures=True)
+    assert e.value.reason == "digest-mismatch"

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from reconciler.intake.load import SUFFIXES, LoadResult
-from reconciler.intake.oci import artifact_at
 from reconciler.intake.parse import MAX_FILE_BYTES
 from reconciler.intake.problems import ERROR, WARNING, Problem, show
 from reconciler.intake.sources import load_blobs
@@ -100,9 +99,12 @@ def revision_of(resolved: Path | None, digest: str) -> str:
     else `sha256:<digest>`."""
     if resolved is None:
         return ""
-    artifact = artifact_at(resolved)
-    if artifact is not None:
-        return artifact.name
+    if any(p.name.startswith("sha256-") for p in (resolved, *resolved.parents)):  # (links already resolved)
+        from reconciler.intake.oci import artifact_at  # only then: other reads do not import the OCI source
+
+        artifact = artifact_at(resolved)
+        if artifact is not None:
+            return artifact.name
     return find_revision(resolved if resolved.is_dir() else resolved.parent) or f"sha256:{digest}"
 
 
