@@ -11,7 +11,7 @@ from reconciler import lazy_exports
 __all__, __getattr__ = lazy_exports(__name__, {
     "config": ("DEFAULT_PATH", "discover_host_addresses", "discover_node_ips", "load_node_config", "parse_duration"),
     "digests": ("InputDigest", "config_digest", "input_digest"),
-    "git": ("GitError", "merge_base", "parse_range", "resolve"),
+    "git": ("GitError", "merge_base", "parse_range", "resolve_revision"),
     "healthchecks": ("parse_health_check", "split_host_port"),
     "incremental": ("Intake", "Snapshot"),
     "inventory": ("InventoryResult", "read_inventory", "read_revision"),

@@ -152,7 +152,7 @@ def _check_revision(rev: str) -> None:
         raise GitError(f"{show(rev)} is not a revision name")
 
 
-def resolve(directory: Path, rev: str) -> str:
+def resolve_revision(directory: Path, rev: str) -> str:
     """The commit a revision name means."""
     _check_revision(rev)
     try:
@@ -211,7 +211,7 @@ def _cat(directory: Path, oids: list[str]) -> dict[str, bytes]:
 def load_revision(directory: Path, rev: str, commit: str | None = None) -> LoadResult:
     """The manifests under `directory` as revision `rev` has them, loaded as load_manifests
     loads a checkout of `rev`. The result's revision is the commit."""
-    commit = commit or resolve(directory, rev)
+    commit = commit or resolve_revision(directory, rev)
     prefix = _prefix(directory)
     listing = _git(directory, "ls-tree", "-r", "-z", "-l", "--full-name", commit, "--", ".")
     entries: dict[str, tuple[str, str, int]] = {}  # path below DIR -> (mode, oid, size)
