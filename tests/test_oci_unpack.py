@@ -121,3 +121,21 @@ def test_bytes_are_counted_while_writing(tmp_path):
     (tree / "f0.yaml").write_bytes(b"first")
     assert unpack_module.unpack(layer, store, "sha256-x") == tree
     assert listing(store) == want and (tree / "f0.yaml").read_bytes() == b"first"
+
+
+def test_a_huge_tar_header_stops_at_its_budget(tmp_path):
+    """A pax record of 64 MiB (64 kB gzipped): tarfile would read it whole into memory."""
+    big = tarfile.TarInfo("web.yaml")
+    big.pax_headers = {"comment": "x" * (64 << 20)}
+    layer = tmp_path / "layer.tar.gz"
+    layer.write_bytes(tar_gz_members([(big, b"kind: List\n")]))
+    assert layer.stat().st_size < 1 << 20
+    store = tmp_path / "store"
+    store.mkdir()
+    with pytest.raises(SourceError) as e:
+        unpack_module.unpack(layer, store, "sha256-x")
+    assert e.value.reason == "too-large" and "tar header" in e.value.message
+    assert listing(store) == set()
+    # the same member with an ordinary header unpacks
+    layer.write_bytes(tar_gz_members([(tarfile.TarInfo("web.yaml"), b"kind: List\n")]))
+    assert (unpack_module.unpack(layer, store, "sha256-x") / "web.yaml").read_bytes() == b"kind: List\n"

@@ -9,12 +9,14 @@ setuid bit or link of the archive is ever applied.
 # Links are refused, every one, symbolic or hard, inside the tree or not: `flux push
 # artifact` packs regular files and directories only, and a tree without links cannot be
 # escaped through one, whatever order the entries come in. Devices, FIFOs, sparse and
-# other special entries are refused too. tarfile reads the stream once (mode "r|gz"):
-# no seeking, no member list kept; its `filter=` is not used (Python 3.9.2 lacks it).
+# other special entries are refused too. tarfile reads the stream once (mode "r|"):
+# no seeking, no member list kept, every byte through _Metered's budget; its `filter=`
+# is not used (Python 3.9.2 lacks it).
 
 from __future__ import annotations
 
 import ctypes
+import gzip
 import os
 import secrets
 import shutil
@@ -28,6 +30,7 @@ from reconciler.intake.oci_reference import SourceError
 MAX_ENTRIES = 100_000  # files and directories in one artifact
 MAX_BYTES = 1 << 30  # unpacked bytes in one artifact (1 GiB)
 CHUNK = 1 << 20
+HEADER_ROOM = 1 << 20  # decompressed bytes of tar headers (pax records, GNU long names) before one member
 TMP_PREFIX = ".tmp-"
 
 
@@ -61,37 +64,63 @@ def _refuse(what: str, member: str, why: str) -> SourceError:
     return SourceError("unsafe-archive", f"{what} holds {shown}, {why}: the artifact is refused, nothing was unpacked")
 
 
+class _Metered:
+    """The decompressed layer as tarfile reads it, on a budget that the loop sets before
+    each header (HEADER_ROOM) and each member's data (its size): tarfile reads a pax
+    header or a GNU long name whole into memory, so one that claims gigabytes must stop
+    at the budget, not fill the memory first."""
+
+    def __init__(self, raw):
+        self.raw, self.room = raw, HEADER_ROOM
+
+    def read(self, n: int = -1) -> bytes:
+        want = self.room + 1 if n is None or n < 0 else min(n, self.room + 1)
+        chunk = self.raw.read(want)
+        self.room -= len(chunk)
+        if self.room < 0:
+            raise SourceError("too-large", "a tar header of the layer is over "
+                                           f"{HEADER_ROOM} bytes: refused, nothing was unpacked")
+        return chunk
+
+
 def _extract(layer: Path, root: Path, what: str, max_entries: int, max_bytes: int) -> None:
     entries = 0
     total = 0
     try:
-        with tarfile.open(layer, mode="r|gz") as tar:
-            for member in tar:
-                entries += 1
-                if entries > max_entries:
-                    raise SourceError("too-large", f"{what} holds more than {max_entries} entries: refused, "
-                                                   f"nothing was unpacked")
-                rel = _relative(member.name, what)
-                if member.isdir():
-                    if rel is not None:
-                        _mkdirs(root, rel, what, member.name)
-                    continue
-                if member.issym() or member.islnk():
-                    raise _refuse(what, member.name, f"a {'symbolic' if member.issym() else 'hard'} link "
-                                                     f"(to {member.linkname[:200]!r}); an artifact holds files and directories only")
-                if member.ischr() or member.isblk():
-                    raise _refuse(what, member.name, "a device node")
-                if member.isfifo():
-                    raise _refuse(what, member.name, "a FIFO")
-                if not member.isreg() or member.issparse():
-                    raise _refuse(what, member.name, f"an entry of type {member.type!r}; only files and directories are unpacked")
-                if rel is None:
-                    raise _refuse(what, member.name, "a file without a name")
-                if total + member.size > max_bytes:
-                    raise SourceError("too-large", f"{what} unpacks to more than {max_bytes} bytes "
-                                                   f"(at {member.name[:200]!r}): refused, nothing was unpacked")
-                parent = _mkdirs(root, rel.parent, what, member.name) if rel.parent.parts else root
-                total += _write(tar, member, parent / rel.name, max_bytes - total, what)
+        with gzip.open(layer, "rb") as gz:
+            meter = _Metered(gz)
+            with tarfile.open(fileobj=meter, mode="r|") as tar:  # reads the meter in records, never seeks
+                while True:
+                    meter.room = HEADER_ROOM
+                    member = tar.next()
+                    if member is None:
+                        break
+                    entries += 1
+                    if entries > max_entries:
+                        raise SourceError("too-large", f"{what} holds more than {max_entries} entries: refused, "
+                                                       f"nothing was unpacked")
+                    rel = _relative(member.name, what)
+                    if member.isdir():
+                        if rel is not None:
+                            _mkdirs(root, rel, what, member.name)
+                        continue
+                    if member.issym() or member.islnk():
+                        raise _refuse(what, member.name, f"a {'symbolic' if member.issym() else 'hard'} link "
+                                                         f"(to {member.linkname[:200]!r}); an artifact holds files and directories only")
+                    if member.ischr() or member.isblk():
+                        raise _refuse(what, member.name, "a device node")
+                    if member.isfifo():
+                        raise _refuse(what, member.name, "a FIFO")
+                    if not member.isreg() or member.issparse():
+                        raise _refuse(what, member.name, f"an entry of type {member.type!r}; only files and directories are unpacked")
+                    if rel is None:
+                        raise _refuse(what, member.name, "a file without a name")
+                    if total + member.size > max_bytes:
+                        raise SourceError("too-large", f"{what} unpacks to more than {max_bytes} bytes "
+                                                       f"(at {member.name[:200]!r}): refused, nothing was unpacked")
+                    meter.room = member.size + HEADER_ROOM  # its data, block padding and tarfile's read-ahead
+                    parent = _mkdirs(root, rel.parent, what, member.name) if rel.parent.parts else root
+                    total += _write(tar, member, parent / rel.name, max_bytes - total, what)
     except SourceError:
         raise
     except (tarfile.TarError, zlib.error, EOFError, OSError, UnicodeError) as e:
