@@ -158,6 +158,7 @@ def load_node_config(
         health_checks=tuple(model.HealthCheck(kind, target) for kind, target in settings["healthChecks"]),
         health_check_timeout=periods["healthCheckTimeout"],
         verify=model.Verify(v["mode"], tuple(v["keys"]), v["allowRollback"]) if (v := settings["verify"]) else None,
+        oci=model.OciSettings(**settings["oci"]),
         source=model.Source(shown, 1, 1) if settings["fromFile"] else model.Source("<defaults>"),
     )
     return cfg, problems
@@ -178,7 +179,9 @@ _SETTINGS_TYPES = {
     "nodeName": str, "hasNodeIPs": bool, "nodeIPs": list, "clusterCIDRs": list, "serviceCIDRs": list,
     "nodePortAddresses": list, "masqueradeAll": bool, "masqueradeBit": int, "tableName": str, "layout": str,
     "zone": str, "deriveTopologyHints": bool, "periods": dict, "healthChecks": list, "fromFile": bool, "verify": (dict, type(None)),
+    "oci": dict,
 }
+_OCI_TYPES = {"interval": float, "insecure": bool, "ca_file": str, "credentials_file": str}
 _PERIODS = (("minSyncPeriod", 1.0), ("syncPeriod", 30.0), ("fullSyncPeriod", 3600.0), ("healthCheckTimeout", 30.0))
 
 
@@ -227,7 +230,8 @@ def _valid_settings(s: object) -> bool:
             and set(s["periods"]) == {k for k, _ in _PERIODS}
             and all(type(v) is float for v in s["periods"].values())
             and (s["verify"] is None or (set(s["verify"]) == {"mode", "keys", "allowRollback"}
-                                         and all(isinstance(k, str) for k in s["verify"]["keys"]))))
+                                         and all(isinstance(k, str) for k in s["verify"]["keys"])))
+            and set(s["oci"]) == set(_OCI_TYPES) and all(type(s["oci"][k]) is t for k, t in _OCI_TYPES.items()))
 
 
 def _check(path: str | None, raw: bytes) -> tuple[dict | None, list[Problem]]:
@@ -255,6 +259,13 @@ def _check(path: str | None, raw: bytes) -> tuple[dict | None, list[Problem]]:
             if key != "minSyncPeriod" and periods[key] <= 0:
                 line, _ = _locate(doc, key)
                 problems.append(_problem(shown, line, 1, key, f"must be longer than 0s; use e.g. {'1h' if key == 'fullSyncPeriod' else '30s'}"))
+    oci = dict(data.get("oci") or {})
+    interval = 60.0
+    if "interval" in oci and not any(p.field.startswith("oci") for p in problems):
+        interval = parse_duration(oci["interval"])
+        if interval <= 0:
+            line, col = locate(doc, ("oci", "interval"))
+            problems.append(_problem(shown, line, col, "oci.interval", "must be longer than 0s; use e.g. 1m"))
     problems.sort(key=lambda p: (p.line, p.col))
     if any(p.is_error for p in problems):
         return None, problems
@@ -298,6 +309,8 @@ def _check(path: str | None, raw: bytes) -> tuple[dict | None, list[Problem]]:
             "keys": [str(k) for k in data["verify"]["keys"]],
             "allowRollback": bool(data["verify"].get("allowRollback", False)),
         },
+        "oci": {"interval": float(interval), "insecure": bool(oci.get("insecure", False)),
+                "ca_file": str(oci.get("caFile", "")), "credentials_file": str(oci.get("credentialsFile", ""))},
     }
     return settings, problems
 

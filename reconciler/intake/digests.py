@@ -40,6 +40,7 @@ def config_digest(cfg: NodeConfig, *, strict: bool) -> str:
     what is valid (--strict), and the code digest."""
     doc = asdict(cfg)
     doc.pop("source", None)
+    doc.pop("oci", None)  # how sources are fetched changes nothing in what they compile to
     doc["strict"] = bool(strict)
     doc["code"] = code_digest()
     text = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True, default=str)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from reconciler.intake.load import SUFFIXES, LoadResult
+from reconciler.intake.oci import artifact_at
 from reconciler.intake.parse import MAX_FILE_BYTES
 from reconciler.intake.problems import ERROR, WARNING, Problem, show
 from reconciler.intake.sources import load_blobs
@@ -94,9 +95,14 @@ def find_revision(root: Path) -> str | None:
 
 
 def revision_of(resolved: Path | None, digest: str) -> str:
-    """A manifest tree's revision: the commit of the checkout it is, else `sha256:<digest>`."""
+    """A manifest tree's revision: the name of the OCI artifact it is (checked first: the
+    state directory may sit in a git checkout), else the commit of the checkout it is,
+    else `sha256:<digest>`."""
     if resolved is None:
         return ""
+    artifact = artifact_at(resolved)
+    if artifact is not None:
+        return artifact.name
     return find_revision(resolved if resolved.is_dir() else resolved.parent) or f"sha256:{digest}"
 
 

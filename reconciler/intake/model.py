@@ -176,6 +176,16 @@ class Verify:
 
 
 @dataclass(frozen=True)
+class OciSettings:
+    """The node config's `oci`: how `oci://` sources are fetched (intake/oci.py)."""
+
+    interval: float = 60.0  # seconds between two resolves of a watched tag
+    insecure: bool = False  # allow plain HTTP (registries on loopback, labs)
+    ca_file: str = ""  # an extra PEM CA bundle; the system CAs are always trusted too
+    credentials_file: str = ""  # a docker-style config.json ("auths"); "": anonymous
+
+
+@dataclass(frozen=True)
 class NodeConfig:
     node_name: str
     node_ips: tuple[str, ...] = ()  # canonical; at most one primary per family is used
@@ -202,6 +212,7 @@ class NodeConfig:
     health_checks: tuple[HealthCheck, ...] = ()
     health_check_timeout: float = 30.0  # seconds
     verify: Verify | None = None  # signed revisions only; None: no signature checks
+    oci: OciSettings = OciSettings()  # oci:// sources
     # what the target's nft accepts (discovered, like host_addresses; never from the file)
     spelling: NftSpelling = NftSpelling()
     source: Source = field(default=Source("<defaults>"), compare=False)
