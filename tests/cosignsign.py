@@ -14,6 +14,8 @@ from pathlib import Path
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, padding, rsa
 
+from ociregistry import OCI_MANIFEST, push_blob, push_manifest, sha256
+
 PAYLOAD_TYPE = "application/vnd.dev.cosign.simplesigning.v1+json"
 SIGNATURE_ANNOTATION = "dev.cosignproject.cosign/signature"
 
@@ -58,15 +60,30 @@ def sign(key, data: bytes, *, hash_name: str = "sha256") -> str:
     return base64.b64encode(raw).decode()
 
 
-def signature_manifest(layers: list[tuple[bytes, str]], config_digest: str, config_size: int) -> dict:
-    """The `.sig` tag's OCI manifest for (payload, base64 signature) layers."""
-    import hashlib
+def signature_tag(digest: str) -> str:
+    """cosign's tag for the signatures of `digest`: sha256-<hex>.sig."""
+    return digest.replace(":", "-", 1) + ".sig"
 
-    return {
+
+def push_signature(host: str, repo: str, digest: str, layers: list[tuple[bytes, str]], **http) -> str:
+    """Push the `.sig` tag of `digest` holding (payload, base64 signature) layers, as cosign
+    does (an OCI image manifest whose config names the layers' diff ids); its digest."""
+    config = json.dumps({"architecture": "", "os": "", "config": {},
+                         "rootfs": {"type": "layers", "diff_ids": [sha256(p) for p, _ in layers]}}).encode()
+    config_digest = push_blob(host, repo, config, **http)
+    for p, _ in layers:
+        push_blob(host, repo, p, **http)
+    manifest = {
         "schemaVersion": 2,
-        "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "size": config_size,
-                   "digest": config_digest},
-        "layers": [{"mediaType": PAYLOAD_TYPE, "size": len(p), "digest": "sha256:" + hashlib.sha256(p).hexdigest(),
-                    "annotations": {SIGNATURE_ANNOTATION: s}} for p, s in layers],
+        "mediaType": OCI_MANIFEST,
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "size": len(config), "digest": config_digest},
+        "layers": [{"mediaType": PAYLOAD_TYPE, "size": len(p), "digest": sha256(p), "annotations": {SIGNATURE_ANNOTATION: s}}
+                   for p, s in layers],
     }
+    return push_manifest(host, repo, signature_tag(digest), manifest, **http)
+
+
+def sign_artifact(key, host: str, repo: str, digest: str, **http) -> str:
+    """`cosign sign --key` of the artifact `digest` in host/repo: one layer signed with `key`."""
+    data = payload(digest, f"{host}/{repo}")
+    return push_signature(host, repo, digest, [(data, sign(key, data))], **http)
