@@ -13,19 +13,12 @@ from pathlib import Path
 import pytest
 
 from cosignsign import new_key, payload, push_signature, sign, sign_artifact, write_public
-from nsutil import in_ns
 from ociregistry import push_artifact, registry  # noqa: F401 (the fixture)
 from reconciler.intake import OciSettings, Verify, oci
 from reconciler.intake.cosign import CosignVerifier
 from test_cli_kernel import nftrec, ok
+from test_verify_signed import SERVICE, live_ips
 
-SERVICE = """apiVersion: v1
-kind: Service
-metadata: {{name: web, namespace: default}}
-spec:
-  clusterIP: {ip}
-  ports: [{{port: 80, protocol: TCP}}]
-"""
 REPO = "fleet/manifests"
 
 
@@ -62,10 +55,6 @@ def test_signatures_pulled_from_the_registry_are_verified(tmp_path, registry):  
     push_signature(registry.host, REPO, replayed, [(data, sign(key, data))], **registry.http)
     v = verdict(replayed)
     assert v.reason == "digest-mismatch" and signed in v.message
-
-
-def live_ips(ns: str) -> str:
-    return in_ns(ns, "nft", "list", "table", "ip", "nftrec", check=False).stdout
 
 
 def node_config(tmp: Path, *keys: Path) -> Path:
