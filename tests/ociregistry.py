@@ -177,7 +177,8 @@ def _need_registry() -> None:
         pytest.skip(f"{REGISTRY_BIN} is missing: apt-get install docker-registry (scripts/setup does)")
 
 
-def _run(tmp: Path, *, tls: bool) -> Registry:
+def start_registry(tmp: Path, *, tls: bool = False) -> Registry:
+    """Start a docker-registry (stop() it when done); the fixtures below use it, bench/oci.py too."""
     _need_registry()
     tmp.mkdir(parents=True, exist_ok=True)
     for attempt in range(3):  # a free port may be taken between the probe and the bind
@@ -202,7 +203,7 @@ def _run(tmp: Path, *, tls: bool) -> Registry:
 @pytest.fixture
 def registry(tmp_path):
     """docker-registry over plain HTTP on 127.0.0.1 (clients need oci.insecure)."""
-    reg = _run(tmp_path / "registry", tls=False)
+    reg = start_registry(tmp_path / "registry", tls=False)
     try:
         yield reg
     finally:
@@ -212,7 +213,7 @@ def registry(tmp_path):
 @pytest.fixture
 def tls_registry(tmp_path):
     """docker-registry with TLS (a test CA: reg.ca_file) and basic auth (reg.username, reg.password)."""
-    reg = _run(tmp_path / "tls-registry", tls=True)
+    reg = start_registry(tmp_path / "tls-registry", tls=True)
     try:
         yield reg
     finally:

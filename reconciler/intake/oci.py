@@ -14,10 +14,12 @@ unpack.py; `artifact_at` maps an unpacked tree back to its artifact (the revisio
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
 import shutil
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +39,12 @@ ANNOTATION_SOURCE = "org.opencontainers.image.source"
 ANNOTATION_CREATED = "org.opencontainers.image.created"
 _TREE_RE = re.compile(r"sha256-([0-9a-f]{64})")
 MAX_METADATA_BYTES = 4 << 20
+MAX_LAYER_BYTES = 256 << 20  # the compressed layer; unpacked, unpack.MAX_BYTES
+MAX_SIGNATURE_BYTES = 1 << 20  # one simple-signing payload
+MAX_SIGNATURES = 64
+FLUX_CONFIG = "application/vnd.cncf.flux.config.v1+json"
+FLUX_LAYER = "application/vnd.cncf.flux.content.v1.tar+gzip"
+COSIGN_SIGNATURE = "dev.cosignproject.cosign/signature"
 
 
 @dataclass(frozen=True)
@@ -83,10 +91,7 @@ def resolve(ref: Reference, settings: OciSettings) -> str:
     request on the manifest (its Docker-Content-Digest). SourceError on any failure."""
     if ref.digest:
         return ref.digest
-    from reconciler.intake.registry import Registry
-
-    with Registry(ref.host, settings) as reg:
-        return reg.head_manifest(ref.repository, ref.tag or "")
+    return registry_for(ref.host, settings).head_manifest(ref.repository, ref.tag or "")
 
 
 def pull(ref: Reference, settings: OciSettings, store: Path, *, digest: str | None = None,
@@ -96,8 +101,35 @@ def pull(ref: Reference, settings: OciSettings, store: Path, *, digest: str | No
     fetched (sha256 checked), checked to be Flux's format, its layer fetched (sha256 and
     size checked, bounded) and unpacked safely, then the metadata written beside it. With
     `signatures`, cosign's `sha256-<hex>.sig` manifest and layers too (digest-checked; no
-    such tag: none)."""
-    raise NotImplementedError
+    such tag: none; asked again while none are stored, the tag is looked up again)."""
+    store = Path(store)
+    digest = digest or ref.digest or resolve(ref, settings)
+    tree = store / tree_name(digest)
+    meta = read_metadata(tree.with_name(tree.name + ".json")) if tree.is_dir() else None
+    artifact = _artifact(meta, tree) if meta is not None else None
+    if artifact is not None:
+        if not signatures or (meta.get("signaturesFetched") and artifact.signatures):
+            return artifact  # nothing downloaded
+        # signatures asked, none stored: cosign may have signed since; look (no layer download)
+        sigs = fetch_signatures(registry_for(ref.host, settings), ref, digest)
+        write_metadata(tree, artifact.reference, digest, meta["annotations"], sigs, signatures_fetched=True)
+        return dataclasses.replace(artifact, signatures=sigs)
+    reg = registry_for(ref.host, settings)
+    raw, media_type = reg.get_manifest(ref.repository, digest, digest)
+    layer, annotations = flux_layer(raw, media_type, f"{ref.at(digest)}")
+    store.mkdir(parents=True, exist_ok=True)
+    from reconciler.intake.unpack import unpack
+
+    tmp = store / f"{TMP_PREFIX}{os.getpid()}-{time.monotonic_ns()}.layer"
+    try:
+        reg.get_blob(ref.repository, layer["digest"], layer["size"], tmp, MAX_LAYER_BYTES)
+        unpack(tmp, store, tree.name, what=f"the layer of {ref.at(digest)}")
+    finally:
+        _remove(tmp)
+    sigs = fetch_signatures(reg, ref, digest) if signatures else ()
+    write_metadata(tree, ref.at(digest), digest, annotations, sigs, signatures_fetched=signatures)
+    return Artifact(ref.at(digest), digest, annotations.get(ANNOTATION_REVISION, ""),
+                    annotations.get(ANNOTATION_SOURCE, ""), annotations.get(ANNOTATION_CREATED, ""), tree, sigs)
 
 
 def publish(store: Path, artifact: Artifact) -> Path:
@@ -191,10 +223,115 @@ def fetch(source: str, settings: OciSettings, state_dir: Path, *, signatures: bo
     return root
 
 
+# --- the registry's side --------------------------------------------------------------------
+
+_registries: dict = {}
+_registries_lock = threading.Lock()
+
+
+def registry_for(host: str, settings: OciSettings):
+    """The Registry client of `host` with these settings, kept for the process: a watched
+    tag's resolve reuses its connection and the auth it negotiated (one HEAD, no new
+    handshake or challenge)."""
+    from reconciler.intake.registry import Registry
+
+    with _registries_lock:
+        reg = _registries.get((host, settings))
+        if reg is None:
+            reg = _registries[(host, settings)] = Registry(host, settings)
+        return reg
+
+
+def close_registries() -> None:
+    """Close every kept client (tests; a process that is done with the source)."""
+    with _registries_lock:
+        for reg in _registries.values():
+            reg.close()
+        _registries.clear()
+
+
+def flux_layer(raw: bytes, media_type: str, shown: str) -> tuple[dict, dict]:
+    """(the layer descriptor, the annotations) of a manifest that must be Flux's format:
+    an OCI image manifest, config application/vnd.cncf.flux.config.v1+json, exactly one
+    layer application/vnd.cncf.flux.content.v1.tar+gzip. SourceError bad-artifact else."""
+    from reconciler.intake.registry import DOCKER_LIST, OCI_INDEX, OCI_MANIFEST
+
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        doc = None
+    if not isinstance(doc, dict):
+        raise SourceError("bad-artifact", f"{shown}: the manifest is not a JSON object")
+    kind = doc.get("mediaType") or media_type
+    if kind in (OCI_INDEX, DOCKER_LIST) or "manifests" in doc:
+        raise SourceError("bad-artifact", f"{shown} is an image index (a list of manifests, e.g. per platform), "
+                                          f"not a Flux artifact; push the manifests with flux push artifact")
+    if kind != OCI_MANIFEST or doc.get("schemaVersion") != 2:
+        raise SourceError("bad-artifact", f"not a Flux artifact: {shown} is a {str(kind)[:100]!r} manifest, "
+                                          f"not an OCI image manifest (schemaVersion 2)")
+    config = doc.get("config")
+    if not isinstance(config, dict) or config.get("mediaType") != FLUX_CONFIG:
+        got = config.get("mediaType") if isinstance(config, dict) else None
+        raise SourceError("bad-artifact", f"not a Flux artifact: {shown} has the config media type {str(got)[:100]!r}, "
+                                          f"not {FLUX_CONFIG} (push it with flux push artifact)")
+    layers = doc.get("layers")
+    if not isinstance(layers, list) or len(layers) != 1 or not isinstance(layers[0], dict):
+        count = len(layers) if isinstance(layers, list) else 0
+        raise SourceError("bad-artifact", f"not a Flux artifact: {shown} has {count} layers, not exactly one")
+    layer = layers[0]
+    if layer.get("mediaType") != FLUX_LAYER:
+        raise SourceError("bad-artifact", f"not a Flux artifact: {shown}'s layer is {str(layer.get('mediaType'))[:100]!r}, "
+                                          f"not {FLUX_LAYER}")
+    size = layer.get("size")
+    if not isinstance(layer.get("digest"), str) or not is_digest(layer["digest"]) or type(size) is not int or size < 0:
+        raise SourceError("bad-artifact", f"{shown}: the layer's descriptor has no sha256 digest or size")
+    annotations = doc.get("annotations") or {}
+    if not isinstance(annotations, dict):
+        raise SourceError("bad-artifact", f"{shown}: the manifest's annotations are not a mapping")
+    return layer, {str(k)[:256]: str(v)[:4096] for k, v in annotations.items()}
+
+
+def fetch_signatures(reg, ref: Reference, digest: str) -> tuple[Signature, ...]:
+    """cosign's signatures of `digest`: the layers of the `sha256-<hex>.sig` tag's manifest
+    that carry dev.cosignproject.cosign/signature, each payload's digest and size checked.
+    No such tag: ()."""
+    from reconciler.intake.registry import DOCKER_MANIFEST, OCI_MANIFEST
+
+    tag = tree_name(digest) + ".sig"
+    shown = f"{OCI_PREFIX}{ref.host}/{ref.repository}:{tag}"
+    try:
+        raw, media_type = reg.get_manifest(ref.repository, tag)
+    except SourceError as e:
+        if e.reason == "not-found":
+            return ()
+        raise
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        doc = None
+    if not isinstance(doc, dict) or (doc.get("mediaType") or media_type) not in (OCI_MANIFEST, DOCKER_MANIFEST):
+        raise SourceError("bad-artifact", f"{shown} is not a cosign signature manifest")
+    out = []
+    for layer in doc.get("layers") or ():
+        ann = layer.get("annotations") if isinstance(layer, dict) else None
+        if not isinstance(ann, dict) or not isinstance(ann.get(COSIGN_SIGNATURE), str):
+            continue
+        size = layer.get("size")
+        if not isinstance(layer.get("digest"), str) or not is_digest(layer["digest"]) or type(size) is not int or size < 0:
+            raise SourceError("bad-artifact", f"{shown}: a signature layer has no sha256 digest or size")
+        payload = reg.get_small_blob(ref.repository, layer["digest"], size, MAX_SIGNATURE_BYTES)
+        others = {str(k): str(v) for k, v in ann.items() if k != COSIGN_SIGNATURE}
+        out.append(Signature(payload, ann[COSIGN_SIGNATURE], others))
+        if len(out) >= MAX_SIGNATURES:
+            break
+    return tuple(out)
+
+
 # --- metadata --------------------------------------------------------------------------------
 
 
-def write_metadata(tree: Path, ref: Reference, digest: str, annotations: dict, signatures: tuple[Signature, ...]) -> None:
+def write_metadata(tree: Path, ref: Reference, digest: str, annotations: dict, signatures: tuple[Signature, ...],
+                   *, signatures_fetched: bool = False) -> None:
     """The metadata beside `tree`, written atomically (the tree counts from then on)."""
     import base64
 
@@ -205,6 +342,7 @@ def write_metadata(tree: Path, ref: Reference, digest: str, annotations: dict, s
         "annotations": {str(k): str(v) for k, v in annotations.items()},
         "signatures": [{"payload": base64.b64encode(s.payload).decode(), "signature": s.signature,
                         "annotations": s.annotations} for s in signatures],
+        "signaturesFetched": bool(signatures_fetched),
         "pulled": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     atomic_write(tree.with_name(tree.name + ".json"), json.dumps(doc, indent=1, sort_keys=True).encode() + b"\n")

@@ -1,0 +1,164 @@
+"""Safe extraction of an artifact's tar.gz layer: regular files and directories only, every
+name relative and without `..`, bounded in entries and bytes (counted while writing, so a
+gzip bomb stops at the limit), into a fresh hidden directory that is renamed into place
+only when the whole archive passed. A refusal removes that directory: nothing is left.
+Files are 0644 and directories 0755, owned by whoever runs nftrec; no owner, mode, time,
+setuid bit or link of the archive is ever applied.
+"""
+
+# Links are refused, every one, symbolic or hard, inside the tree or not: `flux push
+# artifact` packs regular files and directories only, and a tree without links cannot be
+# escaped through one, whatever order the entries come in. Devices, FIFOs, sparse and
+# other special entries are refused too. tarfile reads the stream once (mode "r|gz"):
+# no seeking, no member list kept; its `filter=` is not used (Python 3.9.2 lacks it).
+
+from __future__ import annotations
+
+import ctypes
+import os
+import secrets
+import shutil
+import stat
+import tarfile
+import zlib
+from pathlib import Path, PurePosixPath
+
+from reconciler.intake.oci_reference import SourceError
+
+MAX_ENTRIES = 100_000  # files and directories in one artifact
+MAX_BYTES = 1 << 30  # unpacked bytes in one artifact (1 GiB)
+CHUNK = 1 << 20
+TMP_PREFIX = ".tmp-"
+
+
+def unpack(layer: Path, store: Path, name: str, *, what: str = "the layer",
+           max_entries: int | None = None, max_bytes: int | None = None) -> Path:
+    """Extract the tar.gz `layer` into <store>/<name> (a directory) and return it; when it
+    exists already (pulled concurrently), the existing one is kept. SourceError
+    unsafe-archive / too-large / bad-artifact on refusal, nothing left behind."""
+    final = store / name
+    tmp = store / f"{TMP_PREFIX}{secrets.token_hex(8)}"
+    tmp.mkdir(mode=0o700)  # 0755 once complete: no reader sees it half-written anyway (hidden)
+    try:
+        _extract(layer, tmp, what, MAX_ENTRIES if max_entries is None else max_entries,
+                 MAX_BYTES if max_bytes is None else max_bytes)
+        os.chmod(tmp, 0o755)
+        _sync(tmp)
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not final.is_dir():
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)  # another pull of the same digest won
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def _refuse(what: str, member: str, why: str) -> SourceError:
+    shown = repr(member[:200])
+    return SourceError("unsafe-archive", f"{what} holds {shown}, {why}: the artifact is refused, nothing was unpacked")
+
+
+def _extract(layer: Path, root: Path, what: str, max_entries: int, max_bytes: int) -> None:
+    entries = 0
+    total = 0
+    try:
+        with tarfile.open(layer, mode="r|gz") as tar:
+            for member in tar:
+                entries += 1
+                if entries > max_entries:
+                    raise SourceError("too-large", f"{what} holds more than {max_entries} entries: refused, "
+                                                   f"nothing was unpacked")
+                rel = _relative(member.name, what)
+                if member.isdir():
+                    if rel is not None:
+                        _mkdirs(root, rel, what, member.name)
+                    continue
+                if member.issym() or member.islnk():
+                    raise _refuse(what, member.name, f"a {'symbolic' if member.issym() else 'hard'} link "
+                                                     f"(to {member.linkname[:200]!r}); an artifact holds files and directories only")
+                if member.ischr() or member.isblk():
+                    raise _refuse(what, member.name, "a device node")
+                if member.isfifo():
+                    raise _refuse(what, member.name, "a FIFO")
+                if not member.isreg() or member.issparse():
+                    raise _refuse(what, member.name, f"an entry of type {member.type!r}; only files and directories are unpacked")
+                if rel is None:
+                    raise _refuse(what, member.name, "a file without a name")
+                if total + member.size > max_bytes:
+                    raise SourceError("too-large", f"{what} unpacks to more than {max_bytes} bytes "
+                                                   f"(at {member.name[:200]!r}): refused, nothing was unpacked")
+                parent = _mkdirs(root, rel.parent, what, member.name) if rel.parent.parts else root
+                total += _write(tar, member, parent / rel.name, max_bytes - total, what)
+    except SourceError:
+        raise
+    except (tarfile.TarError, zlib.error, EOFError, OSError, UnicodeError) as e:
+        raise SourceError("bad-artifact", f"{what} is not a readable tar.gz ({type(e).__name__}: {str(e)[:200]}): "
+                                          f"refused, nothing was unpacked") from None
+
+
+def _relative(name: str, what: str) -> PurePosixPath | None:
+    """The member's path relative to the root; None for the root itself ("." or "./")."""
+    if "\0" in name:
+        raise _refuse(what, name, "a name with a NUL byte")
+    if name.startswith("/"):
+        raise _refuse(what, name, "an absolute path")
+    parts = [p for p in name.split("/") if p not in ("", ".")]
+    if ".." in parts:
+        raise _refuse(what, name, "a path with '..'")
+    return PurePosixPath(*parts) if parts else None
+
+
+def _mkdirs(root: Path, rel: PurePosixPath, what: str, member: str) -> Path:
+    """Create rel's directories under root (0755), each checked to be a real directory."""
+    path = root
+    for part in rel.parts:
+        path = path / part
+        try:
+            os.mkdir(path, 0o755)
+            os.chmod(path, 0o755)  # whatever the umask
+        except FileExistsError:
+            if not stat.S_ISDIR(os.lstat(path).st_mode):
+                raise _refuse(what, member, f"a directory where the file {part!r} is") from None
+    return path
+
+
+def _write(tar: tarfile.TarFile, member: tarfile.TarInfo, path: Path, room: int, what: str) -> int:
+    """Write the member's bytes to a new file `path` (0644), counting: more than `room` bytes
+    is too-large at once. A name given twice is refused (O_EXCL), never overwritten."""
+    src = tar.extractfile(member)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except FileExistsError:
+        raise _refuse(what, member.name, "a second entry for one path") from None
+    written = 0
+    with os.fdopen(fd, "wb") as out:
+        os.fchmod(out.fileno(), 0o644)
+        while True:
+            chunk = src.read(CHUNK)
+            if not chunk:
+                break
+            written += len(chunk)
+            if written > room:
+                raise SourceError("too-large", f"{what} unpacks to more bytes than allowed (at {member.name[:200]!r}): "
+                                               f"refused, nothing was unpacked")
+            out.write(chunk)
+    return written
+
+
+def _sync(directory: Path) -> None:
+    """Flush the unpacked files before they count (the metadata is written after this):
+    syncfs(2) on the store's filesystem, else sync(2)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            if libc.syncfs(fd) == 0:
+                return
+        finally:
+            os.close(fd)
+    except (OSError, AttributeError):
+        pass
+    os.sync()
