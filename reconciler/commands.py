@@ -59,6 +59,8 @@ def _global(
 
 
 DIR_ARG = typer.Argument(Path("."), help="Manifest directory (read recursively); - reads standard input.")
+SOURCE_ARG = typer.Argument(".", help="Manifest directory (read recursively); - reads standard input; or an OCI "
+                            "artifact (Flux's format), oci://HOST[:PORT]/REPO:TAG or oci://HOST[:PORT]/REPO@sha256:HEX.")
 CONFIG_OPT = typer.Option(None, "--config", help="Node config (default /etc/nftrec/config.yaml "
                           "when it exists, else defaults).")
 STRICT_OPT = typer.Option(False, "--strict", help="Unknown kinds are errors, not notices.")
@@ -75,7 +77,7 @@ def _check_output(output: str) -> None:
 
 @app.command()
 def validate(
-    directory: Path = DIR_ARG,
+    directory: str = SOURCE_ARG,
     config: Optional[Path] = CONFIG_OPT,
     strict: bool = STRICT_OPT,
     output: str = _output_opt(),
@@ -85,18 +87,19 @@ def validate(
     _check_output(output)
     from reconciler.intake import run_validate
 
-    raise typer.Exit(run_validate(directory, config_path=config, strict=strict, output=output,
-                                  cache_dir=_cache_dir()))
+    root = _root(directory, config)
+    raise typer.Exit(run_validate(root, config_path=config, strict=strict, output=output,
+                                  cache_dir=_cache_dir() if root == Path(directory) else None))
 
 
 @app.command()
 def render(
-    directory: Path = DIR_ARG,
+    directory: str = SOURCE_ARG,
     config: Optional[Path] = CONFIG_OPT,
     strict: bool = STRICT_OPT,
 ) -> None:
     """Print the whole desired ruleset as an `nft -f` script from scratch."""
-    desired = _desired(directory, config, None, strict, interfaces=False)
+    desired = _desired(_root(directory, config), config, None, strict, interfaces=False)
     from reconciler.compile import render_header, render_script
 
     sys.stdout.write(render_header(desired.config) + render_script(desired.ruleset))
@@ -104,10 +107,10 @@ def render(
 
 @app.command()
 def diff(
-    old: Optional[str] = typer.Argument(None, metavar="OLD", help="Manifest directory before the change "
-                                        "(- reads stdin); with --git: a revision, or OLD..NEW / OLD...NEW."),
+    old: Optional[str] = typer.Argument(None, metavar="OLD", help="Manifest directory before the change (- reads "
+                                        "stdin, oci://... an artifact); with --git: a revision, or OLD..NEW / OLD...NEW."),
     new: Optional[str] = typer.Argument(None, metavar="[NEW]", help="Manifest directory after the change "
-                                        "(- reads stdin); with --git: a revision."),
+                                        "(- reads stdin, oci://... an artifact); with --git: a revision."),
     git: Optional[Path] = typer.Option(None, "--git", metavar="DIR", help="Compare two git revisions of the "
                                        "manifest directory DIR (inside a clone), read from git, no checkout."),
     config: Optional[Path] = CONFIG_OPT,
@@ -141,6 +144,8 @@ def diff(
         raise typer.BadParameter("only one side can be - (standard input)")
     from reconciler.engine import run_diff
 
+    if git is None:
+        old, new = (str(_root(side, config)) if side != "-" else side for side in (old, new))
     raise typer.Exit(_guard(run_diff, old, new, git=git, merge_base=merge_base, config_path=config,
                             strict=strict, output=output, detailed=detailed_exitcode, verbose=verbose))
 
@@ -202,6 +207,18 @@ def _target(config: Optional[Path], netns: Optional[str], recover: bool = True):
     return target
 
 
+def _root(argument: str, config: Optional[Path], target=None) -> Path:
+    """DIR, or the tree of the artifact an oci:// reference names (engine/source.py; `target`: plan, apply)."""
+    from reconciler.engine import is_source, open_source
+
+    if not is_source(argument):
+        return Path(argument)
+    out: list = []
+    if _guard(lambda: out.append(open_source(argument, config, _state_root(), target)) or EXIT_OK) != EXIT_OK:
+        raise typer.Exit(EXIT_ERROR)
+    return out[0]
+
+
 def _desired(directory: Path, config: Optional[Path], netns: Optional[str], strict: bool,
              target=None, interfaces: bool = True, compile: bool = True, signed_by=None, allow_rollback: bool = False):
     """The validated, compiled input; invalid input exits 1 (and, for apply, is recorded
@@ -259,7 +276,7 @@ def _guard(fn, *args, **kwargs) -> int:
 
 @app.command()
 def plan(
-    directory: Path = DIR_ARG,
+    directory: str = SOURCE_ARG,
     config: Optional[Path] = CONFIG_OPT,
     netns: Optional[str] = NETNS_OPT,
     strict: bool = STRICT_OPT,
@@ -277,6 +294,7 @@ def plan(
     from reconciler.engine import run_plan_noop
 
     target = _target(config, netns)
+    directory = _root(directory, config, target)
     if not refresh and out is None and not probe:  # unchanged input, config and kernel: no compile, no listing
         rc = _guard(run_plan_noop, target, directory, config, strict=strict, output=output)
         if rc is not None:
@@ -290,7 +308,8 @@ def plan(
 
 @app.command()
 def apply(
-    directory: Optional[Path] = typer.Argument(None, help="Manifest directory (default: .)."),
+    directory: Optional[str] = typer.Argument(None, help="Manifest directory (default: .), or an OCI artifact: "
+                                              "oci://HOST[:PORT]/REPO:TAG or @sha256:HEX."),
     config: Optional[Path] = CONFIG_OPT,
     netns: Optional[str] = NETNS_OPT,
     strict: bool = STRICT_OPT,
@@ -328,13 +347,14 @@ def apply(
     target = _target(config, netns)
     desired = None
     if plan_file is None and not rollback:
+        root = _root(directory or ".", config, target)
         if not probe:
             from reconciler.engine import run_apply_noop
 
-            rc = _guard(run_apply_noop, target, directory or Path("."), config, strict=strict)
+            rc = _guard(run_apply_noop, target, root, config, strict=strict)
             if rc is not None:
                 raise typer.Exit(rc)
-        desired = _probed(_desired(directory or Path("."), config, netns, strict, target=target, compile=probe,
+        desired = _probed(_desired(root, config, netns, strict, target=target, compile=probe,
                                    signed_by=target, allow_rollback=allow_rollback), netns, probe)
     elif probe:
         raise typer.BadParameter("--probe needs a manifest directory (not --plan or --rollback)")
@@ -505,7 +525,7 @@ def cleanup(
 
 @app.command()
 def watch(
-    directory: Path = DIR_ARG,
+    directory: str = SOURCE_ARG,
     config: Optional[Path] = CONFIG_OPT,
     netns: Optional[str] = NETNS_OPT,
     strict: bool = STRICT_OPT,

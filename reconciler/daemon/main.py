@@ -23,7 +23,7 @@ from reconciler.daemon.runner import Fatal, Runner
 from reconciler.daemon.statewriter import StateWriter
 from reconciler.daemon.watcher import DEBOUNCE, Watcher
 from reconciler.engine import LockHeld
-from reconciler.engine import CommandError, Target, recover_locked
+from reconciler.engine import CommandError, Target, is_source, recover_locked
 
 LOCK_RETRY = 1.0  # seconds between attempts to take the namespace lock at start
 
@@ -73,6 +73,11 @@ def _event_watcher(daemon: Daemon, runner: Runner):
     return events
 
 
+def _with_source(health: tuple[bool, str], note: str | None) -> tuple[bool, str]:
+    """/healthz with the source's failure said, not turned red by it (fetcher.health_note)."""
+    return health if note is None else (health[0], f"{health[1]}; {note}")
+
+
 def run_watch(directory: Path, config_path: Path | None, target: Target, *, strict: bool = False,
               metrics_address: str = "127.0.0.1:9105", debounce: float = DEBOUNCE) -> int:
     """The daemon: returns 0 after SIGTERM/SIGINT, 1 when it cannot start."""
@@ -82,6 +87,12 @@ def run_watch(directory: Path, config_path: Path | None, target: Target, *, stri
 
     stop_requested = threading.Event()
     metrics = Metrics()
+    fetcher = None
+    if is_source(str(directory)):  # oci://: the fetcher publishes <store>/current, read as git-sync's link
+        from reconciler.daemon.fetcher import Fetcher
+
+        fetcher = Fetcher(str(directory), target, metrics)
+        directory = fetcher.link
     daemon = Daemon(directory, config_path, target, strict=strict, metrics=metrics)
     server = lock = watcher = addresses = events = None
     runner: Runner | None = None
@@ -110,7 +121,8 @@ def run_watch(directory: Path, config_path: Path | None, target: Target, *, stri
         cfg = daemon.config
         if metrics_address:
             try:
-                server = metrics.serve(metrics_address, daemon.healthy)
+                server = metrics.serve(metrics_address, daemon.healthy if fetcher is None else lambda: _with_source(
+                    daemon.healthy(), fetcher.health_note()))
             except MetricsError as e:
                 logs.log.error(f"{e}; give --metrics-address HOST:PORT, or \"\" to disable metrics")
                 return 1
@@ -139,6 +151,8 @@ def run_watch(directory: Path, config_path: Path | None, target: Target, *, stri
         fatal = []
 
         def sync() -> float | None:
+            if fetcher is not None and not fetcher.ready():
+                return None  # nothing fetched yet: the kernel stays untouched
             try:
                 return daemon.sync()
             except Fatal:
@@ -159,9 +173,14 @@ def run_watch(directory: Path, config_path: Path | None, target: Target, *, stri
         except OSError:
             pass
         watcher.start()
+        if fetcher is not None:
+            fetcher.config = lambda: daemon.config
+            fetcher.applied = lambda: daemon.applied.inventory.revision if daemon.applied is not None else None
+            fetcher.start()
         addresses = _address_watcher(daemon, runner)
         events = _event_watcher(daemon, runner)  # before the initial sync: no change goes unseen
-        logs.log.info(f"watching {directory} for table {target.table} in {target.where} (minSyncPeriod "
+        shown = directory if fetcher is None else f"{fetcher.ref} (every {cfg.oci.interval:g}s, into {fetcher.store})"
+        logs.log.info(f"watching {shown} for table {target.table} in {target.where} (minSyncPeriod "
                       f"{cfg.min_sync_period:g}s, syncPeriod {cfg.sync_period:g}s, fullSyncPeriod "
                       f"{cfg.full_sync_period:g}s, debounce {debounce:g}s); pid {os.getpid()}",
                       extra={"fields": {"event": "start", "pid": os.getpid()}})
@@ -174,6 +193,8 @@ def run_watch(directory: Path, config_path: Path | None, target: Target, *, stri
         logs.log.info("stopping: the rules stay in place", extra={"fields": {"event": "stop"}})
         return 0
     finally:
+        if fetcher is not None:
+            fetcher.stop()
         if addresses is not None:
             addresses.stop()
         if events is not None:

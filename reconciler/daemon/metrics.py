@@ -100,6 +100,15 @@ class Metrics:
             "bad-signature, modified-file, untracked-file, rollback, ...).", ["reason"], registry=r)
         self._signer = _Signer()
         r.register(self._signer)
+        # `watch oci://...` (daemon/fetcher.py): polls of the tag, artifacts pulled, failures by reason
+        self._source_polls = Counter("nftrec_source_polls", "Resolves of the watched OCI reference (one HEAD "
+                                     "request each for a tag).", registry=r)
+        self._source_pulls = Counter("nftrec_source_pulls", "New OCI artifacts pulled, checked and published.",
+                                     registry=r)
+        self._source_errors = Counter(
+            "nftrec_source_errors", "Failed fetches of the OCI source, by reason (unreachable, tls, auth, "
+            "not-found, bad-response, digest-mismatch, bad-artifact, unsafe-archive, too-large, store, ...); the "
+            "kernel keeps the last good ruleset.", ["reason"], registry=r)
 
     def observe_sync(self, kind: str, seconds: float, ok: bool) -> None:
         """One sync attempt of `kind` ("full"|"partial") that took `seconds`."""
@@ -125,6 +134,15 @@ class Metrics:
 
     def verified(self, signer: str, key: str) -> None:
         self._signer.last = (signer, key)
+
+    def source_polled(self) -> None:
+        self._source_polls.inc()
+
+    def source_pulled(self) -> None:
+        self._source_pulls.inc()
+
+    def source_failed(self, reason: str) -> None:
+        self._source_errors.labels(reason).inc()
 
     def drift_repaired(self, objects: int) -> None:
         """A full sync repaired `objects` drifted objects; 0 is no repair (not counted),

@@ -10,7 +10,8 @@ apply's window and its rollback; `teardown` is cleanup; `doctor` checks the host
 `planfile` is a saved plan; `target` says where a command acts; `review` is `nftrec diff`
 (two manifest trees or git revisions, planned against each other without a kernel);
 `trace` explains one packet with the desired or the live ruleset, `kerneltrace` traces a
-real one with the kernel's `meta nftrace`.
+real one with the kernel's `meta nftrace`. `source` turns an `oci://` argument into the
+tree a command reads; `sourcestate` is `watch oci://`'s source for `status`.
 """
 
 from reconciler import lazy_exports
@@ -29,6 +30,8 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "plan": ("make_plan",),
     "probes": ("probe_desired", "read_probe_state", "write_probe_state"),
     "review": ("run_diff",),
+    "source": ("KEEP", "applied_digest", "command_source", "is_source", "manifest_root", "open_source", "reference", "source_error"),
+    "sourcestate": ("read_source_state", "source_status_json", "source_status_lines", "write_source_state"),
     "state": ("StateCorrupt", "default_state_dir", "namespace_dir", "read_history", "read_status"),
     "sync": ("clean_udp_conntrack", "commit", "forget_affinity_clients", "forgotten_affinity_ids", "touched_objects", "udp_services", "verify_applied", "verify_commit",
              "verify_touched"),

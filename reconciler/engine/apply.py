@@ -23,6 +23,7 @@ from reconciler.engine.changes import Changes, diff
 from reconciler.engine.commits import adopt_commit, append_commit, commit_ahead, newest_commit
 from reconciler.engine.plan import format_text, make_plan, to_json
 from reconciler.engine.probes import probe_status_json, probe_status_lines, read_probe_state
+from reconciler.engine.sourcestate import read_source_state, source_status_json, source_status_lines
 from reconciler.engine.state import HOST, StateCorrupt, read_history, read_status
 from reconciler.engine.sync import clean_udp_conntrack, commit, forget_affinity_clients, touched_objects, verify_touched
 from reconciler.engine.target import CommandError, Target, short_revision
@@ -340,7 +341,8 @@ def run_status(target: Target, *, output: str, out_stream: TextIO = sys.stdout) 
     if ahead is None and (not status.ever_applied or not entries):
         ahead = newest_commit(store)  # the history was lost (deleted, damaged): the record still names it
     if ahead is None and (not status.ever_applied or not entries):
-        waiting = "".join(f"; {line}" for line in confirm_window.pending_status_lines(pending))
+        waiting = "".join(f"; {line.strip()}" for line in confirm_window.pending_status_lines(pending)
+                          + source_status_lines(read_source_state(store)))
         raise CommandError(f"nothing was applied to table {target.table} in {target.where} "
                            f"(state: {store.dir}); run `nftrec apply`{waiting}")
     nft = target.nft()
@@ -370,6 +372,8 @@ def run_status(target: Target, *, output: str, out_stream: TextIO = sys.stdout) 
         doc["commit"] = ahead.to_json()  # the commit record names what the kernel holds
     probes = read_probe_state(store)  # written by nftrec watch
     doc.update(probe_status_json(probes))
+    source = read_source_state(store)  # written by nftrec watch oci://...
+    doc.update(source_status_json(source))
     doc.update(pending)
     if output == "json":
         json.dump(doc, out_stream, indent=2)
@@ -398,6 +402,6 @@ def run_status(target: Target, *, output: str, out_stream: TextIO = sys.stdout) 
             w(f"drift:     yes, {len(drift)} objects differ"
               + (f" (Services: {shown})" if owners else " (shared objects)")
               + "; `nftrec plan` shows them, `nftrec apply` repairs them\n")
-        for line in probe_status_lines(probes) + confirm_window.pending_status_lines(pending):
+        for line in probe_status_lines(probes) + source_status_lines(source) + confirm_window.pending_status_lines(pending):
             w(line)
     return EXIT_OK if drift is not None and drift.empty else EXIT_CHANGES

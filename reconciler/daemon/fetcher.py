@@ -1,0 +1,163 @@
+"""`nftrec watch oci://...`: the source's own thread, apart from the syncs. Every
+oci.interval it resolves the reference (one HEAD request for a tag); a new digest is pulled
+(every digest checked, cosign's signatures too with `verify`), published by the store's
+symlink swap, which the watcher follows as git-sync's, and old artifacts are pruned. A
+failure changes nothing in the kernel: it is counted, logged, recorded for `status`, and
+retried with exponential backoff up to oci.interval.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+from reconciler import logs
+from reconciler.engine import KEEP, StateCorrupt, Target, applied_digest, read_source_state, read_status
+from reconciler.engine import reference, write_source_state
+from reconciler.intake import NodeConfig, SourceError, artifact_at, prune, publish, pull, resolve, store_for
+
+def utc_now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+BACKOFF_START = 1.0  # seconds before the first retry; doubled per failure, up to oci.interval
+
+
+class Fetcher:
+    """Resolve, pull and publish on a thread (module doc). `ready()`: an artifact of this
+    reference is published; until then the daemon syncs nothing."""
+
+    def __init__(self, source: str, target: Target, metrics=None, clock: Callable[[], float] = time.monotonic):
+        self.ref = reference(source)  # a CommandError naming it when it is not a reference
+        self.target, self.metrics, self.clock = target, metrics, clock
+        self.store = store_for(target.store().dir, self.ref)
+        self.store.mkdir(parents=True, exist_ok=True)  # the watcher watches it before the first fetch
+        self.link = self.store / "current"
+        self.config: Callable[[], NodeConfig | None] = lambda: None  # main: the daemon's node config
+        self.applied: Callable[[], str | None] = lambda: None  # main: the revision in the kernel
+        self.state = read_source_state(target.store()) or {}
+        self.current = self._kept()
+        self.state = {"reference": str(self.ref), "digest": self.current,
+                      "revision": self.state.get("revision") if self.current else None,
+                      "fetchedAt": self.state.get("fetchedAt") if self.current else None}
+        self.failures = 0  # consecutive failed polls
+        self.logged: tuple[str, str] | None = None  # the failure last logged (reason, message)
+        self.failing_since: float | None = None
+        self.polls = self.pulls = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="nftrec-fetch", daemon=True)
+
+    def _kept(self) -> str | None:
+        """The published artifact, when this reference's fetcher published it (a restart with
+        the registry down serves it); another reference's (same repository) is not used."""
+        artifact = artifact_at(self.link) if os.path.islink(self.link) else None
+        if artifact is None or self.state.get("reference") != str(self.ref) or self.state.get("digest") != artifact.digest:
+            return None
+        return artifact.digest
+
+    def ready(self) -> bool:
+        return self.current is not None
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)  # a request in flight ends at its timeout
+
+    def _loop(self) -> None:
+        wait = 0.0
+        while not self._stop.wait(wait):
+            wait = self.poll()
+
+    def poll(self) -> float:
+        """One resolve (and pull + publish when the digest is new); seconds until the next."""
+        cfg = self.config()
+        if cfg is None:
+            return BACKOFF_START
+        interval = cfg.oci.interval
+        try:
+            digest = resolve(self.ref, cfg.oci)
+            self.polls += 1
+            if self.metrics is not None:
+                self.metrics.source_polled()
+            if digest != self.current:
+                self._take(digest, cfg)
+        except SourceError as e:
+            return self._failed(e.reason, e.message, interval)
+        except OSError as e:  # the store: disk full, permissions
+            return self._failed("store", f"cannot write the store {self.store}: {e.strerror or e}", interval)
+        if self.failures:
+            logs.log.info(f"source {self.ref}: reachable again after {self.failures} failed attempt(s) over "
+                          f"{self.clock() - self.failing_since:.0f}s", extra={"fields": {"event": "source", "ok": True}})
+            self.failures, self.logged, self.failing_since = 0, None, None
+            self._record(lastError=None, lastErrorReason=None, lastErrorAt=None, failingSince=None, failures=0)
+        return interval
+
+    def _take(self, digest: str, cfg: NodeConfig) -> None:
+        """Pull, publish, prune; the watcher sees the link swap and asks for a sync."""
+        start = self.clock()
+        artifact = pull(self.ref, cfg.oci, self.store, digest=digest, signatures=cfg.verify is not None)
+        publish(self.store, artifact)
+        self.current = digest
+        self.pulls += 1
+        if self.metrics is not None:
+            self.metrics.source_pulled()
+        logs.log.info(f"source {self.ref}: artifact {artifact.name} fetched in {1000 * (self.clock() - start):.0f} "
+                      f"ms and published for the next sync", extra={"fields": {
+                          "event": "source", "ok": True, "reference": str(self.ref), "digest": digest,
+                          "revision": artifact.name}})
+        self._record(digest=digest, revision=artifact.name, fetchedAt=utc_now())
+        try:
+            prune(self.store, keep=KEEP, protect=frozenset(d for d in (digest, self._applied()) if d))
+        except OSError as e:
+            logs.log.warning(f"source {self.ref}: cannot prune old artifacts in {self.store}: {e}")
+
+    def _applied(self) -> str | None:
+        """The digest of the artifact in the kernel (kept for rollback)."""
+        revision = self.applied()
+        if revision is None:
+            try:
+                revision = read_status(self.target.store()).last_applied_revision
+            except (OSError, StateCorrupt):
+                return None
+        return applied_digest(revision)
+
+    def _failed(self, reason: str, message: str, interval: float) -> float:
+        """Count, record, log once per kind of failure; the backoff before the next try."""
+        self.failures += 1
+        if self.failing_since is None:
+            self.failing_since = self.clock()
+        if self.metrics is not None:
+            self.metrics.source_failed(reason)
+        delay = min(interval, BACKOFF_START * 2 ** min(self.failures - 1, 20))
+        if self.logged != (reason, message):  # a repeated failure is counted, not logged again
+            self.logged = (reason, message)
+            logs.log.error(f"source {self.ref}: {message} ({reason}); nothing changed in the kernel, retrying with "
+                           f"backoff up to {interval:g}s", extra={"fields": {
+                               "event": "source", "ok": False, "reason": reason, "reference": str(self.ref)}})
+        now = utc_now()
+        self._record(lastError=message, lastErrorReason=reason, lastErrorAt=now, failures=self.failures,
+                     failingSince=self.state.get("failingSince") or now)
+        return delay
+
+    def _record(self, **changes) -> None:
+        self.state.update(changes)
+        try:
+            write_source_state(self.target.store(), self.state)
+        except OSError:
+            pass  # status is stale then; the state directory's own errors are logged by the syncs
+
+    def health_note(self) -> str | None:
+        """What /healthz adds about the source (it stays green: the kernel serves the last
+        good artifact; a source failure is a separate condition, as Flux's)."""
+        if self.failures:
+            return (f"source {self.ref} failing for {self.clock() - self.failing_since:.0f}s "
+                    f"({self.logged[0] if self.logged else '?'}, {self.failures} attempt(s))")
+        if self.current is None:
+            return f"source {self.ref}: nothing fetched yet"
+        return None

@@ -1,0 +1,126 @@
+"""Where a command's manifests come from: a directory as given, or an `oci://` reference
+pulled into the state directory (intake.oci: every digest checked, unpacked safely) and
+read from the artifact's own tree. One-shot commands never publish: `<store>/current` is
+what a running `nftrec watch` follows (daemon/fetcher.py publishes it), and a `validate`
+of another tag of the same repository must not move it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import tempfile
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Callable, Iterator
+
+from reconciler.engine.target import CommandError
+
+KEEP = 3  # artifacts kept in a store besides the current and the last applied one (rollback)
+
+_in_use: set[str] = set()  # digests this process is reading (`diff` of two artifacts): never pruned
+_open = ExitStack()  # the sources a command reads, released when the process exits
+atexit.register(_open.close)
+
+
+def is_source(argument: str | Path | None) -> bool:
+    """Whether a command argument names an OCI artifact (not a directory)."""
+    from reconciler.intake import is_oci
+
+    return is_oci(argument if isinstance(argument, str) else None)
+
+
+def source_error(argument: str, e) -> CommandError:
+    """A SourceError as the one line a command prints (its message says what to do)."""
+    return CommandError(f"cannot fetch {argument} ({e.reason}): {e.message}; nothing was changed")
+
+
+def reference(argument: str):
+    """The parsed reference; a bad one is a CommandError naming it."""
+    from reconciler.intake import SourceError, parse_reference
+
+    try:
+        return parse_reference(argument)
+    except SourceError as e:
+        raise source_error(argument, e) from None
+
+
+def applied_digest(revision: str | None) -> str | None:
+    """The artifact digest an applied revision names (`REVISION@sha256:HEX`), else None."""
+    digest = (revision or "").rpartition("@")[2] if "@" in (revision or "") else (revision or "")
+    return digest if digest.startswith("sha256:") and len(digest) == 71 else None
+
+
+def _writable(base: Path) -> bool:
+    try:
+        (base / "oci").mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return False
+    return os.access(base / "oci", os.W_OK | os.X_OK)
+
+
+@contextmanager
+def manifest_root(argument: str, config_path: Path | None, state_dir: Path, *, private: bool = False,
+                  verify: bool = False, last_applied: Callable[[], str | None] | None = None) -> Iterator[Path]:
+    """The directory to read for `argument`: itself, or the tree of the artifact an
+    `oci://` reference names now (resolved with one HEAD request, pulled unless already in
+    `<state_dir>/oci/...`, old ones pruned but never the last applied one).
+    `private` (validate, render, diff: no root needed): when `state_dir` is not writable,
+    a private temporary directory, removed afterwards. `verify` (plan, apply): with the node
+    config's `verify`, cosign's signatures too. A SourceError is a CommandError naming the
+    reference."""
+    if not is_source(argument):
+        yield Path(argument)
+        return
+    from reconciler.engine.noop import config_cache_dir
+    from reconciler.intake import SourceError, load_node_config, prune, pull, resolve, store_for
+
+    ref = reference(argument)
+    temp = None
+    base = Path(state_dir)
+    if not _writable(base):
+        if not private:
+            raise CommandError(f"cannot write the state directory {base / 'oci'} to fetch {argument} into; "
+                               f"run as root or give --state-dir")
+        temp = base = Path(tempfile.mkdtemp(prefix="nftrec-oci-"))
+    try:
+        cfg, _ = load_node_config(str(config_path) if config_path else None, discover=False,
+                                  cache_dir=None if temp else config_cache_dir(state_dir))
+        store = store_for(base, ref)
+        try:
+            artifact = pull(ref, cfg.oci, store, digest=resolve(ref, cfg.oci),
+                            signatures=verify and cfg.verify is not None)
+        except SourceError as e:
+            raise source_error(argument, e) from None
+        _in_use.add(artifact.digest)
+        protect = set(_in_use)
+        kept = applied_digest(last_applied()) if last_applied is not None else None
+        if kept:
+            protect.add(kept)
+        try:
+            prune(store, keep=KEEP, protect=frozenset(protect))
+        except OSError:
+            pass  # an old artifact left behind is no reason to fail the command
+        yield artifact.path
+    finally:
+        if temp is not None:
+            shutil.rmtree(temp, ignore_errors=True)
+
+
+def command_source(argument: str, config_path: Path | None, state_root: Path, target=None):
+    """manifest_root for a command: with its Target (plan, apply) in the namespace's state
+    directory, signatures pulled for `verify`, the last applied artifact kept; without one
+    (validate, render, diff) in the state root, or a private temporary directory."""
+    if target is None:
+        return manifest_root(argument, config_path, state_root, private=True)
+    from reconciler.engine.state import read_status
+
+    return manifest_root(argument, config_path, target.store().dir, verify=True,
+                         last_applied=lambda: read_status(target.store()).last_applied_revision)
+
+
+def open_source(argument: str, config_path: Path | None, state_root: Path, target=None) -> Path:
+    """command_source's manifest root, kept until the process exits (a private temporary
+    copy is removed then)."""
+    return _open.enter_context(command_source(argument, config_path, state_root, target))
