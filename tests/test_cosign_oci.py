@@ -7,6 +7,7 @@ applied, unsigned / wrongly signed / older refused with nothing applied, --allow
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -24,7 +25,7 @@ REPO = "fleet/manifests"
 
 def push(reg, tag: str, ip: str, created: str) -> str:
     return push_artifact(reg.host, REPO, tag, {"web.yaml": SERVICE.format(ip=ip).encode()},
-                         revision=f"main@sha1:{ip.replace('.', '') * 4}"[:50], created=created, **reg.http)
+                         revision=f"main@sha1:{hashlib.sha1(ip.encode()).hexdigest()}", created=created, **reg.http)
 
 
 def test_signatures_pulled_from_the_registry_are_verified(tmp_path, registry):  # noqa: F811
@@ -76,7 +77,7 @@ def test_apply_oci_with_verify_applies_only_signed_newer_artifacts(tmp_path, reg
 
     good = push(registry, "prod", "10.96.0.10", "2026-01-02T00:00:00Z")
     sign_artifact(key, registry.host, REPO, good, **registry.http)
-    p = ok(nftrec("plan", source, state=state, ns=netns, config=cfg), 2)
+    p = ok(nftrec("plan", source, state=state, ns=netns, config=cfg))
     assert "verified: signed by cosign.pub (key sha256:" in p.stdout.splitlines()[0], p.stdout
     ok(nftrec("apply", source, state=state, ns=netns, config=cfg))
     assert "10.96.0.10" in live_ips(netns)
@@ -123,3 +124,47 @@ def test_the_kind_of_key_must_match_the_source(tmp_path, registry, netns):  # no
     p = nftrec("apply", registry.ref(REPO, "prod"), state=tmp_path / "state", ns=netns, config=cfg)
     assert p.returncode == 1 and "holds no PEM public key" in p.stderr, p.stderr
     assert "10.96.0.10" not in live_ips(netns)
+
+
+@pytest.mark.kernel
+def test_watch_skips_unsigned_and_older_artifacts_and_applies_the_next_signed_one(tmp_path, registry, netns):  # noqa: F811
+    from watchproc import Watch
+
+    key = new_key()
+    cfg = node_config(tmp_path, write_public(key, tmp_path / "cosign.pub"))
+    cfg.write_text(cfg.read_text() + "  interval: 1s\n")
+    state = tmp_path / "state"
+
+    def signed(ip: str, created: str) -> str:
+        """Pushed under its own tag, signed, then tagged prod (`flux tag artifact`): watch
+        never sees it before its signature is there."""
+        digest = push(registry, ip, ip, created)
+        sign_artifact(key, registry.host, REPO, digest, **registry.http)
+        assert push(registry, "prod", ip, created) == digest
+        return digest
+
+    def refusal(reason: str, since: int) -> dict:
+        return w.wait(lambda: next((x for x in w.events("unverified", since) if x.get("reason") == reason), None),
+                      30, what=f"a refusal ({reason})")
+
+    first = signed("10.96.0.10", "2026-01-02T00:00:00Z")
+    w = Watch(netns, registry.ref(REPO, "prod"), cfg, state)
+    try:
+        w.wait(lambda: [s for s in w.syncs() if s.get("revision", "").endswith(first)], 30, what="the first sync")
+        assert "10.96.0.10" in live_ips(netns)
+        since = len(w.lines)
+        unsigned = push(registry, "prod", "10.96.0.11", "2026-01-03T00:00:00Z")
+        line = refusal("unsigned", since)
+        assert line["revision"].endswith(unsigned) and "10.96.0.11" not in live_ips(netns)
+        st = w.status(lambda s: (s.get("lastAttemptedRevision") or "").endswith(unsigned))
+        assert "refused (unsigned)" in st["lastError"] and st["lastAppliedRevision"].endswith(first)
+        newer = signed("10.96.0.12", "2026-01-04T00:00:00Z")
+        w.wait(lambda: [s for s in w.syncs() if s.get("revision", "").endswith(newer)], 30, what="the signed one")
+        assert "10.96.0.12" in live_ips(netns)
+        since = len(w.lines)
+        assert signed("10.96.0.10", "2026-01-02T00:00:00Z") == first  # the tag moved back to the first
+        line = refusal("rollback", since)
+        assert line["revision"].endswith(first) and line["signer"] == "cosign.pub"
+        assert "10.96.0.12" in live_ips(netns) and "10.96.0.10" not in live_ips(netns)
+    finally:
+        assert w.stop() == 0
