@@ -124,6 +124,10 @@ def test_the_kind_of_key_must_match_the_source(tmp_path, registry, netns):  # no
     p = nftrec("apply", registry.ref(REPO, "prod"), state=tmp_path / "state", ns=netns, config=cfg)
     assert p.returncode == 1 and "holds no PEM public key" in p.stderr, p.stderr
     assert "10.96.0.10" not in live_ips(netns)
+    p = nftrec("watch", registry.ref(REPO, "prod"), "--metrics-address", "", state=tmp_path / "state", ns=netns,
+               config=cfg)
+    assert p.returncode == 1 and "holds no PEM public key" in p.stderr, p.stderr  # watch does not start
+    assert "10.96.0.10" not in live_ips(netns)
 
 
 @pytest.mark.kernel
