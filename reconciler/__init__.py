@@ -9,7 +9,8 @@ def lazy_exports(package: str, exports: dict[str, tuple[str, ...]]):
 
     A name's submodule is imported on first use (PEP 562), so `nftrec status` does not
     pay for the YAML and JSON Schema libraries that only intake needs. No exported name
-    may equal a submodule's name (Python would hand out the module instead).
+    may equal a submodule's name (Python would hand out the module instead), nor be listed
+    by two submodules (one would silently shadow the other).
     """
     import importlib
 
@@ -17,6 +18,9 @@ def lazy_exports(package: str, exports: dict[str, tuple[str, ...]]):
     clash = sorted(set(where) & set(exports))
     if clash:
         raise ImportError(f"{package}: exported names equal submodule names: {clash}")
+    twice = sorted(n for n in where if sum(n in names for names in exports.values()) > 1)
+    if twice:
+        raise ImportError(f"{package}: names exported by two submodules: {twice}")
 
     def __getattr__(name: str):
         module = where.get(name)

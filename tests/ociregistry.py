@@ -10,6 +10,7 @@ manifests). Imported by tests as `from ociregistry import ...`.
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime
 import gzip
 import hashlib
@@ -200,24 +201,28 @@ def start_registry(tmp: Path, *, tls: bool = False) -> Registry:
     raise AssertionError("unreachable")
 
 
-@pytest.fixture
-def registry(tmp_path):
-    """docker-registry over plain HTTP on 127.0.0.1 (clients need oci.insecure)."""
-    reg = start_registry(tmp_path / "registry", tls=False)
+@contextlib.contextmanager
+def running_registry(tmp: Path, *, tls: bool = False):
+    """start_registry(), stopped when the `with` ends, whatever happened."""
+    reg = start_registry(tmp, tls=tls)
     try:
         yield reg
     finally:
         reg.stop()
+
+
+@pytest.fixture
+def registry(tmp_path):
+    """docker-registry over plain HTTP on 127.0.0.1 (clients need oci.insecure)."""
+    with running_registry(tmp_path / "registry") as reg:
+        yield reg
 
 
 @pytest.fixture
 def tls_registry(tmp_path):
     """docker-registry with TLS (a test CA: reg.ca_file) and basic auth (reg.username, reg.password)."""
-    reg = start_registry(tmp_path / "tls-registry", tls=True)
-    try:
+    with running_registry(tmp_path / "tls-registry", tls=True) as reg:
         yield reg
-    finally:
-        reg.stop()
 
 
 def htpasswd_line(user: str, password: str) -> str:
@@ -377,6 +382,36 @@ def push_artifact(host: str, repo: str, tag: str, files: dict[str, bytes] | None
     manifest = flux_manifest(layer_digest or digest, size if layer_size is None else layer_size,
                              revision=revision, source=source, created=created, **options)
     return push_manifest(host, repo, tag, manifest, **http)
+
+
+# --- asserting that nothing was left -----------------------------------------------------------
+
+
+def listing(root: Path, *skip: Path) -> set[str]:
+    """Every path under root (links not followed), except the trees `skip`."""
+    out = set()
+    for dirpath, dirnames, filenames in os.walk(root):
+        d = Path(dirpath)
+        dirnames[:] = [n for n in dirnames if d / n not in skip]
+        out.update(str((d / n).relative_to(root)) for n in dirnames + filenames)
+    return out
+
+
+def assert_refused(reason: str, ref, settings, state: Path, tmp_path: Path, *, skip: Path, says: str = ""):
+    """oci.pull() fails with `reason` and nothing is left: the store holds nothing, nothing
+    else under tmp_path changed (the registry's own tree `skip` aside). Returns the error."""
+    from reconciler.intake.oci import SourceError, pull, store_for
+
+    before = listing(tmp_path, skip)
+    store = store_for(state, ref)
+    with pytest.raises(SourceError) as e:
+        pull(ref, settings, store)
+    assert e.value.reason == reason, e.value.message
+    assert says in e.value.message
+    after = listing(tmp_path, skip)
+    assert after - before <= {str(p.relative_to(tmp_path)) for p in (store, *store.parents) if tmp_path in p.parents}
+    assert not store.exists() or list(store.iterdir()) == []
+    return e.value
 
 
 def gzip_bomb(path: Path, size: int, name: str = "bomb.yaml") -> Path:

@@ -199,3 +199,42 @@ def test_credentials_file_forms(tmp_path):
     with pytest.raises(SourceError) as e:
         read_credentials(str(tmp_path / "missing.json"), "x")
     assert "cannot read oci.credentialsFile" in e.value.message
+
+
+def test_silent_and_garbage_servers(monkeypatch):
+    """A registry that accepts and never answers times out (unreachable); one that answers
+    garbage is a bad-response. Raw sockets on loopback."""
+    import socket
+
+    from reconciler.intake import registry as registry_module
+
+    monkeypatch.setattr(registry_module, "READ_TIMEOUT", 0.5)
+    for reply, reason in ((None, "unreachable"), (b"SSH-2.0-OpenSSH_9.2\r\n" * 50, "bad-response")):
+        srv = socket.socket()
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(4)
+        conns = []
+
+        def serve():
+            while True:
+                try:
+                    c, _ = srv.accept()
+                except OSError:
+                    return
+                conns.append(c)
+                if reply:
+                    c.recv(65536)
+                    c.sendall(reply)
+                    c.close()
+
+        t = threading.Thread(target=serve, daemon=True)
+        t.start()
+        try:
+            with pytest.raises(SourceError) as e:
+                resolve(parse_reference(f"oci://127.0.0.1:{srv.getsockname()[1]}/m:v1"), OciSettings(insecure=True))
+            assert e.value.reason == reason, e.value.message
+        finally:
+            srv.close()
+            for c in conns:
+                c.close()
+            close_registries()

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
-from ociregistry import (FLUX_LAYER, OCI_INDEX, flux_manifest, push_artifact, push_blob, push_manifest, registry,  # noqa: F401
-                         sha256, tar_gz, tls_registry)
+from ociregistry import (FLUX_LAYER, OCI_INDEX, assert_refused, flux_manifest, listing, push_artifact, push_blob,  # noqa: F401
+                         push_manifest, registry, sha256, tar_gz, tls_registry)
 
 from reconciler.intake import input_digest
 from reconciler.intake.model import OciSettings
@@ -26,16 +27,6 @@ REVISION = "main@sha1:" + "ab" * 20
 def _fresh_clients():
     yield
     close_registries()
-
-
-def listing(root: Path, *skip: Path) -> set[str]:
-    """Every path under root (links not followed), except the trees `skip`."""
-    out = set()
-    for dirpath, dirnames, filenames in os.walk(root):
-        d = Path(dirpath)
-        dirnames[:] = [n for n in dirnames if d / n not in skip]
-        out.update(str((d / n).relative_to(root)) for n in dirnames + filenames)
-    return out
 
 
 def read_tree(root: Path) -> dict[str, bytes]:
@@ -86,6 +77,17 @@ def test_publish_revision_and_prune(registry, tmp_path):
     assert left == sorted(["current", f"sha256-{digests[4][7:]}", f"sha256-{digests[4][7:]}.json",
                            f"sha256-{digests[1][7:]}", f"sha256-{digests[1][7:]}.json"])
     assert artifact_at(tmp_path) is None and artifact_at(store / f"sha256-{digests[1][7:]}" / "a.yaml").digest == digests[1]
+    # what a killed pull or publish left: removed once an hour old, never while it may be in use
+    (store / ".tmp-1234").mkdir()
+    (store / ".tmp-99-1.layer").write_bytes(b"partial")
+    os.symlink("sha256-x", store / ".tmp-current-99-2")
+    prune(store)
+    assert len([p for p in store.iterdir() if p.name.startswith(".tmp-")]) == 3
+    for p in store.iterdir():
+        if p.name.startswith(".tmp-"):
+            os.utime(p, (time.time() - 7200,) * 2, follow_symlinks=False)
+    prune(store)
+    assert sorted(p.name for p in store.iterdir()) == left
 
 
 def test_unchanged_tag_costs_one_head_and_no_download(registry, tmp_path):
@@ -152,21 +154,6 @@ def test_tls_errors_are_clear(tls_registry, tmp_path):
     with pytest.raises(SourceError) as e:
         resolve(ref, OciSettings(insecure=True))
     assert e.value.reason == "tls" and "remove oci.insecure" in e.value.message
-
-
-def assert_refused(reason: str, ref, settings, state: Path, tmp_path: Path, *, skip: Path, says: str = "") -> SourceError:
-    """pull() fails with `reason` and nothing is left: the store holds nothing, nothing
-    else under tmp_path changed (the registry's own files aside)."""
-    before = listing(tmp_path, skip)
-    store = store_for(state, ref)
-    with pytest.raises(SourceError) as e:
-        pull(ref, settings, store)
-    assert e.value.reason == reason, e.value.message
-    assert says in e.value.message
-    after = listing(tmp_path, skip)
-    assert after - before <= {str(p.relative_to(tmp_path)) for p in (store, *store.parents) if tmp_path in p.parents}
-    assert not store.exists() or list(store.iterdir()) == []
-    return e.value
 
 
 def test_layer_whose_bytes_do_not_match_its_digest(registry, tmp_path):

@@ -84,3 +84,13 @@ def test_node_config_oci_section(tmp_path):
     p.write_text("nodeName: n\noci:\n  insecure: yes please\n")
     _, problems = load_node_config(str(p), discover=False)
     assert [x.field for x in problems] == ["oci.insecure"]
+
+
+def test_every_reason_raised_is_a_known_metric_label():
+    import re
+
+    from reconciler.intake import SOURCE_ERROR_REASONS
+
+    intake = Path(__file__).resolve().parent.parent / "reconciler" / "intake"
+    raised = {m for f in intake.glob("*.py") for m in re.findall(r'SourceError\(\s*"([^"]+)"', f.read_text())}
+    assert raised and raised <= set(SOURCE_ERROR_REASONS), raised - set(SOURCE_ERROR_REASONS)

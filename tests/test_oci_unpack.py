@@ -9,8 +9,7 @@ import io
 import tarfile
 
 import pytest
-from ociregistry import gzip_bomb, push_artifact, registry, tar_gz, tar_gz_members  # noqa: F401
-from test_oci_pull import assert_refused, listing
+from ociregistry import assert_refused, gzip_bomb, listing, push_artifact, registry, tar_gz, tar_gz_members  # noqa: F401
 
 from reconciler.intake import unpack as unpack_module
 from reconciler.intake.model import OciSettings

@@ -59,7 +59,7 @@ def run_diff(old: str, new: str, *, git: Path | None = None, merge_base: bool = 
     """Plan NEW against OLD; print it as text, json or markdown. 0, or 2 with `detailed`
     when something changes; 1 when either side (or the node config) is invalid."""
     from reconciler.compile import derived_topology_hints, relocate
-    from reconciler.intake import GitError, display_root, load_node_config, read_inventory, read_revision, resolve
+    from reconciler.intake import GitError, display_root, load_node_config, read_inventory, read_revision, resolve_revision
     from reconciler.intake import merge_base as git_merge_base
     from reconciler.kernel import canonical
 
@@ -67,7 +67,7 @@ def run_diff(old: str, new: str, *, git: Path | None = None, merge_base: bool = 
     config, config_problems = load_node_config(str(config_path) if config_path else None, discover=False)
     try:
         if git is not None:
-            old_commit, new_commit = resolve(git, old), resolve(git, new)
+            old_commit, new_commit = resolve_revision(git, old), resolve_revision(git, new)
             label_old = old
             if merge_base:  # files are named by the commit they are read from
                 old_commit = git_merge_base(git, old_commit, new_commit)

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from reconciler.intake.load import SUFFIXES, LoadResult
-from reconciler.intake.oci import artifact_at
 from reconciler.intake.parse import MAX_FILE_BYTES
 from reconciler.intake.problems import ERROR, WARNING, Problem, show
 from reconciler.intake.sources import load_blobs
@@ -100,9 +99,12 @@ def revision_of(resolved: Path | None, digest: str) -> str:
     else `sha256:<digest>`."""
     if resolved is None:
         return ""
-    artifact = artifact_at(resolved)
-    if artifact is not None:
-        return artifact.name
+    if any(p.name.startswith("sha256-") for p in (resolved, *resolved.parents)):  # (links already resolved)
+        from reconciler.intake.oci import artifact_at  # only then: other reads do not import the OCI source
+
+        artifact = artifact_at(resolved)
+        if artifact is not None:
+            return artifact.name
     return find_revision(resolved if resolved.is_dir() else resolved.parent) or f"sha256:{digest}"
 
 
@@ -150,7 +152,7 @@ def _check_revision(rev: str) -> None:
         raise GitError(f"{show(rev)} is not a revision name")
 
 
-def resolve(directory: Path, rev: str) -> str:
+def resolve_revision(directory: Path, rev: str) -> str:
     """The commit a revision name means."""
     _check_revision(rev)
     try:
@@ -209,7 +211,7 @@ def _cat(directory: Path, oids: list[str]) -> dict[str, bytes]:
 def load_revision(directory: Path, rev: str, commit: str | None = None) -> LoadResult:
     """The manifests under `directory` as revision `rev` has them, loaded as load_manifests
     loads a checkout of `rev`. The result's revision is the commit."""
-    commit = commit or resolve(directory, rev)
+    commit = commit or resolve_revision(directory, rev)
     prefix = _prefix(directory)
     listing = _git(directory, "ls-tree", "-r", "-z", "-l", "--full-name", commit, "--", ".")
     entries: dict[str, tuple[str, str, int]] = {}  # path below DIR -> (mode, oid, size)

@@ -26,13 +26,15 @@ from pathlib import Path
 
 from reconciler.atomic import atomic_write, fsync_dir
 from reconciler.intake.model import OciSettings
-from reconciler.intake.oci_reference import OCI_PREFIX, Reference, SourceError, is_digest, is_oci, parse_reference
+from reconciler.intake.oci_reference import (OCI_PREFIX, SOURCE_ERROR_REASONS, Reference, SourceError, is_digest, is_oci,
+                                             parse_reference)
+from reconciler.intake.unpack import TMP_PREFIX, unpack
 
-__all__ = ["OCI_PREFIX", "Artifact", "Reference", "Signature", "SourceError", "artifact_at", "fetch", "is_oci",
-           "parse_reference", "prune", "publish", "pull", "resolve", "store_for"]
+__all__ = ["OCI_PREFIX", "SOURCE_ERROR_REASONS", "Artifact", "Reference", "Signature", "SourceError", "artifact_at",
+           "close_registries", "current_digest", "fetch", "is_oci", "parse_reference", "prune", "publish", "pull", "resolve",
+           "store_for"]
 
 CURRENT = "current"
-TMP_PREFIX = ".tmp-"
 METADATA_KIND = "nftrec.oci-artifact/v1"
 ANNOTATION_REVISION = "org.opencontainers.image.revision"
 ANNOTATION_SOURCE = "org.opencontainers.image.source"
@@ -118,8 +120,6 @@ def pull(ref: Reference, settings: OciSettings, store: Path, *, digest: str | No
     raw, media_type = reg.get_manifest(ref.repository, digest, digest)
     layer, annotations = flux_layer(raw, media_type, f"{ref.at(digest)}")
     store.mkdir(parents=True, exist_ok=True)
-    from reconciler.intake.unpack import unpack
-
     tmp = store / f"{TMP_PREFIX}{os.getpid()}-{time.monotonic_ns()}.layer"
     try:
         reg.get_blob(ref.repository, layer["digest"], layer["size"], tmp, MAX_LAYER_BYTES)
@@ -179,7 +179,7 @@ def prune(store: Path, keep: int = 3, protect: frozenset[str] = frozenset()) -> 
             except OSError:
                 when = 0.0  # a tree without metadata: never finished, goes first
             pulled.append((when, f"sha256:{m.group(1)}", entry))
-        elif entry.name.startswith(TMP_PREFIX) and not entry.name.startswith(f"{TMP_PREFIX}{CURRENT}"):
+        elif entry.name.startswith(TMP_PREFIX):  # an unpacking, a download or a link swap that died
             try:
                 if time.time() - entry.lstat().st_mtime > 3600:
                     _remove(entry)

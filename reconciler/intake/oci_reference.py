@@ -14,7 +14,7 @@ from pathlib import Path
 OCI_PREFIX = "oci://"
 
 # the reasons a SourceError gives (the label of nftrec_source_errors_total{reason})
-REASONS = ("bad-reference", "unreachable", "tls", "auth", "not-found", "insecure-refused", "bad-response",
+SOURCE_ERROR_REASONS = ("bad-reference", "unreachable", "tls", "auth", "not-found", "insecure-refused", "bad-response",
            "digest-mismatch", "bad-artifact", "unsafe-archive", "too-large")
 
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
@@ -27,7 +27,7 @@ MAX_REPOSITORY = 255  # the distribution spec's bound on a repository name
 
 
 class SourceError(Exception):
-    """The OCI source failed: `reason` (one of REASONS, a metric label) and `message`, a
+    """The OCI source failed: `reason` (one of SOURCE_ERROR_REASONS, a metric label) and `message`, a
     sentence that says what, where and what to do."""
 
     def __init__(self, reason: str, message: str):

@@ -195,12 +195,12 @@ class Registry:
     # --- requests, redirects, auth --------------------------------------------------------
 
     @contextlib.contextmanager
-    def _send(self, method: str, path: str, headers: dict, *, what: str, missing_ok: bool = False):
+    def _send(self, method: str, path: str, headers: dict, *, what: str):
         """The streamed response to METHOD path, after auth and redirects, closed when the
-        `with` ends; SourceError for every failure. `missing_ok`: a 404 is returned."""
+        `with` ends; SourceError for every failure, a status other than 2xx included."""
         r = self._authorized(method, path, headers)
         try:
-            self._check_status(r, what, missing_ok)
+            self._check_status(r, what)
             yield r
         finally:
             r.close()
@@ -253,7 +253,7 @@ class Registry:
             return self._client.send(self._client.build_request(method, url, headers=headers), stream=True)
         except httpx.TimeoutException:
             raise SourceError("unreachable", f"{where} did not answer within {READ_TIMEOUT:.0f} s "
-                                             f"({method} {urlsplit(url).path}); retried later") from None
+                                             f"({method} {urlsplit(url).path})") from None
         except httpx.HTTPError as e:
             cause = _ssl_cause(e)
             if cause is not None:
@@ -274,9 +274,9 @@ class Registry:
                                                    f"unless the node config sets oci.insecure: true")
         return SourceError("tls", f"TLS with {where} failed ({text[:200]})")
 
-    def _check_status(self, r, what: str, missing_ok: bool) -> None:
+    def _check_status(self, r, what: str) -> None:
         code = r.status_code
-        if 200 <= code < 300 or (missing_ok and code == 404):
+        if 200 <= code < 300:
             return
         if code == 404:
             raise SourceError("not-found", f"{self.host} has no {what} (404)")
