@@ -70,6 +70,7 @@ def exported_names() -> set[str]:
     m.drift_repaired(2)
     m.conntrack_deleted(1)
     m.rolled_back()
+    m.source_failed("unreachable")  # `watch oci://...` (daemon/fetcher.py)
     probes = ProbeMetrics(m.registry)  # registered when `watch` runs readiness probes
     probes.results.labels("default/web", "success").inc()
     probes.down.labels("default/web").set(1)

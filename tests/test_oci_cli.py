@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from nsutil import EXAMPLES
-from ociregistry import push_artifact, registry  # noqa: F401 (fixture)
+from ociregistry import push_artifact, registry, tls_registry  # noqa: F401 (fixtures)
 from test_cli_kernel import CONFIG, listing, nftrec, ok
 
 pytestmark = pytest.mark.kernel
@@ -132,3 +132,18 @@ def test_source_errors_are_one_clear_line_and_change_nothing(edge, tmp_path, net
     p = ok(nftrec("validate", reg.ref("team/edge", "v2"), state=state, config=cfg), 1)
     assert "(unreachable)" in p.stderr, p.stderr
     assert listing(netns) == before
+
+
+def test_tls_with_a_test_ca_and_basic_auth_and_a_wrong_password(tls_registry, tmp_path):  # noqa: F811
+    reg = tls_registry
+    digest = push_artifact(reg.host, "team/edge", "v1", tree_files(EDGE), **reg.http)
+    good = reg.credentials_file(tmp_path / "good.json")
+    bad = reg.credentials_file(tmp_path / "bad.json", "not-the-password")
+    for creds, rc in ((good, 0), (bad, 1)):
+        cfg = node_config(tmp_path, f"oci:\n  caFile: {reg.ca_file}\n  credentialsFile: {creds}\n")
+        p = ok(nftrec("validate", reg.ref("team/edge", "v1"), "-o", "json", state=tmp_path / "state", config=cfg), rc)
+        if rc == 0:
+            assert json.loads(p.stdout)["revision"] == name_of(digest)
+        else:
+            assert f"cannot fetch {reg.ref('team/edge', 'v1')} (auth)" in p.stderr and str(bad) in p.stderr, p.stderr
+            assert "not-the-password" not in p.stderr and reg.password not in p.stderr

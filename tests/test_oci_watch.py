@@ -33,13 +33,22 @@ def synced(w: Watch, revision: str) -> list[dict]:
     return [s for s in w.syncs() if s.get("revision") == revision]
 
 
-def test_watch_follows_a_repushed_tag_and_never_resyncs_a_digest(registry, tmp_path, netns):  # noqa: F811
+def watching(registry, tmp_path, netns) -> tuple[dict, str, Watch]:  # noqa: F811
+    """edge-small pushed as team/edge:prod and `watch` on it, once it has synced."""
     files = tree_files(EDGE)
     v1 = push_artifact(registry.host, "team/edge", "prod", files)
-    state = tmp_path / "state"
-    w = Watch(netns, registry.ref("team/edge", "prod"), node_config(tmp_path, OCI), state)
+    w = Watch(netns, registry.ref("team/edge", "prod"), node_config(tmp_path, OCI), tmp_path / "state")
     try:
         w.wait(lambda: synced(w, name_of(v1)), 30, what="the first sync of v1")
+    except BaseException:
+        w.stop()
+        raise
+    return files, v1, w
+
+
+def test_watch_follows_a_repushed_tag_and_never_resyncs_a_digest(registry, tmp_path, netns):  # noqa: F811
+    files, v1, w = watching(registry, tmp_path, netns)
+    try:
         assert "dns" in listing(netns)
         v2 = push_artifact(registry.host, "team/edge", "prod", without_service(files, "dns"), revision=REV2)
         pushed = time.monotonic()
@@ -64,12 +73,8 @@ def test_watch_follows_a_repushed_tag_and_never_resyncs_a_digest(registry, tmp_p
 
 
 def test_a_registry_outage_changes_nothing_and_the_daemon_recovers(registry, tmp_path, netns):  # noqa: F811
-    files = tree_files(EDGE)
-    v1 = push_artifact(registry.host, "team/edge", "prod", files)
-    state = tmp_path / "state"
-    w = Watch(netns, registry.ref("team/edge", "prod"), node_config(tmp_path, OCI), state)
+    files, v1, w = watching(registry, tmp_path, netns)
     try:
-        w.wait(lambda: synced(w, name_of(v1)), 30, what="the first sync")
         before = listing(netns)
         registry.stop()
         errors = 'nftrec_source_errors_total'
@@ -94,13 +99,9 @@ def test_a_registry_outage_changes_nothing_and_the_daemon_recovers(registry, tmp
 
 
 def test_a_restart_with_the_registry_down_serves_the_stored_artifact(registry, tmp_path, netns):  # noqa: F811
-    v1 = push_artifact(registry.host, "team/edge", "prod", tree_files(EDGE))
+    _, v1, w = watching(registry, tmp_path, netns)
+    assert w.stop() == 0
     state, cfg = tmp_path / "state", node_config(tmp_path, OCI)
-    w = Watch(netns, registry.ref("team/edge", "prod"), cfg, state)
-    try:
-        w.wait(lambda: synced(w, name_of(v1)), 30, what="the first sync")
-    finally:
-        assert w.stop() == 0
     registry.stop()
     in_kernel = listing(netns)
     w = Watch(netns, registry.ref("team/edge", "prod"), cfg, state)
@@ -212,3 +213,46 @@ def test_fetcher_at_start_keeps_its_own_published_artifact_only(fake_fetcher):
     assert make().ready()  # a restart: this reference published it
     other = type(f)("oci://127.0.0.1:5000/team/edge:staging", f.target)
     assert not other.ready()  # another tag of the same repository: not used before its own fetch
+
+
+def test_the_watcher_sees_only_the_link_swap_in_an_oci_store(tmp_path):
+    """What the fetcher and prune do beside `current` (a .tmp- unpack, metadata files,
+    another tree coming and going) triggers nothing; publish's swap triggers a sync."""
+    import os
+    import shutil
+    import threading
+
+    from reconciler.daemon.watcher import Watcher
+    from reconciler.intake import artifact_at, parse_reference, publish
+    from reconciler.intake.oci import write_metadata
+
+    store = tmp_path / "oci" / "127.0.0.1_5000" / "team+edge"
+    store.mkdir(parents=True)
+    ref = parse_reference("oci://127.0.0.1:5000/team/edge:prod")
+
+    def tree(ch: str):
+        t = store / ("sha256-" + ch * 64)
+        t.mkdir()
+        (t / "svc.yaml").write_text("kind: Service\n")
+        write_metadata(t, ref, "sha256:" + ch * 64, {}, ())
+        return artifact_at(t)
+
+    publish(store, tree("a"))
+    fired = threading.Event()
+    w = Watcher(store / "current", fired.set, debounce=0.01, debounce_max=0.1)
+    w.start()
+    try:
+        w.follow(str((store / "current").resolve()))
+        (store / ".tmp-unpack").mkdir()
+        (store / ".tmp-unpack" / "x.yaml").write_text("kind: Service\n")
+        shutil.rmtree(store / ".tmp-unpack")
+        b = tree("b")  # a pull: its tree and metadata beside the published one
+        os.utime(store / ("sha256-" + "a" * 64 + ".json"))
+        tree("c")  # a prune: an old tree and its metadata removed
+        shutil.rmtree(store / ("sha256-" + "c" * 64))
+        os.unlink(store / ("sha256-" + "c" * 64 + ".json"))
+        assert not fired.wait(0.5)
+        publish(store, b)
+        assert fired.wait(5), "the swap of current was not seen"
+    finally:
+        w.stop()

@@ -17,12 +17,15 @@ from typing import Callable
 from reconciler import logs
 from reconciler.engine import KEEP, StateCorrupt, Target, applied_digest, read_source_state, read_status
 from reconciler.engine import reference, write_source_state
-from reconciler.intake import NodeConfig, SourceError, artifact_at, prune, publish, pull, resolve, store_for
+from reconciler.intake import (
+    SOURCE_ERROR_REASONS, NodeConfig, SourceError, artifact_at, close_registries, prune, publish, pull, resolve, store_for,
+)
 
 def utc_now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
+STORE_ERROR = "store"  # the reason label when the state directory cannot be written
 BACKOFF_START = 1.0  # seconds before the first retry; doubled per failure, up to oci.interval
 
 
@@ -36,6 +39,8 @@ class Fetcher:
         self.store = store_for(target.store().dir, self.ref)
         self.store.mkdir(parents=True, exist_ok=True)  # the watcher watches it before the first fetch
         self.link = self.store / "current"
+        if metrics is not None:
+            metrics.source_reasons((*SOURCE_ERROR_REASONS, STORE_ERROR))
         self.config: Callable[[], NodeConfig | None] = lambda: None  # main: the daemon's node config
         self.applied: Callable[[], str | None] = lambda: None  # main: the revision in the kernel
         self.state = read_source_state(target.store()) or {}
@@ -68,6 +73,7 @@ class Fetcher:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=10)  # a request in flight ends at its timeout
+        close_registries()  # the kept connections
 
     def _loop(self) -> None:
         wait = 0.0
@@ -90,7 +96,7 @@ class Fetcher:
         except SourceError as e:
             return self._failed(e.reason, e.message, interval)
         except OSError as e:  # the store: disk full, permissions
-            return self._failed("store", f"cannot write the store {self.store}: {e.strerror or e}", interval)
+            return self._failed(STORE_ERROR, f"cannot write the store {self.store}: {e.strerror or e}", interval)
         if self.failures:
             logs.log.info(f"source {self.ref}: reachable again after {self.failures} failed attempt(s) over "
                           f"{self.clock() - self.failing_since:.0f}s", extra={"fields": {"event": "source", "ok": True}})

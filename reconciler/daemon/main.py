@@ -152,7 +152,7 @@ def run_watch(directory: Path, config_path: Path | None, target: Target, *, stri
 
         def sync() -> float | None:
             if fetcher is not None and not fetcher.ready():
-                return None  # nothing fetched yet: the kernel stays untouched
+                return 1.0  # nothing fetched yet: the kernel stays untouched (the link's swap triggers too)
             try:
                 return daemon.sync()
             except Fatal:

@@ -144,6 +144,11 @@ class Metrics:
     def source_failed(self, reason: str) -> None:
         self._source_errors.labels(reason).inc()
 
+    def source_reasons(self, reasons) -> None:
+        """Export each reason's series from the start, at 0 (rate() and alerts need one)."""
+        for reason in reasons:
+            self._source_errors.labels(reason)
+
     def drift_repaired(self, objects: int) -> None:
         """A full sync repaired `objects` drifted objects; 0 is no repair (not counted),
         so the caller may report after every full sync."""

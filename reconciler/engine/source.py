@@ -62,18 +62,18 @@ def _writable(base: Path) -> bool:
 
 @contextmanager
 def manifest_root(argument: str, config_path: Path | None, state_dir: Path, *, private: bool = False,
-                  verify: bool = False, last_applied: Callable[[], str | None] | None = None) -> Iterator[Path]:
+                  verify: bool = False, last_applied: Callable[[], str | None] | None = None,
+                  config_cache: Path | None = None) -> Iterator[Path]:
     """The directory to read for `argument`: itself, or the tree of the artifact an
     `oci://` reference names now (resolved with one HEAD request, pulled unless already in
     `<state_dir>/oci/...`, old ones pruned but never the last applied one).
     `private` (validate, render, diff: no root needed): when `state_dir` is not writable,
     a private temporary directory, removed afterwards. `verify` (plan, apply): with the node
-    config's `verify`, cosign's signatures too. A SourceError is a CommandError naming the
-    reference."""
+    config's `verify`, cosign's signatures too. `config_cache`: the node config's settings
+    cache. A SourceError is a CommandError naming the reference."""
     if not is_source(argument):
         yield Path(argument)
         return
-    from reconciler.engine.noop import config_cache_dir
     from reconciler.intake import SourceError, load_node_config, prune, pull, resolve, store_for
 
     ref = reference(argument)
@@ -86,7 +86,7 @@ def manifest_root(argument: str, config_path: Path | None, state_dir: Path, *, p
         temp = base = Path(tempfile.mkdtemp(prefix="nftrec-oci-"))
     try:
         cfg, _ = load_node_config(str(config_path) if config_path else None, discover=False,
-                                  cache_dir=None if temp else config_cache_dir(state_dir))
+                                  cache_dir=None if temp else config_cache)
         store = store_for(base, ref)
         try:
             artifact = pull(ref, cfg.oci, store, digest=resolve(ref, cfg.oci),
@@ -112,11 +112,14 @@ def command_source(argument: str, config_path: Path | None, state_root: Path, ta
     """manifest_root for a command: with its Target (plan, apply) in the namespace's state
     directory, signatures pulled for `verify`, the last applied artifact kept; without one
     (validate, render, diff) in the state root, or a private temporary directory."""
+    from reconciler.engine.noop import config_cache_dir
+
+    cache = config_cache_dir(state_root)
     if target is None:
-        return manifest_root(argument, config_path, state_root, private=True)
+        return manifest_root(argument, config_path, state_root, private=True, config_cache=cache)
     from reconciler.engine.state import read_status
 
-    return manifest_root(argument, config_path, target.store().dir, verify=True,
+    return manifest_root(argument, config_path, target.store().dir, verify=True, config_cache=cache,
                          last_applied=lambda: read_status(target.store()).last_applied_revision)
 
 
