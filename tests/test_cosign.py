@@ -190,8 +190,12 @@ def test_rollback_decisions_when_the_order_cannot_be_read(tmp_path):
     assert rollback_refusal(new, new.name) == ""  # the same artifact again
     assert rollback_refusal(new, DIGEST) == ""
     assert "no longer in the store" in rollback_refusal(new, "main@sha1:" + "2" * 40 + "@" + OTHER)
-    stored(store, OTHER, "")  # the last applied one carries no time: nothing to be older than
-    assert rollback_refusal(new, OTHER) == ""
+    assert rollback_refusal(new, OTHER) == ""  # a bare digest not in the store: a plain directory's
+    stored(store, OTHER, "2026-01-02T00:00:00Z")  # a bare digest in the store: an artifact without revision
+    assert "before the last applied artifact" in rollback_refusal(new, OTHER)
+    third = "sha256:" + "ef" * 32
+    stored(store, third, "")  # the last applied one carries no time: nothing to be older than
+    assert rollback_refusal(new, "main@sha1:" + "2" * 40 + "@" + third) == ""
 
 
 def test_signatures_survive_the_store_metadata(tmp_path):

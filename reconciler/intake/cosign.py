@@ -158,14 +158,19 @@ def created_at(text: str) -> datetime | None:
 
 def rollback_refusal(artifact: oci.Artifact, last_applied: str | None) -> str:
     """Why `artifact` would roll back the last applied artifact (a sentence), or "" when it
-    does not: nothing applied before, not from an OCI artifact, the same digest, or created
-    no earlier. The last applied one's metadata is read from the same store; when it is
-    gone, or either `created` is missing, the order cannot be shown and it counts as one."""
+    does not. The last applied one is found by its digest in the same store. Not a
+    rollback: nothing applied before, a revision that names no artifact (a git commit; a
+    bare `sha256:` digest not in the store is a plain directory's content digest), the same
+    digest, a last applied artifact without `created`, a time no earlier. A rollback, as
+    its order cannot be shown: `REVISION@sha256:` no longer in the store, no valid
+    `created` on this one."""
     m = _DIGEST_IN_NAME.search(last_applied or "")
     if m is None or m.group(1) == artifact.digest:
         return ""
     last = oci.artifact_at(Path(artifact.path).parent / m.group(1).replace(":", "-", 1))
     if last is None:
+        if last_applied == m.group(1):
+            return ""  # a directory's content digest, or an artifact we cannot tell from one
         return (f"the last applied artifact {m.group(1)[:19]} is no longer in the store {Path(artifact.path).parent}, "
                 "so this one cannot be shown to be newer")
     new, old = created_at(artifact.created), created_at(last.created)
