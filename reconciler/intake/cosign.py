@@ -27,6 +27,7 @@ from pathlib import Path
 
 from reconciler.intake import oci
 from reconciler.intake.model import Verify
+from reconciler.intake.problems import show
 from reconciler.intake.signatures import TrustError, Verdict, Verifier, checkout_of, read_keys
 
 SIGNATURE_TYPE = "cosign container image signature"
@@ -120,9 +121,9 @@ def _layer(sig: oci.Signature, digest: str, keys: tuple[PublicKey, ...]) -> tupl
     except (ValueError, TypeError, KeyError):
         return "bad-payload", f"{key.name} signed a payload that is not cosign's simple-signing JSON", key
     if kind != SIGNATURE_TYPE:
-        return "bad-payload", f"{key.name} signed a payload of type {str(kind)[:80]!r}, not {SIGNATURE_TYPE!r}", key
+        return "bad-payload", f"{key.name} signed a payload of type {show(kind)}, not {SIGNATURE_TYPE!r}", key
     if named != digest:
-        return ("digest-mismatch", f"{key.name} signed another artifact ({str(named)[:80]}), not this one", key)
+        return ("digest-mismatch", f"{key.name} signed another artifact ({show(named)}), not this one", key)
     return "", "", key
 
 
@@ -177,10 +178,10 @@ def rollback_refusal(artifact: oci.Artifact, last_applied: str | None) -> str:
     if old is None:
         return ""  # nothing to be older than: the last applied artifact carries no time
     if new is None:
-        return (f"it has no valid created annotation ({artifact.created[:40]!r}), so it cannot be shown to be newer "
-                f"than the last applied artifact (created {last.created})")
+        return (f"it has no valid created annotation ({show(artifact.created)}), so it cannot be shown to be newer "
+                f"than the last applied artifact (created {last.created.strip()})")
     if new < old:
-        return f"it was created {artifact.created}, before the last applied artifact ({last.created})"
+        return f"it was created {artifact.created.strip()}, before the last applied artifact ({last.created.strip()})"
     return ""
 
 
