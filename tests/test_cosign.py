@@ -123,6 +123,10 @@ def test_the_verifier_of_each_source_kind_needs_its_kind_of_key(tmp_path):
     # directory is neither kind, and says so
     current = oci.store_for(tmp_path / "state", REF) / "current"
     assert is_oci_root(current) and not is_oci_root(tmp_path)
+    gitsync = tmp_path / "srv" / "oci" / "team" / "repo"  # a git-sync link that happens to sit at such a path
+    gitsync.mkdir(parents=True)
+    (gitsync / "current").symlink_to(tmp_path)
+    assert not is_oci_root(gitsync / "current")
     with verifier_for(Verify(keys=(str(pem),)), current) as v:
         assert isinstance(v, CosignVerifier)
     with pytest.raises(TrustError, match="not a git checkout .* nor an OCI artifact"):

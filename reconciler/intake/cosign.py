@@ -20,6 +20,7 @@ import base64
 import binascii
 import hashlib
 import json
+import os
 import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -228,11 +229,11 @@ class CosignVerifier:
 def is_oci_root(directory: Path) -> bool:
     """Whether `directory` is an OCI source's manifest root: an artifact tree, or the
     `current` link of an OCI store (<state>/oci/<host>/<repo>/current) before anything is
-    published in it."""
+    published in it (one that exists and leads elsewhere is a git-sync link)."""
     d = Path(directory)
     if oci.artifact_at(d) is not None:
         return True
-    return d.name == _CURRENT and d.parent.parent.parent.name == "oci"
+    return not os.path.lexists(d) and d.name == _CURRENT and d.parent.parent.parent.name == "oci"
 
 
 def verifier_for(spec: Verify, directory: Path) -> Verifier | CosignVerifier:
