@@ -58,7 +58,6 @@ def _global(
     logs.setup(log_format)
 
 
-DIR_ARG = typer.Argument(Path("."), help="Manifest directory (read recursively); - reads standard input.")
 SOURCE_ARG = typer.Argument(".", help="Manifest directory (read recursively); - reads standard input; or an OCI "
                             "artifact (Flux's format), oci://HOST[:PORT]/REPO:TAG or oci://HOST[:PORT]/REPO@sha256:HEX.")
 CONFIG_OPT = typer.Option(None, "--config", help="Node config (default /etc/nftrec/config.yaml "
@@ -419,7 +418,7 @@ def confirm(
 
 @app.command()
 def trace(
-    directory: Path = DIR_ARG,
+    directory: str = SOURCE_ARG,
     src: str = typer.Option(..., "--src", help="Source address of the packet."),
     dst: str = typer.Option(..., "--dst", help="Destination address (a ClusterIP, LB IP, node IP, ...)."),
     dport: int = typer.Option(..., "--dport", help="Destination port."),
@@ -445,6 +444,7 @@ def trace(
     endpoints with what probability, masquerade, reject or drop) and the Service responsible.
     With --kernel, a real packet, traced by the kernel."""
     _check_output(output)
+    directory = _root(directory, config)
     from reconciler.engine import Packet, run_trace
 
     packet = Packet(src, dst, dport, proto.lower(), origin)

@@ -100,6 +100,13 @@ def test_validate_and_render_need_no_writable_state_dir(edge, tmp_path):
     assert list(temp.iterdir()) == []  # the private copy is gone
 
 
+def test_trace_reads_an_artifact(edge, tmp_path):
+    reg, _, _ = edge
+    p = ok(nftrec("trace", reg.ref("team/edge", "v1"), "--src", "10.244.1.5", "--dst", "10.96.0.10", "--dport", "80",
+                  state=tmp_path / "state", config=node_config(tmp_path)))
+    assert "DNAT to 10.244.0.11:8080" in p.stdout and "service: default/web" in p.stdout, p.stdout
+
+
 def test_diff_two_artifacts_and_an_artifact_against_a_directory(edge, tmp_path):
     reg, _, _ = edge
     state, cfg = tmp_path / "state", node_config(tmp_path)

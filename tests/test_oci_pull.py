@@ -222,9 +222,15 @@ def test_metadata_is_the_record(registry, tmp_path):
     meta = json.loads(art.path.with_name(art.path.name + ".json").read_text())
     assert meta["digest"] == digest and meta["annotations"]["org.opencontainers.image.revision"] == REVISION
     assert meta["reference"] == f"{ref}@{digest}"
-    # a tree without (valid) metadata is no artifact
+    # a tree without (valid) metadata is no artifact, and is unpacked anew by the next pull
     art.path.with_name(art.path.name + ".json").write_text("{}")
+    (art.path / "svc.yaml").write_bytes(b"not what was pulled")
     assert artifact_at(art.path) is None
+    again = pull(ref, INSECURE, store_for(tmp_path, ref), digest=digest)
+    assert read_tree(again.path) == FILES and artifact_at(art.path).digest == digest
+    with pytest.raises(SourceError) as e:
+        pull(ref, INSECURE, store_for(tmp_path, ref), digest="sha256:../../etc")
+    assert e.value.reason == "bad-reference"
 
 
 def push_sig_manifest(registry, repo: str, digest: str, payloads: list[bytes]) -> str:

@@ -8,6 +8,7 @@ a restart with the registry down serves the artifact already in the store.
 from __future__ import annotations
 
 import re
+import subprocess
 import time
 
 import pytest
@@ -15,7 +16,7 @@ import pytest
 from ociregistry import push_artifact, registry  # noqa: F401 (fixture)
 from test_cli_kernel import listing
 from test_oci_cli import EDGE, name_of, node_config, tree_files, without_service
-from watchproc import Watch
+from watchproc import NFTREC, Watch
 
 pytestmark = pytest.mark.kernel
 
@@ -122,6 +123,9 @@ def test_nothing_happens_before_the_first_fetch(registry, tmp_path, netns):  # n
         w.wait(lambda: metric(w, "nftrec_source_errors_total", '{reason="not-found"}') >= 2, 20,
                what="two polls of a tag that is not there yet")
         assert w.syncs() == [] and not [x for x in w.events("invalid")]
+        p = subprocess.run([NFTREC, "--state-dir", str(state), "status", "--netns", netns, "--config",
+                            str(w.config)], capture_output=True, text=True, timeout=60)
+        assert p.returncode == 1 and "nothing fetched yet" in p.stderr and "(not-found)" in p.stderr, p.stderr
         v1 = push_artifact(registry.host, "team/edge", "prod", tree_files(EDGE))
         w.wait(lambda: synced(w, name_of(v1)), 30, what="the first sync once pushed")
         assert "dns" in listing(netns)

@@ -67,7 +67,7 @@ def manifest_root(argument: str, config_path: Path | None, state_dir: Path, *, p
     """The directory to read for `argument`: itself, or the tree of the artifact an
     `oci://` reference names now (resolved with one HEAD request, pulled unless already in
     `<state_dir>/oci/...`, old ones pruned but never the last applied one).
-    `private` (validate, render, diff: no root needed): when `state_dir` is not writable,
+    `private` (validate, render, diff, trace: no root needed): when `state_dir` is not writable,
     a private temporary directory, removed afterwards. `verify` (plan, apply): with the node
     config's `verify`, cosign's signatures too. `config_cache`: the node config's settings
     cache. A SourceError is a CommandError naming the reference."""
@@ -111,7 +111,7 @@ def manifest_root(argument: str, config_path: Path | None, state_dir: Path, *, p
 def command_source(argument: str, config_path: Path | None, state_root: Path, target=None):
     """manifest_root for a command: with its Target (plan, apply) in the namespace's state
     directory, signatures pulled for `verify`, the last applied artifact kept; without one
-    (validate, render, diff) in the state root, or a private temporary directory."""
+    (validate, render, diff, trace) in the state root, or a private temporary directory."""
     from reconciler.engine.noop import config_cache_dir
 
     cache = config_cache_dir(state_root)

@@ -1,7 +1,8 @@
 """What nftrec reads of git: the commit a checkout is (`find_revision`, from the files under
 `.git`), what a checkout's commit holds (`checkout_blobs`, for the watch on git-sync's
-worktrees), and the manifests of one revision from the object store (`load_revision`,
-`nftrec diff --git DIR A..B`: no checkout, the working tree untouched).
+worktrees), the tree a checkout's index describes and the files that are not it
+(`index_tree`, `worktree_change`, for signed revisions), and the manifests of one revision
+from the object store (`load_revision`, `nftrec diff --git DIR A..B`: no checkout).
 """
 
 # load_revision reads the revision's copy of DIR with the rules of a directory on disk
@@ -20,6 +21,7 @@ import struct
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from stat import S_ISLNK, S_ISREG
 
 from reconciler.intake.load import SUFFIXES, LoadResult
 from reconciler.intake.parse import MAX_FILE_BYTES
@@ -382,14 +384,19 @@ def _read_index(data: bytes, n: int) -> tuple[list[tuple[bytes, tuple, bytes, in
     return entries, signatures
 
 
-def _index_blobs(path: Path, top: Path, prefix: str) -> dict[str, tuple[str, str | None]] | None:
-    """checkout_blobs from the index file `path` of the checkout at `top`, for the paths
-    under `prefix`: a file's id where its lstat (mtime, ctime, inode, size, as git's status
-    check compares them) is the index entry's, None for the rest. None for the whole when
-    the index is missing, torn, unmerged, split or sparse: the caller then asks git."""
-    # ctime cannot be set back by a user, so an edit after the checkout, even of the same
-    # size with the mtime restored, is seen. An entry git calls racily clean (written in
-    # the index's own timestamp tick) is taken as the index says, as `git ls-tree` would be.
+@dataclass(frozen=True)
+class Index:
+    """A checkout's index file as read (checksum verified): its entries (path, stat
+    fields, raw id, flags, extended flags), the signatures of its extensions, the length
+    of an object id in bytes (20: sha1, 32: sha256)."""
+    entries: list
+    extensions: list
+    id_bytes: int
+
+
+def read_index(path: Path) -> Index | None:
+    """The index file at `path`; None when it is missing, torn (or written without a
+    checksum, index.skipHash) or not an index git writes."""
     try:
         with open(path, "rb") as f:
             data = f.read()
@@ -400,15 +407,27 @@ def _index_blobs(path: Path, top: Path, prefix: str) -> dict[str, tuple[str, str
         if len(data) > 12 + n and new_hash(memoryview(data)[:-n]).digest() == data[-n:]:
             break
     else:
-        return None  # torn, or written without a checksum (index.skipHash)
+        return None
     try:
         entries, signatures = _read_index(data, n)
     except (ValueError, IndexError, struct.error):
         return None
-    if b"link" in signatures or b"sdir" in signatures:
+    return Index(entries, signatures, n)
+
+
+def _index_blobs(path: Path, top: Path, prefix: str) -> dict[str, tuple[str, str | None]] | None:
+    """checkout_blobs from the index file `path` of the checkout at `top`, for the paths
+    under `prefix`: a file's id where its lstat (mtime, ctime, inode, size, as git's status
+    check compares them) is the index entry's, None for the rest. None for the whole when
+    the index is missing, torn, unmerged, split or sparse: the caller then asks git."""
+    # ctime cannot be set back by a user, so an edit after the checkout, even of the same
+    # size with the mtime restored, is seen. An entry git calls racily clean (written in
+    # the index's own timestamp tick) is taken as the index says, as `git ls-tree` would be.
+    index = read_index(path)
+    if index is None or b"link" in index.extensions or b"sdir" in index.extensions:
         return None  # split (entries live in a shared index too) or sparse (directories as entries)
     out: dict[str, tuple[str, str | None]] = {}
-    for raw, stat, oid, flags, extended in entries:
+    for raw, stat, oid, flags, extended in index.entries:
         name = raw.decode("utf-8", "surrogateescape")
         if not name.startswith(prefix):
             continue
@@ -429,3 +448,86 @@ def _index_blobs(path: Path, top: Path, prefix: str) -> dict[str, tuple[str, str
                        and ino == st.st_ino & _U32 and size == st.st_size & _U32)
         out[name[len(prefix):]] = (kind, oid.hex() if trusted else None)
     return out
+
+
+def index_tree(index: Index) -> str | None:
+    """The id of the tree object the index describes (what `git write-tree` would write),
+    or None when the index holds what one tree cannot say or nftrec does not read: a split
+    or sparse index, an unmerged path, skip-worktree or intent-to-add entries."""
+    if b"link" in index.extensions or b"sdir" in index.extensions:
+        return None
+    root: dict = {}
+    for raw, stat, oid, flags, extended in index.entries:
+        if flags & _STAGE or extended & (_SKIP_WORKTREE | _INTENT_TO_ADD):
+            return None
+        *dirs, name = raw.split(b"/")
+        d = root
+        for part in dirs:
+            d = d.setdefault(part, {})
+            if not isinstance(d, dict):
+                return None  # a file and a directory of one name: not a tree
+        if name in d:
+            return None
+        d[name] = (b"%o" % stat[6], oid)
+    algo = "sha1" if index.id_bytes == 20 else "sha256"
+
+    def tree(d: dict) -> bytes:  # git's tree object: "mode name\0<raw id>" for each entry
+        items = [(name + b"/", b"40000 " + name + b"\0" + tree(v)) if isinstance(v, dict) else
+                 (name, v[0] + b" " + name + b"\0" + v[1]) for name, v in d.items()]
+        body = b"".join(entry for _, entry in sorted(items))  # sorted as if a directory's name ended in "/"
+        return hashlib.new(algo, b"tree %d\0" % len(body) + body).digest()
+    return tree(root).hex()
+
+
+def worktree_change(top: Path, index: Index, prefix: str) -> tuple[str, str] | None:
+    """(reason, path from `top`) of the first file under `prefix` that is not the index's:
+    "modified-file" (a tracked file whose bytes or kind differ, or that is missing),
+    "untracked-file" (a manifest file the index lacks, ignored ones too); None when all
+    are. Hidden entries (never read) are skipped. Every file's bytes are hashed: the stat
+    data in the index is not trusted, as whoever can edit the files can write it too. The
+    executable bit is not compared: nftrec does not read it. A submodule's files are not
+    the commit's: a manifest file in one counts as untracked."""
+    hexlen = 2 * index.id_bytes
+    tracked: set[str] = set()
+    for raw, stat, oid, _flags, _extended in index.entries:
+        name = raw.decode("utf-8", "surrogateescape")
+        if not name.startswith(prefix):
+            continue
+        rel = name[len(prefix):]
+        tracked.add(rel)
+        if _hidden(rel):
+            continue
+        full = f"{top}/{name}"
+        if stat[6] == 0o160000:
+            continue  # a submodule: its directory is walked below
+        try:
+            st = os.lstat(full)
+            if stat[6] == 0o120000:
+                same = S_ISLNK(st.st_mode) and blob_id(os.fsencode(os.readlink(full)), hexlen) == oid.hex()
+            elif S_ISREG(st.st_mode) and stat[6] in (0o100644, 0o100755):
+                same = blob_id(Path(full).read_bytes(), hexlen) == oid.hex()
+            else:
+                same = False
+        except OSError:
+            same = False
+        if not same:
+            return "modified-file", name
+    return _untracked(top / prefix if prefix else top, "", tracked, prefix)
+
+
+def _untracked(d: Path | str, rel_dir: str, tracked: set[str], prefix: str) -> tuple[str, str] | None:
+    try:
+        listing = sorted(os.scandir(d), key=lambda e: e.name)
+    except OSError:
+        return None
+    for e in listing:
+        if e.name.startswith("."):
+            continue
+        rel = rel_dir + e.name
+        if e.is_dir(follow_symlinks=False):
+            found = _untracked(e.path, rel + "/", tracked, prefix)
+            if found:
+                return found
+        elif rel not in tracked and e.name.endswith(SUFFIXES):
+            return "untracked-file", prefix + rel
+    return None

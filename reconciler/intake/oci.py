@@ -106,6 +106,8 @@ def pull(ref: Reference, settings: OciSettings, store: Path, *, digest: str | No
     such tag: none; asked again while none are stored, the tag is looked up again)."""
     store = Path(store)
     digest = digest or ref.digest or resolve(ref, settings)
+    if not is_digest(digest):
+        raise SourceError("bad-reference", f"{digest[:100]!r} is not a digest; give sha256: and 64 lower-case hex digits")
     tree = store / tree_name(digest)
     meta = read_metadata(tree.with_name(tree.name + ".json")) if tree.is_dir() else None
     artifact = _artifact(meta, tree) if meta is not None else None
@@ -120,6 +122,8 @@ def pull(ref: Reference, settings: OciSettings, store: Path, *, digest: str | No
     raw, media_type = reg.get_manifest(ref.repository, digest, digest)
     layer, annotations = flux_layer(raw, media_type, f"{ref.at(digest)}")
     store.mkdir(parents=True, exist_ok=True)
+    if tree.exists() and current_digest(store) != digest:
+        _remove(tree)  # a tree without its metadata never counted (a pull that died): unpacked anew
     tmp = store / f"{TMP_PREFIX}{os.getpid()}-{time.monotonic_ns()}.layer"
     try:
         reg.get_blob(ref.repository, layer["digest"], layer["size"], tmp, MAX_LAYER_BYTES)

@@ -4,13 +4,21 @@ is allowed) it descends from the last applied commit.
 
 `Verifier(spec)` reads the keys once (a TrustError when they cannot be used) into a private
 directory: an SSH allowed-signers file, and a GNUPGHOME holding only the given OpenPGP keys
-with their trust pinned, so that only they count. `check(directory, ...)` gives a Verdict.
+with their trust pinned, so that only they count. `check(directory, ...)` gives a Verdict,
+from one git process (`git log`: signature, tree, tags, and whether the commit descends
+from the last applied one); a second `git log` only to let a rollback through.
 """
 
 # git decides, nftrec reads its verdict: `git log -1 --format=%G?...` with the allowed
 # signers and the private GNUPGHOME, `%G?` "G" (good, from a trusted key) being the only
 # pass; "U" (good, untrusted), "X"/"Y" (expired), "R" (revoked), "B" (bad), "E" (cannot
-# check) and "N" (none) refuse. `git status` proves the working tree is the commit's.
+# check) and "N" (none) refuse. The same `git log` gives the commit's tree (%T) and in
+# Tag modes its tags (%D, each then checked by `git verify-tag`). The
+# checkout's index, read here, must describe that tree and the files under the directory
+# must be the index's (intake.git.worktree_change); `git status` decides instead when the
+# index has what nftrec does not read (split, sparse, unmerged, ...), and names the file
+# when the index is not the commit's. Descent: the log walks `LAST..COMMIT` with
+# --ancestry-path, which shows the commit only when LAST is one of its ancestors.
 
 from __future__ import annotations
 
@@ -24,7 +32,7 @@ import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
-from reconciler.intake.git import GIT_TIMEOUT, find_checkout
+from reconciler.intake.git import GIT_TIMEOUT, find_checkout, index_tree, read_index, worktree_change
 from reconciler.intake.load import SUFFIXES
 from reconciler.intake.model import Verify
 from reconciler.intake.problems import show
@@ -202,58 +210,90 @@ class Verifier:
         common = gitdir
         if (gitdir / "commondir").is_file():  # a linked worktree: git-sync's
             common = (gitdir / (gitdir / "commondir").read_text().strip()).resolve()
-        # side by side: the tree and the ancestry are checked while git verifies the signature
-        status = self._start(top, common, "status", "--porcelain=v1", "-z", "--untracked-files=all",
-                             "--ignored=matching", "--no-renames", "--", sub)
-        moved = last_applied and last_applied != commit and _is_commit(last_applied)
-        ancestry = self._start(top, common, "merge-base", "--is-ancestor", last_applied, commit) if moved else None
+        moved = bool(last_applied) and last_applied != commit and _is_commit(last_applied)
+        # a new revision: the same log walks from the last applied commit (--ancestry-path,
+        # topo order: the commit comes first), so that nothing shown means "not a descendant"
+        log = self._log(top, common, commit, last_applied if moved else None)
+        # while git checks the signature: the tree the index describes, the files against it
+        index = read_index(gitdir / "index")
+        tree = index_tree(index) if index is not None else None
+        status = self._status(top, common, sub) if tree is None else None  # an index read by git only
         try:
-            signed = self._signature(top, common, commit)
+            changed = worktree_change(top, index, "" if sub == "." else sub + "/") if tree is not None else None
         finally:
-            tree = status.result()
-            descends = ancestry.result().returncode == 0 if ancestry is not None else True
-        if not signed.ok:
-            return signed
-        changed = _changed_files(tree, top, sub)
-        if changed:
-            return Verdict(commit, False, *changed, signer=signed.signer, key=signed.key)
-        if descends:
-            return signed
-        if not (allow_rollback or self.spec.allow_rollback):
-            return Verdict(commit, False, "rollback",
-                           f"it does not descend from the last applied revision {last_applied[:12]} (a replayed "
-                           "older commit or a force-push); `nftrec apply --allow-rollback` applies it once",
-                           signed.signer, signed.key)
-        return Verdict(commit, True, signer=signed.signer, key=signed.key, rollback_allowed=True)
-
-    def _signature(self, top: Path, common: Path, commit: str) -> Verdict:
-        mode = self.spec.mode
-        if mode in ("Tag", "TagAndHEAD"):
-            tagged = self._tag(top, common, commit)
-            if not tagged.ok or mode == "Tag":
-                return tagged
-        done = self._git(top, common, "log", "-1", "--no-show-signature", "--format=%G?%x00%GK%x00%GS%x00%GF", commit, "--")
+            try:
+                done = log.result()
+            finally:
+                by_git = status.result() if status is not None else None
+        descends = done.returncode == 0 and done.stdout.strip() != b""
+        if moved and not descends:  # an older commit, another history, or one git does not know
+            if not (allow_rollback or self.spec.allow_rollback):
+                return Verdict(commit, False, "rollback",
+                               f"it does not descend from the last applied revision {last_applied[:12]} (a "
+                               "replayed older commit or a force-push); `nftrec apply --allow-rollback` applies "
+                               "it once")
+            done = self._log(top, common, commit, None).result()
         if done.returncode != 0:
             said = done.stderr.decode("utf-8", "replace").strip().splitlines()
             raise TrustError(f"git cannot read commit {commit[:12]} in {top}: {said[0] if said else done.returncode}")
-        status, key, signer, fpr = (done.stdout.decode("utf-8", "replace").rstrip("\n").split("\0") + ["", "", ""])[:4]
+        fields = (done.stdout.decode("utf-8", "surrogateescape").split("\n", 1)[0].split("\0") + [""] * 7)[:7]
+        if fields[6] != commit:
+            raise TrustError(f"git log showed {fields[6][:12] or 'nothing'} for commit {commit[:12]} in {top}")
+        signed = self._signature(top, common, commit, fields)
+        if not signed.ok:
+            return signed
+        if by_git is not None:
+            changed = _changed_files(by_git, top, sub)
+        elif tree != fields[4]:  # staged changes, or an index made by hand: git names the file
+            changed = _changed_files(self._status(top, common, sub).result(), top, sub) or (
+                "modified-file", f"the index of {top} does not describe the signed commit's tree")
+        elif changed is not None:
+            reason, path = changed
+            changed = reason, (f"{show(path)} differs from the signed commit" if reason == "modified-file" else
+                               f"{show(path)} is a manifest file that git does not track")
+        if changed:
+            return Verdict(commit, False, *changed, signer=signed.signer, key=signed.key)
+        if moved and not descends:
+            return Verdict(commit, True, signer=signed.signer, key=signed.key, rollback_allowed=True)
+        return signed
+
+    def _log(self, top: Path, common: Path, commit: str, since: str | None) -> _Started:
+        """`git log` of `commit`: its signature (%G?, not in Tag mode), tree, tags
+        (%D, Tag modes) and id. With `since`, only when `commit` descends from it."""
+        mode = self.spec.mode
+        signature = "%G?%x00%GK%x00%GS%x00%GF" if mode != "Tag" else "%x00%x00%x00"
+        tags = ["--decorate-refs=refs/tags/"] if mode != "HEAD" else []  # %D: its tags
+        walk = ["--ancestry-path", "--topo-order", f"{since}..{commit}"] if since else [commit]
+        return self._start(top, common, "log", "-1", "--no-show-signature", *tags,
+                           f"--format={signature}%x00%T%x00{'%D' if tags else ''}%x00%H", *walk, "--")
+
+    def _status(self, top: Path, common: Path, sub: str) -> _Started:
+        return self._start(top, common, "status", "--porcelain=v1", "-z", "--untracked-files=all",
+                           "--ignored=matching", "--no-renames", "--", sub)
+
+    def _signature(self, top: Path, common: Path, commit: str, fields: list[str]) -> Verdict:
+        """The verdict of `git log`'s %G? fields, and in Tag modes of the tags in %D."""
+        mode = self.spec.mode
+        if mode in ("Tag", "TagAndHEAD"):
+            names = sorted(d[5:] for d in fields[5].split(", ") if d.startswith("tag: "))
+            tagged = self._tag(top, common, commit, names)
+            if not tagged.ok or mode == "Tag":
+                return tagged
+        status, key, signer, fpr = fields[:4]
         signer, key = _clean(signer), fpr or key
         if status == "G":
             return Verdict(commit, True, signer=signer, key=key)
         reason, sentence = _STATUS.get(status, ("bad-signature", f"git says {status!r} about the signature"))
         return Verdict(commit, False, reason, sentence, signer if status != "E" else "", key)
 
-    def _tag(self, top: Path, common: Path, commit: str) -> Verdict:
-        """The first tag on `commit` whose signature verifies, else the refusal."""
-        done = self._git(top, common, "tag", "--points-at", commit, "--format=%(refname:strip=2)%00%(objecttype)")
-        tags = [ln.split("\0")[0] for ln in done.stdout.decode("utf-8", "replace").splitlines()
-                if ln.endswith("\0tag")]
-        if not tags:
-            return Verdict(commit, False, "no-tag", "verify.mode is Tag but no annotated tag points at this commit")
-        last = Verdict(commit, False, "unsigned", "no tag on this commit is signed")
+    def _tag(self, top: Path, common: Path, commit: str, tags: list[str]) -> Verdict:
+        """The first of the tags on `commit` whose signature verifies, else the refusal."""
+        last = None
         for tag in tags:
-            v = self._git(top, common, "verify-tag", "--raw", tag)
+            v = self._git(top, common, "verify-tag", "--raw", f"refs/tags/{tag}")
             said = v.stderr.decode("utf-8", "replace")
+            if "cannot verify a non-tag object" in said:
+                continue  # a lightweight tag: no tag object to sign
             m = re.search(r"VALIDSIG ([0-9A-F]+)|key (SHA256:\S+)", said)
             key = next((g for g in m.groups() if g), "") if m else ""
             who = re.search(r"GOODSIG \S+ (.*)|Good \"git\" signature for (\S+)", said)
@@ -263,7 +303,7 @@ class Verifier:
             reason = ("unsigned" if "no signature found" in said else
                       "unknown-key" if "NO_PUBKEY" in said or "No principal" in said else "bad-signature")
             last = Verdict(commit, False, reason, f"tag {show(tag)} does not carry a signature of verify.keys", key=key)
-        return last
+        return last or Verdict(commit, False, "no-tag", "verify.mode is Tag but no annotated tag points at this commit")
 
 
 
