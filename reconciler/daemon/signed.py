@@ -1,5 +1,6 @@
 """watch's gate for signed revisions: each new revision read is checked against the node
-config's `verify` (intake.Verifier, its keys read once per config) before it is compiled;
+config's `verify` (intake.verifier_for: git's Verifier for a checkout, cosign's for an OCI
+source; its keys read once per config) before it is compiled;
 a refused one is handled as an invalid revision (reconcile.Daemon._take), counted in the
 metrics by reason, and logged in one line naming the revision, the signer and the reason.
 """
@@ -10,23 +11,22 @@ from pathlib import Path
 from typing import Callable
 
 from reconciler import logs
-from reconciler.intake import TrustError, Verifier, Verify, checkout_of
+from reconciler.intake import CosignVerifier, TrustError, Verifier, Verify, verifier_for
 
 
 class SignatureGate:
     def __init__(self, metrics=None):
         self.metrics = metrics
         self.spec: Verify | None = None
-        self.verifier: Verifier | None = None
+        self.verifier: Verifier | CosignVerifier | None = None
 
     def configure(self, spec: Verify | None, directory: Path) -> bool:
         """Take the config's `verify` (None: no checks). False, logged, when it cannot be
-        used: a key file, a directory that is not a git checkout (the old one stays). The
+        used: a key file, a directory that is neither a git checkout nor an OCI source, no key
+        of the kind the source is signed with (the old one stays). The
         key files are read again each time (SIGHUP): a rotated key counts from then on."""
-        try:
-            new = Verifier(spec) if spec is not None else None
-            if new is not None:
-                checkout_of(directory)
+        try:  # git's verifier for a checkout, cosign's for an OCI source
+            new = verifier_for(spec, directory) if spec is not None else None
         except TrustError as e:
             logs.log.error(f"configuration error: {e}")
             return False

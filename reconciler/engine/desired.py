@@ -261,10 +261,10 @@ def check_signed(config: NodeConfig, directory: Path, last_applied: str | None, 
     Unverified when it is refused or `verify` cannot be used (nothing read or applied)."""
     if config.verify is None:
         return None
-    from reconciler.intake import TrustError, Verifier
+    from reconciler.intake import TrustError, verifier_for
 
     try:
-        with Verifier(config.verify) as verifier:
+        with verifier_for(config.verify, directory) as verifier:  # git's or cosign's, by the source
             verdict = verifier.check(directory, last_applied, allow_rollback=allow_rollback)
     except TrustError as e:
         raise Unverified("", f"configuration error: {e}; nothing was changed", record=False) from None

@@ -9,6 +9,7 @@
 from reconciler import lazy_exports
 
 __all__, __getattr__ = lazy_exports(__name__, {
+    "cosign": ("CosignVerifier", "verifier_for"),
     "config": ("DEFAULT_PATH", "discover_host_addresses", "discover_node_ips", "load_node_config", "parse_duration"),
     "digests": ("InputDigest", "config_digest", "input_digest"),
     "git": ("GitError", "merge_base", "parse_range", "resolve_revision"),

@@ -38,6 +38,7 @@ from reconciler.intake.model import Verify
 from reconciler.intake.problems import show
 
 _PGP = "-----BEGIN PGP PUBLIC KEY BLOCK-----"
+_PEM = "-----BEGIN PUBLIC KEY-----"
 _SSH_LINE = re.compile(r"(?:[a-z0-9-]+=\S+\s+)?((?:ssh-|ecdsa-|sk-)[A-Za-z0-9@.-]+)\s+([A-Za-z0-9+/=]+)(?:\s+(.*))?")
 _STATUS = {  # git's %G? -> (reason, sentence)
     "N": ("unsigned", "the commit is not signed"),
@@ -68,10 +69,12 @@ class Verdict:
     def describe(self) -> str:
         """One line: which revision, who signed it, the outcome."""
         who = f"signed by {self.signer or '?'} (key {self.key})" if self.key else "no trusted signature"
+        short = re.sub(r"([0-9a-f]{12})[0-9a-f]{28,}", r"\1", self.revision)  # commits, artifact digests
         if self.ok:
-            extra = "; not a descendant of the last applied revision, allowed" if self.rollback_allowed else ""
-            return f"revision {self.revision[:12]} verified: {who}{extra}"
-        return f"revision {self.revision[:12]} refused ({self.reason}): {self.message}; {who}"
+            said = self.message or "not a descendant of the last applied revision"
+            extra = f"; {said}, allowed" if self.rollback_allowed else ""
+            return f"revision {short} verified: {who}{extra}"
+        return f"revision {short} refused ({self.reason}): {self.message}; {who}"
 
 
 class _Started:
@@ -99,11 +102,13 @@ def _run(argv: list[str], env: dict, stdin: bytes | None = None) -> subprocess.C
     return _Started(argv, env, stdin).result()
 
 
-def read_keys(paths: tuple[str, ...]) -> tuple[list[str], list[tuple[str, bytes]]]:
-    """(allowed-signers lines, OpenPGP armored keys as (file, bytes)) of the key files,
-    each recognised by its content. TrustError for an unreadable, empty or unknown file."""
+def read_keys(paths: tuple[str, ...]) -> tuple[list[str], list[tuple[str, bytes]], list[tuple[str, bytes]]]:
+    """(allowed-signers lines, OpenPGP armored keys as (file, bytes), PEM public keys as
+    (file, bytes): cosign's, for OCI artifacts) of the key files, each recognised by its
+    content. TrustError for an unreadable, empty or unknown file."""
     signers: list[str] = []
     pgp: list[tuple[str, bytes]] = []
+    pem: list[tuple[str, bytes]] = []
     for path in paths:
         try:
             raw = Path(path).read_bytes()
@@ -114,6 +119,12 @@ def read_keys(paths: tuple[str, ...]) -> tuple[list[str], list[tuple[str, bytes]
         if _PGP in text:
             pgp.append((path, raw))
             continue
+        if _PEM in text:
+            pem.append((path, raw))
+            continue
+        if "PRIVATE KEY-----" in text:
+            raise TrustError(f"verify.keys: {path} holds a private key; give the public key (cosign.pub, id_*.pub), "
+                             "and keep the private key off the node")
         lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("#")]
         if not lines:
             raise TrustError(f"verify.keys: {path} is empty; put SSH public keys (one per line) or an "
@@ -122,10 +133,10 @@ def read_keys(paths: tuple[str, ...]) -> tuple[list[str], list[tuple[str, bytes]
             m = _SSH_LINE.fullmatch(line)
             if m is None:
                 raise TrustError(f"verify.keys: {path} line {n} is neither an SSH public key nor an OpenPGP "
-                                 "armored public key block")
+                                 "armored public key block nor a PEM public key")
             name = re.sub(r"[^A-Za-z0-9@._+-]", "_", (m.group(3) or "").split(" ")[0]) or f"{Path(path).name}-{n}"
             signers.append(f'{name} namespaces="git" {m.group(1)} {m.group(2)}')
-    return signers, pgp
+    return signers, pgp, pem
 
 
 class Verifier:
@@ -133,7 +144,10 @@ class Verifier:
 
     def __init__(self, spec: Verify):
         self.spec = spec
-        signers, pgp = read_keys(spec.keys)
+        signers, pgp, pem = read_keys(spec.keys)
+        if pem and not (signers or pgp):
+            raise TrustError("verify.keys holds only PEM public keys (cosign's, for OCI artifacts), and this source is "
+                             "a git checkout, whose commits are signed with SSH or OpenPGP keys: add those keys")
         if signers and git_version() < (2, 34):
             raise TrustError("verify.keys holds SSH keys, and git verifies SSH signatures from version 2.34 "
                              f"on; this git is {'.'.join(map(str, git_version()))}: install a newer git or use "
@@ -334,7 +348,8 @@ def checkout_of(directory: Path) -> tuple[Path, Path, str, str]:
     co = find_checkout(root) if root.is_dir() else None
     if co is None:
         raise TrustError(f"verify is set, but {directory} is not a git checkout (no .git with a commit "
-                         "checked out); point nftrec at a git-sync worktree or a clone, or remove verify")
+                         "checked out) nor an OCI artifact; point nftrec at a git-sync worktree, a clone or an "
+                         "oci:// reference, or remove verify")
     return co
 
 
