@@ -43,6 +43,7 @@ class Fetcher:
             metrics.source_reasons((*SOURCE_ERROR_REASONS, STORE_ERROR))
         self.config: Callable[[], NodeConfig | None] = lambda: None  # main: the daemon's node config
         self.applied: Callable[[], str | None] = lambda: None  # main: the revision in the kernel
+        self.resigned: Callable[[], None] = lambda: None  # main: take the published revision again
         self.state = read_source_state(target.store()) or {}
         self.current = self._kept()
         self.state = {"reference": str(self.ref), "digest": self.current,
@@ -93,6 +94,8 @@ class Fetcher:
                 self.metrics.source_polled()
             if digest != self.current:
                 self._take(digest, cfg)
+            elif cfg.verify is not None and digest != self._applied():
+                self._signed_since(digest, cfg)
         except SourceError as e:
             return self._failed(e.reason, e.message, interval)
         except OSError as e:  # the store: disk full, permissions
@@ -122,6 +125,17 @@ class Fetcher:
             prune(self.store, keep=KEEP, protect=frozenset(d for d in (digest, self._applied()) if d))
         except OSError as e:
             logs.log.warning(f"source {self.ref}: cannot prune old artifacts in {self.store}: {e}")
+
+    def _signed_since(self, digest: str, cfg: NodeConfig) -> None:
+        """The published artifact is not the applied one (with verify: refused, or not
+        synced yet). cosign signs after `flux push` has moved the tag, so its signatures
+        are read again; when they changed, the daemon takes the revision again."""
+        before = artifact_at(self.link)
+        after = pull(self.ref, cfg.oci, self.store, digest=digest, signatures=True)
+        if before is not None and after.signatures != before.signatures:
+            logs.log.info(f"source {self.ref}: the signatures of {after.name} changed; checking it again",
+                          extra={"fields": {"event": "source", "ok": True, "digest": digest}})
+            self.resigned()
 
     def _applied(self) -> str | None:
         """The digest of the artifact in the kernel (kept for rollback)."""

@@ -176,6 +176,7 @@ def run_watch(directory: Path, config_path: Path | None, target: Target, *, stri
         if fetcher is not None:
             fetcher.config = lambda: daemon.config
             fetcher.applied = lambda: daemon.applied.inventory.revision if daemon.applied is not None else None
+            fetcher.resigned = lambda: (daemon.take_again(), runner.run())
             fetcher.start()
         addresses = _address_watcher(daemon, runner)
         events = _event_watcher(daemon, runner)  # before the initial sync: no change goes unseen

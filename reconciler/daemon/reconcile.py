@@ -319,6 +319,10 @@ class Daemon:
         except NftError:
             return True
 
+    def take_again(self) -> None:
+        """The next sync checks the revision read last again (its signatures changed)."""
+        self.last_digest = None
+
     def _take(self, snap: Snapshot) -> None:
         """A new revision read: log its problems; compile it when valid."""
         self.last_digest = (snap.digest, snap.revision)

@@ -103,7 +103,7 @@ def pull(ref: Reference, settings: OciSettings, store: Path, *, digest: str | No
     fetched (sha256 checked), checked to be Flux's format, its layer fetched (sha256 and
     size checked, bounded) and unpacked safely, then the metadata written beside it. With
     `signatures`, cosign's `sha256-<hex>.sig` manifest and layers too (digest-checked; no
-    such tag: none; asked again while none are stored, the tag is looked up again)."""
+    such tag: none), looked up again at every call: a signature may come after the push."""
     store = Path(store)
     digest = digest or ref.digest or resolve(ref, settings)
     if not is_digest(digest):
@@ -112,11 +112,12 @@ def pull(ref: Reference, settings: OciSettings, store: Path, *, digest: str | No
     meta = read_metadata(tree.with_name(tree.name + ".json")) if tree.is_dir() else None
     artifact = _artifact(meta, tree) if meta is not None else None
     if artifact is not None:
-        if not signatures or (meta.get("signaturesFetched") and artifact.signatures):
+        if not signatures:
             return artifact  # nothing downloaded
-        # signatures asked, none stored: cosign may have signed since; look (no layer download)
+        # cosign may have signed (again) since: its tag is read anew, never the layer
         sigs = fetch_signatures(registry_for(ref.host, settings), ref, digest)
-        write_metadata(tree, artifact.reference, digest, meta["annotations"], sigs, signatures_fetched=True)
+        if sigs != artifact.signatures or not meta.get("signaturesFetched"):
+            write_metadata(tree, artifact.reference, digest, meta["annotations"], sigs, signatures_fetched=True)
         return dataclasses.replace(artifact, signatures=sigs)
     reg = registry_for(ref.host, settings)
     raw, media_type = reg.get_manifest(ref.repository, digest, digest)
