@@ -263,10 +263,19 @@ def test_signatures_are_fetched_when_asked(registry, tmp_path):
     assert [s.payload for s in art.signatures] == [payload, b"second"]
     assert art.signatures[0].signature == "c2lnbmF0dXJl0" and art.signatures[0].annotations == {"dev.sigstore.cosign/bundle": "{}"}
     assert len(registry.requests("GET", "/blobs/")) == layer_gets + 2  # the two payloads only
-    before = registry.requests()
+    assert artifact_at(art.path).signatures == art.signatures  # kept in the metadata
+    # asked again: the .sig tag is read anew (a re-sign is seen), the artifact's own blobs not
+    push_sig_manifest(registry, "m", digest, [payload])
+    before = len(registry.requests())
     again = pull(ref, INSECURE, store, digest=digest, signatures=True)
-    assert again.signatures == art.signatures and registry.requests() == before  # from the metadata
-    assert artifact_at(art.path).signatures == art.signatures
+    assert [s.payload for s in again.signatures] == [payload]
+    assert artifact_at(art.path).signatures == again.signatures
+    new = registry.requests()[before:]
+    assert [r for r in new if "/manifests/" in r] and not [r for r in new if f"/manifests/{digest}" in r]
+    assert len([r for r in new if "/blobs/" in r]) == 1  # the one payload
+    before = len(registry.requests())
+    assert pull(ref, INSECURE, store, digest=digest).signatures == again.signatures  # not asked: the stored ones
+    assert len(registry.requests()) == before  # and no request
 
 
 def test_signature_payload_whose_bytes_lie(registry, tmp_path):
