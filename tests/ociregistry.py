@@ -179,7 +179,7 @@ def _need_registry() -> None:
 
 
 def start_registry(tmp: Path, *, tls: bool = False) -> Registry:
-    """Start a docker-registry (stop() it when done); the fixtures below use it, bench/oci.py too."""
+    """Start a docker-registry (stop() it when done); the fixtures below and bench/oci_watch.py use it."""
     _need_registry()
     tmp.mkdir(parents=True, exist_ok=True)
     for attempt in range(3):  # a free port may be taken between the probe and the bind
