@@ -15,7 +15,7 @@ from ociregistry import (FLUX_LAYER, OCI_INDEX, assert_refused, flux_manifest, l
 
 from reconciler.intake import input_digest
 from reconciler.intake.model import OciSettings
-from reconciler.intake.oci import (SourceError, artifact_at, close_registries, fetch, parse_reference, prune, pull,
+from reconciler.intake.oci import (SourceError, artifact_at, close_registries, parse_reference, prune, publish, pull,
                                    resolve, store_for)
 
 INSECURE = OciSettings(insecure=True)
@@ -62,7 +62,9 @@ def test_publish_revision_and_prune(registry, tmp_path):
     for i in range(5):
         digests.append(push_artifact(registry.host, "m", "main", {"a.yaml": f"n: {i}\n".encode()},
                                      revision=f"main@sha1:{i:040x}", **registry.http))
-        root = fetch(source, INSECURE, state)
+        store = store_for(state, parse_reference(source))  # as watch's fetcher: pull, publish, prune
+        root = publish(store, pull(parse_reference(source), INSECURE, store))
+        prune(store)
         assert root == store_for(state, parse_reference(source)) / "current"
         assert (root / "a.yaml").read_text() == f"n: {i}\n"
         assert artifact_at(root).digest == digests[-1]
@@ -70,7 +72,7 @@ def test_publish_revision_and_prune(registry, tmp_path):
         assert input_digest(root).revision == f"main@sha1:{i:040x}@{digests[-1]}"
     store = root.parent
     trees = sorted(p.name for p in store.iterdir() if p.name.startswith("sha256-") and p.is_dir())
-    assert len(trees) == 4  # the current one and the 3 kept by fetch's prune
+    assert len(trees) == 4  # the current one and the 3 kept by prune
     assert f"sha256-{digests[0][7:]}" not in trees and not (store / f"sha256-{digests[0][7:]}.json").exists()
     prune(store, keep=0, protect=frozenset({digests[1]}))
     left = sorted(p.name for p in store.iterdir())

@@ -11,19 +11,15 @@ from __future__ import annotations
 import os
 import threading
 import time
-from pathlib import Path
 from typing import Callable
 
 from reconciler import logs
-from reconciler.engine import KEEP, StateCorrupt, Target, applied_digest, read_source_state, read_status
-from reconciler.engine import reference, write_source_state
+from reconciler.engine import KEEP, StateCorrupt, Target, read_source_state, read_status
+from reconciler.engine import reference, utc_now, write_source_state
 from reconciler.intake import (
-    SOURCE_ERROR_REASONS, NodeConfig, SourceError, artifact_at, close_registries, prune, publish, pull, resolve, store_for,
+    SOURCE_ERROR_REASONS, NodeConfig, SourceError, artifact_at, close_registries, named_digest, prune, publish, pull, resolve,
+    store_for,
 )
-
-def utc_now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-
 
 STORE_ERROR = "store"  # the reason label when the state directory cannot be written
 BACKOFF_START = 1.0  # seconds before the first retry; doubled per failure, up to oci.interval
@@ -145,7 +141,7 @@ class Fetcher:
                 revision = read_status(self.target.store()).last_applied_revision
             except (OSError, StateCorrupt):
                 return None
-        return applied_digest(revision)
+        return named_digest(revision)
 
     def _failed(self, reason: str, message: str, interval: float) -> float:
         """Count, record, log once per kind of failure; the backoff before the next try."""

@@ -46,12 +46,6 @@ def reference(argument: str):
         raise source_error(argument, e) from None
 
 
-def applied_digest(revision: str | None) -> str | None:
-    """The artifact digest an applied revision names (`REVISION@sha256:HEX`), else None."""
-    digest = (revision or "").rpartition("@")[2] if "@" in (revision or "") else (revision or "")
-    return digest if digest.startswith("sha256:") and len(digest) == 71 else None
-
-
 def _writable(base: Path) -> bool:
     try:
         (base / "oci").mkdir(parents=True, exist_ok=True)
@@ -74,7 +68,7 @@ def manifest_root(argument: str, config_path: Path | None, state_dir: Path, *, p
     if not is_source(argument):
         yield Path(argument)
         return
-    from reconciler.intake import SourceError, load_node_config, prune, pull, resolve, store_for
+    from reconciler.intake import SourceError, load_node_config, named_digest, prune, pull, resolve, store_for
 
     ref = reference(argument)
     temp = None
@@ -95,7 +89,7 @@ def manifest_root(argument: str, config_path: Path | None, state_dir: Path, *, p
             raise source_error(argument, e) from None
         _in_use.add(artifact.digest)
         protect = set(_in_use)
-        kept = applied_digest(last_applied()) if last_applied is not None else None
+        kept = named_digest(last_applied()) if last_applied is not None else None
         if kept:
             protect.add(kept)
         try:

@@ -19,7 +19,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "load": ("SUFFIXES",),
     "model": ("Endpoint", "EndpointPort", "EndpointSlice", "HealthCheck", "Inventory", "LoadBalancerIngress", "NftSpelling", "NodeConfig",
               "OciSettings", "Probe", "Service", "ServiceCIDR", "ServicePort", "Source", "Verify"),
-    "oci": ("Artifact", "Signature", "artifact_at", "close_registries", "current_digest", "fetch", "prune", "publish",
+    "oci": ("Artifact", "Signature", "artifact_at", "close_registries", "current_digest", "named_digest", "prune", "publish",
             "pull", "resolve", "store_for"),
     "oci_reference": ("OCI_PREFIX", "SOURCE_ERROR_REASONS", "Reference", "SourceError", "is_oci", "parse_reference"),
     "probes": ("PROBE_ANNOTATION",),

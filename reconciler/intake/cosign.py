@@ -32,8 +32,6 @@ from reconciler.intake.problems import show
 from reconciler.intake.signatures import TrustError, Verdict, Verifier, checkout_of, read_keys
 
 SIGNATURE_TYPE = "cosign container image signature"
-_CURRENT = "current"  # the link oci.publish swaps in a store
-_DIGEST_IN_NAME = re.compile(r"(?:^|@)(sha256:[0-9a-f]{64})$")
 _RFC3339 = re.compile(r"(\d{4})-(\d\d)-(\d\d)[Tt ](\d\d):(\d\d):(\d\d)(?:\.(\d+))?(?:([Zz])|([+-])(\d\d):(\d\d))")
 # the worst outcome of one layer first: what a refusal names when no layer passes
 _WORST = ("digest-mismatch", "bad-payload", "unknown-key", "bad-signature")
@@ -133,7 +131,7 @@ def verify_signatures(artifact: oci.Artifact, keys: tuple[PublicKey, ...]) -> Ve
     the signer), else refused with the worst layer's reason."""
     if not artifact.signatures:
         return Verdict(artifact.name, False, "unsigned", f"the artifact has no cosign signature (no tag "
-                       f"{artifact.digest.replace(':', '-', 1)}.sig with a signature layer)")
+                       f"{oci.tree_name(artifact.digest)}.sig with a signature layer)")
     results = [_layer(sig, artifact.digest, keys) for sig in artifact.signatures]
     for reason, _, key in results:
         if not reason and key is not None:
@@ -166,14 +164,14 @@ def rollback_refusal(artifact: oci.Artifact, last_applied: str | None) -> str:
     digest, a last applied artifact without `created`, a time no earlier. A rollback, as
     its order cannot be shown: `REVISION@sha256:` no longer in the store, no valid
     `created` on this one."""
-    m = _DIGEST_IN_NAME.search(last_applied or "")
-    if m is None or m.group(1) == artifact.digest:
+    named = oci.named_digest(last_applied)
+    if named is None or named == artifact.digest:
         return ""
-    last = oci.artifact_at(Path(artifact.path).parent / m.group(1).replace(":", "-", 1))
+    last = oci.artifact_at(Path(artifact.path).parent / oci.tree_name(named))
     if last is None:
-        if last_applied == m.group(1):
+        if last_applied == named:
             return ""  # a directory's content digest, or an artifact we cannot tell from one
-        return (f"the last applied artifact {m.group(1)[:19]} is no longer in the store {Path(artifact.path).parent}, "
+        return (f"the last applied artifact {named[:19]} is no longer in the store {Path(artifact.path).parent}, "
                 "so this one cannot be shown to be newer")
     new, old = created_at(artifact.created), created_at(last.created)
     if old is None:
@@ -233,7 +231,7 @@ def is_oci_root(directory: Path) -> bool:
     d = Path(directory)
     if oci.artifact_at(d) is not None:
         return True
-    return not os.path.lexists(d) and d.name == _CURRENT and d.parent.parent.parent.name == "oci"
+    return not os.path.lexists(d) and d.name == oci.CURRENT and d.parent.parent.parent.name == "oci"
 
 
 def verifier_for(spec: Verify, directory: Path) -> Verifier | CosignVerifier:

@@ -1,8 +1,8 @@
 """OCI artifacts (Flux's format) as a manifest source: `resolve` a reference to a digest,
 `pull` it (every digest checked, the layer unpacked safely) into a store in the state
-directory, `publish` it by an atomic symlink swap, `prune` old ones. `fetch` does all of
-it for one-shot commands. The registry protocol is in registry.py, the unpacking in
-unpack.py; `artifact_at` maps an unpacked tree back to its artifact (the revision shown).
+directory, `publish` it by an atomic symlink swap (`nftrec watch` only), `prune` old ones.
+The registry protocol is in registry.py, the unpacking in unpack.py; `artifact_at` maps
+an unpacked tree back to its artifact (the revision shown).
 """
 
 # Store layout, one directory per repository:
@@ -31,7 +31,7 @@ from reconciler.intake.oci_reference import (OCI_PREFIX, SOURCE_ERROR_REASONS, R
 from reconciler.intake.unpack import TMP_PREFIX, unpack
 
 __all__ = ["OCI_PREFIX", "SOURCE_ERROR_REASONS", "Artifact", "Reference", "Signature", "SourceError", "artifact_at",
-           "close_registries", "current_digest", "fetch", "is_oci", "parse_reference", "prune", "publish", "pull", "resolve",
+           "close_registries", "current_digest", "is_oci", "named_digest", "parse_reference", "prune", "publish", "pull", "resolve",
            "store_for"]
 
 CURRENT = "current"
@@ -74,6 +74,13 @@ class Artifact:
     def name(self) -> str:
         """The revision nftrec shows everywhere: `REVISION@sha256:HEX`, or the digest alone."""
         return f"{self.revision}@{self.digest}" if self.revision else self.digest
+
+
+def named_digest(name: str | None) -> str | None:
+    """The artifact digest a revision name ends with (Artifact.name: `REVISION@sha256:HEX`,
+    or the digest alone), else None (a git commit, nothing)."""
+    digest = (name or "").rpartition("@")[2]
+    return digest if is_digest(digest) else None
 
 
 def store_for(state_dir: Path, ref: Reference) -> Path:
@@ -215,17 +222,6 @@ def artifact_at(path: Path) -> Artifact | None:
             if meta is not None:
                 return _artifact(meta, tree)
     return None
-
-
-def fetch(source: str, settings: OciSettings, state_dir: Path, *, signatures: bool = False) -> Path:
-    """One-shot commands: parse `source`, resolve it, pull, publish, prune; returns the
-    manifest root (<store>/current)."""
-    ref = parse_reference(source)
-    store = store_for(state_dir, ref)
-    artifact = pull(ref, settings, store, signatures=signatures)
-    root = publish(store, artifact)
-    prune(store)
-    return root
 
 
 # --- the registry's side --------------------------------------------------------------------
