@@ -298,7 +298,7 @@ class Registry:
             if creds is None:
                 raise SourceError("auth", f"{self.host} asks for credentials (Basic); "
                                           f"{self._no_credentials()}")
-            return "Basic " + base64.b64encode(f"{creds[0]}:{creds[1]}".encode()).decode()
+            return _basic(creds)
         if scheme.lower() == "bearer" and fields.get("realm"):
             return "Bearer " + self._token(fields, creds, path)
         raise SourceError("auth", f"{self.host} asks for an authentication nftrec does not speak "
@@ -318,7 +318,7 @@ class Registry:
             params["scope"] = f"repository:{m.group(1)}:pull"
         headers = {}
         if creds is not None:
-            headers["Authorization"] = "Basic " + base64.b64encode(f"{creds[0]}:{creds[1]}".encode()).decode()
+            headers["Authorization"] = _basic(creds)
         url = realm + ("&" if "?" in realm else "?") + "&".join(f"{k}={_quote(v)}" for k, v in params.items())
         r = self._send_once("GET", url, headers)
         try:
@@ -386,6 +386,11 @@ def _errors_of(body: bytes) -> str:
     except (ValueError, KeyError, TypeError, AttributeError):
         return ""
     return " (" + "; ".join(codes) + ")" if codes else ""
+
+
+def _basic(creds: tuple[str, str]) -> str:
+    """The Basic Authorization header of (user, password)."""
+    return "Basic " + base64.b64encode(f"{creds[0]}:{creds[1]}".encode()).decode()
 
 
 def _reason(e: BaseException) -> str:
