@@ -212,10 +212,10 @@ def _root(argument: str, config: Optional[Path], target=None) -> Path:
 
     if not is_source(argument):
         return Path(argument)
-    out: list = []
-    if _guard(lambda: out.append(open_source(argument, config, _state_root(), target)) or EXIT_OK) != EXIT_OK:
+    root = _guard(open_source, argument, config, _state_root(), target)
+    if not isinstance(root, Path):  # the error was said
         raise typer.Exit(EXIT_ERROR)
-    return out[0]
+    return root
 
 
 def _desired(directory: Path, config: Optional[Path], netns: Optional[str], strict: bool,
