@@ -185,6 +185,40 @@ def test_input_digest_equals_the_load_digest_without_parsing(tmp_path):
         assert (d.digest, d.revision, d.files) == (loaded.digest, loaded.revision, loaded.files)
 
 
+def test_a_trees_digest_and_revision_do_not_depend_on_how_its_root_is_named(tmp_path, monkeypatch):
+    """A plain directory's revision is its files (paths inside the tree and bytes), as a
+    Flux artifact's: the same tree named relatively, absolutely, with a trailing slash or
+    through a link, or copied elsewhere, is one revision in every read path; a renamed
+    file is another. A one-file root is its bytes."""
+    from reconciler.intake.incremental import Intake
+
+    tree = tmp_path / "a" / "m"
+    shutil.copytree(EXAMPLES / "edge-small", tree)
+    shutil.copytree(tree, tmp_path / "copy")
+    (tmp_path / "link").symlink_to(tree)
+    monkeypatch.chdir(tmp_path / "a")
+    names = ["m", "m/", "./m", str(tree), str(tmp_path / "link"), "../a/m", str(tmp_path / "copy")]
+    digests = set()
+    for name in names:
+        read = read_inventory(name)
+        assert read.ok, read.problems
+        digests |= {(read.digest, read.inventory.revision), (load_manifests(name).digest, load_manifests(name).revision),
+                    (input_digest(name).digest, input_digest(name).revision),
+                    (cached(name, tmp_path / "c").digest, cached(name, tmp_path / "c").inventory.revision)}
+        snap = Intake(name).read()
+        digests.add((snap.digest, snap.revision))
+    assert len(digests) == 1, digests
+    (digest, revision), = digests
+    assert revision == f"sha256:{digest}"
+    first = sorted(p for p in tree.rglob("*.yaml"))[0]
+    first.rename(first.with_name("renamed-" + first.name))
+    assert read_inventory("m").digest != digest
+    one = tmp_path / "one.yaml"
+    shutil.copy(first.with_name("renamed-" + first.name), one)
+    shutil.copy(one, tmp_path / "other-name.yaml")
+    assert read_inventory(str(one)).digest == read_inventory(str(tmp_path / "other-name.yaml")).digest
+
+
 # --- keyed by content ------------------------------------------------------------------------
 
 

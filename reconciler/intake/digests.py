@@ -30,7 +30,7 @@ def input_digest(root: str | Path) -> InputDigest:
     that a read refuses unread (unreadable, too big) adds nothing, as in a read."""
     w = walk(root)
     raws = ((display, read_bytes(real)) for display, real in w.paths)
-    digest = tree_digest([chunk(display, raw) for display, raw in raws if raw is not None])
+    digest = tree_digest([chunk(display, raw) for display, raw in raws if raw is not None], prefix=w.prefix)
     return InputDigest(digest, revision_of(w.resolved, digest), len(w.paths), w.problems)
 
 

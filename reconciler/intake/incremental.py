@@ -35,7 +35,7 @@ from reconciler.compat import SLOTS
 from reconciler.intake import yamldocs
 from reconciler.intake.build import build_inventory, model_objects
 from reconciler.intake.git import blob_id, checkout_blobs, revision_of
-from reconciler.intake.load import SUFFIXES, chunk, read_file, tree_digest, walk, walk_resolved
+from reconciler.intake.load import SUFFIXES, chunk, display_prefix, read_file, tree_digest, walk, walk_resolved
 from reconciler.intake.model import Inventory
 from reconciler.intake.parse import MAX_FILE_BYTES, parse_yaml
 from reconciler.intake.problems import ERROR, Problem
@@ -307,7 +307,7 @@ class Intake:
             problems.extend(e.problems)
         for gone in set(self._files) - seen:
             del self._files[gone]
-        digest = tree_digest(chunks, self._hashed)
+        digest = tree_digest(chunks, self._hashed, display_prefix(self.shown, resolved))
         revision = revision_of(resolved, digest)
         checked_problems, inventory = self._check(problems, entries, revision)
         return Snapshot(inventory, checked_problems, revision, digest, len(paths), str(resolved))

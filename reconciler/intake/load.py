@@ -72,6 +72,7 @@ class Walk:
     resolved: Path | None  # the root, links resolved; None when it does not exist
     paths: list[tuple[str, Path]]  # (display path, real path), sorted by display path
     problems: tuple[Problem, ...]  # links leaving the tree, unreadable directories, ...
+    prefix: str = ""  # what every display path starts with (display_prefix), for tree_digest
 
 
 def walk(root: str | Path) -> Walk:
@@ -84,7 +85,14 @@ def walk(root: str | Path) -> Walk:
         problems.append(_file_problem(display_root, "this manifest directory does not exist (or is a dangling link); "
                                       "check the path"))
         return Walk(None, [], tuple(problems))
-    return Walk(resolved, walk_resolved(resolved, display_root, problems), tuple(problems))
+    return Walk(resolved, walk_resolved(resolved, display_root, problems), tuple(problems),
+                display_prefix(display_root, resolved))
+
+
+def display_prefix(display_root: str, resolved: Path) -> str:
+    """The start every display path of a walk shares: the root as it was named, with a
+    separator for a directory (`m` and `m/` alike), whole for a one-file root."""
+    return display_root if resolved.is_file() else os.path.join(display_root, "")
 
 
 def walk_resolved(resolved: Path, display_root: str, problems: list[Problem]) -> list[tuple[str, Path]]:
@@ -103,10 +111,13 @@ def chunk(display: str, raw: bytes) -> bytes:
     return display.encode("utf-8", "surrogateescape") + b"\0" + raw + b"\0"
 
 
-def tree_digest(chunks: list[bytes], memo: list | None = None) -> str:
-    """The manifest tree's digest: sha256 over its files' chunks in path order. `memo`: the
-    last call's [(chunk, hash state after it)], updated in place; the hash resumes after
-    the longest prefix of the same chunk objects (a watch reads a tree where few change)."""
+def tree_digest(chunks: list[bytes], memo: list | None = None, prefix: str = "") -> str:
+    """The manifest tree's digest: sha256 over its files' chunks in path order, each without
+    `prefix` (what every display path starts with: the root as named), so that it depends
+    on the files' paths in the tree and their bytes only. `memo`: the last call's [(chunk,
+    hash state after it)], updated in place; the hash resumes after the longest prefix of
+    the same chunk objects (a watch reads a tree where few change)."""
+    skip = len(prefix.encode("utf-8", "surrogateescape"))
     i = 0
     if memo is not None:
         while i < len(chunks) and i < len(memo) and memo[i][0] is chunks[i]:
@@ -114,7 +125,7 @@ def tree_digest(chunks: list[bytes], memo: list | None = None) -> str:
         del memo[i:]
     hasher = memo[i - 1][1].copy() if i else hashlib.sha256()
     for c in chunks[i:]:
-        hasher.update(c)
+        hasher.update(memoryview(c)[skip:])
         if memo is not None:
             memo.append((c, hasher.copy()))
     return hasher.hexdigest()

@@ -55,13 +55,14 @@ class _Blob:
 
 def load_blobs(files: list[tuple[str, bytes | int]], *, revision: str | None, root: str,
                problems: list[Problem] | None = None) -> LoadResult:
-    """A LoadResult from (display path, bytes) pairs, read as load_manifests reads files.
-    `revision`: the git commit they come from, else None for `sha256:<digest>`. A size
-    instead of bytes stands for a file over the size limit, refused unread."""
+    """A LoadResult from (display path, bytes) pairs, read as load_manifests reads files;
+    every display path starts with `root`. `revision`: the git commit they come from, else
+    None for `sha256:<digest>`. A size instead of bytes stands for a file over the size
+    limit, refused unread."""
     problems = list(problems or [])
     docs: list[Document] = []
     digest = tree_digest([read_file(display, _Blob(display.rsplit("/", 1)[-1], raw), problems, docs)  # type: ignore[arg-type]
-                          for display, raw in sorted(files, key=lambda f: f[0])])
+                          for display, raw in sorted(files, key=lambda f: f[0])], prefix=root)
     return LoadResult(docs, problems, revision or f"sha256:{digest}", digest, len(files), root)
 
 
