@@ -26,7 +26,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "problems": ("ERROR", "NOTICE", "WARNING", "Problem"),
     "report": ("run_validate",),
     "schema_files": ("leading_zero_octet",),
-    "signatures": ("TrustError", "Verdict", "Verifier", "checkout_of", "git_version"),
+    "signatures": ("Baseline", "TrustError", "Verdict", "Verifier", "checkout_of", "git_version"),
     "sources": ("STDIN", "display_root", "is_stdin"),
     "store": ("code_digest",),
 })

@@ -57,6 +57,17 @@ class TrustError(Exception):
 
 
 @dataclass(frozen=True)
+class Baseline:
+    """What a new revision must not roll back from: the last applied revision (a commit
+    id, or an artifact's name) and its signed time (git: committer time, OCI: `created`;
+    Unix seconds), None when no record holds it. `origin` names the record it came from
+    (`commits` or `status`), for messages."""
+    revision: str
+    time: int | None = None
+    origin: str = "status"
+
+
+@dataclass(frozen=True)
 class Verdict:
     revision: str
     ok: bool
@@ -65,6 +76,7 @@ class Verdict:
     signer: str = ""  # principal or user id of a good signature, else ""
     key: str = ""  # its key's fingerprint
     rollback_allowed: bool = False  # not a descendant of the last applied, let through
+    time: int | None = None  # the signed time (git: committer time, OCI: created), Unix seconds
 
     def describe(self) -> str:
         """One line: which revision, who signed it, the outcome."""
