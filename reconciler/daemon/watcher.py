@@ -91,7 +91,8 @@ class Watcher:
             self._stopped = True
             self._cond.notify_all()
         self._observer.stop()
-        self._observer.join(timeout=5)
+        if self._observer.ident is not None:  # stopped before start(): nothing to join
+            self._observer.join(timeout=5)
 
     def follow(self, root: str) -> None:
         """Watch `root` (the resolved directory being read) recursively, instead of the old one."""
