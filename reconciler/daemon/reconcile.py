@@ -26,7 +26,8 @@ from reconciler.compile import (
 from reconciler.daemon.runner import Fatal, SyncFailed
 from reconciler.engine import (
     CommandError, StateCorrupt, Target, adopt_commit, append_commit, clean_udp_conntrack, commit, diff,
-    forget_affinity_clients, make_plan, read_history, read_status, short_revision, slim_created, verify_commit,
+    forget_affinity_clients, make_plan, read_history, read_status, rollback_baseline, short_revision, slim_created,
+    verify_commit,
 )
 from reconciler.daemon import health
 from reconciler.daemon.signed import SignatureGate
@@ -329,8 +330,8 @@ class Daemon:
         for p in snap.problems:
             logs.problem(p)
         compiled, message = None, None
-        refused = self.gate.refusal(Path(snap.root), lambda: self.applied.inventory.revision if self.applied else
-                                    read_status(self.store).last_applied_revision) if snap.ok and snap.root else None
+        refused = self.gate.refusal(Path(snap.root), lambda: rollback_baseline(self.store)) \
+            if snap.ok and snap.root else None
         if refused is not None:  # logged by the gate; kept like an invalid revision
             self.invalid = (snap.revision, refused)
             self._write(lambda: self._record(self.store.record_attempt, snap.revision, refused))
@@ -461,9 +462,11 @@ class Daemon:
         live_fp = fingerprint(verified_live) if verified_live is not None else None
         verified_live = None
         # the commit record (engine/commits.py): durable before the sync is reported
+        signed_at, trust = self.gate.signed(desired.inventory.revision)
         entry = self._record(append_commit, self.store, revision=desired.inventory.revision, writer="nftrec watch",
                              kind="full" if full else "partial", token=after, operations=len(plan.transaction),
-                             fingerprint=live_fp, services=[f"{s.action}{s.service}" for s in plan.services])
+                             fingerprint=live_fp, services=[f"{s.action}{s.service}" for s in plan.services],
+                             revision_time=signed_at, trust=trust)
         sequence = entry.sequence if entry else None
 
         def record() -> None:  # serializes the whole ruleset: off the sync path (statewriter.py)
@@ -472,7 +475,7 @@ class Daemon:
             # write costs more than it is worth, and nothing reads it back
             fp = live_fp
             if self._record(self.store.record_applied, desired.inventory.revision, desired.ruleset, fp, after,
-                            commit=sequence):
+                            commit=sequence, revision_time=signed_at, trust=trust):
                 if invalid is not None:  # still the newest revision read: keep it visible
                     self._record(self.store.record_attempt, invalid[0], f"invalid input: {invalid[1]}")
                 elif rejected is not None:  # likewise a revision rolled back after its health checks
