@@ -166,3 +166,25 @@ def test_apply_plan_verifies_its_revision_again_against_the_baseline_of_now(tmp_
     assert st["lastAppliedRevision"] == planned and st["lastAppliedTrust"] == "allow-rollback"
     assert records(state, netns)[-1]["kind"] == "allow-rollback"
     assert git(repo.src, "rev-parse", "HEAD") == newer
+
+
+def test_watch_trusts_the_first_revision_on_first_use_and_records_how(tmp_path, netns):
+    from watchproc import Watch
+
+    _, repo, cfg = ssh_setup(tmp_path)
+    state = tmp_path / "state"
+    first = repo.commit("10.96.0.10")
+    repo.publish(first)
+    w = Watch(netns, repo.current, cfg, state)
+    try:
+        w.wait_sync(0)
+        assert any("trusted on first use" in line.get("msg", "") for line in w.lines), w.lines
+        w.status(lambda st: st["lastAppliedRevision"] == first and st["lastAppliedTrust"] == "first-use")
+        mark = len(w.lines)
+        second = repo.commit("10.96.0.11")
+        repo.publish(second)
+        w.wait_sync(mark)
+        w.status(lambda st: st["lastAppliedRevision"] == second and st["lastAppliedTrust"] == "signed")
+        assert [r["trust"] for r in records(state, netns)] == ["first-use", "signed"]
+    finally:
+        assert w.stop() == 0

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 from reconciler import logs
-from reconciler.engine.desired import judge, trust_of
+from reconciler.engine import judge, trust_of
 from reconciler.intake import Baseline, CosignVerifier, TrustError, Verdict, Verifier, Verify, verifier_for
 
 

@@ -156,7 +156,7 @@ def rollback_baseline(store: StateStore):
     (which watch's state writer writes later), with its signed time from whichever record
     holds it. A damaged status.json leaves the record. None when neither names a revision:
     nothing was applied yet, and `verify` trusts the first revision (on first use)."""
-    from reconciler.intake.signatures import Baseline
+    from reconciler.intake import Baseline
 
     status = read_status(store)
     newest = newest_commit(store)
