@@ -375,8 +375,8 @@ _TRUST = {  # how `verify` accepted the applied revision (desired.trust_of), for
     "signed": "signed by a key of verify.keys, and no rollback from the revision applied before",
     "first-use": "trusted on first use: signed by a key of verify.keys, but no earlier applied revision was "
                  "recorded, so nothing was checked for a rollback",
-    "allow-rollback": "signed by a key of verify.keys, let through by --allow-rollback (not a descendant of the "
-                      "revision applied before)",
+    "allow-rollback": "signed by a key of verify.keys, a rollback from the revision applied before let through "
+                      "by --allow-rollback or allowRollback",
 }
 
 

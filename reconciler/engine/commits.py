@@ -15,12 +15,16 @@ import json
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from reconciler import logs
 from reconciler.atomic import atomic_write
 from reconciler.engine.state import FORMAT_VERSION, StateStore, Status, read_status, utc_now
 from reconciler.compile import Ruleset
 from reconciler.kernel import Interface, fingerprint, kernel_token, read_live
+
+if TYPE_CHECKING:
+    from reconciler.intake import Baseline
 
 RECORD = "commits.jsonl"
 KEEP = 32  # entries kept when the file is rewritten
@@ -150,7 +154,7 @@ def commit_ahead(store: StateStore, status: Status) -> Commit | None:
     return c if c.sequence > (status.commit_sequence or 0) else None
 
 
-def rollback_baseline(store: StateStore):
+def rollback_baseline(store: StateStore) -> Baseline | None:
     """The intake.Baseline a signed revision must not roll back from: the last applied
     revision of the newer of the commit record (fsynced at commit time) and status.json
     (which watch's state writer writes later), with its signed time from whichever record
