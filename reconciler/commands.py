@@ -230,9 +230,9 @@ def _desired(directory: Path, config: Optional[Path], netns: Optional[str], stri
     try:
         signed = None
         if signed_by is not None:
-            from reconciler.engine import read_status
+            from reconciler.engine import rollback_baseline
 
-            signed = (read_status(signed_by.store()).last_applied_revision, allow_rollback)
+            signed = (rollback_baseline(signed_by.store()), allow_rollback)
         return load_desired(directory, config, strict=strict, netns=netns, interfaces=interfaces,
                             cache_dir=_cache_dir(), compile=compile, config_cache=config_cache_dir(_state_root()),
                             signed=signed)
@@ -357,22 +357,22 @@ def apply(
                                    signed_by=target, allow_rollback=allow_rollback), netns, probe)
     elif probe:
         raise typer.BadParameter("--probe needs a manifest directory (not --plan or --rollback)")
-    if rollback:
-        _say_rollback_unverified(config)
+    node = _node_config(config) if plan_file is not None or rollback else None
+    if rollback and node.verify is not None:  # nftrec's own history: no signature is checked again
+        from reconciler import logs
+
+        logs.log.info("verify: --rollback re-applies a ruleset from nftrec's own history (applied and verified "
+                      "before); no revision is checked, and the rollback is allowed")
     raise typer.Exit(_guard(run_apply, target, desired=desired, plan_path=plan_file, rollback=rollback,
-                            verify=verify, confirm=spec))
+                            verify=verify, confirm=spec, node=node, allow_rollback=allow_rollback))
 
 
-def _say_rollback_unverified(config: Optional[Path]) -> None:
-    """`apply --rollback` re-applies nftrec's own history: no signature is checked again."""
-    from reconciler import logs
+def _node_config(config: Optional[Path]):
+    """The node config without discovery (its `verify`, for a saved plan or a rollback)."""
     from reconciler.engine import config_cache_dir
     from reconciler.intake import load_node_config
 
-    cfg, _ = load_node_config(str(config) if config else None, discover=False, cache_dir=config_cache_dir(_state_root()))
-    if cfg.verify is not None:
-        logs.log.info("verify: --rollback re-applies a ruleset from nftrec's own history (applied and verified "
-                      "before); no revision is checked, and the rollback is allowed")
+    return load_node_config(str(config) if config else None, discover=False, cache_dir=config_cache_dir(_state_root()))[0]
 
 
 def _confirm_spec(timeout: Optional[str], cmds: List[str], urls: List[str], tcps: List[str]):

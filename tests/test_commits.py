@@ -11,6 +11,7 @@ from reconciler.engine import commits
 from reconciler.engine.commits import append_commit, commit_ahead, decode, newest_commit, read_commits, record_path
 from reconciler.engine.state import StateStore
 from reconciler.kernel import canonical, fingerprint
+from reconciler.intake.signatures import Baseline
 from test_state import ruleset
 
 
@@ -110,3 +111,34 @@ def test_a_listed_entry_gives_way_to_the_same_ruleset_compiled(store):
     store.record_applied("rev3", canonical(ruleset(3)), "fp3", None, listed=True)
     store.record_applied("rev4", ruleset(4), None, None)  # another ruleset: the listed entry stays
     assert [e.revision for e in store.history()] == ["rev1", "rev2", "rev3", "rev4"]
+
+
+def test_rollback_baseline_is_the_newer_record_with_the_signed_time(store):
+    """The fsynced record when status.json lags or is damaged; status.json when it is newer
+    (the no-op fast path moves it without a commit); the signed time from either."""
+    from reconciler.engine.commits import rollback_baseline
+
+    assert rollback_baseline(store) is None  # nothing applied: trust on first use
+    c = add(store, 1, revision_time=1000, trust="first-use")
+    store.record_applied("rev1", ruleset(1), None, None, commit=c.sequence, revision_time=1000, trust="first-use")
+    assert rollback_baseline(store) == Baseline("rev1", 1000, "status")
+    add(store, 2, revision_time=2000, trust="signed")  # status.json not written yet
+    assert rollback_baseline(store) == Baseline("rev2", 2000, "commits")
+    store.status_path.write_text("{ damaged")
+    assert rollback_baseline(store) == Baseline("rev2", 2000, "commits")
+    store.record_applied("rev2", ruleset(2), None, None, commit=2)  # a record without the time: the other's
+    assert rollback_baseline(store) == Baseline("rev2", 2000, "status")
+    store.record_noop("rev3")  # newer than the record, which names no later commit
+    assert rollback_baseline(store) == Baseline("rev3", None, "status")
+
+
+def test_entries_of_older_nftrecs_read_without_time_and_trust(store):
+    add(store, 1)
+    line = record_path(store).read_bytes().rstrip(b"\n")
+    doc = json.loads(line)
+    for key in ("revisionTime", "trust", "check"):
+        del doc[key]
+    body = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+    record_path(store).write_bytes(body[:-1] + f',"check":"{commits._check(body)}"}}\n'.encode())
+    c = newest_commit(store)
+    assert c.revision == "rev1" and c.revision_time is None and c.trust is None

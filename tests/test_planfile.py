@@ -167,3 +167,18 @@ def test_already_applied_via_state(tmp_path):
     assert not already_applied(make_plan(), store.status())  # another plan of the same content
     store.record_applied("rev2", desired(), "fp-after", 14)  # a plain apply afterwards
     assert not already_applied(plan, store.status())
+
+
+def test_verification_round_trips_and_plans_of_older_nftrecs_read_without_it(tmp_path):
+    path = tmp_path / "p.plan"
+    made = {"source": "/srv/git/current", "revision": "9f1c2e", "signer": "ops@example", "key": "SHA256:x",
+            "time": 1778311900}
+    save(make_plan(verification=made), path)
+    assert load(path).verification == made
+    save(make_plan(), path)
+    _rewrite_with_valid_checksum(path, lambda d: d.pop("verification"))  # as an older nftrec wrote it
+    assert load(path).verification is None
+    for bad in ({**made, "time": "1778311900"}, {k: v for k, v in made.items() if k != "source"}, {**made, "key": None}):
+        save(make_plan(verification=bad), path)
+        with pytest.raises(PlanFileError, match="field 'verification'"):
+            load(path)

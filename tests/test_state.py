@@ -128,6 +128,7 @@ def test_status_json_is_the_documented_form(store):
         "formatVersion", "netns", "table", "lastAppliedRevision", "lastAppliedAt", "lastAppliedPlanId",
         "lastAttemptedRevision", "lastAttemptedAt", "lastError", "desiredDigest", "liveFingerprint",
         "kernelGeneration", "nftrecVersion", "inputDigest", "configDigest", "commitSequence",
+        "lastAppliedRevisionTime", "lastAppliedTrust",
     }
     assert doc["kernelGeneration"] is None and doc["inputDigest"] is None and doc["configDigest"] is None
     readme = (REPO / "state" / "README.md").read_text()

@@ -25,8 +25,8 @@ from reconciler.compile import (
 )
 from reconciler.daemon.runner import Fatal, SyncFailed
 from reconciler.engine import (
-    CommandError, StateCorrupt, Target, adopt_commit, append_commit, clean_udp_conntrack, commit, diff,
-    forget_affinity_clients, make_plan, read_history, read_status, short_revision, slim_created, verify_commit,
+    CommandError, StateCorrupt, Target, adopt_commit, append_commit, clean_udp_conntrack, commit, diff, forget_affinity_clients,
+    make_plan, read_history, read_status, rollback_baseline, short_revision, slim_created, verify_commit,
 )
 from reconciler.daemon import health
 from reconciler.daemon.signed import SignatureGate
@@ -94,6 +94,7 @@ class Daemon:
         self.nft: Interface | None = None
         self.config: NodeConfig | None = None
         self.desired: Compiled | None = None  # the last good revision, compiled
+        self.desired_signed: tuple = (None, None)  # its signed time and trust (SignatureGate.signed)
         self.applied: Compiled | None = None  # what our last commit put in the kernel
         self.token: int | None = None  # kernel token right after our last commit
         self.last_digest: tuple | None = None  # (input digest, revision) last read (valid or not)
@@ -329,8 +330,8 @@ class Daemon:
         for p in snap.problems:
             logs.problem(p)
         compiled, message = None, None
-        refused = self.gate.refusal(Path(snap.root), lambda: self.applied.inventory.revision if self.applied else
-                                    read_status(self.store).last_applied_revision) if snap.ok and snap.root else None
+        refused = self.gate.refusal(Path(snap.root), lambda: rollback_baseline(self.store)) \
+            if snap.ok and snap.root else None
         if refused is not None:  # logged by the gate; kept like an invalid revision
             self.invalid = (snap.revision, refused)
             self._write(lambda: self._record(self.store.record_attempt, snap.revision, refused))
@@ -358,6 +359,7 @@ class Daemon:
         self.invalid = None
         self.rejected = None
         self.desired = compiled
+        self.desired_signed = self.gate.signed(snap.revision)
         self.declared = snap.inventory
         if self.prober is not None:
             self.prober.update(snap.inventory)
@@ -461,9 +463,10 @@ class Daemon:
         live_fp = fingerprint(verified_live) if verified_live is not None else None
         verified_live = None
         # the commit record (engine/commits.py): durable before the sync is reported
+        (signed_at, trust), changed = self.desired_signed, [f"{s.action}{s.service}" for s in plan.services]
         entry = self._record(append_commit, self.store, revision=desired.inventory.revision, writer="nftrec watch",
                              kind="full" if full else "partial", token=after, operations=len(plan.transaction),
-                             fingerprint=live_fp, services=[f"{s.action}{s.service}" for s in plan.services])
+                             fingerprint=live_fp, services=changed, revision_time=signed_at, trust=trust)
         sequence = entry.sequence if entry else None
 
         def record() -> None:  # serializes the whole ruleset: off the sync path (statewriter.py)
@@ -472,7 +475,7 @@ class Daemon:
             # write costs more than it is worth, and nothing reads it back
             fp = live_fp
             if self._record(self.store.record_applied, desired.inventory.revision, desired.ruleset, fp, after,
-                            commit=sequence):
+                            commit=sequence, revision_time=signed_at, trust=trust):
                 if invalid is not None:  # still the newest revision read: keep it visible
                     self._record(self.store.record_attempt, invalid[0], f"invalid input: {invalid[1]}")
                 elif rejected is not None:  # likewise a revision rolled back after its health checks
@@ -488,7 +491,6 @@ class Daemon:
             logs.log.warning(f"drift: {drifted} object(s) in table {self.target.table} differed from the last applied "
                              f"ruleset" + (f" (Services: {shown})" if owners else " (shared objects)") + "; repaired",
                              extra={"fields": {"event": "drift", "objects": drifted, "services": owners}})
-        changed = [f"{s.action}{s.service}" for s in plan.services]
         end = self.clock()
         kind = "full" if full else "partial"
         if self.metrics is not None:

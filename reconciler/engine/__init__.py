@@ -19,10 +19,10 @@ from reconciler import lazy_exports
 __all__, __getattr__ = lazy_exports(__name__, {
     "apply": ("EXIT_CHANGES", "EXIT_ERROR", "EXIT_OK", "run_apply", "run_plan", "run_status"),
     "changes": ("diff",),
-    "commits": ("Commit", "adopt_commit", "append_commit", "commit_ahead", "read_commits"),
+    "commits": ("Commit", "adopt_commit", "append_commit", "commit_ahead", "read_commits", "rollback_baseline"),
     "confirm": ("ConfirmSpec", "await_confirmation", "begin_confirm", "clear_pending", "mark_confirmed",
                 "pending_path", "record_confirmed", "recover_locked", "recover_pending", "roll_back", "run_confirm"),
-    "desired": ("Desired", "InvalidInput", "Unverified", "check_signed", "load_desired", "node_address_discovery", "node_ip_discovery"),
+    "desired": ("Desired", "InvalidInput", "Unverified", "check_signed", "judge", "load_desired", "trust_of", "node_address_discovery", "node_ip_discovery"),
     "doctor": ("run_doctor",),
     "entry": ("guard", "intake_cache_dir", "record_invalid"),
     "lock": ("LockHeld",),

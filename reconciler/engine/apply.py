@@ -159,13 +159,17 @@ def run_plan(desired, target: Target, *, verbose: bool, output: str, detailed: b
         verdict = desired.verdict  # `verify` set: the signature check, in the header
         if verdict is not None:
             context["verification"] = {"revision": verdict.revision, "signer": verdict.signer, "key": verdict.key,
-                                       "rollbackAllowed": verdict.rollback_allowed}
+                                       "time": verdict.time, "rollbackAllowed": verdict.rollback_allowed,
+                                       "trust": desired.trust}
         if out is not None:
             saved = planfile.SavedPlan.create(
                 netns=target.netns or HOST, table=target.table, revision=desired.revision,
                 desired=desired.ruleset, live_fingerprint=fingerprint(live),
                 kernel_generation=token, transaction=list(plan.transaction.ops),
                 summary=to_json(plan, **context)["summary"],
+                verification=None if verdict is None else {
+                    "source": str(Path(desired.source).absolute()), "revision": verdict.revision,
+                    "signer": verdict.signer, "key": verdict.key, "time": verdict.time},
             )
             try:
                 planfile.save(saved, out)
@@ -190,11 +194,13 @@ def run_plan(desired, target: Target, *, verbose: bool, output: str, detailed: b
 
 def run_apply(target: Target, *, desired=None, plan_path: Path | None = None,
               rollback: bool = False, verify: str = "touched", out_stream: TextIO = sys.stdout,
-              confirm=None) -> int:
+              confirm=None, node=None, allow_rollback: bool = False) -> int:
     """Apply `desired` (a desired.Desired), a saved plan, or the previous history entry.
     `verify`: "touched" reads back what the transaction wrote and checks the generation
     token (sync.verify_touched); "full" lists and compares the whole table.
-    `confirm` (confirm.ConfirmSpec): keep the result only if confirmed in time (confirm.py)."""
+    `confirm` (confirm.ConfirmSpec): keep the result only if confirmed in time (confirm.py).
+    `node`, `allow_rollback`: a saved plan's node config (its `verify`) and the override
+    (verify_saved)."""
     lock = target.hold_lock()
     nft = None
     store = target.store()
@@ -207,6 +213,7 @@ def run_apply(target: Target, *, desired=None, plan_path: Path | None = None,
         status = read_status(store)
         token_before = kernel_token(nft)  # before the kernel is read: see sync.verify_touched
         plan_id, services, memo = None, {}, None
+        verdict = trust = None  # a saved plan's, verified again
         compiled_here = desired is not None and desired.ruleset is None  # read with compile=False
         if compiled_here:
             desired, plan, _live, fast, memo = plan_desired(desired, nft, target, refresh=False)
@@ -223,6 +230,7 @@ def run_apply(target: Target, *, desired=None, plan_path: Path | None = None,
                 raise CommandError(
                     f"{plan_path} was made for netns {saved.netns} table {saved.table}, not "
                     f"{target.netns or 'the host'} table {target.table}; run `nftrec plan --out` there")
+            verdict, trust = verify_saved(saved, plan_path, node, store, allow_rollback)
             if planfile.already_applied(saved, status):
                 raise CommandError(f"{plan_path} (plan {saved.plan_id[:12]}) was already applied; "
                                    f"make a new one with `nftrec plan --out {plan_path}`")
@@ -281,6 +289,8 @@ def run_apply(target: Target, *, desired=None, plan_path: Path | None = None,
         token = forget_affinity_clients(nft, target.table, plan, token)  # before the token is recorded
 
         from_dir = desired is not None and plan_path is None and not rollback
+        if from_dir:
+            verdict, trust = desired.verdict, desired.trust
 
         recorded = []
 
@@ -288,15 +298,18 @@ def run_apply(target: Target, *, desired=None, plan_path: Path | None = None,
             # the fingerprint of a listing: None when only the touched objects were read
             # (the whole ruleset is not canonicalised just for it)
             kind = "rollback" if rollback else "plan" if plan_path is not None else "apply"
-            if from_dir and getattr(desired.verdict, "rollback_allowed", False):
+            if getattr(verdict, "rollback_allowed", False):
                 kind = "allow-rollback"  # `apply --allow-rollback` let an older revision through
+            signed_at = getattr(verdict, "time", None)
             commit = append_commit(store, revision=revision, writer="nftrec apply", kind=kind, token=token,
                                    operations=len(plan.transaction), fingerprint=after_fp,
-                                   services=[f"{s.action}{s.service}" for s in plan.services])
+                                   services=[f"{s.action}{s.service}" for s in plan.services],
+                                   revision_time=signed_at, trust=trust)
             recorded[:] = [store.record_applied(revision, ruleset, after_fp, token, plan_id,
                                  input_digest=desired.input_digest if from_dir else None,
                                  config_digest=desired.config_digest if from_dir else None,
-                                 compiled=memo if from_dir else None, commit=commit.sequence).desired_digest]
+                                 compiled=memo if from_dir else None, commit=commit.sequence,
+                                 revision_time=signed_at, trust=trust).desired_digest]
 
         if pending is not None:
             confirm_window.hold_window(nft, target, pending, confirm, record)  # CommandError: rolled back
@@ -316,6 +329,34 @@ def run_apply(target: Target, *, desired=None, plan_path: Path | None = None,
         lock.release()
 
 
+def verify_saved(saved, path: Path, node, store, allow_rollback: bool):
+    """(Verdict, trust) of a saved plan's revision when the node config sets `verify`, else
+    (None, None): verified again at the source the plan names, against the rollback
+    baseline of now (the plan may be older than the last apply). A plan made without
+    `verify` is refused: its revision was never checked. CommandError when refused."""
+    from reconciler.engine.commits import rollback_baseline
+    from reconciler.engine.desired import Unverified, check_signed
+
+    if node is None or node.verify is None:
+        return None, None
+    made = saved.verification
+    if made is None:
+        raise CommandError(f"{path} was made without `verify`, and the node config sets `verify`: its revision "
+                           f"{short_revision(saved.revision)} was never checked; nothing was changed. Make the plan "
+                           f"again with verify set (`nftrec plan DIR --out {path}` with this node config)")
+    try:
+        verdict, trust = check_signed(node, Path(made["source"]), rollback_baseline(store), allow_rollback)
+    except Unverified as e:
+        if e.record:
+            store.record_attempt(e.revision or saved.revision, str(e))
+        raise CommandError(f"{path}: {e}") from None
+    if verdict.revision != saved.revision:
+        raise CommandError(f"{path} was made from revision {short_revision(saved.revision)}, and {made['source']} "
+                           f"holds revision {short_revision(verdict.revision)} now; nothing was changed. Make a new "
+                           f"plan with `nftrec plan --out {path}`")
+    return verdict, trust
+
+
 # --- status --------------------------------------------------------------------------------
 
 
@@ -328,6 +369,15 @@ def _ahead_drift(nft: Interface, target: Target, commit) -> Changes | None:
     if commit.fingerprint is not None and fingerprint(read_live(nft, target.table)) == commit.fingerprint:
         return Changes()
     return None
+
+
+_TRUST = {  # how `verify` accepted the applied revision (desired.trust_of), for `status`
+    "signed": "signed by a key of verify.keys, and no rollback from the revision applied before",
+    "first-use": "trusted on first use: signed by a key of verify.keys, but no earlier applied revision was "
+                 "recorded, so nothing was checked for a rollback",
+    "allow-rollback": "signed by a key of verify.keys, a rollback from the revision applied before let through "
+                      "by --allow-rollback or allowRollback",
+}
 
 
 def run_status(target: Target, *, output: str, out_stream: TextIO = sys.stdout) -> int:
@@ -356,14 +406,16 @@ def run_status(target: Target, *, output: str, out_stream: TextIO = sys.stdout) 
         nft.close()
     applied_revision, applied_at, digest_ = status.last_applied_revision, status.last_applied_at, status.desired_digest
     attempted, attempted_at, error = status.last_attempted_revision, status.last_attempted_at, status.last_error
+    trust = status.last_applied_trust
     if ahead is not None:  # status.json's attempt came before that commit (the state writer runs in order)
         applied_revision, applied_at, digest_ = ahead.revision, ahead.committed_at, None
         attempted, attempted_at, error = ahead.revision, ahead.committed_at, None
+        trust = ahead.trust
     doc = {
         "netns": target.netns, "table": target.table,
         "lastAppliedRevision": applied_revision,
         "lastAttemptedRevision": attempted,
-        "lastAppliedAt": applied_at, "lastError": error,
+        "lastAppliedAt": applied_at, "lastError": error, "lastAppliedTrust": trust,
         "desiredDigest": digest_, "drift": None if drift is None else not drift.empty,
         "driftedServices": sorted(drift.owners()) if drift is not None else [],
         "driftedObjects": len(drift) if drift is not None else None,
@@ -389,6 +441,8 @@ def run_status(target: Target, *, output: str, out_stream: TextIO = sys.stdout) 
         else:
             w(f"applied:   revision {short_revision(applied_revision)} at {applied_at} (committed by {ahead.writer}, "
               f"{ahead.operations} operations; its ruleset is not in the history yet)\n")
+        if trust is not None:
+            w(f"verified:  {_TRUST.get(trust, trust)}\n")
         if attempted != applied_revision or error:
             w(f"attempted: revision {short_revision(attempted)} at {attempted_at}: {error or 'ok'}\n")
         if drift is None:

@@ -15,12 +15,16 @@ import json
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from reconciler import logs
 from reconciler.atomic import atomic_write
 from reconciler.engine.state import FORMAT_VERSION, StateStore, Status, read_status, utc_now
 from reconciler.compile import Ruleset
 from reconciler.kernel import Interface, fingerprint, kernel_token, read_live
+
+if TYPE_CHECKING:
+    from reconciler.intake import Baseline
 
 RECORD = "commits.jsonl"
 KEEP = 32  # entries kept when the file is rewritten
@@ -41,6 +45,8 @@ _FIELDS = (
     ("operations", "operations", int, False),
     ("servicesChanged", "services_changed", int, False),
     ("services", "services", list, False),
+    ("revisionTime", "revision_time", int, True),  # may be absent (older nftrecs): read as null
+    ("trust", "trust", str, True),
 )
 
 
@@ -61,6 +67,8 @@ class Commit:
     operations: int
     services_changed: int
     services: tuple = ()  # the first Services changed, as "+ns/name", "~ns/name", "-ns/name"
+    revision_time: int | None = None  # with `verify`: the revision's signed time (Verdict.time)
+    trust: str | None = None  # with `verify`: signed, first-use or allow-rollback
 
     def to_json(self) -> dict:
         return {key: list(getattr(self, attr)) if key == "services" else getattr(self, attr)
@@ -146,12 +154,34 @@ def commit_ahead(store: StateStore, status: Status) -> Commit | None:
     return c if c.sequence > (status.commit_sequence or 0) else None
 
 
+def rollback_baseline(store: StateStore) -> Baseline | None:
+    """The intake.Baseline a signed revision must not roll back from: the last applied
+    revision of the newer of the commit record (fsynced at commit time) and status.json
+    (which watch's state writer writes later), with its signed time from whichever record
+    holds it. A damaged status.json leaves the record. None when neither names a revision:
+    nothing was applied yet, and `verify` trusts the first revision (on first use)."""
+    from reconciler.intake import Baseline
+
+    status = read_status(store)
+    newest = newest_commit(store)
+    found = [(status.last_applied_revision, status.last_applied_revision_time, "status")]
+    if newest is not None:  # first when status.json does not describe it yet
+        found.insert(0 if commit_ahead(store, status) is not None else 1,
+                     (newest.revision, newest.revision_time, "commits"))
+    revision, origin = next(((r, o) for r, _, o in found if r), (None, ""))
+    if revision is None:
+        return None
+    time = next((t for r, t, _ in found if r == revision and t is not None), None)
+    return Baseline(revision, time, origin)
+
+
 def _shown(services: list[str]) -> tuple:
     return tuple(s[:300] for s in services[:_SHOWN])
 
 
 def append_commit(store: StateStore, *, revision: str | None, writer: str, kind: str, token: int | None,
-                  operations: int, services: list[str], fingerprint: str | None = None) -> Commit:
+                  operations: int, services: list[str], fingerprint: str | None = None,
+                  revision_time: int | None = None, trust: str | None = None) -> Commit:
     """Append one entry and fsync it; the caller holds the namespace lock. The sequence
     follows the record's last entry (or status.json's, when the record has none). A torn
     end, a missing file or one past COMPACT_AT is rewritten atomically instead, with the
@@ -173,7 +203,7 @@ def append_commit(store: StateStore, *, revision: str | None, writer: str, kind:
             old = read_commits(store)
             sequence = max(old[-1].sequence if old else 0, read_status(store).commit_sequence or 0) + 1
         c = Commit(sequence, revision, utc_now(), writer, kind, token, fingerprint, operations,
-                   len(services), _shown(services))
+                   len(services), _shown(services), revision_time, trust)
         line = encode(c)
         while len(line) > _MAX_LINE and c.services:
             c = replace(c, services=c.services[:-1])
@@ -212,7 +242,8 @@ def adopt_commit(store: StateStore, nft: Interface, table: str, live: Ruleset | 
                       f"the kernel's table {table} changed since; its ruleset is not kept (the next commit is "
                       f"recorded as usual)", extra={"fields": {"event": "state", "sequence": c.sequence}})
         return False
-    store.record_applied(c.revision, live, fp, before, commit=c.sequence, applied_at=c.committed_at, listed=True)
+    store.record_applied(c.revision, live, fp, before, commit=c.sequence, applied_at=c.committed_at, listed=True,
+                         revision_time=c.revision_time, trust=c.trust)
     logs.log.info(f"revision {c.revision}, committed at {c.committed_at} by a {c.writer} that stopped before "
                   f"recording it, is in the history now (its ruleset as listed from the kernel)",
                   extra={"fields": {"event": "state", "sequence": c.sequence, "revision": c.revision}})

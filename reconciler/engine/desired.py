@@ -20,6 +20,8 @@ class Desired:
     input_digest: str | None = None  # content digest of the manifest tree read
     config_digest: str | None = None  # intake.config_digest of `config` (after discovery)
     verdict: object = None  # intake.Verdict of the revision's signature when `verify` is set
+    trust: str | None = None  # how `verify` accepted it (desired.trust_of)
+    source: Path | None = None  # the directory read (a saved plan verifies its revision there again)
 
     @property
     def revision(self) -> str:
@@ -256,23 +258,46 @@ class Unverified(InvalidInput):
         self.revision, self.errors, self.record = revision, 1, record
 
 
-def check_signed(config: NodeConfig, directory: Path, last_applied: str | None, allow_rollback: bool):
-    """The intake.Verdict on the revision at `directory` when `verify` is set (else None);
-    Unverified when it is refused or `verify` cannot be used (nothing read or applied)."""
-    if config.verify is None:
+def judge(verifier, directory: Path, baseline, allow_rollback: bool = False):
+    """`verifier`'s Verdict on the revision at `directory` against `baseline` (an
+    intake.Baseline: commits.rollback_baseline). With no baseline (nothing applied yet)
+    a good signature is enough: trusted on first use, said in a warning (the operator
+    checks that revision), and recorded (trust_of) so that `status` says so too."""
+    # the Verifier takes the revision until it takes the Baseline itself
+    verdict = verifier.check(directory, baseline.revision if baseline else None, allow_rollback=allow_rollback)
+    if verdict.ok and baseline is None:
+        logs.log.warning(f"{verdict.describe()}; trusted on first use: no applied revision is recorded (state: "
+                         "commits.jsonl, status.json), so nothing could be checked for a rollback; make sure "
+                         "this is the revision you meant to apply")
+    elif verdict.rollback_allowed:  # said once, in the log the operator keeps
+        logs.log.warning(verdict.describe())
+    return verdict
+
+
+def trust_of(verdict, baseline) -> str | None:
+    """How a revision was accepted under `verify`, as the records keep it: signed,
+    first-use (no baseline) or allow-rollback; None without `verify`."""
+    if verdict is None:
         return None
+    return "first-use" if baseline is None else "allow-rollback" if verdict.rollback_allowed else "signed"
+
+
+def check_signed(config: NodeConfig, directory: Path, baseline, allow_rollback: bool):
+    """(the intake.Verdict on the revision at `directory`, trust_of it) when `verify` is
+    set, else (None, None); Unverified when it is refused or `verify` cannot be used
+    (nothing read or applied). `baseline`: commits.rollback_baseline."""
+    if config.verify is None:
+        return None, None
     from reconciler.intake import TrustError, verifier_for
 
     try:
         with verifier_for(config.verify, directory) as verifier:  # git's or cosign's, by the source
-            verdict = verifier.check(directory, last_applied, allow_rollback=allow_rollback)
+            verdict = judge(verifier, directory, baseline, allow_rollback)
     except TrustError as e:
         raise Unverified("", f"configuration error: {e}; nothing was changed", record=False) from None
     if not verdict.ok:
         raise Unverified(verdict.revision, f"{verdict.describe()}; nothing was changed")
-    if verdict.rollback_allowed:  # said once, in the log the operator keeps
-        logs.log.warning(verdict.describe())
-    return verdict
+    return verdict, trust_of(verdict, baseline)
 
 
 def load_desired(directory: Path, config_path: Path | None, *, strict: bool = False,
@@ -283,15 +308,15 @@ def load_desired(directory: Path, config_path: Path | None, *, strict: bool = Fa
     node's interface addresses are not listed; nodeIPs stand in for them. `cache_dir`:
     the intake cache; `config_cache`: the node config's (load_config). compile=False (plan,
     apply): the ruleset is left None, for apply.plan_desired to compile against the last
-    applied one (only what changed). `signed` (plan, apply): (last applied revision,
+    applied one (only what changed). `signed` (plan, apply): (the rollback baseline,
     allow rollback) for check_signed, run before the manifests are read."""
     from reconciler.compile import compile_ruleset
     from reconciler.intake import config_digest, read_inventory
 
     config, config_problems = load_config(config_path, netns, interfaces=interfaces, cache_dir=config_cache)
-    verdict = None
+    verdict = trust = None
     if signed is not None and not any(p.is_error for p in config_problems):
-        verdict = check_signed(config, directory, *signed)
+        verdict, trust = check_signed(config, directory, *signed)
     result = read_inventory(directory, strict=strict, cache_dir=cache_dir)
     if verdict is not None and result.inventory.revision != verdict.revision:  # git-sync swapped in between
         raise Unverified(result.inventory.revision, f"revision {result.inventory.revision[:12]} was published while "
@@ -304,7 +329,8 @@ def load_desired(directory: Path, config_path: Path | None, *, strict: bool = Fa
         raise InvalidInput(result.inventory.revision, errors, directory)
     if not compile:
         _warn_loopback(config)
-        return Desired(result.inventory, config, None, result.digest, config_digest(config, strict=strict), verdict)
+        return Desired(result.inventory, config, None, result.digest, config_digest(config, strict=strict), verdict,
+                       trust, directory)
     try:
         with progress.step(f"compiling {len(result.inventory.services)} Services"):
             ruleset = compile_ruleset(result.inventory, config)
@@ -312,7 +338,8 @@ def load_desired(directory: Path, config_path: Path | None, *, strict: bool = Fa
         logs.log.error(f"{directory}: refusing input that would reach nft unsafely: {e}")
         raise InvalidInput(result.inventory.revision, 1, directory) from None
     _warn_loopback(config)
-    return Desired(result.inventory, config, ruleset, result.digest, config_digest(config, strict=strict), verdict)
+    return Desired(result.inventory, config, ruleset, result.digest, config_digest(config, strict=strict), verdict,
+                       trust, directory)
 
 
 def _warn_loopback(config: NodeConfig) -> None:

@@ -4,7 +4,9 @@ A plan file is JSON (mode 0600, written atomically): the transaction exactly as 
 sends it, the desired ruleset, the fingerprint of the live tables it was made against and
 a checksum of the rest (catches truncation and hand edits; not a signature). A plan is
 refused when stale (the live fingerprint changed) or already applied (its id is the
-state's `lastAppliedPlanId`: a plan that left the fingerprint as it was).
+state's `lastAppliedPlanId`: a plan that left the fingerprint as it was). Made under
+`verify`, it names the source and the verified revision (`verification`), which
+`apply --plan` verifies there again.
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ class SavedPlan:
     created_at: str = field(default_factory=utc_now)
     nftrec_version: str = field(default_factory=nftrec_version)
     format_version: int = FORMAT_VERSION
+    # under `verify`: {source, revision, signer, key, time} of the Verdict; None without
+    verification: dict | None = None
 
     @classmethod
     def create(
@@ -60,6 +64,7 @@ class SavedPlan:
         kernel_generation: int | None,
         transaction: list[str],
         summary: dict,
+        verification: dict | None = None,
     ) -> "SavedPlan":
         """A new plan with a fresh id; the digest and JSON form are taken from `desired`."""
         return cls(
@@ -72,6 +77,7 @@ class SavedPlan:
             transaction=list(transaction),
             desired=ruleset_to_json(desired),
             summary=summary,
+            verification=verification,
         )
 
     def desired_ruleset(self) -> Ruleset:
@@ -92,7 +98,11 @@ _FIELDS: tuple[tuple[str, str, tuple[type, ...], bool], ...] = (
     ("transaction", "transaction", (list,), False),
     ("desired", "desired", (dict,), False),
     ("summary", "summary", (dict,), False),
+    ("verification", "verification", (dict,), True),  # absent in plans of older nftrecs: null
 )
+# the verification's fields: (key, types, nullable)
+_VERIFICATION = (("source", str, False), ("revision", str, False), ("signer", str, False), ("key", str, False),
+                 ("time", int, True))
 
 
 def _checksum(doc: dict) -> str:
@@ -144,6 +154,10 @@ def load(path: Path) -> SavedPlan:
         values[attr] = v
     if not all(isinstance(cmd, str) for cmd in values["transaction"]):
         raise PlanFileError(path, f"{path}: 'transaction' must be a list of nft command strings; {remake}")
+    made = values["verification"]
+    if made is not None and not all((made.get(k) is None and nullable) or (isinstance(made.get(k), t) and
+                                    not isinstance(made.get(k), bool)) for k, t, nullable in _VERIFICATION):
+        raise PlanFileError(path, f"{path}: field 'verification' lacks a field or has one of the wrong type; {remake}")
     plan = SavedPlan(**values)
     try:
         desired = plan.desired_ruleset()

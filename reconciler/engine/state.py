@@ -148,8 +148,11 @@ _STATUS_FIELDS: tuple[tuple[str, str, tuple[type, ...], bool], ...] = (
     ("inputDigest", "input_digest", (str,), True),
     ("configDigest", "config_digest", (str,), True),
     ("commitSequence", "commit_sequence", (int,), True),
+    ("lastAppliedRevisionTime", "last_applied_revision_time", (int,), True),
+    ("lastAppliedTrust", "last_applied_trust", (str,), True),
 )
-_ADDED = {"commitSequence"}  # may be absent (older nftrecs): read as null
+# may be absent (older nftrecs): read as null
+_ADDED = {"commitSequence", "lastAppliedRevisionTime", "lastAppliedTrust"}
 
 
 @dataclass
@@ -171,6 +174,8 @@ class Status:
     input_digest: str | None = None  # content digest of the manifest tree of the last apply
     config_digest: str | None = None  # effective node config + options + code of that apply
     commit_sequence: int | None = None  # the commit record's entry of that apply (commits.py)
+    last_applied_revision_time: int | None = None  # its signed time (Verdict.time), with `verify`
+    last_applied_trust: str | None = None  # with `verify`: signed, first-use or allow-rollback
     format_version: int = FORMAT_VERSION
 
     @property
@@ -342,13 +347,17 @@ class StateStore:
         commit: int | None = None,
         applied_at: str | None = None,
         listed: bool = False,
+        revision_time: int | None = None,
+        trust: str | None = None,
     ) -> Status:
         """Record a successful apply: a history entry unless the ruleset is unchanged (first,
         so status never names a ruleset not on disk), status, and `compiled` (compile_memo)
         as compiled.json. `input_digest`/`config_digest` name the manifests and effective
         node config compiled; None (a saved plan, a rollback, watch) disables the no-op
         fast path until the next apply of a directory. `commit`: its commit record entry
-        (commits.py); `listed`: `ruleset` is a listing of the kernel (commits.adopt_commit)."""
+        (commits.py); `listed`: `ruleset` is a listing of the kernel (commits.adopt_commit).
+        `revision_time`, `trust`: with `verify`, the revision's signed time and how it was
+        accepted (the rollback baseline, commits.rollback_baseline)."""
         st = self.status()
         now = applied_at or self._clock()
         pieces = digest_pieces(ruleset)  # once: the digest and the history file
@@ -380,6 +389,7 @@ class StateStore:
         st.input_digest = input_digest
         st.config_digest = config_digest
         st.commit_sequence = commit if commit is not None else st.commit_sequence
+        st.last_applied_revision_time, st.last_applied_trust = revision_time, trust
         self._write_status(st)
         if compiled is not None:
             self.write_compiled(d, compiled)
@@ -397,6 +407,7 @@ class StateStore:
         st.last_applied_plan_id = None
         st.last_error = None
         st.nftrec_version = nftrec_version()
+        st.last_applied_revision_time = st.last_applied_trust = None  # never taken with `verify`
         self._write_status(st)
         return st
 
