@@ -398,9 +398,10 @@ def listing(root: Path, *skip: Path) -> set[str]:
 
 
 def assert_refused(reason: str, ref, settings, state: Path, tmp_path: Path, *, skip: Path, says: str = ""):
-    """oci.pull() fails with `reason` and nothing is left: the store holds nothing, nothing
-    else under tmp_path changed (the registry's own tree `skip` aside). Returns the error."""
-    from reconciler.intake.oci import SourceError, pull, store_for
+    """oci.pull() fails with `reason` and nothing is left: the store holds nothing but its
+    lock file, nothing else under tmp_path changed (the registry's own tree `skip` aside).
+    Returns the error."""
+    from reconciler.intake.oci import LOCK, SourceError, pull, store_for
 
     before = listing(tmp_path, skip)
     store = store_for(state, ref)
@@ -409,8 +410,9 @@ def assert_refused(reason: str, ref, settings, state: Path, tmp_path: Path, *, s
     assert e.value.reason == reason, e.value.message
     assert says in e.value.message
     after = listing(tmp_path, skip)
-    assert after - before <= {str(p.relative_to(tmp_path)) for p in (store, *store.parents) if tmp_path in p.parents}
-    assert not store.exists() or list(store.iterdir()) == []
+    assert after - before <= {str(p.relative_to(tmp_path)) for p in (store, *store.parents, store / LOCK)
+                              if tmp_path in p.parents}
+    assert not store.exists() or [p.name for p in store.iterdir()] == [LOCK]
     return e.value
 
 

@@ -15,7 +15,7 @@ import pytest
 from ociregistry import flux_manifest, make_certificates, sha256, tar_gz
 
 from reconciler.intake.model import OciSettings
-from reconciler.intake.oci import SourceError, close_registries, parse_reference, pull, resolve, store_for
+from reconciler.intake.oci import LOCK, SourceError, close_registries, parse_reference, pull, resolve, store_for
 from reconciler.intake.registry import read_credentials
 
 FILES = {"a.yaml": b"kind: Service\n"}
@@ -170,7 +170,7 @@ def test_https_to_http_redirect_refused(fakes, tmp_path):
     with pytest.raises(SourceError) as e:
         pull(ref, settings, store)
     assert e.value.reason == "insecure-refused" and "https to plain http" in e.value.message
-    assert storage.seen == [] and list(store.iterdir()) == []
+    assert storage.seen == [] and [p.name for p in store.iterdir()] == [LOCK]
 
 
 def test_plain_http_token_realm_refused_over_tls(fakes, tmp_path):

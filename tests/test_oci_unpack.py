@@ -68,7 +68,7 @@ def test_setuid_and_odd_modes_are_not_kept(registry, tmp_path):
     ref = parse_reference(registry.ref("m", "modes"))
     art = pull(ref, INSECURE, store_for(tmp_path, ref))
     modes = {str(p.relative_to(art.path)): oct(p.stat().st_mode & 0o7777) for p in art.path.rglob("*")}
-    assert modes == {"bin": "0o755", "bin/tool.yaml": "0o644", "ro.yaml": "0o644"}
+    assert modes == {"bin": "0o755", "bin/tool.yaml": "0o644", "ro.yaml": "0o644", ".nftrec-artifact.json": "0o644"}
 
 
 def test_gzip_bomb_stops_at_the_limit(registry, tmp_path):

@@ -85,8 +85,9 @@ class Daemon:
     the runner's thread only; healthy() reads a few attributes."""
 
     def __init__(self, directory: Path, config_path: Path | None, target: Target, *, strict: bool,
-                 metrics=None, clock: Callable[[], float] = time.monotonic):
+                 metrics=None, clock: Callable[[], float] = time.monotonic, oci: bool = False):
         self.directory, self.config_path, self.target, self.strict = directory, config_path, target, strict
+        self.oci = oci  # the source is an oci:// reference (the fetcher's store), else a directory
         self.metrics = metrics
         self.clock = clock
         self.intake = Intake(directory, strict=strict)
@@ -99,6 +100,7 @@ class Daemon:
         self.last_digest: tuple | None = None  # (input digest, revision) last read (valid or not)
         self.invalid: tuple[str, str] | None = None  # (revision, message) of an invalid latest revision
         self.gate = SignatureGate(metrics)  # `verify`: only signed revisions are compiled
+        self._unsigned: tuple[str, str] | None = None  # (revision, message): an artifact the fetcher refused
         self.need_full = True
         self.reload_config = False
         self.last_full: float | None = None
@@ -160,7 +162,7 @@ class Daemon:
             logs.log.error(f"{cfg.source.file}: fullSyncPeriod ({cfg.full_sync_period}s) is shorter than "
                            f"minSyncPeriod ({cfg.min_sync_period}s); make it at least as long")
             return False
-        if not self.gate.configure(cfg.verify, self.directory):
+        if not self.gate.configure(cfg.verify, self.oci):
             return False
         self.config = cfg
         return True
@@ -264,6 +266,9 @@ class Daemon:
             self.on_root(snap.root)
         if (snap.digest, snap.revision) != self.last_digest:
             self._take(snap)
+        unsigned, self._unsigned = self._unsigned, None
+        if unsigned is not None:
+            self._refuse(*unsigned)
         if self.prober is not None and self.declared is not None and self.prober.generation != self.probe_generation:
             try:  # probe results changed: only the Services whose endpoints changed recompile
                 self.desired = compile_incremental(self._with_probes(self.declared), self.config, self.desired)
@@ -319,6 +324,11 @@ class Daemon:
         except NftError:
             return True
 
+    def source_refused(self, verdict) -> None:
+        """The fetcher refused an artifact's signatures before fetching its layer (its
+        thread): logged and counted now, recorded like a refused revision by the next sync."""
+        self._unsigned = (verdict.revision, self.gate.report(verdict))
+
     def take_again(self) -> None:
         """The next sync checks the revision read last again (its signatures changed)."""
         self.last_digest = None
@@ -332,9 +342,7 @@ class Daemon:
         refused = self.gate.refusal(Path(snap.root), lambda: self.applied.inventory.revision if self.applied else
                                     read_status(self.store).last_applied_revision) if snap.ok and snap.root else None
         if refused is not None:  # logged by the gate; kept like an invalid revision
-            self.invalid = (snap.revision, refused)
-            self._write(lambda: self._record(self.store.record_attempt, snap.revision, refused))
-            self._set_revisions()
+            self._refuse(snap.revision, refused)
             return
         if snap.ok:
             try:
@@ -361,6 +369,11 @@ class Daemon:
         self.declared = snap.inventory
         if self.prober is not None:
             self.prober.update(snap.inventory)
+
+    def _refuse(self, revision: str, message: str) -> None:
+        self.invalid = (revision, message)
+        self._write(lambda: self._record(self.store.record_attempt, revision, message))
+        self._set_revisions()
 
     def _with_probes(self, inventory: Inventory) -> Inventory:
         if self.prober is None:

@@ -1,8 +1,9 @@
 """watch's gate for signed revisions: each new revision read is checked against the node
 config's `verify` (intake.verifier_for: git's Verifier for a checkout, cosign's for an OCI
-source; its keys read once per config) before it is compiled;
-a refused one is handled as an invalid revision (reconcile.Daemon._take), counted in the
-metrics by reason, and logged in one line naming the revision, the signer and the reason.
+source, by the kind the command line gave; its keys read once per config) before it is
+compiled; a refused one is handled as an invalid revision (reconcile.Daemon._take), counted
+in the metrics by reason, and logged in one line naming the revision, the signer and the
+reason. An OCI artifact refused before its layer was fetched is reported here too.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from pathlib import Path
 from typing import Callable
 
 from reconciler import logs
-from reconciler.intake import CosignVerifier, TrustError, Verifier, Verify, verifier_for
+from reconciler.intake import CosignVerifier, TrustError, Verdict, Verifier, Verify, source_kind, verifier_for
 
 
 class SignatureGate:
@@ -20,13 +21,14 @@ class SignatureGate:
         self.spec: Verify | None = None
         self.verifier: Verifier | CosignVerifier | None = None
 
-    def configure(self, spec: Verify | None, directory: Path) -> bool:
-        """Take the config's `verify` (None: no checks). False, logged, when it cannot be
-        used: a key file, a directory that is neither a git checkout nor an OCI source, no key
-        of the kind the source is signed with (the old one stays). The
-        key files are read again each time (SIGHUP): a rotated key counts from then on."""
-        try:  # git's verifier for a checkout, cosign's for an OCI source
-            new = verifier_for(spec, directory) if spec is not None else None
+    def configure(self, spec: Verify | None, oci: bool) -> bool:
+        """Take the config's `verify` (None: no checks) for a source that is an OCI
+        reference (`oci`) or a directory (then a git checkout). False, logged, when it cannot
+        be used: a key file, a key of the wrong kind for the source (the old one stays). The
+        disk is not read: a checkout that is not there yet is checked once it is. The key
+        files are read again each time (SIGHUP): a rotated key counts from then on."""
+        try:
+            new = verifier_for(spec, source_kind(oci, spec)) if spec is not None else None
         except TrustError as e:
             logs.log.error(f"configuration error: {e}")
             return False
@@ -43,16 +45,21 @@ class SignatureGate:
         try:
             verdict = self.verifier.check(root, last_applied())
         except TrustError as e:
-            message, reason, fields = f"configuration error: {e}", "configuration", {}
-        else:
-            if verdict.ok:
-                if self.metrics is not None:
-                    self.metrics.verified(verdict.signer, verdict.key)
-                if verdict.rollback_allowed:
-                    logs.log.warning(verdict.describe())
-                return None
-            message, reason = verdict.describe(), verdict.reason
-            fields = {"revision": verdict.revision, "signer": verdict.signer, "key": verdict.key}
+            return self._refused(f"configuration error: {e}", "configuration", {})
+        if verdict.ok:
+            if self.metrics is not None:
+                self.metrics.verified(verdict.signer, verdict.key)
+            if verdict.rollback_allowed:
+                logs.log.warning(verdict.describe())
+            return None
+        return self.report(verdict)
+
+    def report(self, verdict: Verdict) -> str:
+        """Log and count a refused verdict; its message."""
+        return self._refused(verdict.describe(), verdict.reason,
+                             {"revision": verdict.revision, "signer": verdict.signer, "key": verdict.key})
+
+    def _refused(self, message: str, reason: str, fields: dict) -> str:
         if self.metrics is not None:
             self.metrics.verification_failed(reason)
         logs.log.error(f"{message}; it was not applied and the last good ruleset stays in the kernel",

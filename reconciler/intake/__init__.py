@@ -9,7 +9,7 @@
 from reconciler import lazy_exports
 
 __all__, __getattr__ = lazy_exports(__name__, {
-    "cosign": ("CosignVerifier", "verifier_for"),
+    "cosign": ("DIRECTORY", "GIT", "OCI", "CosignVerifier", "Refused", "source_kind", "verifier_for"),
     "config": ("DEFAULT_PATH", "discover_host_addresses", "discover_node_ips", "load_node_config", "parse_duration"),
     "digests": ("InputDigest", "config_digest", "input_digest"),
     "git": ("GitError", "merge_base", "parse_range", "resolve_revision"),
@@ -19,8 +19,8 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "load": ("SUFFIXES",),
     "model": ("Endpoint", "EndpointPort", "EndpointSlice", "HealthCheck", "Inventory", "LoadBalancerIngress", "NftSpelling", "NodeConfig",
               "OciSettings", "Probe", "Service", "ServiceCIDR", "ServicePort", "Source", "Verify"),
-    "oci": ("Artifact", "Signature", "artifact_at", "close_registries", "current_digest", "named_digest", "prune", "publish",
-            "pull", "resolve", "store_for"),
+    "oci": ("Artifact", "Signature", "artifact_at", "close_registries", "current_digest", "named_digest", "open_store",
+            "prune", "publish", "pull", "resolve", "source_artifact", "store_for"),
     "oci_reference": ("OCI_PREFIX", "SOURCE_ERROR_REASONS", "Reference", "SourceError", "is_oci", "parse_reference"),
     "probes": ("PROBE_ANNOTATION",),
     "problems": ("ERROR", "NOTICE", "WARNING", "Problem"),
