@@ -33,6 +33,7 @@ OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 FLUX_CONFIG = "application/vnd.cncf.flux.config.v1+json"
 FLUX_LAYER = "application/vnd.cncf.flux.content.v1.tar+gzip"
 USER, PASSWORD = "nftrec", "s3cret-pw"
+LOCK = ".lock"  # a store's lock file (intake.oci.LOCK): what a refused pull leaves
 
 
 def sha256(data: bytes) -> str:
@@ -401,7 +402,7 @@ def assert_refused(reason: str, ref, settings, state: Path, tmp_path: Path, *, s
     """oci.pull() fails with `reason` and nothing is left: the store holds nothing but its
     lock file, nothing else under tmp_path changed (the registry's own tree `skip` aside).
     Returns the error."""
-    from reconciler.intake.oci import LOCK, SourceError, pull, store_for
+    from reconciler.intake.oci import SourceError, pull, store_for
 
     before = listing(tmp_path, skip)
     store = store_for(state, ref)
