@@ -288,3 +288,65 @@ def test_signature_payload_whose_bytes_lie(registry, tmp_path):
     with pytest.raises(SourceError) as e:
         pull(ref, INSECURE, store_for(tmp_path, ref), signatures=True)
     assert e.value.reason == "digest-mismatch"
+
+
+# another process on the same store: a one-shot command's prune, and a reader of the trees
+_PRUNER = """
+import sys
+from pathlib import Path
+from reconciler.intake.oci import prune
+store = Path(sys.argv[1])
+while True:
+    try:
+        prune(store, keep=0)
+    except OSError:
+        pass
+"""
+_READER = """
+import os, re, sys
+from pathlib import Path
+store = Path(sys.argv[1])
+while True:
+    try:
+        names = os.listdir(store)
+    except OSError:
+        continue
+    for name in names:
+        tree = store / name
+        if re.fullmatch("sha256-[0-9a-f]{64}", name) and tree.is_dir():
+            if not (tree / ".nftrec-artifact.json").exists() and not tree.with_name(name + ".json").exists():
+                if tree.is_dir():  # still there, and still without its metadata
+                    print("visible without its metadata:", name, flush=True)
+                    sys.exit(3)
+"""
+
+
+def test_a_concurrent_prune_never_removes_what_the_fetcher_publishes(registry, tmp_path):
+    """watch's fetcher pulls and publishes while another process prunes the store with
+    keep=0 (as a one-shot command does) and a third reads it: every published tree is
+    there with its content, and no tree is ever seen without its metadata."""
+    import subprocess
+    import sys
+
+    from reconciler.daemon.fetcher import Fetcher
+    from reconciler.engine import Target
+    from reconciler.intake import NodeConfig
+
+    fetcher = Fetcher(registry.ref("m", "main"), Target(None, "nftrec", tmp_path / "state"))
+    cfg = NodeConfig(node_name="n", oci=INSECURE)
+    fetcher.config = lambda: cfg
+    store = fetcher.store
+    others = [subprocess.Popen([sys.executable, "-c", code, str(store)], stdout=subprocess.PIPE, text=True)
+              for code in (_PRUNER, _READER)]
+    try:
+        for i in range(12):
+            digest = push_artifact(registry.host, "m", "main", {"a.yaml": f"n: {i}\n".encode()}, **registry.http)
+            fetcher.poll()
+            assert fetcher.failures == 0, fetcher.state
+            assert (store / "current" / "a.yaml").read_text() == f"n: {i}\n"
+            assert artifact_at(store / "current").digest == digest
+            assert others[1].poll() is None, others[1].stdout.read()
+    finally:
+        for p in others:
+            p.kill()
+            p.wait()

@@ -160,7 +160,7 @@ def _pull(ref: Reference, settings: OciSettings, store: Path, digest: str, signa
     if check is not None:
         check(artifact)  # before a byte of the layer
     if tree.exists():
-        _remove(tree)  # a tree without its metadata never counted (a pull that died): unpacked anew
+        _discard(store, tree)  # a tree without its metadata never counted (a pull that died): unpacked anew
     tmp = store / f"{TMP_PREFIX}{os.getpid()}-{time.monotonic_ns()}.layer"
     try:
         reg.get_blob(ref.repository, layer["digest"], layer["size"], tmp, MAX_LAYER_BYTES)
@@ -242,7 +242,7 @@ def prune(store: Path, keep: int = 3, protect: frozenset[str] = frozenset()) -> 
                 kept += 1
                 continue
             _remove(tree.with_name(tree.name + ".json"))  # a store's older layout: metadata first
-            _remove(tree)
+            _discard(store, tree)
 
 
 @contextmanager
@@ -465,6 +465,17 @@ def _artifact(meta: dict, tree: Path) -> Artifact | None:
     ann = meta["annotations"]
     return Artifact(ref, meta["digest"], str(ann.get(ANNOTATION_REVISION, "")), str(ann.get(ANNOTATION_SOURCE, "")),
                     str(ann.get(ANNOTATION_CREATED, "")), tree, sigs)
+
+
+def _discard(store: Path, tree: Path) -> None:
+    """Remove a tree at once for any reader (renamed to a hidden name, then deleted): never
+    seen half-deleted, or without its metadata."""
+    gone = store / f"{TMP_PREFIX}gone-{os.getpid()}-{time.monotonic_ns()}"
+    try:
+        os.rename(tree, gone)
+    except FileNotFoundError:
+        return
+    _remove(gone)
 
 
 def _remove(path: Path) -> None:
