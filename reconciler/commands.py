@@ -207,14 +207,15 @@ def _target(config: Optional[Path], netns: Optional[str], recover: bool = True):
 
 
 def _root(argument: str, config: Optional[Path], target=None):
-    """The engine.Source of DIR, or of the artifact an oci:// reference names (engine/source.py;
-    `target`: plan, apply)."""
-    from reconciler.engine import Source, is_source, open_source
+    """The intake.ManifestSource of DIR, or of the artifact an oci:// reference names
+    (engine/source.py; `target`: plan, apply)."""
+    from reconciler.engine import is_source, open_source
+    from reconciler.intake import ManifestSource
 
     if not is_source(argument):
-        return Source(argument, Path(argument))
+        return ManifestSource(argument, Path(argument))
     source = _guard(open_source, argument, config, _state_root(), target)
-    if not isinstance(source, Source):  # the error was said
+    if not isinstance(source, ManifestSource):  # the error was said
         raise typer.Exit(EXIT_ERROR)
     return source
 
@@ -225,7 +226,7 @@ def _desired(directory: Path, config: Optional[Path], netns: Optional[str], stri
     """The validated, compiled input; invalid input exits 1 (and, for apply, is recorded
     as a failed attempt: status then shows lastAttemptedRevision != lastAppliedRevision).
     compile=False: plan and apply compile it themselves, only what changed.
-    `signed_by` (plan, apply: their Target): check the revision of `source` (engine.Source)
+    `signed_by` (plan, apply: their Target): check the revision of `source` (intake.ManifestSource)
     when `verify` is set."""
     from reconciler import logs
     from reconciler.engine import InvalidInput, config_cache_dir, load_desired

@@ -17,8 +17,8 @@ from cryptography.hazmat.primitives.asymmetric import dsa, ec
 
 from cosignsign import new_key, payload, sign, write_public
 from reconciler.intake import TrustError, Verify, oci
-from reconciler.intake.cosign import (DIRECTORY, GIT, OCI, CosignVerifier, created_at, load_keys, rollback_refusal, source_kind,
-                                      verifier_for, verify_signatures)
+from reconciler.intake.cosign import CosignVerifier, created_at, load_keys, rollback_refusal, verify_signatures
+from reconciler.intake.kinds import DIRECTORY, GIT, OCI, source_kind, verifier_for
 from reconciler.intake.signatures import read_keys
 
 DIGEST = "sha256:" + "ab" * 32

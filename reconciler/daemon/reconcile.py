@@ -24,15 +24,13 @@ from reconciler.compile import (
     describe_view_change, node_address_view, project, relocate,
 )
 from reconciler.daemon.runner import Fatal, SyncFailed
-from reconciler.engine import (
-    CommandError, StateCorrupt, Target, adopt_commit, append_commit, clean_udp_conntrack, commit, diff,
-    forget_affinity_clients, make_plan, read_history, read_status, short_revision, slim_created, verify_commit,
-)
+from reconciler.engine import (CommandError, StateCorrupt, Target, adopt_commit, append_commit, clean_udp_conntrack, commit,
+                               diff, forget_affinity_clients, make_plan, read_history, read_status, short_revision,
+                               slim_created, verify_commit)
 from reconciler.daemon import health
 from reconciler.daemon.signed import SignatureGate
-from reconciler.intake import (
-    Intake, Inventory, NodeConfig, Snapshot, discover_host_addresses, discover_node_ips, load_node_config,
-)
+from reconciler.intake import (Intake, Inventory, NodeConfig, Snapshot, discover_host_addresses, discover_node_ips,
+                               load_node_config)
 from reconciler.kernel import Interface, NftError, Spellings, canonical, fingerprint, kernel_token, read_live
 
 
@@ -85,9 +83,8 @@ class Daemon:
     the runner's thread only; healthy() reads a few attributes."""
 
     def __init__(self, directory: Path, config_path: Path | None, target: Target, *, strict: bool,
-                 metrics=None, clock: Callable[[], float] = time.monotonic, oci: bool = False):
+                 metrics=None, clock: Callable[[], float] = time.monotonic):
         self.directory, self.config_path, self.target, self.strict = directory, config_path, target, strict
-        self.oci = oci  # the source is an oci:// reference (the fetcher's store), else a directory
         self.metrics = metrics
         self.clock = clock
         self.intake = Intake(directory, strict=strict)
@@ -100,7 +97,6 @@ class Daemon:
         self.last_digest: tuple | None = None  # (input digest, revision) last read (valid or not)
         self.invalid: tuple[str, str] | None = None  # (revision, message) of an invalid latest revision
         self.gate = SignatureGate(metrics)  # `verify`: only signed revisions are compiled
-        self._unsigned: tuple[str, str] | None = None  # (revision, message): an artifact the fetcher refused
         self.need_full = True
         self.reload_config = False
         self.last_full: float | None = None
@@ -162,7 +158,7 @@ class Daemon:
             logs.log.error(f"{cfg.source.file}: fullSyncPeriod ({cfg.full_sync_period}s) is shorter than "
                            f"minSyncPeriod ({cfg.min_sync_period}s); make it at least as long")
             return False
-        if not self.gate.configure(cfg.verify, self.oci):
+        if not self.gate.configure(cfg.verify):
             return False
         self.config = cfg
         return True
@@ -266,9 +262,10 @@ class Daemon:
             self.on_root(snap.root)
         if (snap.digest, snap.revision) != self.last_digest:
             self._take(snap)
-        unsigned, self._unsigned = self._unsigned, None
-        if unsigned is not None:
-            self._refuse(*unsigned)
+        if (unsigned := self.gate.take_unfetched()) is not None:  # an OCI artifact refused before its layer
+            self.invalid = unsigned
+            self._write(lambda: self._record(self.store.record_attempt, *unsigned))
+            self._set_revisions()
         if self.prober is not None and self.declared is not None and self.prober.generation != self.probe_generation:
             try:  # probe results changed: only the Services whose endpoints changed recompile
                 self.desired = compile_incremental(self._with_probes(self.declared), self.config, self.desired)
@@ -324,11 +321,6 @@ class Daemon:
         except NftError:
             return True
 
-    def source_refused(self, verdict) -> None:
-        """The fetcher refused an artifact's signatures before fetching its layer (its
-        thread): logged and counted now, recorded like a refused revision by the next sync."""
-        self._unsigned = (verdict.revision, self.gate.report(verdict))
-
     def take_again(self) -> None:
         """The next sync checks the revision read last again (its signatures changed)."""
         self.last_digest = None
@@ -342,7 +334,9 @@ class Daemon:
         refused = self.gate.refusal(Path(snap.root), lambda: self.applied.inventory.revision if self.applied else
                                     read_status(self.store).last_applied_revision) if snap.ok and snap.root else None
         if refused is not None:  # logged by the gate; kept like an invalid revision
-            self._refuse(snap.revision, refused)
+            self.invalid = (snap.revision, refused)
+            self._write(lambda: self._record(self.store.record_attempt, snap.revision, refused))
+            self._set_revisions()
             return
         if snap.ok:
             try:
@@ -369,11 +363,6 @@ class Daemon:
         self.declared = snap.inventory
         if self.prober is not None:
             self.prober.update(snap.inventory)
-
-    def _refuse(self, revision: str, message: str) -> None:
-        self.invalid = (revision, message)
-        self._write(lambda: self._record(self.store.record_attempt, revision, message))
-        self._set_revisions()
 
     def _with_probes(self, inventory: Inventory) -> Inventory:
         if self.prober is None:

@@ -20,15 +20,17 @@ class SignatureGate:
         self.metrics = metrics
         self.spec: Verify | None = None
         self.verifier: Verifier | CosignVerifier | None = None
+        self.oci = False  # the source is an oci:// reference (main sets it), else a directory
+        self._unfetched: tuple[str, str] | None = None  # (revision, message): refused before its layer
 
-    def configure(self, spec: Verify | None, oci: bool) -> bool:
-        """Take the config's `verify` (None: no checks) for a source that is an OCI
-        reference (`oci`) or a directory (then a git checkout). False, logged, when it cannot
-        be used: a key file, a key of the wrong kind for the source (the old one stays). The
-        disk is not read: a checkout that is not there yet is checked once it is. The key
-        files are read again each time (SIGHUP): a rotated key counts from then on."""
+    def configure(self, spec: Verify | None) -> bool:
+        """Take the config's `verify` (None: no checks) for the source, an OCI reference
+        (`oci`) or a directory (then a git checkout). False, logged, when it cannot be used:
+        a key file, a key of the wrong kind for the source (the old one stays). The disk is
+        not read: a checkout that is not there yet is checked once it is. The key files are
+        read again each time (SIGHUP): a rotated key counts from then on."""
         try:
-            new = verifier_for(spec, source_kind(oci, spec)) if spec is not None else None
+            new = verifier_for(spec, source_kind(self.oci, spec)) if spec is not None else None
         except TrustError as e:
             logs.log.error(f"configuration error: {e}")
             return False
@@ -58,6 +60,15 @@ class SignatureGate:
         """Log and count a refused verdict; its message."""
         return self._refused(verdict.describe(), verdict.reason,
                              {"revision": verdict.revision, "signer": verdict.signer, "key": verdict.key})
+
+    def refused_unfetched(self, verdict: Verdict) -> None:
+        """The fetcher refused an artifact before fetching its layer (on its thread): logged
+        and counted now; take_unfetched() hands it to the next sync, which records it."""
+        self._unfetched = (verdict.revision, self.report(verdict))
+
+    def take_unfetched(self) -> tuple[str, str] | None:
+        unfetched, self._unfetched = self._unfetched, None
+        return unfetched
 
     def _refused(self, message: str, reason: str, fields: dict) -> str:
         if self.metrics is not None:

@@ -30,7 +30,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "plan": ("make_plan",),
     "probes": ("probe_desired", "read_probe_state", "write_probe_state"),
     "review": ("run_diff",),
-    "source": ("KEEP", "Source", "command_source", "is_source", "manifest_root", "open_source", "reference", "source_error"),
+    "source": ("KEEP", "command_source", "is_source", "manifest_root", "open_source", "reference", "source_error"),
     "sourcestate": ("read_source_state", "source_status_json", "source_status_lines", "write_source_state"),
     "state": ("StateCorrupt", "default_state_dir", "namespace_dir", "read_history", "read_status", "utc_now"),
     "sync": ("clean_udp_conntrack", "commit", "forget_affinity_clients", "forgotten_affinity_ids", "touched_objects", "udp_services", "verify_applied", "verify_commit",

@@ -6,10 +6,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from reconciler import logs, progress
 from reconciler.intake import Inventory, NodeConfig
 from reconciler.compile import NftSyntaxError, Ruleset
+
+if TYPE_CHECKING:
+    from reconciler.intake import ManifestSource
 
 
 @dataclass(frozen=True)
@@ -256,19 +260,19 @@ class Unverified(InvalidInput):
         self.revision, self.errors, self.record = revision, 1, record
 
 
-def check_signed(config: NodeConfig, source, last_applied: str | None, allow_rollback: bool):
-    """The intake.Verdict on the revision of `source` (engine.Source) when `verify` is set
+def check_signed(config: NodeConfig, source: ManifestSource, last_applied: str | None, allow_rollback: bool):
+    """The intake.Verdict on the revision of `source` when `verify` is set
     (else None); Unverified when it is refused or `verify` cannot be used (nothing read or
     applied). The verifier is the source kind's, never chosen by what lies in the tree."""
     if config.verify is None:
         return None
-    from reconciler.intake import TrustError, verifier_for
+    from reconciler.intake import TrustError
 
     if source.refused is not None:  # an OCI artifact refused before its layer was fetched
         verdict = source.refused
         raise Unverified(verdict.revision, f"{verdict.describe()}; nothing was changed")
     try:
-        with verifier_for(config.verify, source.kind(config.verify)) as verifier:
+        with source.verifier(config.verify) as verifier:
             verdict = verifier.check(source.root, last_applied, allow_rollback=allow_rollback)
     except TrustError as e:
         raise Unverified("", f"configuration error: {e}; nothing was changed", record=False) from None
@@ -282,24 +286,24 @@ def check_signed(config: NodeConfig, source, last_applied: str | None, allow_rol
 def load_desired(directory: Path, config_path: Path | None, *, strict: bool = False,
                  netns: str | None = None, interfaces: bool = True, cache_dir: Path | None = None,
                  compile: bool = True, config_cache: Path | None = None, signed: tuple | None = None,
-                 source=None) -> Desired:
+                 source: ManifestSource | None = None) -> Desired:
     """Read, validate and compile, logging every problem. Raises InvalidInput when the
     input has errors: invalid input is never applied. interfaces=False (render): the
     node's interface addresses are not listed; nodeIPs stand in for them. `cache_dir`:
     the intake cache; `config_cache`: the node config's (load_config). compile=False (plan,
     apply): the ruleset is left None, for apply.plan_desired to compile against the last
     applied one (only what changed). `signed` (plan, apply): (last applied revision,
-    allow rollback) for check_signed on `source` (engine.Source; default: `directory` as
-    a directory argument), run before the manifests are read."""
+    allow rollback) for check_signed on `source` (default: `directory` as a directory
+    argument), run before the manifests are read."""
     from reconciler.compile import compile_ruleset
     from reconciler.intake import config_digest, read_inventory
 
     config, config_problems = load_config(config_path, netns, interfaces=interfaces, cache_dir=config_cache)
     verdict = None
     if signed is not None and not any(p.is_error for p in config_problems):
-        from reconciler.engine.source import Source
+        from reconciler.intake import ManifestSource
 
-        verdict = check_signed(config, source or Source(str(directory), Path(directory)), *signed)
+        verdict = check_signed(config, source or ManifestSource(str(directory), Path(directory)), *signed)
     result = read_inventory(directory, strict=strict, cache_dir=cache_dir)
     if verdict is not None and result.inventory.revision != verdict.revision:  # git-sync swapped in between
         raise Unverified(result.inventory.revision, f"revision {result.inventory.revision[:12]} was published while "

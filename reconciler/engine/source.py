@@ -1,6 +1,7 @@
-"""Where a command's manifests come from (a Source): a directory as given, or an `oci://`
-reference pulled into the state directory (intake.oci: every digest checked, signatures
-before the layer under `verify`, unpacked safely) and read from the artifact's own tree.
+"""Where a command's manifests come from (an intake.ManifestSource): a directory as given,
+or an `oci://` reference pulled into the state directory (intake.oci: every digest
+checked, signatures before the layer under `verify`, unpacked safely) and read from the
+artifact's own tree.
 One-shot commands never publish: `<store>/current` is what a running `nftrec watch`
 follows (daemon/fetcher.py publishes it), and a `validate` of another tag of the same
 repository must not move it.
@@ -13,36 +14,19 @@ import os
 import shutil
 import tempfile
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from reconciler.engine.target import CommandError
+
+if TYPE_CHECKING:
+    from reconciler.intake import ManifestSource
 
 KEEP = 3  # artifacts kept in a store besides the current and the last applied one (rollback)
 
 _in_use: set[str] = set()  # digests this process is reading (`diff` of two artifacts): never pruned
 _open = ExitStack()  # the sources a command reads, released when the process exits
 atexit.register(_open.close)
-
-
-@dataclass(frozen=True)
-class Source:
-    """What a command reads. Its kind comes from the command line (an `oci://` argument)
-    and the node config (`verify` on a directory: a git checkout), never from what lies in
-    the tree; so does its verifier (intake.verifier_for). `refused`: an OCI artifact whose
-    signatures `verify` refused before its layer was fetched (nothing at `root`)."""
-
-    argument: str
-    root: Path
-    oci: bool = False
-    refused: object = None  # intake.Verdict
-
-    def kind(self, verify) -> str:
-        """intake.GIT, OCI or DIRECTORY, under the node config's `verify` (None: off)."""
-        from reconciler.intake import source_kind
-
-        return source_kind(self.oci, verify)
 
 
 def is_source(argument: str | Path | None) -> bool:
@@ -78,21 +62,23 @@ def _writable(base: Path) -> bool:
 @contextmanager
 def manifest_root(argument: str, config_path: Path | None, state_dir: Path, *, private: bool = False,
                   verify: bool = False, last_applied: Callable[[], str | None] | None = None,
-                  config_cache: Path | None = None) -> Iterator[Source]:
-    """The Source to read for `argument`: a directory as given, or the tree of the artifact
-    an `oci://` reference names now (resolved with one HEAD request, pulled unless already
-    in `<state_dir>/oci/...`, old ones pruned but never the last applied one).
+                  config_cache: Path | None = None) -> Iterator[ManifestSource]:
+    """The ManifestSource to read for `argument`: a directory as given, or the tree of the
+    artifact an `oci://` reference names now (resolved with one HEAD request, pulled unless
+    already in `<state_dir>/oci/...`, old ones pruned but never the last applied one).
     `private` (validate, render, diff, trace: no root needed): when `state_dir` is not writable,
     a private temporary directory, removed afterwards. `verify` (plan, apply): with the node
     config's `verify`, cosign's signatures are checked before the layer is fetched (a refused
-    artifact: Source.refused, nothing unpacked). `config_cache`: the node config's settings
-    cache. A SourceError or an unusable `verify` is a CommandError naming the reference."""
+    artifact: ManifestSource.refused, nothing unpacked). `config_cache`: the node config's
+    settings cache. A SourceError or an unusable `verify` is a CommandError naming the
+    reference."""
+    from reconciler.intake import ManifestSource
+
     if not is_source(argument):
-        yield Source(argument, Path(argument))
+        yield ManifestSource(argument, Path(argument))
         return
     from reconciler.intake import (OCI, Refused, SourceError, TrustError, load_node_config, named_digest, prune, pull,
                                    resolve, store_for, verifier_for)
-    from reconciler.intake.oci import tree_name
 
     ref = reference(argument)
     temp = None
@@ -118,7 +104,7 @@ def manifest_root(argument: str, config_path: Path | None, state_dir: Path, *, p
         except SourceError as e:
             raise source_error(argument, e) from None
         except Refused as e:  # nothing fetched beyond the manifest and its signatures
-            yield Source(argument, store / tree_name(digest), oci=True, refused=e.verdict)
+            yield ManifestSource(argument, e.path, oci=True, refused=e.verdict)
             return
         _in_use.add(artifact.digest)
         protect = set(_in_use)
@@ -129,7 +115,7 @@ def manifest_root(argument: str, config_path: Path | None, state_dir: Path, *, p
             prune(store, keep=KEEP, protect=frozenset(protect))
         except OSError:
             pass  # an old artifact left behind is no reason to fail the command
-        yield Source(argument, artifact.path, oci=True)
+        yield ManifestSource(argument, artifact.path, oci=True)
     finally:
         if temp is not None:
             shutil.rmtree(temp, ignore_errors=True)
@@ -150,7 +136,7 @@ def command_source(argument: str, config_path: Path | None, state_root: Path, ta
                          last_applied=lambda: read_status(target.store()).last_applied_revision)
 
 
-def open_source(argument: str, config_path: Path | None, state_root: Path, target=None) -> Source:
-    """command_source's Source, its tree kept until the process exits (a private temporary
-    copy is removed then)."""
+def open_source(argument: str, config_path: Path | None, state_root: Path, target=None) -> ManifestSource:
+    """command_source's ManifestSource, its tree kept until the process exits (a private
+    temporary copy is removed then)."""
     return _open.enter_context(command_source(argument, config_path, state_root, target))

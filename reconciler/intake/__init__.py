@@ -9,12 +9,13 @@
 from reconciler import lazy_exports
 
 __all__, __getattr__ = lazy_exports(__name__, {
-    "cosign": ("DIRECTORY", "GIT", "OCI", "CosignVerifier", "Refused", "source_kind", "verifier_for"),
+    "cosign": ("CosignVerifier", "Refused"),
     "config": ("DEFAULT_PATH", "discover_host_addresses", "discover_node_ips", "load_node_config", "parse_duration"),
     "digests": ("InputDigest", "config_digest", "input_digest"),
     "git": ("GitError", "merge_base", "parse_range", "resolve_revision"),
     "healthchecks": ("parse_health_check", "split_host_port"),
     "incremental": ("Intake", "Snapshot"),
+    "kinds": ("DIRECTORY", "GIT", "OCI", "ManifestSource", "source_kind", "verifier_for"),
     "inventory": ("InventoryResult", "read_inventory", "read_revision"),
     "load": ("SUFFIXES",),
     "model": ("Endpoint", "EndpointPort", "EndpointSlice", "HealthCheck", "Inventory", "LoadBalancerIngress", "NftSpelling", "NodeConfig",

@@ -3,8 +3,7 @@ an artifact's `sha256-<hex>.sig` tag (fetched with it, oci.Artifact.signatures) 
 the PEM public keys of `verify.keys`, with `cryptography`. A layer passes when a key
 verifies its signature over its simple-signing payload and the payload names this
 artifact's digest; then (unless rollback is allowed) the artifact must not be older than
-the last applied one. `verifier_for` picks this or the git Verifier by the source's kind,
-which the command line and the node config decide (source_kind), never the disk.
+the last applied one. intake/kinds.py picks this or the git Verifier by the source's kind.
 """
 
 # Supported: cosign's "simple signing" layers (media type
@@ -30,10 +29,9 @@ from pathlib import Path
 from reconciler.intake import oci
 from reconciler.intake.model import Verify
 from reconciler.intake.problems import show
-from reconciler.intake.signatures import TrustError, Verdict, Verifier, read_keys
+from reconciler.intake.signatures import TrustError, Verdict, read_keys
 
 SIGNATURE_TYPE = "cosign container image signature"
-GIT, OCI, DIRECTORY = "git checkout", "OCI artifact", "plain directory"  # the kinds of source
 _RFC3339 = re.compile(r"(\d{4})-(\d\d)-(\d\d)[Tt ](\d\d):(\d\d):(\d\d)(?:\.(\d+))?(?:([Zz])|([+-])(\d\d):(\d\d))")
 # the worst outcome of one layer first: what a refusal names when no layer passes
 _WORST = ("digest-mismatch", "bad-payload", "unknown-key", "bad-signature")
@@ -187,11 +185,12 @@ def rollback_refusal(artifact: oci.Artifact, last_applied: str | None) -> str:
 
 
 class Refused(Exception):
-    """An artifact's signatures were refused before its layer was fetched (`verdict`)."""
+    """An artifact's signatures were refused before its layer was fetched (`verdict`;
+    `path`: where its tree would have been)."""
 
-    def __init__(self, verdict: Verdict):
+    def __init__(self, verdict: Verdict, path: Path):
         super().__init__(verdict.describe())
-        self.verdict = verdict
+        self.verdict, self.path = verdict, path
 
 
 class CosignVerifier:
@@ -210,7 +209,7 @@ class CosignVerifier:
         layer is fetched only then)."""
         verdict = verify_signatures(artifact, self.keys)
         if not verdict.ok:
-            raise Refused(verdict)
+            raise Refused(verdict, Path(artifact.path))
 
     def check(self, directory: Path, last_applied: str | None = None, *, allow_rollback: bool = False) -> Verdict:
         """The verdict on the artifact unpacked at `directory` (the store's `current`
@@ -240,37 +239,3 @@ class CosignVerifier:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def source_kind(oci_reference: bool, spec: Verify | None) -> str:
-    """The kind of a source, from the command line and the node config alone: an `oci://`
-    argument is an OCI artifact; a directory is a git checkout under `verify` (its commit
-    is what is verified), else a plain directory."""
-    return OCI if oci_reference else GIT if spec is not None else DIRECTORY
-
-
-def verifier_for(spec: Verify, kind: str) -> Verifier | CosignVerifier:
-    """The verifier of `verify` for a source of `kind` (source_kind): cosign's for an OCI
-    artifact, git's for a checkout. A key of the other kind in verify.keys is a TrustError
-    (a configuration error): PEM keys only for OCI, SSH and OpenPGP keys only for git. The
-    disk is not looked at: a checkout that is not there yet is found when it is checked."""
-    signers, pgp, pem = read_keys(spec.keys)
-    if kind == OCI:
-        verifier = CosignVerifier(spec)  # no PEM key: said first
-        if signers or pgp:
-            raise TrustError(f"verify.keys holds SSH or OpenPGP keys ({_files(spec, pem, keep=False)}), and this source "
-                             "is an OCI artifact, checked with cosign's PEM public keys only: remove them")
-        return verifier
-    if kind != GIT:
-        raise ValueError(f"a {kind} has no verifier")
-    if pem:
-        raise TrustError(f"verify.keys holds PEM public keys ({_files(spec, pem, keep=True)}: cosign's, for OCI "
-                         "artifacts), and this source is a git checkout, whose commits are signed with SSH or "
-                         "OpenPGP keys: remove them, or give an oci:// reference")
-    return Verifier(spec)
-
-
-def _files(spec: Verify, pem: list[tuple[str, bytes]], *, keep: bool) -> str:
-    """The key files that are PEM (keep) or not (not keep), for a message."""
-    names = {path for path, _ in pem}
-    return ", ".join(p for p in spec.keys if (p in names) == keep)
