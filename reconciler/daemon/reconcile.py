@@ -260,12 +260,12 @@ class Daemon:
         snap = self.intake.read(changed)
         if self.on_root is not None:
             self.on_root(snap.root)
-        if (snap.digest, snap.revision) != self.last_digest:
-            self._take(snap)
         if (unsigned := self.gate.take_unfetched()) is not None:  # an OCI artifact refused before its layer
             self.invalid = unsigned
             self._write(lambda: self._record(self.store.record_attempt, *unsigned))
             self._set_revisions()
+        if (snap.digest, snap.revision) != self.last_digest:  # (a newer revision published since: it counts)
+            self._take(snap)
         if self.prober is not None and self.declared is not None and self.prober.generation != self.probe_generation:
             try:  # probe results changed: only the Services whose endpoints changed recompile
                 self.desired = compile_incremental(self._with_probes(self.declared), self.config, self.desired)
