@@ -86,7 +86,7 @@ def validate(
     _check_output(output)
     from reconciler.intake import run_validate
 
-    root = _root(directory, config)
+    root = _root(directory, config).root
     raise typer.Exit(run_validate(root, config_path=config, strict=strict, output=output,
                                   cache_dir=_cache_dir() if root == Path(directory) else None))
 
@@ -98,7 +98,7 @@ def render(
     strict: bool = STRICT_OPT,
 ) -> None:
     """Print the whole desired ruleset as an `nft -f` script from scratch."""
-    desired = _desired(_root(directory, config), config, None, strict, interfaces=False)
+    desired = _desired(_root(directory, config).root, config, None, strict, interfaces=False)
     from reconciler.compile import render_header, render_script
 
     sys.stdout.write(render_header(desired.config) + render_script(desired.ruleset))
@@ -144,7 +144,7 @@ def diff(
     from reconciler.engine import run_diff
 
     if git is None:
-        old, new = (str(_root(side, config)) if side != "-" else side for side in (old, new))
+        old, new = (str(_root(side, config).root) if side != "-" else side for side in (old, new))
     raise typer.Exit(_guard(run_diff, old, new, git=git, merge_base=merge_base, config_path=config,
                             strict=strict, output=output, detailed=detailed_exitcode, verbose=verbose))
 
@@ -206,24 +206,28 @@ def _target(config: Optional[Path], netns: Optional[str], recover: bool = True):
     return target
 
 
-def _root(argument: str, config: Optional[Path], target=None) -> Path:
-    """DIR, or the tree of the artifact an oci:// reference names (engine/source.py; `target`: plan, apply)."""
+def _root(argument: str, config: Optional[Path], target=None):
+    """The intake.ManifestSource of DIR, or of the artifact an oci:// reference names
+    (engine/source.py; `target`: plan, apply)."""
     from reconciler.engine import is_source, open_source
+    from reconciler.intake import ManifestSource
 
     if not is_source(argument):
-        return Path(argument)
-    root = _guard(open_source, argument, config, _state_root(), target)
-    if not isinstance(root, Path):  # the error was said
+        return ManifestSource(argument, Path(argument))
+    source = _guard(open_source, argument, config, _state_root(), target)
+    if not isinstance(source, ManifestSource):  # the error was said
         raise typer.Exit(EXIT_ERROR)
-    return root
+    return source
 
 
 def _desired(directory: Path, config: Optional[Path], netns: Optional[str], strict: bool,
-             target=None, interfaces: bool = True, compile: bool = True, signed_by=None, allow_rollback: bool = False):
+             target=None, interfaces: bool = True, compile: bool = True, signed_by=None, allow_rollback: bool = False,
+             source=None):
     """The validated, compiled input; invalid input exits 1 (and, for apply, is recorded
     as a failed attempt: status then shows lastAttemptedRevision != lastAppliedRevision).
     compile=False: plan and apply compile it themselves, only what changed.
-    `signed_by` (plan, apply: their Target): check the revision's signature when `verify` is set."""
+    `signed_by` (plan, apply: their Target): check the revision of `source` (intake.ManifestSource)
+    when `verify` is set."""
     from reconciler import logs
     from reconciler.engine import InvalidInput, config_cache_dir, load_desired
 
@@ -235,7 +239,7 @@ def _desired(directory: Path, config: Optional[Path], netns: Optional[str], stri
             signed = (rollback_baseline(signed_by.store()), allow_rollback)
         return load_desired(directory, config, strict=strict, netns=netns, interfaces=interfaces,
                             cache_dir=_cache_dir(), compile=compile, config_cache=config_cache_dir(_state_root()),
-                            signed=signed)
+                            signed=signed, source=source)
     except InvalidInput as e:
         logs.log.error(str(e))
         if target is not None and e.record:
@@ -293,14 +297,16 @@ def plan(
     from reconciler.engine import run_plan_noop
 
     target = _target(config, netns)
-    directory = _root(directory, config, target)
+    source = _root(directory, config, target)
+    directory = source.root
     if not refresh and out is None and not probe:  # unchanged input, config and kernel: no compile, no listing
         rc = _guard(run_plan_noop, target, directory, config, strict=strict, output=output)
         if rc is not None:
             raise typer.Exit(rc)
     from reconciler.engine import run_plan  # imported late: the fast path never needs it
 
-    desired = _probed(_desired(directory, config, netns, strict, compile=probe, signed_by=target), netns, probe)
+    desired = _probed(_desired(directory, config, netns, strict, compile=probe, signed_by=target, source=source),
+                      netns, probe)
     raise typer.Exit(_guard(run_plan, desired, target, verbose=verbose, output=output,
                             detailed=detailed_exitcode, out=out, refresh=refresh))
 
@@ -346,7 +352,8 @@ def apply(
     target = _target(config, netns)
     desired = None
     if plan_file is None and not rollback:
-        root = _root(directory or ".", config, target)
+        source = _root(directory or ".", config, target)
+        root = source.root
         if not probe:
             from reconciler.engine import run_apply_noop
 
@@ -354,7 +361,7 @@ def apply(
             if rc is not None:
                 raise typer.Exit(rc)
         desired = _probed(_desired(root, config, netns, strict, target=target, compile=probe,
-                                   signed_by=target, allow_rollback=allow_rollback), netns, probe)
+                                   signed_by=target, allow_rollback=allow_rollback, source=source), netns, probe)
     elif probe:
         raise typer.BadParameter("--probe needs a manifest directory (not --plan or --rollback)")
     node = _node_config(config) if plan_file is not None or rollback else None
@@ -444,7 +451,7 @@ def trace(
     endpoints with what probability, masquerade, reject or drop) and the Service responsible.
     With --kernel, a real packet, traced by the kernel."""
     _check_output(output)
-    directory = _root(directory, config)
+    directory = _root(directory, config).root
     from reconciler.engine import Packet, run_trace
 
     packet = Packet(src, dst, dport, proto.lower(), origin)

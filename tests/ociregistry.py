@@ -33,6 +33,7 @@ OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 FLUX_CONFIG = "application/vnd.cncf.flux.config.v1+json"
 FLUX_LAYER = "application/vnd.cncf.flux.content.v1.tar+gzip"
 USER, PASSWORD = "nftrec", "s3cret-pw"
+LOCK = ".lock"  # a store's lock file (intake.oci.LOCK): what a refused pull leaves
 
 
 def sha256(data: bytes) -> str:
@@ -398,8 +399,9 @@ def listing(root: Path, *skip: Path) -> set[str]:
 
 
 def assert_refused(reason: str, ref, settings, state: Path, tmp_path: Path, *, skip: Path, says: str = ""):
-    """oci.pull() fails with `reason` and nothing is left: the store holds nothing, nothing
-    else under tmp_path changed (the registry's own tree `skip` aside). Returns the error."""
+    """oci.pull() fails with `reason` and nothing is left: the store holds nothing but its
+    lock file, nothing else under tmp_path changed (the registry's own tree `skip` aside).
+    Returns the error."""
     from reconciler.intake.oci import SourceError, pull, store_for
 
     before = listing(tmp_path, skip)
@@ -409,8 +411,9 @@ def assert_refused(reason: str, ref, settings, state: Path, tmp_path: Path, *, s
     assert e.value.reason == reason, e.value.message
     assert says in e.value.message
     after = listing(tmp_path, skip)
-    assert after - before <= {str(p.relative_to(tmp_path)) for p in (store, *store.parents) if tmp_path in p.parents}
-    assert not store.exists() or list(store.iterdir()) == []
+    assert after - before <= {str(p.relative_to(tmp_path)) for p in (store, *store.parents, store / LOCK)
+                              if tmp_path in p.parents}
+    assert not store.exists() or [p.name for p in store.iterdir()] == [LOCK]
     return e.value
 
 

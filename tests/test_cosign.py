@@ -16,9 +16,9 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import dsa, ec
 
 from cosignsign import new_key, payload, sign, write_public
-from reconciler.intake import TrustError, Verifier, Verify, oci
-from reconciler.intake.cosign import (CosignVerifier, created_at, is_oci_root, load_keys, rollback_refusal, verifier_for,
-                                      verify_signatures)
+from reconciler.intake import TrustError, Verify, oci
+from reconciler.intake.cosign import CosignVerifier, created_at, load_keys, rollback_refusal, verify_signatures
+from reconciler.intake.kinds import DIRECTORY, GIT, OCI, source_kind, verifier_for
 from reconciler.intake.signatures import read_keys
 
 DIGEST = "sha256:" + "ab" * 32
@@ -114,24 +114,25 @@ def test_the_verifier_of_each_source_kind_needs_its_kind_of_key(tmp_path):
     pem = write_public(new_key(), tmp_path / "cosign.pub")
     ssh = tmp_path / "ops.pub"
     ssh.write_text("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBlPtd1dt+0Gs3bsD+nHHFVyZxR3GJXxgjaOdjZQFvsM ops@example\n")
-    with pytest.raises(TrustError, match="only PEM public keys .* git checkout"):
-        Verifier(Verify(keys=(str(pem),)))
     with pytest.raises(TrustError, match="no PEM public key"):
         CosignVerifier(Verify(keys=(str(ssh),)))
-    assert len(CosignVerifier(Verify(keys=(str(pem), str(ssh)))).keys) == 1
-    # by the source: an OCI store's `current` (published or not yet) is cosign's; a plain
-    # directory is neither kind, and says so
-    current = oci.store_for(tmp_path / "state", REF) / "current"
-    assert is_oci_root(current) and not is_oci_root(tmp_path)
-    gitsync = tmp_path / "srv" / "oci" / "team" / "repo"  # a git-sync link that happens to sit at such a path
-    gitsync.mkdir(parents=True)
-    (gitsync / "current").symlink_to(tmp_path)
-    assert not is_oci_root(gitsync / "current")
-    with verifier_for(Verify(keys=(str(pem),)), current) as v:
+    # the kind comes from the command line and the node config, not the disk: nothing
+    # needs to exist yet (watch before the first fetch or the first clone)
+    assert source_kind(True, None) == OCI and source_kind(False, Verify(keys=())) == GIT
+    assert source_kind(False, None) == DIRECTORY
+    with verifier_for(Verify(keys=(str(pem),)), OCI) as v:
         assert isinstance(v, CosignVerifier)
-    # (an SSH key needs git 2.34: before, that is the error found first)
-    with pytest.raises(TrustError, match="not a git checkout .* nor an OCI artifact|from version 2.34"):
-        verifier_for(Verify(keys=(str(ssh),)), tmp_path)
+    # a key of the other kind is a configuration error, mixed in or alone
+    with pytest.raises(TrustError, match=r"PEM public keys \(.*cosign.pub.*git checkout"):
+        verifier_for(Verify(keys=(str(pem),)), GIT)
+    with pytest.raises(TrustError, match=r"PEM public keys \(.*cosign.pub"):
+        verifier_for(Verify(keys=(str(ssh), str(pem))), GIT)
+    with pytest.raises(TrustError, match=r"SSH or OpenPGP keys \(.*ops.pub\).*OCI artifact"):
+        verifier_for(Verify(keys=(str(pem), str(ssh))), OCI)
+    with pytest.raises(TrustError, match="no PEM public key"):
+        verifier_for(Verify(keys=(str(ssh),)), OCI)
+    # a tree that was not pulled into a store this process opened is not an artifact
+    current = oci.store_for(tmp_path / "state", REF) / "current"
     with pytest.raises(TrustError, match="is not an OCI artifact in nftrec's store"):
         CosignVerifier(Verify(keys=(str(pem),))).check(current)
 
@@ -146,8 +147,8 @@ def test_created_times_are_read_as_rfc3339():
 
 def stored(store: Path, digest: str, created: str, sigs=()) -> oci.Artifact:
     """An artifact in `store` with its metadata, as oci.pull leaves it."""
-    tree = store / digest.replace(":", "-")
-    tree.mkdir(parents=True)
+    tree = oci.open_store(store) / digest.replace(":", "-")
+    tree.mkdir()
     (tree / "web.yaml").write_text("kind: Service\n")
     oci.write_metadata(tree, REF, digest, {oci.ANNOTATION_CREATED: created} if created else {}, tuple(sigs))
     found = oci.artifact_at(tree)
@@ -168,7 +169,6 @@ def test_an_older_artifact_is_a_rollback(tmp_path):
             v = CosignVerifier(Verify(keys=(str(pem),), allow_rollback=spec_allow))
             return v.check(new.path, last, allow_rollback=allow)
         finally:
-            (store / (digest.replace(":", "-") + ".json")).unlink()
             for f in new.path.iterdir():
                 f.unlink()
             new.path.rmdir()
@@ -210,5 +210,8 @@ def test_signatures_survive_the_store_metadata(tmp_path):
     store = oci.store_for(tmp_path / "state", REF)
     a = stored(store, DIGEST, "2026-01-02T03:04:05Z", [signature(key, payload(DIGEST))])
     assert verify_signatures(a, keys).ok
-    meta = json.loads((store / (DIGEST.replace(":", "-") + ".json")).read_text())
+    meta = json.loads((a.path / oci.METADATA).read_text())
     assert len(meta["signatures"]) == 1
+    # a store of the older layout (the metadata beside the tree) is still read
+    (a.path / oci.METADATA).rename(a.path.with_name(a.path.name + ".json"))
+    assert verify_signatures(oci.artifact_at(a.path), keys).ok

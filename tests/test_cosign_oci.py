@@ -116,6 +116,30 @@ def test_apply_oci_with_verify_applies_only_signed_newer_artifacts(tmp_path, reg
 
 
 @pytest.mark.kernel
+def test_an_unsigned_artifacts_layer_is_never_fetched(tmp_path, registry, netns):  # noqa: F811
+    """The signature of the manifest digest is checked before any layer is requested:
+    refused artifacts are never downloaded, unpacked or published."""
+    key, stranger = new_key(), new_key()
+    cfg = node_config(tmp_path, write_public(key, tmp_path / "cosign.pub"))
+    state = tmp_path / "state"
+    from reconciler.engine import Target
+
+    store = oci.store_for(Target(netns, "nftrec", state).store().dir, oci.parse_reference(registry.ref(REPO, "prod")))
+    for tag, ip in (("unsigned", "10.96.0.11"), ("stranger", "10.96.0.12")):
+        digest = push(registry, tag, ip, "2026-01-03T00:00:00Z")
+        if tag == "stranger":
+            sign_artifact(stranger, registry.host, REPO, digest, **registry.http)
+        blobs = len(registry.requests("GET", "/blobs/"))
+        p = nftrec("apply", registry.ref(REPO, tag), state=state, ns=netns, config=cfg)
+        assert p.returncode == 1 and "refused (" in p.stderr, p.stdout + p.stderr
+        fetched = registry.requests("GET", "/blobs/")[blobs:]
+        assert len(fetched) == (1 if tag == "stranger" else 0), fetched  # the signature's payload, no layer
+        assert not (store / digest.replace(":", "-")).exists() and not (store / "current").exists()
+        assert ip not in live_ips(netns)
+    assert not [p for p in store.iterdir() if p.name.startswith("sha256-")]
+
+
+@pytest.mark.kernel
 def test_the_kind_of_key_must_match_the_source(tmp_path, registry, netns):  # noqa: F811
     ssh = tmp_path / "ops.pub"
     ssh.write_text("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBlPtd1dt+0Gs3bsD+nHHFVyZxR3GJXxgjaOdjZQFvsM ops@example\n")
@@ -157,9 +181,11 @@ def test_watch_skips_unsigned_and_older_artifacts_and_applies_a_signed_one(tmp_p
         w.wait(lambda: [s for s in w.syncs() if s.get("revision", "").endswith(first)], 30, what="the first sync")
         assert "10.96.0.10" in live_ips(netns)
         since = len(w.lines)
+        blobs = len(registry.requests("GET", "/blobs/"))
         unsigned = push(registry, "prod", "10.96.0.11", "2026-01-03T00:00:00Z")
         line = refusal("unsigned", since)
         assert line["revision"].endswith(unsigned) and "10.96.0.11" not in live_ips(netns)
+        assert registry.requests("GET", "/blobs/")[blobs:] == []  # its layer was never fetched
         st = w.status(lambda s: (s.get("lastAttemptedRevision") or "").endswith(unsigned))
         assert "refused (unsigned)" in st["lastError"] and st["lastAppliedRevision"].endswith(first)
         # signed after the push, as `flux push` then `cosign sign` do: the next poll sees it

@@ -23,6 +23,7 @@ LAYER = tar_gz(FILES)
 MANIFEST = json.dumps(flux_manifest(sha256(LAYER), len(LAYER), revision="main@sha1:" + "c" * 40)).encode()
 TOKEN = "tok-" + "z" * 40
 USER, PASSWORD = "robot", "hunter2-secret"
+LOCK = ".lock"  # the store's lock file (intake.oci.LOCK)
 
 
 @pytest.fixture(autouse=True)
@@ -40,6 +41,7 @@ class Fake:
         self.seen: list[tuple[str, str, str]] = []  # (method, path, Authorization)
         self.storage: Fake | None = None
         self.realm_scheme = None
+        self.challenge = False  # its /storage/ asks for a Bearer token from its own /token realm
 
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args):
@@ -70,6 +72,9 @@ class Fake:
                         return self.send(401, b"{}")
                     return self.send(200, json.dumps({"access_token": TOKEN}).encode(), send_body=body)
                 if self.path.startswith("/storage/"):
+                    if fake.challenge:
+                        realm = f"http://127.0.0.1:{fake.port}/token"
+                        return self.send(401, b"{}", {"WWW-Authenticate": f'Bearer realm="{realm}",service="evil"'})
                     return self.send(200, LAYER, send_body=body)
                 if auth != f"Bearer {TOKEN}":
                     realm = f"{fake.realm_scheme or fake.scheme}://127.0.0.1:{fake.port}/token"
@@ -161,6 +166,22 @@ def test_redirect_to_storage_gets_no_authorization(fakes, tmp_path):
     assert storage.seen == [("GET", "/storage/x?sig=1", "")]
 
 
+def test_a_challenge_from_a_redirect_target_is_not_answered(fakes, tmp_path):
+    """The registry redirects a blob to another host, which answers 401 with a Bearer realm
+    of its own: the registry's credentials never go to that realm, or anywhere there."""
+    reg, evil = fakes(), fakes()
+    reg.storage, evil.challenge = evil, True
+    settings = OciSettings(insecure=True, credentials_file=creds_file(tmp_path, reg.host))
+    ref = parse_reference(f"oci://{reg.host}/m:v1")
+    store = store_for(tmp_path / "state", ref)
+    with pytest.raises(SourceError) as e:
+        pull(ref, settings, store)
+    assert [s for s in evil.seen if s[2]] == [], evil.seen  # no Authorization at all, Basic or Bearer
+    assert not [s for s in evil.seen if s[1].startswith("/token")], evil.seen
+    assert e.value.reason == "auth" and evil.host in e.value.message and "redirected" in e.value.message
+    assert [p.name for p in store.iterdir()] == [LOCK]
+
+
 def test_https_to_http_redirect_refused(fakes, tmp_path):
     reg, storage = fakes(tls=True), fakes()
     reg.storage = storage
@@ -170,7 +191,7 @@ def test_https_to_http_redirect_refused(fakes, tmp_path):
     with pytest.raises(SourceError) as e:
         pull(ref, settings, store)
     assert e.value.reason == "insecure-refused" and "https to plain http" in e.value.message
-    assert storage.seen == [] and list(store.iterdir()) == []
+    assert storage.seen == [] and [p.name for p in store.iterdir()] == [LOCK]
 
 
 def test_plain_http_token_realm_refused_over_tls(fakes, tmp_path):

@@ -14,6 +14,7 @@ from ociregistry import (FLUX_LAYER, OCI_INDEX, assert_refused, flux_manifest, l
                          push_manifest, registry, sha256, tar_gz, tls_registry)
 
 from reconciler.intake import input_digest
+from reconciler.intake import oci
 from reconciler.intake.model import OciSettings
 from reconciler.intake.oci import (SourceError, artifact_at, close_registries, parse_reference, prune, publish, pull,
                                    resolve, store_for)
@@ -30,7 +31,7 @@ def _fresh_clients():
 
 
 def read_tree(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file() and p.name != oci.METADATA}
 
 
 def test_pull_by_tag_and_by_digest(registry, tmp_path):
@@ -73,11 +74,10 @@ def test_publish_revision_and_prune(registry, tmp_path):
     store = root.parent
     trees = sorted(p.name for p in store.iterdir() if p.name.startswith("sha256-") and p.is_dir())
     assert len(trees) == 4  # the current one and the 3 kept by prune
-    assert f"sha256-{digests[0][7:]}" not in trees and not (store / f"sha256-{digests[0][7:]}.json").exists()
+    assert f"sha256-{digests[0][7:]}" not in trees
     prune(store, keep=0, protect=frozenset({digests[1]}))
     left = sorted(p.name for p in store.iterdir())
-    assert left == sorted(["current", f"sha256-{digests[4][7:]}", f"sha256-{digests[4][7:]}.json",
-                           f"sha256-{digests[1][7:]}", f"sha256-{digests[1][7:]}.json"])
+    assert left == sorted(["current", oci.LOCK, f"sha256-{digests[4][7:]}", f"sha256-{digests[1][7:]}"])
     assert artifact_at(tmp_path) is None and artifact_at(store / f"sha256-{digests[1][7:]}" / "a.yaml").digest == digests[1]
     # what a killed pull or publish left: removed once an hour old, never while it may be in use
     (store / ".tmp-1234").mkdir()
@@ -221,11 +221,11 @@ def test_metadata_is_the_record(registry, tmp_path):
     digest = push_artifact(registry.host, "m", "v1", FILES, revision=REVISION, **registry.http)
     ref = parse_reference(registry.ref("m", "v1"))
     art = pull(ref, INSECURE, store_for(tmp_path, ref))
-    meta = json.loads(art.path.with_name(art.path.name + ".json").read_text())
+    meta = json.loads((art.path / oci.METADATA).read_text())
     assert meta["digest"] == digest and meta["annotations"]["org.opencontainers.image.revision"] == REVISION
     assert meta["reference"] == f"{ref}@{digest}"
     # a tree without (valid) metadata is no artifact, and is unpacked anew by the next pull
-    art.path.with_name(art.path.name + ".json").write_text("{}")
+    (art.path / oci.METADATA).write_text("{}")
     (art.path / "svc.yaml").write_bytes(b"not what was pulled")
     assert artifact_at(art.path) is None
     again = pull(ref, INSECURE, store_for(tmp_path, ref), digest=digest)
@@ -288,3 +288,65 @@ def test_signature_payload_whose_bytes_lie(registry, tmp_path):
     with pytest.raises(SourceError) as e:
         pull(ref, INSECURE, store_for(tmp_path, ref), signatures=True)
     assert e.value.reason == "digest-mismatch"
+
+
+# another process on the same store: a one-shot command's prune, and a reader of the trees
+_PRUNER = """
+import sys
+from pathlib import Path
+from reconciler.intake.oci import prune
+store = Path(sys.argv[1])
+while True:
+    try:
+        prune(store, keep=0)
+    except OSError:
+        pass
+"""
+_READER = """
+import os, re, sys
+from pathlib import Path
+store = Path(sys.argv[1])
+while True:
+    try:
+        names = os.listdir(store)
+    except OSError:
+        continue
+    for name in names:
+        tree = store / name
+        if re.fullmatch("sha256-[0-9a-f]{64}", name) and tree.is_dir():
+            if not (tree / ".nftrec-artifact.json").exists() and not tree.with_name(name + ".json").exists():
+                if tree.is_dir():  # still there, and still without its metadata
+                    print("visible without its metadata:", name, flush=True)
+                    sys.exit(3)
+"""
+
+
+def test_a_concurrent_prune_never_removes_what_the_fetcher_publishes(registry, tmp_path):
+    """watch's fetcher pulls and publishes while another process prunes the store with
+    keep=0 (as a one-shot command does) and a third reads it: every published tree is
+    there with its content, and no tree is ever seen without its metadata."""
+    import subprocess
+    import sys
+
+    from reconciler.daemon.fetcher import Fetcher
+    from reconciler.engine import Target
+    from reconciler.intake import NodeConfig
+
+    fetcher = Fetcher(registry.ref("m", "main"), Target(None, "nftrec", tmp_path / "state"))
+    cfg = NodeConfig(node_name="n", oci=INSECURE)
+    fetcher.config = lambda: cfg
+    store = fetcher.store
+    others = [subprocess.Popen([sys.executable, "-c", code, str(store)], stdout=subprocess.PIPE, text=True)
+              for code in (_PRUNER, _READER)]
+    try:
+        for i in range(12):
+            digest = push_artifact(registry.host, "m", "main", {"a.yaml": f"n: {i}\n".encode()}, **registry.http)
+            fetcher.poll()
+            assert fetcher.failures == 0, fetcher.state
+            assert (store / "current" / "a.yaml").read_text() == f"n: {i}\n"
+            assert artifact_at(store / "current").digest == digest
+            assert others[1].poll() is None, others[1].stdout.read()
+    finally:
+        for p in others:
+            p.kill()
+            p.wait()

@@ -68,7 +68,7 @@ def test_setuid_and_odd_modes_are_not_kept(registry, tmp_path):
     ref = parse_reference(registry.ref("m", "modes"))
     art = pull(ref, INSECURE, store_for(tmp_path, ref))
     modes = {str(p.relative_to(art.path)): oct(p.stat().st_mode & 0o7777) for p in art.path.rglob("*")}
-    assert modes == {"bin": "0o755", "bin/tool.yaml": "0o644", "ro.yaml": "0o644"}
+    assert modes == {"bin": "0o755", "bin/tool.yaml": "0o644", "ro.yaml": "0o644", ".nftrec-artifact.json": "0o644"}
 
 
 def test_gzip_bomb_stops_at_the_limit(registry, tmp_path):
@@ -139,3 +139,54 @@ def test_a_huge_tar_header_stops_at_its_budget(tmp_path):
     # the same member with an ordinary header unpacks
     layer.write_bytes(tar_gz_members([(tarfile.TarInfo("web.yaml"), b"kind: List\n")]))
     assert (unpack_module.unpack(layer, store, "sha256-x") / "web.yaml").read_bytes() == b"kind: List\n"
+
+
+def test_one_deep_path_is_refused_before_its_directories_exist(registry, tmp_path, monkeypatch):
+    """An inode bomb: one member 1,500 directories deep (3 kB of name) would create all of
+    them; refused at its header, no directory made."""
+    made = []
+    mkdir = unpack_module.os.mkdir
+    monkeypatch.setattr(unpack_module.os, "mkdir", lambda p, *a, **k: (made.append(p), mkdir(p, *a, **k))[1])
+    deep = [(member("a/" * 1500 + "web.yaml"), b"kind: Service\n")]
+    push_artifact(registry.host, "m", "deep", layer=tar_gz_members(deep), **registry.http)
+    assert_refused("unsafe-archive", parse_reference(registry.ref("m", "deep")), INSECURE, tmp_path / "state", tmp_path,
+                   skip=registry.tmp, says="deeper than 64 directories")
+    inside = [p for p in map(str, made) if "/.tmp-" in p]
+    assert len(inside) <= 1, inside  # the store's temporary tree, nothing of the archive
+
+
+def test_every_directory_created_counts_as_an_entry(tmp_path):
+    """Parents made for a file count against the entry limit, as the file does."""
+    layer = tmp_path / "layer.tar.gz"
+    store = tmp_path / "store"
+    store.mkdir()
+    layer.write_bytes(tar_gz_members([(member(f"d{i}/" + "x/" * 19 + "web.yaml"), b"a: 1\n") for i in range(10)]))
+    with pytest.raises(SourceError) as e:  # 10 files and 200 directories
+        unpack_module.unpack(layer, store, "sha256-x", max_entries=100)
+    assert e.value.reason == "too-large" and "more than 100 entries" in e.value.message
+    assert listing(store) == set()
+    layer.write_bytes(tar_gz_members([(member(f"d{i}/" + "x/" * 4 + "web.yaml"), b"a: 1\n") for i in range(10)]))
+    unpack_module.unpack(layer, store, "sha256-x", max_entries=60)  # 10 files and 50 directories
+
+
+def test_the_unpacked_size_is_100_mib_unless_oci_max_size_raises_it(registry, tmp_path):
+    """256 MiB of zeros (a 256 kB layer): refused by default, nothing kept in the state
+    directory; accepted with oci.maxSize: 300Mi."""
+    from reconciler.intake import load_node_config
+
+    bomb = gzip_bomb(tmp_path / "zeros.tar.gz", 256 << 20, name="zeros.yaml")
+    push_artifact(registry.host, "m", "zeros", layer=bomb, **registry.http)
+    bomb.unlink()
+    ref = parse_reference(registry.ref("m", "zeros"))
+    e = assert_refused("too-large", ref, INSECURE, tmp_path / "state", tmp_path, skip=registry.tmp,
+                       says=f"more than {100 << 20} bytes")
+    assert "zeros.yaml" in e.message
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text("apiVersion: nftrec/v1alpha1\nkind: NodeConfig\nnodeName: n1\noci:\n  insecure: true\n  maxSize: 300Mi\n")
+    settings = load_node_config(str(cfg), discover=False)[0].oci
+    assert settings.max_size == 300 << 20
+    art = pull(ref, settings, store_for(tmp_path / "state", ref))
+    assert (art.path / "zeros.yaml").stat().st_size == 256 << 20
+    cfg.write_text(cfg.read_text().replace("300Mi", "300MB"))
+    problems = load_node_config(str(cfg), discover=False)[1]
+    assert any(p.is_error and "maxSize" in p.field for p in problems), problems

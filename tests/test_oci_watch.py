@@ -149,16 +149,19 @@ class FakeRegistry:
             raise self.error
         return self.digest
 
-    def pull(self, ref, settings, store, *, digest=None, signatures=False):
+    def pull(self, ref, settings, store, *, digest=None, signatures=False, check=None, publish=False):
         from reconciler.intake import artifact_at
-        from reconciler.intake.oci import write_metadata
+        from reconciler.intake.oci import publish as publish_it, write_metadata
 
         self.pulls += 1
         tree = store / digest.replace(":", "-")
         tree.mkdir(parents=True)
         (tree / "svc.yaml").write_text("# empty\n")
         write_metadata(tree, ref, digest, {"org.opencontainers.image.revision": "main@sha1:" + "0" * 40}, ())
-        return artifact_at(tree)
+        artifact = artifact_at(tree)
+        if publish:
+            publish_it(store, artifact)
+        return artifact
 
 
 @pytest.fixture
@@ -228,7 +231,7 @@ def test_the_watcher_sees_only_the_link_swap_in_an_oci_store(tmp_path):
 
     from reconciler.daemon.watcher import Watcher
     from reconciler.intake import artifact_at, parse_reference, publish
-    from reconciler.intake.oci import write_metadata
+    from reconciler.intake.oci import METADATA, write_metadata
 
     store = tmp_path / "oci" / "127.0.0.1_5000" / "team+edge"
     store.mkdir(parents=True)
@@ -250,11 +253,10 @@ def test_the_watcher_sees_only_the_link_swap_in_an_oci_store(tmp_path):
         (store / ".tmp-unpack").mkdir()
         (store / ".tmp-unpack" / "x.yaml").write_text("kind: Service\n")
         shutil.rmtree(store / ".tmp-unpack")
-        b = tree("b")  # a pull: its tree and metadata beside the published one
-        os.utime(store / ("sha256-" + "a" * 64 + ".json"))
+        b = tree("b")  # a pull: its tree (and metadata) beside the published one
+        os.utime(store / ("sha256-" + "a" * 64) / METADATA)  # the published one's signatures rewritten
         tree("c")  # a prune: an old tree and its metadata removed
         shutil.rmtree(store / ("sha256-" + "c" * 64))
-        os.unlink(store / ("sha256-" + "c" * 64 + ".json"))
         assert not fired.wait(0.5)
         publish(store, b)
         assert fired.wait(5), "the swap of current was not seen"

@@ -257,9 +257,16 @@ def test_configuration_errors_are_loud(tmp_path, netns, case):
                 "missing-key": "cannot read", "unknown-mode": "verify.mode"}[case]
         assert said in p.stderr, p.stderr
     assert "10.96.0.10" not in live_ips(netns)
-    if case == "plain-directory":  # watch does not start
-        p = nftrec("watch", str(d), "--metrics-address", "", state=state, ns=netns, config=cfg)
-        assert p.returncode == 1 and "is not a git checkout" in p.stderr, p.stderr
+    if case == "plain-directory":  # watch runs (git-sync may clone later) and refuses what it reads
+        from watchproc import Watch
+
+        w = Watch(netns, d, cfg, state)
+        try:
+            line = w.wait_event("unverified", 0)
+            assert line["reason"] == "configuration" and "is not a git checkout" in line["msg"], line
+            assert "10.96.0.10" not in live_ips(netns)
+        finally:
+            assert w.stop() == 0
     # validate stays a schema check: no keys read, no git
     p = nftrec("validate", str(d), config=cfg)
     assert p.returncode == (1 if case == "unknown-mode" else 0), p.stdout + p.stderr

@@ -1,9 +1,10 @@
 """`nftrec watch oci://...`: the source's own thread, apart from the syncs. Every
 oci.interval it resolves the reference (one HEAD request for a tag); a new digest is pulled
-(every digest checked, cosign's signatures too with `verify`), published by the store's
-symlink swap, which the watcher follows as git-sync's, and old artifacts are pruned. A
-failure changes nothing in the kernel: it is counted, logged, recorded for `status`, and
-retried with exponential backoff up to oci.interval.
+(every digest checked; with `verify`, cosign's signatures checked before the layer is
+fetched: a refused artifact is reported to the daemon, never fetched or published),
+published by the store's symlink swap, which the watcher follows as git-sync's, and old
+artifacts are pruned. A failure changes nothing in the kernel: it is counted, logged,
+recorded for `status`, and retried with exponential backoff up to oci.interval.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from reconciler import logs
 from reconciler.engine import KEEP, StateCorrupt, Target, read_source_state, read_status
 from reconciler.engine import reference, utc_now, write_source_state
 from reconciler.intake import (
-    SOURCE_ERROR_REASONS, NodeConfig, SourceError, artifact_at, close_registries, named_digest, prune, publish, pull, resolve,
-    store_for,
+    SOURCE_ERROR_REASONS, NodeConfig, Refused, SourceError, artifact_at, close_registries, named_digest, open_store, prune,
+    pull, resolve, store_for,
 )
 
 STORE_ERROR = "store"  # the reason label when the state directory cannot be written
@@ -32,14 +33,16 @@ class Fetcher:
     def __init__(self, source: str, target: Target, metrics=None, clock: Callable[[], float] = time.monotonic):
         self.ref = reference(source)  # a CommandError naming it when it is not a reference
         self.target, self.metrics, self.clock = target, metrics, clock
-        self.store = store_for(target.store().dir, self.ref)
-        self.store.mkdir(parents=True, exist_ok=True)  # the watcher watches it before the first fetch
+        self.store = open_store(store_for(target.store().dir, self.ref))  # watched before the first fetch
         self.link = self.store / "current"
         if metrics is not None:
             metrics.source_reasons((*SOURCE_ERROR_REASONS, STORE_ERROR))
         self.config: Callable[[], NodeConfig | None] = lambda: None  # main: the daemon's node config
         self.applied: Callable[[], str | None] = lambda: None  # main: the revision in the kernel
         self.resigned: Callable[[], None] = lambda: None  # main: take the published revision again
+        self.verifier: Callable[[], object] = lambda: None  # main: the daemon's CosignVerifier under `verify`
+        self.refused: Callable[[object], None] = lambda verdict: None  # main: an artifact refused unfetched
+        self.unsigned: tuple[str, str] | None = None  # (digest, message) of the refusal last reported
         self.state = read_source_state(target.store()) or {}
         self.current = self._kept()
         self.state = {"reference": str(self.ref), "digest": self.current,
@@ -106,8 +109,16 @@ class Fetcher:
     def _take(self, digest: str, cfg: NodeConfig) -> None:
         """Pull, publish, prune; the watcher sees the link swap and asks for a sync."""
         start = self.clock()
-        artifact = pull(self.ref, cfg.oci, self.store, digest=digest, signatures=cfg.verify is not None)
-        publish(self.store, artifact)
+        verifier = self.verifier() if cfg.verify is not None else None
+        try:
+            artifact = pull(self.ref, cfg.oci, self.store, digest=digest, signatures=cfg.verify is not None,
+                            check=verifier.require_signed if verifier is not None else None, publish=True)
+        except Refused as e:  # its layer was not fetched; polled again: cosign may sign it later
+            if self.unsigned != (digest, e.verdict.message):
+                self.unsigned = (digest, e.verdict.message)
+                self.refused(e.verdict)
+            return
+        self.unsigned = None
         self.current = digest
         self.pulls += 1
         if self.metrics is not None:

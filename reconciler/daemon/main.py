@@ -94,6 +94,7 @@ def run_watch(directory: Path, config_path: Path | None, target: Target, *, stri
         fetcher = Fetcher(str(directory), target, metrics)
         directory = fetcher.link
     daemon = Daemon(directory, config_path, target, strict=strict, metrics=metrics)
+    daemon.gate.oci = fetcher is not None  # the kind of source, for `verify`: from the command line
     server = lock = watcher = addresses = events = None
     runner: Runner | None = None
 
@@ -177,6 +178,8 @@ def run_watch(directory: Path, config_path: Path | None, target: Target, *, stri
             fetcher.config = lambda: daemon.config
             fetcher.applied = lambda: daemon.applied.inventory.revision if daemon.applied is not None else None
             fetcher.resigned = lambda: (daemon.take_again(), runner.run())
+            fetcher.verifier = lambda: daemon.gate.verifier
+            fetcher.refused = lambda verdict: (daemon.gate.refused_unfetched(verdict), runner.run())
             fetcher.start()
         addresses = _address_watcher(daemon, runner)
         events = _event_watcher(daemon, runner)  # before the initial sync: no change goes unseen

@@ -24,15 +24,13 @@ from reconciler.compile import (
     describe_view_change, node_address_view, project, relocate,
 )
 from reconciler.daemon.runner import Fatal, SyncFailed
-from reconciler.engine import (
-    CommandError, StateCorrupt, Target, adopt_commit, append_commit, clean_udp_conntrack, commit, diff, forget_affinity_clients,
-    make_plan, read_history, read_status, rollback_baseline, short_revision, slim_created, verify_commit,
-)
+from reconciler.engine import (CommandError, StateCorrupt, Target, adopt_commit, append_commit, clean_udp_conntrack, commit,
+                               diff, forget_affinity_clients, make_plan, read_history, read_status, rollback_baseline,
+                               short_revision, slim_created, verify_commit)
 from reconciler.daemon import health
 from reconciler.daemon.signed import SignatureGate
-from reconciler.intake import (
-    Intake, Inventory, NodeConfig, Snapshot, discover_host_addresses, discover_node_ips, load_node_config,
-)
+from reconciler.intake import (Intake, Inventory, NodeConfig, Snapshot, discover_host_addresses, discover_node_ips,
+                               load_node_config)
 from reconciler.kernel import Interface, NftError, Spellings, canonical, fingerprint, kernel_token, read_live
 
 
@@ -161,7 +159,7 @@ class Daemon:
             logs.log.error(f"{cfg.source.file}: fullSyncPeriod ({cfg.full_sync_period}s) is shorter than "
                            f"minSyncPeriod ({cfg.min_sync_period}s); make it at least as long")
             return False
-        if not self.gate.configure(cfg.verify, self.directory):
+        if not self.gate.configure(cfg.verify):
             return False
         self.config = cfg
         return True
@@ -263,7 +261,11 @@ class Daemon:
         snap = self.intake.read(changed)
         if self.on_root is not None:
             self.on_root(snap.root)
-        if (snap.digest, snap.revision) != self.last_digest:
+        if (unsigned := self.gate.take_unfetched()) is not None:  # an OCI artifact refused before its layer
+            self.invalid = unsigned
+            self._write(lambda: self._record(self.store.record_attempt, *unsigned))
+            self._set_revisions()
+        if (snap.digest, snap.revision) != self.last_digest:  # (a newer revision published since: it counts)
             self._take(snap)
         if self.prober is not None and self.declared is not None and self.prober.generation != self.probe_generation:
             try:  # probe results changed: only the Services whose endpoints changed recompile

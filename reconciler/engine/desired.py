@@ -6,10 +6,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from reconciler import logs, progress
 from reconciler.intake import Inventory, NodeConfig
 from reconciler.compile import NftSyntaxError, Ruleset
+
+if TYPE_CHECKING:
+    from reconciler.intake import ManifestSource
 
 
 @dataclass(frozen=True)
@@ -258,13 +262,13 @@ class Unverified(InvalidInput):
         self.revision, self.errors, self.record = revision, 1, record
 
 
-def judge(verifier, directory: Path, baseline, allow_rollback: bool = False):
+def judge(verifier, directory: Path, baseline, allow_rollback: bool = False, held=None):
     """`verifier`'s Verdict on the revision at `directory` against `baseline` (an
     intake.Baseline: commits.rollback_baseline). With no baseline (nothing applied yet)
     a good signature is enough: trusted on first use, said in a warning (the operator
     checks that revision), and recorded (trust_of) so that `status` says so too."""
-    # the Verifier takes the revision until it takes the Baseline itself
-    verdict = verifier.check(directory, baseline.revision if baseline else None, allow_rollback=allow_rollback)
+    extra = {"held": held} if held is not None else {}  # git's: the blobs the watch holds already
+    verdict = verifier.check(directory, baseline, allow_rollback=allow_rollback, **extra)
     if verdict.ok and baseline is None:
         logs.log.warning(f"{verdict.describe()}; trusted on first use: no applied revision is recorded (state: "
                          "commits.jsonl, status.json), so nothing could be checked for a rollback; make sure "
@@ -282,17 +286,21 @@ def trust_of(verdict, baseline) -> str | None:
     return "first-use" if baseline is None else "allow-rollback" if verdict.rollback_allowed else "signed"
 
 
-def check_signed(config: NodeConfig, directory: Path, baseline, allow_rollback: bool):
-    """(the intake.Verdict on the revision at `directory`, trust_of it) when `verify` is
-    set, else (None, None); Unverified when it is refused or `verify` cannot be used
-    (nothing read or applied). `baseline`: commits.rollback_baseline."""
+def check_signed(config: NodeConfig, source: ManifestSource, baseline, allow_rollback: bool):
+    """(the intake.Verdict on the revision of `source`, trust_of it) when `verify` is set,
+    else (None, None); Unverified when it is refused or `verify` cannot be used (nothing
+    read or applied). `baseline`: commits.rollback_baseline. The verifier is the source
+    kind's, never chosen by what lies in the tree."""
     if config.verify is None:
         return None, None
-    from reconciler.intake import TrustError, verifier_for
+    from reconciler.intake import TrustError
 
+    if source.refused is not None:  # an OCI artifact refused before its layer was fetched
+        verdict = source.refused
+        raise Unverified(verdict.revision, f"{verdict.describe()}; nothing was changed")
     try:
-        with verifier_for(config.verify, directory) as verifier:  # git's or cosign's, by the source
-            verdict = judge(verifier, directory, baseline, allow_rollback)
+        with source.verifier(config.verify) as verifier:
+            verdict = judge(verifier, source.root, baseline, allow_rollback)
     except TrustError as e:
         raise Unverified("", f"configuration error: {e}; nothing was changed", record=False) from None
     if not verdict.ok:
@@ -302,21 +310,25 @@ def check_signed(config: NodeConfig, directory: Path, baseline, allow_rollback: 
 
 def load_desired(directory: Path, config_path: Path | None, *, strict: bool = False,
                  netns: str | None = None, interfaces: bool = True, cache_dir: Path | None = None,
-                 compile: bool = True, config_cache: Path | None = None, signed: tuple | None = None) -> Desired:
+                 compile: bool = True, config_cache: Path | None = None, signed: tuple | None = None,
+                 source: ManifestSource | None = None) -> Desired:
     """Read, validate and compile, logging every problem. Raises InvalidInput when the
     input has errors: invalid input is never applied. interfaces=False (render): the
     node's interface addresses are not listed; nodeIPs stand in for them. `cache_dir`:
     the intake cache; `config_cache`: the node config's (load_config). compile=False (plan,
     apply): the ruleset is left None, for apply.plan_desired to compile against the last
     applied one (only what changed). `signed` (plan, apply): (the rollback baseline,
-    allow rollback) for check_signed, run before the manifests are read."""
+    allow rollback) for check_signed on `source` (default: `directory` as a directory
+    argument), run before the manifests are read."""
     from reconciler.compile import compile_ruleset
     from reconciler.intake import config_digest, read_inventory
 
     config, config_problems = load_config(config_path, netns, interfaces=interfaces, cache_dir=config_cache)
     verdict = trust = None
     if signed is not None and not any(p.is_error for p in config_problems):
-        verdict, trust = check_signed(config, directory, *signed)
+        from reconciler.intake import ManifestSource
+
+        verdict, trust = check_signed(config, source or ManifestSource(str(directory), Path(directory)), *signed)
     result = read_inventory(directory, strict=strict, cache_dir=cache_dir)
     if verdict is not None and result.inventory.revision != verdict.revision:  # git-sync swapped in between
         raise Unverified(result.inventory.revision, f"revision {result.inventory.revision[:12]} was published while "

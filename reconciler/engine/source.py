@@ -1,8 +1,10 @@
-"""Where a command's manifests come from: a directory as given, or an `oci://` reference
-pulled into the state directory (intake.oci: every digest checked, unpacked safely) and
-read from the artifact's own tree. One-shot commands never publish: `<store>/current` is
-what a running `nftrec watch` follows (daemon/fetcher.py publishes it), and a `validate`
-of another tag of the same repository must not move it.
+"""Where a command's manifests come from (an intake.ManifestSource): a directory as given,
+or an `oci://` reference pulled into the state directory (intake.oci: every digest
+checked, signatures before the layer under `verify`, unpacked safely) and read from the
+artifact's own tree.
+One-shot commands never publish: `<store>/current` is what a running `nftrec watch`
+follows (daemon/fetcher.py publishes it), and a `validate` of another tag of the same
+repository must not move it.
 """
 
 from __future__ import annotations
@@ -13,9 +15,12 @@ import shutil
 import tempfile
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from reconciler.engine.target import CommandError
+
+if TYPE_CHECKING:
+    from reconciler.intake import ManifestSource
 
 KEEP = 3  # artifacts kept in a store besides the current and the last applied one (rollback)
 
@@ -57,18 +62,23 @@ def _writable(base: Path) -> bool:
 @contextmanager
 def manifest_root(argument: str, config_path: Path | None, state_dir: Path, *, private: bool = False,
                   verify: bool = False, last_applied: Callable[[], str | None] | None = None,
-                  config_cache: Path | None = None) -> Iterator[Path]:
-    """The directory to read for `argument`: itself, or the tree of the artifact an
-    `oci://` reference names now (resolved with one HEAD request, pulled unless already in
-    `<state_dir>/oci/...`, old ones pruned but never the last applied one).
+                  config_cache: Path | None = None) -> Iterator[ManifestSource]:
+    """The ManifestSource to read for `argument`: a directory as given, or the tree of the
+    artifact an `oci://` reference names now (resolved with one HEAD request, pulled unless
+    already in `<state_dir>/oci/...`, old ones pruned but never the last applied one).
     `private` (validate, render, diff, trace: no root needed): when `state_dir` is not writable,
     a private temporary directory, removed afterwards. `verify` (plan, apply): with the node
-    config's `verify`, cosign's signatures too. `config_cache`: the node config's settings
-    cache. A SourceError is a CommandError naming the reference."""
+    config's `verify`, cosign's signatures are checked before the layer is fetched (a refused
+    artifact: ManifestSource.refused, nothing unpacked). `config_cache`: the node config's
+    settings cache. A SourceError or an unusable `verify` is a CommandError naming the
+    reference."""
+    from reconciler.intake import ManifestSource
+
     if not is_source(argument):
-        yield Path(argument)
+        yield ManifestSource(argument, Path(argument))
         return
-    from reconciler.intake import SourceError, load_node_config, named_digest, prune, pull, resolve, store_for
+    from reconciler.intake import (OCI, Refused, SourceError, TrustError, load_node_config, named_digest, prune, pull,
+                                   resolve, store_for, verifier_for)
 
     ref = reference(argument)
     temp = None
@@ -81,12 +91,21 @@ def manifest_root(argument: str, config_path: Path | None, state_dir: Path, *, p
     try:
         cfg, _ = load_node_config(str(config_path) if config_path else None, discover=False,
                                   cache_dir=None if temp else config_cache)
+        check = None
+        if verify and cfg.verify is not None:
+            try:
+                check = verifier_for(cfg.verify, OCI).require_signed
+            except TrustError as e:
+                raise CommandError(f"configuration error: {e}; nothing was changed") from None
         store = store_for(base, ref)
         try:
-            artifact = pull(ref, cfg.oci, store, digest=resolve(ref, cfg.oci),
-                            signatures=verify and cfg.verify is not None)
+            digest = resolve(ref, cfg.oci)
+            artifact = pull(ref, cfg.oci, store, digest=digest, signatures=check is not None, check=check)
         except SourceError as e:
             raise source_error(argument, e) from None
+        except Refused as e:  # nothing fetched beyond the manifest and its signatures
+            yield ManifestSource(argument, e.path, oci=True, refused=e.verdict)
+            return
         _in_use.add(artifact.digest)
         protect = set(_in_use)
         kept = named_digest(last_applied()) if last_applied is not None else None
@@ -96,7 +115,7 @@ def manifest_root(argument: str, config_path: Path | None, state_dir: Path, *, p
             prune(store, keep=KEEP, protect=frozenset(protect))
         except OSError:
             pass  # an old artifact left behind is no reason to fail the command
-        yield artifact.path
+        yield ManifestSource(argument, artifact.path, oci=True)
     finally:
         if temp is not None:
             shutil.rmtree(temp, ignore_errors=True)
@@ -117,7 +136,7 @@ def command_source(argument: str, config_path: Path | None, state_root: Path, ta
                          last_applied=lambda: read_status(target.store()).last_applied_revision)
 
 
-def open_source(argument: str, config_path: Path | None, state_root: Path, target=None) -> Path:
-    """command_source's manifest root, kept until the process exits (a private temporary
-    copy is removed then)."""
+def open_source(argument: str, config_path: Path | None, state_root: Path, target=None) -> ManifestSource:
+    """command_source's ManifestSource, its tree kept until the process exits (a private
+    temporary copy is removed then)."""
     return _open.enter_context(command_source(argument, config_path, state_root, target))

@@ -9,18 +9,19 @@
 from reconciler import lazy_exports
 
 __all__, __getattr__ = lazy_exports(__name__, {
-    "cosign": ("CosignVerifier", "verifier_for"),
+    "cosign": ("CosignVerifier", "Refused"),
     "config": ("DEFAULT_PATH", "discover_host_addresses", "discover_node_ips", "load_node_config", "parse_duration"),
     "digests": ("InputDigest", "config_digest", "input_digest"),
     "git": ("GitError", "merge_base", "parse_range", "resolve_revision"),
     "healthchecks": ("parse_health_check", "split_host_port"),
     "incremental": ("Intake", "Snapshot"),
+    "kinds": ("DIRECTORY", "GIT", "OCI", "ManifestSource", "source_kind", "verifier_for"),
     "inventory": ("InventoryResult", "read_inventory", "read_revision"),
     "load": ("SUFFIXES",),
     "model": ("Endpoint", "EndpointPort", "EndpointSlice", "HealthCheck", "Inventory", "LoadBalancerIngress", "NftSpelling", "NodeConfig",
               "OciSettings", "Probe", "Service", "ServiceCIDR", "ServicePort", "Source", "Verify"),
-    "oci": ("Artifact", "Signature", "artifact_at", "close_registries", "current_digest", "named_digest", "prune", "publish",
-            "pull", "resolve", "store_for"),
+    "oci": ("Artifact", "Signature", "artifact_at", "close_registries", "current_digest", "named_digest", "open_store",
+            "prune", "publish", "pull", "resolve", "source_artifact", "store_for"),
     "oci_reference": ("OCI_PREFIX", "SOURCE_ERROR_REASONS", "Reference", "SourceError", "is_oci", "parse_reference"),
     "probes": ("PROBE_ANNOTATION",),
     "problems": ("ERROR", "NOTICE", "WARNING", "Problem"),

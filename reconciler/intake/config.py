@@ -181,8 +181,16 @@ _SETTINGS_TYPES = {
     "zone": str, "deriveTopologyHints": bool, "periods": dict, "healthChecks": list, "fromFile": bool, "verify": (dict, type(None)),
     "oci": dict,
 }
-_OCI_TYPES = {"interval": float, "insecure": bool, "ca_file": str, "credentials_file": str}
+_OCI_TYPES = {"interval": float, "insecure": bool, "ca_file": str, "credentials_file": str, "max_size": int}
+_SIZE_UNITS = {"": 1, "K": 10 ** 3, "M": 10 ** 6, "G": 10 ** 9, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30}
 _PERIODS = (("minSyncPeriod", 1.0), ("syncPeriod", 30.0), ("fullSyncPeriod", 3600.0), ("healthCheckTimeout", 30.0))
+
+
+def parse_size(value: int | str) -> int:
+    """A size in bytes: a number, or one with a unit as Kubernetes writes them (100Mi, 1Gi,
+    500M); the schema has checked the spelling."""
+    m = re.fullmatch(r"([0-9]+)(Ki|Mi|Gi|K|M|G)?", str(value))
+    return int(m.group(1)) * _SIZE_UNITS[m.group(2) or ""] if m else int(value)
 
 
 def read_settings(path: str | None, cache_dir: Path | None = None) -> tuple[dict | None, list[Problem]]:
@@ -310,7 +318,8 @@ def _check(path: str | None, raw: bytes) -> tuple[dict | None, list[Problem]]:
             "allowRollback": bool(data["verify"].get("allowRollback", False)),
         },
         "oci": {"interval": float(interval), "insecure": bool(oci.get("insecure", False)),
-                "ca_file": str(oci.get("caFile", "")), "credentials_file": str(oci.get("credentialsFile", ""))},
+                "ca_file": str(oci.get("caFile", "")), "credentials_file": str(oci.get("credentialsFile", "")),
+                "max_size": parse_size(oci.get("maxSize", 100 << 20))},
     }
     return settings, problems
 

@@ -3,7 +3,7 @@ an artifact's `sha256-<hex>.sig` tag (fetched with it, oci.Artifact.signatures) 
 the PEM public keys of `verify.keys`, with `cryptography`. A layer passes when a key
 verifies its signature over its simple-signing payload and the payload names this
 artifact's digest; then (unless rollback is allowed) the artifact must not be older than
-the last applied one. `verifier_for` picks this or the git Verifier by the source's kind.
+the last applied one. intake/kinds.py picks this or the git Verifier by the source's kind.
 """
 
 # Supported: cosign's "simple signing" layers (media type
@@ -29,7 +29,7 @@ from pathlib import Path
 from reconciler.intake import oci
 from reconciler.intake.model import Verify
 from reconciler.intake.problems import show
-from reconciler.intake.signatures import TrustError, Verdict, Verifier, checkout_of, read_keys
+from reconciler.intake.signatures import TrustError, Verdict, read_keys
 
 SIGNATURE_TYPE = "cosign container image signature"
 _RFC3339 = re.compile(r"(\d{4})-(\d\d)-(\d\d)[Tt ](\d\d):(\d\d):(\d\d)(?:\.(\d+))?(?:([Zz])|([+-])(\d\d):(\d\d))")
@@ -184,6 +184,15 @@ def rollback_refusal(artifact: oci.Artifact, last_applied: str | None) -> str:
     return ""
 
 
+class Refused(Exception):
+    """An artifact's signatures were refused before its layer was fetched (`verdict`;
+    `path`: where its tree would have been)."""
+
+    def __init__(self, verdict: Verdict, path: Path):
+        super().__init__(verdict.describe())
+        self.verdict, self.path = verdict, path
+
+
 class CosignVerifier:
     """The PEM keys of one `verify` config, for OCI artifacts. Nothing to clean up."""
 
@@ -195,10 +204,18 @@ class CosignVerifier:
                              "pair: add the cosign.pub of `cosign generate-key-pair` to verify.keys")
         self.keys = load_keys(pem)
 
+    def require_signed(self, artifact: oci.Artifact) -> None:
+        """oci.pull's `check`: Refused unless a signature of the artifact passes (its
+        layer is fetched only then)."""
+        verdict = verify_signatures(artifact, self.keys)
+        if not verdict.ok:
+            raise Refused(verdict, Path(artifact.path))
+
     def check(self, directory: Path, last_applied: str | None = None, *, allow_rollback: bool = False) -> Verdict:
         """The verdict on the artifact unpacked at `directory` (the store's `current`
-        link, resolved once). TrustError when it is not an artifact of an OCI store."""
-        artifact = oci.artifact_at(directory)
+        link, resolved once). TrustError when it is not an artifact of a store this process
+        opened as the OCI source."""
+        artifact = oci.source_artifact(directory)
         if artifact is None:
             raise TrustError(f"verify: {directory} is not an OCI artifact in nftrec's store (its metadata is "
                              "missing); fetch it again")
@@ -222,27 +239,3 @@ class CosignVerifier:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def is_oci_root(directory: Path) -> bool:
-    """Whether `directory` is an OCI source's manifest root: an artifact tree, or the
-    `current` link of an OCI store (<state>/oci/<host>/<repo>/current) before anything is
-    published in it (one that exists and leads elsewhere is a git-sync link)."""
-    d = Path(directory)
-    if oci.artifact_at(d) is not None:
-        return True
-    return not os.path.lexists(d) and d.name == oci.CURRENT and d.parent.parent.parent.name == "oci"
-
-
-def verifier_for(spec: Verify, directory: Path) -> Verifier | CosignVerifier:
-    """The verifier of `verify` for the source at `directory`: cosign's for an OCI
-    artifact, else git's (TrustError when `directory` is not a git checkout either)."""
-    if is_oci_root(directory):
-        return CosignVerifier(spec)
-    verifier = Verifier(spec)
-    try:
-        checkout_of(directory)
-    except TrustError:
-        verifier.close()
-        raise
-    return verifier

@@ -96,15 +96,16 @@ def find_revision(root: Path) -> str | None:
 
 
 def revision_of(resolved: Path | None, digest: str) -> str:
-    """A manifest tree's revision: the name of the OCI artifact it is (checked first: the
-    state directory may sit in a git checkout), else the commit of the checkout it is,
-    else `sha256:<digest>`."""
+    """A manifest tree's revision: the name of the OCI artifact it is, when it lies in a
+    store this process opened as an `oci://` source (checked first: the state directory
+    may sit in a git checkout), else the commit of the checkout it is, else
+    `sha256:<digest>`. What lies in a directory never makes it an artifact."""
     if resolved is None:
         return ""
     if any(p.name.startswith("sha256-") for p in (resolved, *resolved.parents)):  # (links already resolved)
-        from reconciler.intake.oci import artifact_at  # only then: other reads do not import the OCI source
+        from reconciler.intake.oci import source_artifact  # only then: other reads do not import the OCI source
 
-        artifact = artifact_at(resolved)
+        artifact = source_artifact(resolved)
         if artifact is not None:
             return artifact.name
     return find_revision(resolved if resolved.is_dir() else resolved.parent) or f"sha256:{digest}"

@@ -183,6 +183,7 @@ class OciSettings:
     insecure: bool = False  # allow plain HTTP (registries on loopback, labs)
     ca_file: str = ""  # an extra PEM CA bundle; the system CAs are always trusted too
     credentials_file: str = ""  # a docker-style config.json ("auths"); "": anonymous
+    max_size: int = 100 << 20  # bytes an artifact may unpack to (Flux's default, 100 MiB)
 
 
 @dataclass(frozen=True)

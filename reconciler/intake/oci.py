@@ -1,28 +1,36 @@
 """OCI artifacts (Flux's format) as a manifest source: `resolve` a reference to a digest,
-`pull` it (every digest checked, the layer unpacked safely) into a store in the state
-directory, `publish` it by an atomic symlink swap (`nftrec watch` only), `prune` old ones.
-The registry protocol is in registry.py, the unpacking in unpack.py; `artifact_at` maps
-an unpacked tree back to its artifact (the revision shown).
+`pull` it (every digest checked, the signatures before the layer, the layer unpacked
+safely) into a store in the state directory, `publish` it by an atomic symlink swap
+(`nftrec watch` only), `prune` old ones, each under the store's lock. The registry protocol
+is in registry.py, the unpacking in unpack.py; `source_artifact` maps an unpacked tree of
+a store this process opened back to its artifact (the revision shown).
 """
 
 # Store layout, one directory per repository:
 #   <state>/oci/<host>/<repo>/sha256-<hex>/        the unpacked tree (files 0644, dirs 0755)
-#   <state>/oci/<host>/<repo>/sha256-<hex>.json    its metadata (written after the tree)
+#   <state>/oci/<host>/<repo>/sha256-<hex>/.nftrec-artifact.json   its metadata (hidden:
+#                                                  never read as a manifest)
 #   <state>/oci/<host>/<repo>/current -> sha256-<hex>   the published one
+#   <state>/oci/<host>/<repo>/.lock                flock(2): pull, publish and prune
 #   <state>/oci/<host>/<repo>/.tmp-*               unpacking, or an interrupted one (hidden)
-# A tree counts only once its metadata exists: the metadata is written last, atomically.
+# The metadata is written inside the unpacked tree before the tree is renamed into place:
+# no tree is ever visible without it. Stores written before kept it beside the tree
+# (`sha256-<hex>.json`), which is still read.
 
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import os
 import re
 import shutil
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Iterator
 
 from reconciler.atomic import atomic_write, fsync_dir
 from reconciler.intake.model import OciSettings
@@ -31,10 +39,12 @@ from reconciler.intake.oci_reference import (OCI_PREFIX, SOURCE_ERROR_REASONS, R
 from reconciler.intake.unpack import TMP_PREFIX, unpack
 
 __all__ = ["OCI_PREFIX", "SOURCE_ERROR_REASONS", "Artifact", "Reference", "Signature", "SourceError", "artifact_at",
-           "close_registries", "current_digest", "is_oci", "named_digest", "parse_reference", "prune", "publish", "pull", "resolve",
-           "store_for"]
+           "close_registries", "current_digest", "is_oci", "named_digest", "open_store", "parse_reference", "prune", "publish",
+           "pull", "resolve", "source_artifact", "store_for"]
 
 CURRENT = "current"
+METADATA = ".nftrec-artifact.json"  # inside the tree
+LOCK = ".lock"
 METADATA_KIND = "nftrec.oci-artifact/v1"
 ANNOTATION_REVISION = "org.opencontainers.image.revision"
 ANNOTATION_SOURCE = "org.opencontainers.image.source"
@@ -104,54 +114,78 @@ def resolve(ref: Reference, settings: OciSettings) -> str:
 
 
 def pull(ref: Reference, settings: OciSettings, store: Path, *, digest: str | None = None,
-         signatures: bool = False) -> Artifact:
-    """The artifact `digest` (default: ref's pinned digest, else resolved) in `store`:
-    already there, its metadata is reread and nothing is downloaded; else its manifest is
-    fetched (sha256 checked), checked to be Flux's format, its layer fetched (sha256 and
-    size checked, bounded) and unpacked safely, then the metadata written beside it. With
-    `signatures`, cosign's `sha256-<hex>.sig` manifest and layers too (digest-checked; no
-    such tag: none), looked up again at every call: a signature may come after the push."""
+         signatures: bool = False, check: Callable[[Artifact], None] | None = None,
+         publish: bool = False) -> Artifact:
+    """The artifact `digest` (default: ref's pinned digest, else resolved) in `store`,
+    under the store's lock: already there, its metadata is reread and nothing is
+    downloaded; else its manifest is fetched (sha256 checked) and checked to be Flux's
+    format. With `signatures`, cosign's `sha256-<hex>.sig` manifest and layers (digest-
+    checked; no such tag: none), looked up at every call: a signature may come after the
+    push. `check` is then called with the artifact before its layer is fetched: what it
+    raises stops the pull, nothing downloaded or unpacked. Then the layer is fetched (sha256
+    and size checked, bounded) and unpacked safely (at most oci.maxSize bytes) with its
+    metadata inside. `publish`: made `current` before the lock is released."""
     store = Path(store)
     digest = digest or ref.digest or resolve(ref, settings)
     if not is_digest(digest):
         raise SourceError("bad-reference", f"{digest[:100]!r} is not a digest; give sha256: and 64 lower-case hex digits")
+    open_store(store)
+    with _locked(store):
+        artifact = _pull(ref, settings, store, digest, signatures, check)
+        if publish:
+            _publish(store, artifact)
+    return artifact
+
+
+def _pull(ref: Reference, settings: OciSettings, store: Path, digest: str, signatures: bool,
+          check: Callable[[Artifact], None] | None) -> Artifact:
     tree = store / tree_name(digest)
-    meta = read_metadata(tree.with_name(tree.name + ".json")) if tree.is_dir() else None
+    meta = read_metadata(tree) if tree.is_dir() else None
     artifact = _artifact(meta, tree) if meta is not None else None
-    if artifact is not None:
-        if not signatures:
-            return artifact  # nothing downloaded
-        # cosign may have signed (again) since: its tag is read anew, never the layer
-        sigs = fetch_signatures(registry_for(ref.host, settings), ref, digest)
-        if sigs != artifact.signatures or not meta.get("signaturesFetched"):
-            write_metadata(tree, artifact.reference, digest, meta["annotations"], sigs, signatures_fetched=True)
-        return dataclasses.replace(artifact, signatures=sigs)
     reg = registry_for(ref.host, settings)
+    if artifact is not None:
+        if signatures:  # cosign may have signed (again) since: its tag is read anew, never the layer
+            sigs = fetch_signatures(reg, ref, digest)
+            if sigs != artifact.signatures or not meta.get("signaturesFetched"):
+                write_metadata(tree, artifact.reference, digest, meta["annotations"], sigs, signatures_fetched=True)
+            artifact = dataclasses.replace(artifact, signatures=sigs)
+        if check is not None:
+            check(artifact)
+        return artifact
     raw, media_type = reg.get_manifest(ref.repository, digest, digest)
     layer, annotations = flux_layer(raw, media_type, f"{ref.at(digest)}")
-    store.mkdir(parents=True, exist_ok=True)
-    if tree.exists() and current_digest(store) != digest:
-        _remove(tree)  # a tree without its metadata never counted (a pull that died): unpacked anew
+    sigs = fetch_signatures(reg, ref, digest) if signatures else ()
+    artifact = Artifact(ref.at(digest), digest, annotations.get(ANNOTATION_REVISION, ""),
+                        annotations.get(ANNOTATION_SOURCE, ""), annotations.get(ANNOTATION_CREATED, ""), tree, sigs)
+    if check is not None:
+        check(artifact)  # before a byte of the layer
+    if tree.exists():
+        _discard(store, tree)  # a tree without its metadata never counted (a pull that died): unpacked anew
     tmp = store / f"{TMP_PREFIX}{os.getpid()}-{time.monotonic_ns()}.layer"
     try:
         reg.get_blob(ref.repository, layer["digest"], layer["size"], tmp, MAX_LAYER_BYTES)
-        unpack(tmp, store, tree.name, what=f"the layer of {ref.at(digest)}")
+        unpack(tmp, store, tree.name, what=f"the layer of {ref.at(digest)}", max_bytes=settings.max_size,
+               files={METADATA: metadata(ref.at(digest), digest, annotations, sigs, signatures)})
     finally:
         _remove(tmp)
-    sigs = fetch_signatures(reg, ref, digest) if signatures else ()
-    write_metadata(tree, ref.at(digest), digest, annotations, sigs, signatures_fetched=signatures)
-    return Artifact(ref.at(digest), digest, annotations.get(ANNOTATION_REVISION, ""),
-                    annotations.get(ANNOTATION_SOURCE, ""), annotations.get(ANNOTATION_CREATED, ""), tree, sigs)
+    return artifact
 
 
 def publish(store: Path, artifact: Artifact) -> Path:
     """Point <store>/current at the artifact's tree by an atomic symlink swap (a temp link
-    renamed over it); returns <store>/current, the manifest root every command reads."""
-    store = Path(store)
+    renamed over it), under the store's lock; returns <store>/current, the manifest root
+    every command reads."""
+    with _locked(Path(store)):
+        return _publish(Path(store), artifact)
+
+
+def _publish(store: Path, artifact: Artifact) -> Path:
     link = store / CURRENT
     target = Path(artifact.path).name
     if not _TREE_RE.fullmatch(target) or Path(artifact.path).parent.resolve() != store.resolve():
         raise ValueError(f"{artifact.path} is not a tree of the store {store}")
+    if not Path(artifact.path).is_dir():
+        raise SourceError("bad-artifact", f"the tree of {artifact.name} is no longer in {store}: not published")
     if os.path.islink(link) and os.readlink(link) == target:
         return link
     tmp = store / f"{TMP_PREFIX}{CURRENT}-{os.getpid()}-{time.monotonic_ns()}"
@@ -176,37 +210,72 @@ def current_digest(store: Path) -> str | None:
 
 def prune(store: Path, keep: int = 3, protect: frozenset[str] = frozenset()) -> None:
     """Drop all but the `keep` most recently pulled artifacts, never the current one nor
-    a digest in `protect`; also interrupted unpackings (.tmp-* older than an hour)."""
+    a digest in `protect`, under the store's lock; also interrupted unpackings (.tmp-*
+    older than an hour)."""
     store = Path(store)
     if not store.is_dir():
         return
-    current = current_digest(store)
-    pulled = []
-    for entry in store.iterdir():
-        m = _TREE_RE.fullmatch(entry.name)
-        if m and entry.is_dir() and not entry.is_symlink():
-            meta = entry.with_name(entry.name + ".json")
-            try:
-                when = meta.stat().st_mtime
-            except OSError:
-                when = 0.0  # a tree without metadata: never finished, goes first
-            pulled.append((when, f"sha256:{m.group(1)}", entry))
-        elif entry.name.startswith(TMP_PREFIX):  # an unpacking, a download or a link swap that died
-            try:
-                if time.time() - entry.lstat().st_mtime > 3600:
-                    _remove(entry)
-            except OSError:
-                pass
-    pulled.sort(reverse=True)
-    kept = 0
-    for _, digest, tree in pulled:
-        if digest == current or digest in protect:
-            continue
-        if kept < keep and tree.with_name(tree.name + ".json").exists():
-            kept += 1
-            continue
-        _remove(tree.with_name(tree.name + ".json"))  # metadata first: the tree no longer counts
-        _remove(tree)
+    with _locked(store):
+        current = current_digest(store)
+        pulled = []
+        for entry in store.iterdir():
+            m = _TREE_RE.fullmatch(entry.name)
+            if m and entry.is_dir() and not entry.is_symlink():
+                meta = _metadata_file(entry)
+                try:
+                    when = meta.stat().st_mtime if meta is not None else 0.0
+                except OSError:
+                    when = 0.0
+                pulled.append((when, f"sha256:{m.group(1)}", entry, meta is not None))
+            elif entry.name.startswith(TMP_PREFIX):  # an unpacking, a download or a link swap that died
+                try:
+                    if time.time() - entry.lstat().st_mtime > 3600:
+                        _remove(entry)
+                except OSError:
+                    pass
+        pulled.sort(reverse=True)
+        kept = 0
+        for _, digest, tree, complete in pulled:
+            if digest == current or digest in protect:
+                continue
+            if kept < keep and complete:
+                kept += 1
+                continue
+            _remove(tree.with_name(tree.name + ".json"))  # a store's older layout: metadata first
+            _discard(store, tree)
+
+
+@contextmanager
+def _locked(store: Path) -> Iterator[None]:
+    """flock(2) on <store>/.lock, held by one pull, publish or prune at a time, in this
+    process or another (a one-shot command's prune and watch's fetcher)."""
+    fd = os.open(store / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+_stores: set[Path] = set()  # the stores this process opened as an OCI source
+
+
+def open_store(store: Path) -> Path:
+    """Create `store` and count it as an OCI source's for this process: only trees of such
+    a store are named after an artifact (source_artifact)."""
+    store = Path(store)
+    store.mkdir(parents=True, exist_ok=True)
+    _stores.add(store.resolve())
+    return store
+
+
+def source_artifact(path: Path) -> Artifact | None:
+    """artifact_at(path) when its tree lies in a store this process opened (open_store),
+    else None: a directory argument is never named after an artifact found on the disk."""
+    artifact = artifact_at(path)
+    if artifact is None or Path(artifact.path).parent.resolve() not in _stores:
+        return None
+    return artifact
 
 
 def artifact_at(path: Path) -> Artifact | None:
@@ -218,7 +287,7 @@ def artifact_at(path: Path) -> Artifact | None:
         return None
     for tree in (resolved, *resolved.parents):
         if _TREE_RE.fullmatch(tree.name):
-            meta = read_metadata(tree.with_name(tree.name + ".json"))
+            meta = read_metadata(tree)
             if meta is not None:
                 return _artifact(meta, tree)
     return None
@@ -331,9 +400,9 @@ def fetch_signatures(reg, ref: Reference, digest: str) -> tuple[Signature, ...]:
 # --- metadata --------------------------------------------------------------------------------
 
 
-def write_metadata(tree: Path, ref: Reference, digest: str, annotations: dict, signatures: tuple[Signature, ...],
-                   *, signatures_fetched: bool = False) -> None:
-    """The metadata beside `tree`, written atomically (the tree counts from then on)."""
+def metadata(ref: Reference, digest: str, annotations: dict, signatures: tuple[Signature, ...],
+             signatures_fetched: bool) -> bytes:
+    """The metadata document of an artifact's tree (its file: METADATA inside the tree)."""
     import base64
 
     doc = {
@@ -346,11 +415,29 @@ def write_metadata(tree: Path, ref: Reference, digest: str, annotations: dict, s
         "signaturesFetched": bool(signatures_fetched),
         "pulled": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    atomic_write(tree.with_name(tree.name + ".json"), json.dumps(doc, indent=1, sort_keys=True).encode() + b"\n")
+    return json.dumps(doc, indent=1, sort_keys=True).encode() + b"\n"
 
 
-def read_metadata(meta: Path) -> dict | None:
-    """The metadata document, None when it is missing or not ours."""
+def write_metadata(tree: Path, ref: Reference, digest: str, annotations: dict, signatures: tuple[Signature, ...],
+                   *, signatures_fetched: bool = False) -> None:
+    """Rewrite the metadata inside an unpacked `tree`, atomically (new signatures)."""
+    atomic_write(tree / METADATA, metadata(ref, digest, annotations, signatures, signatures_fetched))
+
+
+def _metadata_file(tree: Path) -> Path | None:
+    """The metadata file of `tree`: inside it, else beside it (a store's older layout)."""
+    for meta in (tree / METADATA, tree.with_name(tree.name + ".json")):
+        if os.path.isfile(meta) and not os.path.islink(meta):
+            return meta
+    return None
+
+
+def read_metadata(tree: Path) -> dict | None:
+    """The metadata document of the unpacked `tree`, None when it is missing or not ours
+    (its digest must be the one the tree is named after)."""
+    meta = _metadata_file(tree)
+    if meta is None:
+        return None
     try:
         with open(meta, "rb") as f:
             raw = f.read(MAX_METADATA_BYTES + 1)
@@ -359,7 +446,7 @@ def read_metadata(meta: Path) -> dict | None:
         return None
     if (len(raw) > MAX_METADATA_BYTES or not isinstance(doc, dict) or doc.get("kind") != METADATA_KIND
             or not isinstance(doc.get("digest"), str) or not is_digest(doc["digest"])
-            or meta.name != tree_name(doc["digest"]) + ".json"
+            or tree.name != tree_name(doc["digest"])
             or not isinstance(doc.get("annotations"), dict) or not isinstance(doc.get("signatures"), list)):
         return None
     return doc
@@ -378,6 +465,17 @@ def _artifact(meta: dict, tree: Path) -> Artifact | None:
     ann = meta["annotations"]
     return Artifact(ref, meta["digest"], str(ann.get(ANNOTATION_REVISION, "")), str(ann.get(ANNOTATION_SOURCE, "")),
                     str(ann.get(ANNOTATION_CREATED, "")), tree, sigs)
+
+
+def _discard(store: Path, tree: Path) -> None:
+    """Remove a tree at once for any reader (renamed to a hidden name, then deleted): never
+    seen half-deleted, or without its metadata."""
+    gone = store / f"{TMP_PREFIX}gone-{os.getpid()}-{time.monotonic_ns()}"
+    try:
+        os.rename(tree, gone)
+    except FileNotFoundError:
+        return
+    _remove(gone)
 
 
 def _remove(path: Path) -> None:

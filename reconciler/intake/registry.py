@@ -213,6 +213,10 @@ class Registry:
             return r
         challenge = r.headers.get("WWW-Authenticate", "")
         r.close()
+        where = urlsplit(str(r.url)).netloc
+        if where != self.host:  # only the registry's own challenge is answered with its credentials
+            raise SourceError("auth", f"{self.host} redirected {path} to {where}, which asks for credentials (401): "
+                                      f"refused, {self.host}'s credentials are never sent to another host")
         authorization = self._answer(challenge, path)
         with self._lock:
             self._authorization = authorization

@@ -1,7 +1,8 @@
 """Safe extraction of an artifact's tar.gz layer: regular files and directories only, every
-name relative and without `..`, bounded in entries and bytes (counted while writing, so a
-gzip bomb stops at the limit), into a fresh hidden directory that is renamed into place
-only when the whole archive passed. A refusal removes that directory: nothing is left.
+name relative, without `..` and bounded in depth and length, bounded in entries (every
+directory created counts, parents too) and bytes (counted while writing, so a gzip bomb
+stops at the limit), into a fresh hidden directory that is renamed into place only when
+the whole archive passed. A refusal removes that directory: nothing is left.
 Files are 0644 and directories 0755, owned by whoever runs nftrec; no owner, mode, time,
 setuid bit or link of the archive is ever applied.
 """
@@ -28,23 +29,32 @@ from pathlib import Path, PurePosixPath
 from reconciler.intake.oci_reference import SourceError
 
 MAX_ENTRIES = 100_000  # files and directories in one artifact
-MAX_BYTES = 1 << 30  # unpacked bytes in one artifact (1 GiB)
+MAX_BYTES = 100 << 20  # unpacked bytes in one artifact by default (Flux's default); oci.maxSize
+MAX_DEPTH = 64  # components of one member's path
+MAX_NAME = 1024  # bytes of one member's path
 CHUNK = 1 << 20
 HEADER_ROOM = 1 << 20  # decompressed bytes of tar headers (pax records, GNU long names) before one member
 TMP_PREFIX = ".tmp-"
 
 
 def unpack(layer: Path, store: Path, name: str, *, what: str = "the layer",
-           max_entries: int | None = None, max_bytes: int | None = None) -> Path:
+           max_entries: int | None = None, max_bytes: int | None = None, files: dict[str, bytes] | None = None) -> Path:
     """Extract the tar.gz `layer` into <store>/<name> (a directory) and return it; when it
-    exists already (pulled concurrently), the existing one is kept. SourceError
-    unsafe-archive / too-large / bad-artifact on refusal, nothing left behind."""
+    exists already (pulled concurrently), the existing one is kept. `files` (name: bytes)
+    are written at the tree's top before it is renamed into place (the metadata); the
+    archive may not hold them. SourceError unsafe-archive / too-large / bad-artifact on
+    refusal, nothing left behind."""
     final = store / name
     tmp = store / f"{TMP_PREFIX}{secrets.token_hex(8)}"
     tmp.mkdir(mode=0o700)  # 0755 once complete: no reader sees it half-written anyway (hidden)
     try:
         _extract(layer, tmp, what, MAX_ENTRIES if max_entries is None else max_entries,
                  MAX_BYTES if max_bytes is None else max_bytes)
+        for extra, raw in (files or {}).items():
+            if os.path.lexists(tmp / extra):
+                raise _refuse(what, extra, "a name nftrec keeps for its own metadata")
+            (tmp / extra).write_bytes(raw)
+            os.chmod(tmp / extra, 0o644)
         os.chmod(tmp, 0o755)
         _sync(tmp)
         try:
@@ -96,14 +106,13 @@ def _extract(layer: Path, root: Path, what: str, max_entries: int, max_bytes: in
                     if member is None:
                         break
                     entries += 1
-                    if entries > max_entries:
-                        raise SourceError("too-large", f"{what} holds more than {max_entries} entries: refused, "
-                                                       f"nothing was unpacked")
                     rel = _relative(member.name, what)
                     if member.isdir():
                         if rel is not None:
-                            _mkdirs(root, rel, what, member.name)
+                            entries += max(0, _mkdirs(root, rel, what, member.name, entries, max_entries) - 1)
+                        _check_entries(entries, max_entries, what)
                         continue
+                    _check_entries(entries, max_entries, what)
                     if member.issym() or member.islnk():
                         raise _refuse(what, member.name, f"a {'symbolic' if member.issym() else 'hard'} link "
                                                          f"(to {member.linkname[:200]!r}); an artifact holds files and directories only")
@@ -119,8 +128,8 @@ def _extract(layer: Path, root: Path, what: str, max_entries: int, max_bytes: in
                         raise SourceError("too-large", f"{what} unpacks to more than {max_bytes} bytes "
                                                        f"(at {member.name[:200]!r}): refused, nothing was unpacked")
                     meter.room = member.size + HEADER_ROOM  # its data, block padding and tarfile's read-ahead
-                    parent = _mkdirs(root, rel.parent, what, member.name) if rel.parent.parts else root
-                    total += _write(tar, member, parent / rel.name, max_bytes - total, what)
+                    entries += _mkdirs(root, rel.parent, what, member.name, entries, max_entries)
+                    total += _write(tar, member, root.joinpath(*rel.parts), max_bytes - total, what)
     except SourceError:
         raise
     except (tarfile.TarError, zlib.error, EOFError, OSError, UnicodeError) as e:
@@ -137,12 +146,22 @@ def _relative(name: str, what: str) -> PurePosixPath | None:
     parts = [p for p in name.split("/") if p not in ("", ".")]
     if ".." in parts:
         raise _refuse(what, name, "a path with '..'")
+    if len(parts) > MAX_DEPTH or len(name.encode("utf-8", "surrogateescape")) > MAX_NAME:
+        raise _refuse(what, name, f"a path deeper than {MAX_DEPTH} directories or longer than {MAX_NAME} bytes")
     return PurePosixPath(*parts) if parts else None
 
 
-def _mkdirs(root: Path, rel: PurePosixPath, what: str, member: str) -> Path:
-    """Create rel's directories under root (0755), each checked to be a real directory."""
+def _check_entries(entries: int, max_entries: int, what: str) -> None:
+    if entries > max_entries:
+        raise SourceError("too-large", f"{what} holds more than {max_entries} entries (files and the directories "
+                                       f"they need): refused, nothing was unpacked")
+
+
+def _mkdirs(root: Path, rel: PurePosixPath, what: str, member: str, used: int, limit: int) -> int:
+    """Create rel's directories under root (0755), each checked to be a real directory;
+    how many were created. Beyond `limit` entries (`used` so far) is too-large at once."""
     path = root
+    created = 0
     for part in rel.parts:
         path = path / part
         try:
@@ -151,7 +170,10 @@ def _mkdirs(root: Path, rel: PurePosixPath, what: str, member: str) -> Path:
         except FileExistsError:
             if not stat.S_ISDIR(os.lstat(path).st_mode):
                 raise _refuse(what, member, f"a directory where the file {part!r} is") from None
-    return path
+            continue
+        created += 1
+        _check_entries(used + created, limit, what)
+    return created
 
 
 def _write(tar: tarfile.TarFile, member: tarfile.TarInfo, path: Path, room: int, what: str) -> int:
