@@ -3,6 +3,8 @@ config's `verify` (intake.verifier_for: git's Verifier for a checkout, cosign's 
 source; its keys read once per config) before it is compiled;
 a refused one is handled as an invalid revision (reconcile.Daemon._take), counted in the
 metrics by reason, and logged in one line naming the revision, the signer and the reason.
+A git checkout is verified before it is read (`verified`): what is parsed is then the
+verified commit's files from the object store (Verdict.files), never the worktree's.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 from reconciler import logs
-from reconciler.intake import CosignVerifier, TrustError, Verifier, Verify, verifier_for
+from reconciler.intake import CosignVerifier, TrustError, Verdict, Verifier, Verify, verifier_for
 
 
 class SignatureGate:
@@ -35,13 +37,27 @@ class SignatureGate:
         self.spec, self.verifier = spec, new
         return True
 
+    @property
+    def reads_commits(self) -> bool:
+        """`verify` of a git checkout: `verified` gives the files to parse."""
+        return isinstance(self.verifier, Verifier)
+
+    def verified(self, root: Path, last_applied: Callable[[], str | None], held=None) -> Verdict | str:
+        """The verdict on the git checkout at `root` when it passes (its `files` are what to
+        parse; `held`: Verifier.check's), else the reason, already logged and counted."""
+        return self._check(root, last_applied, held)
+
     def refusal(self, root: Path, last_applied: Callable[[], str | None]) -> str | None:
         """None when `verify` is off or passes the revision at `root` (`last_applied()`:
         the revision it must descend from); else the reason, already logged and counted."""
         if self.verifier is None:
             return None
+        checked = self._check(root, last_applied)
+        return checked if isinstance(checked, str) else None
+
+    def _check(self, root: Path, last_applied: Callable[[], str | None], held=None) -> Verdict | str:
         try:
-            verdict = self.verifier.check(root, last_applied())
+            verdict = self.verifier.check(root, last_applied(), **({"held": held} if held is not None else {}))
         except TrustError as e:
             message, reason, fields = f"configuration error: {e}", "configuration", {}
         else:
@@ -50,7 +66,9 @@ class SignatureGate:
                     self.metrics.verified(verdict.signer, verdict.key)
                 if verdict.rollback_allowed:
                     logs.log.warning(verdict.describe())
-                return None
+                elif verdict.message:  # which rollback rule let it through (history cut off)
+                    logs.log.info(verdict.describe())
+                return verdict
             message, reason = verdict.describe(), verdict.reason
             fields = {"revision": verdict.revision, "signer": verdict.signer, "key": verdict.key}
         if self.metrics is not None:

@@ -256,6 +256,10 @@ class Unverified(InvalidInput):
         self.revision, self.errors, self.record = revision, 1, record
 
 
+def after_verify(directory: Path) -> None:
+    """Called between the verification and the parse (a test seam: a writer's swap)."""
+
+
 def check_signed(config: NodeConfig, directory: Path, last_applied: str | None, allow_rollback: bool):
     """The intake.Verdict on the revision at `directory` when `verify` is set (else None);
     Unverified when it is refused or `verify` cannot be used (nothing read or applied)."""
@@ -272,6 +276,8 @@ def check_signed(config: NodeConfig, directory: Path, last_applied: str | None, 
         raise Unverified(verdict.revision, f"{verdict.describe()}; nothing was changed")
     if verdict.rollback_allowed:  # said once, in the log the operator keeps
         logs.log.warning(verdict.describe())
+    elif verdict.message:  # which rollback rule let it through (history cut off)
+        logs.log.info(verdict.describe())
     return verdict
 
 
@@ -284,15 +290,20 @@ def load_desired(directory: Path, config_path: Path | None, *, strict: bool = Fa
     the intake cache; `config_cache`: the node config's (load_config). compile=False (plan,
     apply): the ruleset is left None, for apply.plan_desired to compile against the last
     applied one (only what changed). `signed` (plan, apply): (last applied revision,
-    allow rollback) for check_signed, run before the manifests are read."""
+    allow rollback) for check_signed, run before the manifests are read: with a git
+    checkout, what is parsed is then the verified commit's files (Verdict.files)."""
     from reconciler.compile import compile_ruleset
-    from reconciler.intake import config_digest, read_inventory
+    from reconciler.intake import config_digest, read_inventory, read_verified
 
     config, config_problems = load_config(config_path, netns, interfaces=interfaces, cache_dir=config_cache)
     verdict = None
     if signed is not None and not any(p.is_error for p in config_problems):
         verdict = check_signed(config, directory, *signed)
-    result = read_inventory(directory, strict=strict, cache_dir=cache_dir)
+        after_verify(directory)
+    if verdict is not None and verdict.files is not None:  # exactly the verified commit's bytes
+        result = read_verified(verdict.files, strict=strict, cache_dir=cache_dir)
+    else:
+        result = read_inventory(directory, strict=strict, cache_dir=cache_dir)
     if verdict is not None and result.inventory.revision != verdict.revision:  # git-sync swapped in between
         raise Unverified(result.inventory.revision, f"revision {result.inventory.revision[:12]} was published while "
                          f"revision {verdict.revision[:12]} was verified; it was not applied: run again")

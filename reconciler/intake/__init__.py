@@ -15,7 +15,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "git": ("GitError", "merge_base", "parse_range", "resolve_revision"),
     "healthchecks": ("parse_health_check", "split_host_port"),
     "incremental": ("Intake", "Snapshot"),
-    "inventory": ("InventoryResult", "read_inventory", "read_revision"),
+    "inventory": ("InventoryResult", "read_inventory", "read_revision", "read_verified"),
     "load": ("SUFFIXES",),
     "model": ("Endpoint", "EndpointPort", "EndpointSlice", "HealthCheck", "Inventory", "LoadBalancerIngress", "NftSpelling", "NodeConfig",
               "OciSettings", "Probe", "Service", "ServiceCIDR", "ServicePort", "Source", "Verify"),
@@ -26,7 +26,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "problems": ("ERROR", "NOTICE", "WARNING", "Problem"),
     "report": ("run_validate",),
     "schema_files": ("leading_zero_octet",),
-    "signatures": ("Baseline", "TrustError", "Verdict", "Verifier", "checkout_of", "git_version"),
+    "signatures": ("Baseline", "TrustError", "Verdict", "Verifier", "checkout_of"),
     "sources": ("STDIN", "display_root", "is_stdin"),
     "store": ("code_digest",),
 })
