@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from reconciler.intake.git import GIT_TIMEOUT, find_checkout, index_tree, read_index, worktree_change
+from reconciler.intake.gitsign import TrustError
 from reconciler.intake.load import SUFFIXES
 from reconciler.intake.model import Verify
 from reconciler.intake.problems import show
@@ -49,11 +50,6 @@ _STATUS = {  # git's %G? -> (reason, sentence)
     "R": ("revoked-key", "the signing key is revoked"),
     "E": ("unknown-key", "the signing key is not one of verify.keys"),
 }
-
-
-class TrustError(Exception):
-    """`verify` cannot be used as configured: a key file, a directory that is not a git
-    checkout, a missing tool. A configuration error: nothing is applied."""
 
 
 @dataclass(frozen=True)
