@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from reconciler.intake.gitsign import TrustError
 from reconciler.intake.gitobjects import Checkout, ManifestFiles, ObjectError, Store, find_checkout, manifest_files, tag_refs
 from reconciler.intake.model import Verify
 from reconciler.intake.problems import show
@@ -30,11 +31,6 @@ from reconciler.intake.problems import show
 _PGP = "-----BEGIN PGP PUBLIC KEY BLOCK-----"
 _PEM = "-----BEGIN PUBLIC KEY-----"
 _SSH_LINE = re.compile(r"(?:[a-z0-9-]+=\S+\s+)?((?:ssh-|ecdsa-|sk-)[A-Za-z0-9@.-]+)\s+([A-Za-z0-9+/=]+)(?:\s+(.*))?")
-
-
-class TrustError(Exception):
-    """`verify` cannot be used as configured: a key file, a directory that is not a git
-    checkout, a missing tool. A configuration error: nothing is applied."""
 
 
 @dataclass(frozen=True)
@@ -185,8 +181,8 @@ class Verifier:
         payload = commit.raw_without_sig() if commit.gpgsig else commit.as_raw_string()
         checked = check_signature(self.keys, payload, commit.gpgsig or None)
         if not checked.ok:
-            return Verdict(co.commit, False, checked.reason, checked.message, _clean(checked.signer), checked.key)
-        return Verdict(co.commit, True, signer=_clean(checked.signer), key=checked.key)
+            return Verdict(co.commit, False, checked.reason, checked.message, checked.signer, checked.key)
+        return Verdict(co.commit, True, signer=checked.signer, key=checked.key)
 
     def _tag(self, store: Store, co: Checkout) -> Verdict:
         """The first annotated tag of the commit whose signature verifies, else the refusal."""
@@ -206,7 +202,7 @@ class Verifier:
             payload = tag.raw_without_sig() if tag.signature else tag.as_raw_string()
             checked = check_signature(self.keys, payload, tag.signature or None)
             if checked.ok:
-                return Verdict(co.commit, True, signer=_clean(checked.signer), key=checked.key)
+                return Verdict(co.commit, True, signer=checked.signer, key=checked.key)
             last = Verdict(co.commit, False, checked.reason, f"tag {show(name)} does not carry a signature of "
                            f"verify.keys ({checked.message})", key=checked.key)
         return last or Verdict(co.commit, False, "no-tag", f"verify.mode is {self.spec.mode} but no annotated tag "
@@ -256,8 +252,3 @@ def checkout_of(directory: Path) -> Checkout:
 
 def _is_commit(rev: str) -> bool:
     return re.fullmatch(r"[0-9a-f]{40}([0-9a-f]{24})?", rev) is not None
-
-
-def _clean(text: str) -> str:
-    """A signer's name as one printable line (it comes from a key's user id)."""
-    return re.sub(r"[\x00-\x1f\x7f]", "?", text)[:200]
