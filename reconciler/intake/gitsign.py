@@ -25,7 +25,7 @@ from urllib.parse import unquote  # gpgv's status lines %-escape user ids
 TIMEOUT = 60.0  # seconds, per ssh-keygen or gpgv process
 
 _SSH_SIG = b"-----BEGIN SSH SIGNATURE-----"
-_PGP_SIG = b"-----BEGIN PGP SIGNATURE-----"
+_PGP_SIG = (b"-----BEGIN PGP SIGNATURE-----", b"-----BEGIN PGP MESSAGE-----")  # git takes both as OpenPGP
 _ARMOR = re.compile(rb"-----BEGIN PGP PUBLIC KEY BLOCK-----\r?\n(.*?)-----END PGP PUBLIC KEY BLOCK-----", re.S)
 # gpgv's status keywords that refuse a signature, strongest first: (reason, sentence)
 _REFUSE = {
