@@ -109,8 +109,8 @@ def check_signature(keys: Keys, payload: bytes, signature: bytes | None, namespa
         return _check_ssh(keys, payload, signature, namespace)
     if head.startswith(_PGP_SIG):
         return _check_pgp(keys, payload, signature)
-    return Checked(False, "unknown-key", "its signature is neither SSH nor OpenPGP (an X.509 one?), so no key of "
-                                         "verify.keys made it")
+    return Checked(False, "unknown-key", "its signature is neither SSH nor OpenPGP (X.509?), the kinds of key "
+                                         "verify.keys holds")
 
 
 def _check_ssh(keys: Keys, payload: bytes, signature: bytes, namespace: str) -> Checked:
