@@ -48,18 +48,19 @@ def git(cwd: Path, *args: str, env: dict | None = None) -> str:
                           env=e, timeout=60).stdout.strip()
 
 
-def ssh_key(d: Path, name: str) -> Path:
+def ssh_key(d: Path, name: str, kind: str = "ed25519") -> Path:
     d.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"{name}@example", "-f", str(d / name)],
+    subprocess.run(["ssh-keygen", "-q", "-t", kind, "-N", "", "-C", f"{name}@example", "-f", str(d / name)],
                    check=True, capture_output=True, timeout=60)
     return d / name
 
 
-def gpg_key(home: Path, name: str) -> tuple[Path, str]:
-    """(armored public key file, fingerprint) of a new signing key in GNUPGHOME `home`."""
+def gpg_key(home: Path, name: str, algo: str = "ed25519", expire: str = "1d", *options: str) -> tuple[Path, str]:
+    """(armored public key file, fingerprint) of a new signing key in GNUPGHOME `home`;
+    `options` go to the gpg that makes it (--faked-system-time for a key made in the past)."""
     home.mkdir(mode=0o700, parents=True, exist_ok=True)
     g = ["gpg", "--homedir", str(home), "--batch", "--pinentry-mode", "loopback", "--passphrase", ""]
-    subprocess.run([*g, "--quick-gen-key", f"{name} <{name}@example>", "ed25519", "sign", "1d"],
+    subprocess.run([*g, *options, "--quick-gen-key", f"{name} <{name}@example>", algo, "sign", expire],
                    check=True, capture_output=True, timeout=120)
     listed = subprocess.run([*g, "--with-colons", "--list-keys"], check=True, capture_output=True, text=True).stdout
     fpr = next(ln.split(":")[9] for ln in listed.splitlines() if ln.startswith("fpr:"))

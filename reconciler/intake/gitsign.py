@@ -20,11 +20,12 @@ import tempfile
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import unquote  # gpgv's status lines %-escape user ids
 
 TIMEOUT = 60.0  # seconds, per ssh-keygen or gpgv process
 
 _SSH_SIG = b"-----BEGIN SSH SIGNATURE-----"
-_PGP_SIG = b"-----BEGIN PGP SIGNATURE-----"
+_PGP_SIG = (b"-----BEGIN PGP SIGNATURE-----", b"-----BEGIN PGP MESSAGE-----")  # git takes both as OpenPGP
 _ARMOR = re.compile(rb"-----BEGIN PGP PUBLIC KEY BLOCK-----\r?\n(.*?)-----END PGP PUBLIC KEY BLOCK-----", re.S)
 # gpgv's status keywords that refuse a signature, strongest first: (reason, sentence)
 _REFUSE = {
@@ -108,8 +109,8 @@ def check_signature(keys: Keys, payload: bytes, signature: bytes | None, namespa
         return _check_ssh(keys, payload, signature, namespace)
     if head.startswith(_PGP_SIG):
         return _check_pgp(keys, payload, signature)
-    return Checked(False, "unknown-key", "its signature is neither SSH nor OpenPGP (an X.509 one?), so no key of "
-                                         "verify.keys made it")
+    return Checked(False, "unknown-key", "its signature is neither SSH nor OpenPGP (X.509?), the kinds of key "
+                                         "verify.keys holds")
 
 
 def _check_ssh(keys: Keys, payload: bytes, signature: bytes, namespace: str) -> Checked:
@@ -149,21 +150,17 @@ def _check_pgp(keys: Keys, payload: bytes, signature: bytes) -> Checked:
     for word, (reason, sentence) in _REFUSE.items():
         if word in status:
             fields = status[word]
-            signer = clean(_unescape(" ".join(fields[1:]))) if word.endswith("SIG") and word != "ERRSIG" else ""
+            signer = clean(unquote(" ".join(fields[1:]))) if word.endswith("SIG") and word != "ERRSIG" else ""
             return Checked(False, reason, sentence, signer, status.get("KEY_CONSIDERED", fields)[0])
     valid, good = status.get("VALIDSIG", []), status.get("GOODSIG", [])
     if done.returncode != 0 or len(valid) < 10 or not good or valid[8] not in ("00", "01"):
         return Checked(False, "bad-signature", "its OpenPGP signature is not a good detached signature of the content")
-    return Checked(True, "", "", clean(_unescape(" ".join(good[1:]))), valid[9])
+    return Checked(True, "", "", clean(unquote(" ".join(good[1:]))), valid[9])
 
 
 def clean(text: str) -> str:
     """A signer's name as one printable line (it comes from a key's user id)."""
     return re.sub(r"[\x00-\x1f\x7f]", "?", text)[:200]
-
-
-def _unescape(text: str) -> str:
-    return re.sub(r"%([0-9A-Fa-f]{2})", lambda m: chr(int(m.group(1), 16)), text)
 
 
 def _program(name: str, package: str) -> str:
