@@ -189,3 +189,32 @@ def test_damaged_objects_and_sha256_on_an_old_dulwich(signed, tmp_path, monkeypa
     monkeypatch.setitem(sys.modules, "dulwich.object_format", None)  # a dulwich before 1.2
     with pytest.raises(TrustError, match="sha256 object ids, which this dulwich"):
         v.check(repo.current)
+
+
+@needs_ssh
+@needs_ssh_git
+def test_watch_reparses_only_the_edited_blob(signed, tmp_path):
+    """watch with `verify`: each revision's verified blobs go to Intake.read_files, which
+    keeps its per-file results by blob id; a one-file edit reads and parses one blob, and
+    the snapshot equals read_inventory of a checkout of that commit."""
+    from reconciler.intake import Intake, read_inventory
+
+    repo, v = signed
+    for i in range(20):
+        (repo.src / f"s{i:02d}.yaml").write_text(SERVICE.format(ip=f"10.96.1.{i}").replace("name: web", f"name: s{i}"))
+    first = repo.commit("10.96.0.10")
+    repo.publish(first)
+    intake = Intake(repo.current)
+    verdict = v.check(repo.current, held=intake.holds)
+    snap = intake.read_files(verdict.files, repo.current.resolve())
+    assert snap.ok and intake.parsed == 21 and len(snap.inventory.services) == 21
+    second = repo.commit("10.96.0.11")  # web.yaml edited
+    wt = repo.publish(second)
+    (wt / "s00.yaml").write_text("garbage: [")  # the worktree is not read
+    verdict = v.check(repo.current, first, held=intake.holds)
+    assert [d for d, _, raw in verdict.files.files if raw is not None] == [f"{repo.current}/web.yaml"]
+    snap = intake.read_files(verdict.files, repo.current.resolve())
+    assert intake.parsed == 1 and snap.revision == second and snap.ok
+    git(wt, "checkout", "--", "s00.yaml")
+    oracle = read_inventory(repo.current)
+    assert snap.inventory == oracle.inventory and snap.digest == oracle.digest
