@@ -48,7 +48,7 @@ class Baseline:
 class Verdict:
     revision: str
     ok: bool
-    reason: str = ""  # a metric label: unsigned, unknown-key, modified-file, rollback, ...
+    reason: str = ""  # a metric label: unsigned, unknown-key, bad-object, rollback, ...
     message: str = ""  # the sentence for logs and status (lastError)
     signer: str = ""  # principal or user id of a good signature, else ""
     key: str = ""  # its key's fingerprint
