@@ -30,7 +30,6 @@ from reconciler.engine import (
 )
 from reconciler.daemon import health
 from reconciler.daemon.signed import SignatureGate
-from reconciler.intake.gitobjects import find_checkout
 from reconciler.intake import (
     Intake, Inventory, NodeConfig, Snapshot, discover_host_addresses, discover_node_ips, load_node_config,
 )
@@ -99,8 +98,8 @@ class Daemon:
         self.token: int | None = None  # kernel token right after our last commit
         self.last_digest: tuple | None = None  # (input digest, revision) last read (valid or not)
         self.invalid: tuple[str, str] | None = None  # (revision, message) of an invalid latest revision
-        self.gate = SignatureGate(metrics)  # `verify`: only signed revisions are compiled
-        self._verified: tuple | None = None  # (resolved root, commit) the gate checked last (_read_signed)
+        self.gate = SignatureGate(metrics, lambda: self.applied.inventory.revision if self.applied else  # `verify`
+                                  read_status(self.store).last_applied_revision)
         self.need_full = True
         self.reload_config = False
         self.last_full: float | None = None
@@ -261,8 +260,8 @@ class Daemon:
         changed = self.changes() if self.changes is not None else None
         if self.need_full or full_due:
             changed = None  # a full sync walks the tree: the safety net for a missed event
-        snap = self._read_signed() if self.gate.reads_commits else self.intake.read(changed)
-        if snap is not None:
+        snap = self.gate.read(self.intake, changed, again=self.last_digest is None)
+        if snap is not None:  # None: the commit verified last, unchanged
             if self.on_root is not None:
                 self.on_root(snap.root)
             if (snap.digest, snap.revision) != self.last_digest:
@@ -326,47 +325,17 @@ class Daemon:
         """The next sync checks the revision read last again (its signatures changed)."""
         self.last_digest = None
 
-    def _last_applied(self) -> str | None:
-        return self.applied.inventory.revision if self.applied else read_status(self.store).last_applied_revision
-
-    def _read_signed(self) -> Snapshot | None:
-        """`verify` of a git checkout: the verified commit's files, parsed (intake.read_files),
-        or None when the checkout's commit is the one verified last (the worktree's files
-        are never read, so nothing else can change) or it was refused (then logged and
-        recorded like an invalid revision). Not a checkout (yet): the worktree is read, and
-        _take's gate refuses it."""
-        try:
-            resolved = self.intake.path.resolve(strict=True)
-        except (OSError, RuntimeError):
-            resolved = None
-        co = find_checkout(resolved) if resolved is not None and resolved.is_dir() else None
-        if co is None:
-            return self.intake.read(None)
-        if self.last_digest is not None and self._verified == (resolved, co.commit):
-            return None
-        self._verified = (resolved, co.commit)
-        verdict = self.gate.verified(self.intake.path, self._last_applied, held=self.intake.holds)
-        if isinstance(verdict, str):  # logged by the gate; kept like an invalid revision
-            self.last_digest = ("", co.commit)
-            self._refused(co.commit, verdict)
-            return None
-        return self.intake.read_files(verdict.files, resolved)
-
-    def _refused(self, revision: str, message: str) -> None:
-        self.invalid = (revision, message)
-        self._write(lambda: self._record(self.store.record_attempt, revision, message))
-        self._set_revisions()
-
     def _take(self, snap: Snapshot) -> None:
         """A new revision read: log its problems; compile it when valid."""
         self.last_digest = (snap.digest, snap.revision)
         for p in snap.problems:
             logs.problem(p)
         compiled, message = None, None
-        verified = self.gate.reads_commits and snap.revision == (self._verified or ("", ""))[1]
-        refused = self.gate.refusal(Path(snap.root), self._last_applied) if snap.ok and snap.root and not verified else None
+        refused = self.gate.refusal(snap) if snap.ok and snap.root else None
         if refused is not None:  # logged by the gate; kept like an invalid revision
-            self._refused(snap.revision, refused)
+            self.invalid = (snap.revision, refused)
+            self._write(lambda: self._record(self.store.record_attempt, snap.revision, refused))
+            self._set_revisions()
             return
         if snap.ok:
             try:
