@@ -18,6 +18,7 @@ import hashlib
 import os
 import posixpath
 import re
+import stat
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,7 @@ from reconciler.intake.parse import MAX_FILE_BYTES
 from reconciler.intake.problems import ERROR, WARNING, Problem, show
 
 MAX_WALK = 100_000  # commits Store.descends reads before it calls history not available
+MAX_LIST = 64 << 20  # bytes of packed-refs or shallow read at most
 
 _SHA_RE = re.compile(r"[0-9a-f]{40}(?:[0-9a-f]{24})?")
 _KINDS = {"commit": 1, "tree": 2, "blob": 3, "tag": 4}
@@ -51,11 +53,23 @@ class Checkout:
     sub: str
 
 
-def _read(path: Path) -> str | None:
+def _read(path: Path, limit: int = 4096) -> str | None:
+    """A small file under .git as text; None when it is missing, not a regular file (a
+    FIFO would block) or over `limit` bytes. Whoever writes the checkout writes these."""
     try:
-        return path.read_text(encoding="utf-8", errors="replace").strip()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            raw = f.read(limit + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return raw.decode("utf-8", "replace").strip() if len(raw) <= limit else None
 
 
 def _gitdir_of(dot_git: Path) -> Path | None:
@@ -76,7 +90,7 @@ def common_dir(gitdir: Path) -> Path:
 def _ref(common: Path, ref: str) -> str | None:
     value = _read(common / ref)
     if value is None:
-        packed = _read(common / "packed-refs") or ""
+        packed = _read(common / "packed-refs", MAX_LIST) or ""
         value = next((ln.split()[0] for ln in packed.splitlines() if ln.endswith(" " + ref)), None)
     return value
 
@@ -113,7 +127,7 @@ def find_checkout(root: Path) -> Checkout | None:
 def tag_refs(common: Path) -> dict[str, str]:
     """{tag name: object id} of the repository's tags, loose and packed (loose win)."""
     tags: dict[str, str] = {}
-    for line in (_read(common / "packed-refs") or "").splitlines():
+    for line in (_read(common / "packed-refs", MAX_LIST) or "").splitlines():
         oid, _, ref = line.partition(" ")
         if ref.startswith("refs/tags/") and _SHA_RE.fullmatch(oid):
             tags[ref[10:]] = oid
@@ -166,7 +180,7 @@ class Store:
                               "sha1 and sha256 repositories")
         self._parse = extra
         self._store = DiskObjectStore(str(common / "objects"), **extra)
-        shallow = _read(common / "shallow") or ""
+        shallow = _read(common / "shallow", MAX_LIST) or ""
         self.shallow = frozenset(shallow.split())
         self._trees: dict[str, list] = trees if trees is not None else {}
 
@@ -207,14 +221,13 @@ class Store:
         return self._get(oid)[0]
 
     def _object(self, oid: str, kind: str):
-        from dulwich.errors import ObjectFormatException
         from dulwich.objects import ShaFile
 
         raw = self.raw(oid, kind)
         try:
             return ShaFile.from_raw_string(_KINDS[kind], raw, oid.encode("ascii"), **self._parse)
-        except (ObjectFormatException, ValueError) as e:
-            raise ObjectError(f"{kind} {oid} is malformed ({e})") from None
+        except Exception as e:  # ObjectFormatException, and whatever else odd bytes raise in the parser
+            raise ObjectError(f"{kind} {oid} is malformed ({type(e).__name__}: {e})") from None
 
     def commit(self, oid: str):
         """dulwich's Commit `oid`."""
@@ -230,6 +243,8 @@ class Store:
         if entries is None:
             entries = [(e.path.decode("utf-8", "surrogateescape"), "%06o" % e.mode, e.sha.decode("ascii"))
                        for e in self._object(oid, "tree").iteritems()]
+            if any(name in ("", ".", "..") or "/" in name for name, _, _ in entries):
+                raise ObjectError(f"tree {oid} is malformed (an entry named '', '.', '..' or with a '/')")
             if len(self._trees) > 4096:
                 self._trees.clear()
             self._trees[oid] = entries
