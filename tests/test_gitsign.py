@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from reconciler.intake.gitsign import Checked, Keys, TrustError, check_signature
-from reconciler.intake.signatures import git_version, read_keys
-from test_verify_signed import git, gpg_key, needs_gpg, needs_ssh, ssh_key
+from reconciler.intake.signatures import read_keys
+from test_verify_signed import git, git_version, gpg_key, needs_gpg, needs_ssh, ssh_key
 
 PAST = ("--faked-system-time", "20190101T000000!")  # a key made in the past, to expire in the past
 
