@@ -147,3 +147,36 @@ def test_a_file_swapped_between_verify_and_parse_is_not_read(tmp_path, netns, mo
     assert swapped and (wt / "web.yaml").read_text() == SERVICE.format(ip="10.96.0.66")
     assert [s.cluster_ips for s in got.inventory.services] == [("10.96.0.10",)]
     assert got.revision == up.first and got.verdict.ok
+
+
+@pytest.mark.kernel
+def test_watch_on_gitsync_defaults(tmp_path, netns):
+    """watch with verify on git-sync's layout: a skipped commit and a direct child
+    applied, an older commit fetched again by id refused as a rollback, saying why."""
+    from watchproc import Watch
+
+    up = Upstream(tmp_path)
+    state = tmp_path / "state"
+    up.gs.sync("main")
+    w = Watch(netns, up.gs.current, up.cfg, state)
+    try:
+        w.wait_sync(0)
+        assert "10.96.0.10" in live_ips(netns)
+        for ip in ("10.96.0.11", "10.96.0.12", "10.96.0.13"):
+            skipped_to = up.commit(ip)
+        up.gs.sync("main")
+        w.wait(lambda: "10.96.0.13" in live_ips(netns), what="three ahead applied")
+        w.status(lambda st: st["lastAppliedRevision"] == skipped_to)
+        child = up.commit("10.96.0.14")
+        up.gs.sync("main")
+        w.wait(lambda: "10.96.0.14" in live_ips(netns), what="the direct child applied")
+        w.status(lambda st: st["lastAppliedRevision"] == child)
+        mark = len(w.lines)
+        up.gs.sync(skipped_to)
+        line = w.wait_event("unverified", mark)
+        assert line["reason"] == "rollback" and line["revision"] == skipped_to, line
+        st = w.status(lambda st: st["lastAttemptedRevision"] == skipped_to)
+        assert "history not available" in st["lastError"] and "is not newer than" in st["lastError"], st["lastError"]
+        assert "10.96.0.14" in live_ips(netns) and "10.96.0.13" not in live_ips(netns)
+    finally:
+        assert w.stop() == 0
