@@ -157,7 +157,8 @@ def load_revision(directory: Path, rev: str, commit: str | None = None) -> LoadR
     prefix = "" if co.sub == "." else co.sub + "/"
     root = f"{rev}:{prefix}"
     try:
-        listed = manifest_files(Store(co.common), commit, co.sub, root)
+        with Store(co.common) as store:
+            listed = manifest_files(store, commit, co.sub, root)
     except ObjectError as e:
         raise GitError(f"cannot read revision {show(rev)} in the repository of {directory}: {e}") from None
     loaded = load_blobs([(display, raw) for display, _oid, raw in listed.files], revision=commit, root=root,
@@ -177,6 +178,7 @@ def checkout_blobs(root: Path) -> dict[str, tuple[str, str]] | None:
     if co is None:
         return None
     try:
-        return Store(co.common).listing(co.commit, co.sub)
+        with Store(co.common) as store:
+            return store.listing(co.commit, co.sub)
     except ObjectError:
         return None

@@ -164,8 +164,7 @@ class Verifier:
             return Verdict(co.commit, False, "bad-object", f"the commit's tree cannot be read: {e}", verdict.signer,
                            verdict.key, time=commit.commit_time)
         return Verdict(co.commit, True, message=rule, signer=verdict.signer, key=verdict.key,
-                       rollback_allowed=not passed,
-                       time=commit.commit_time, files=files)
+                       rollback_allowed=not passed, time=commit.commit_time, files=files)
 
     def _signature(self, store: Store, co: Checkout, commit) -> Verdict:
         """The commit's own signature (modes HEAD, TagAndHEAD), and in Tag modes that of an
@@ -173,7 +172,6 @@ class Verifier:
         from reconciler.intake.gitsign import check_signature
 
         mode = self.spec.mode
-        tagged = None
         if mode in ("Tag", "TagAndHEAD"):
             tagged = self._tag(store, co)
             if not tagged.ok or mode == "Tag":
