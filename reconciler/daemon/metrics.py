@@ -97,7 +97,7 @@ class Metrics:
         r.register(self._revisions)
         self._unverified = Counter(
             "nftrec_revision_verification_failures", "Revisions refused by verify (unsigned, unknown-key, "
-            "bad-signature, modified-file, untracked-file, rollback, ...).", ["reason"], registry=r)
+            "bad-signature, bad-object, rollback, ...).", ["reason"], registry=r)
         self._signer = _Signer()
         r.register(self._signer)
         # `watch oci://...` (daemon/fetcher.py): polls of the tag, artifacts pulled, failures by reason

@@ -97,7 +97,7 @@ class Daemon:
         self.token: int | None = None  # kernel token right after our last commit
         self.last_digest: tuple | None = None  # (input digest, revision) last read (valid or not)
         self.invalid: tuple[str, str] | None = None  # (revision, message) of an invalid latest revision
-        self.gate = SignatureGate(metrics)  # `verify`: only signed revisions are compiled
+        self.gate = SignatureGate(metrics, lambda: rollback_baseline(self.store))  # `verify`
         self.need_full = True
         self.reload_config = False
         self.last_full: float | None = None
@@ -258,14 +258,14 @@ class Daemon:
         changed = self.changes() if self.changes is not None else None
         if self.need_full or full_due:
             changed = None  # a full sync walks the tree: the safety net for a missed event
-        snap = self.intake.read(changed)
-        if self.on_root is not None:
+        snap = self.gate.read(self.intake, changed, again=self.last_digest is None)
+        if snap is not None and self.on_root is not None:  # None: the commit verified last, unchanged
             self.on_root(snap.root)
         if (unsigned := self.gate.take_unfetched()) is not None:  # an OCI artifact refused before its layer
             self.invalid = unsigned
             self._write(lambda: self._record(self.store.record_attempt, *unsigned))
             self._set_revisions()
-        if (snap.digest, snap.revision) != self.last_digest:  # (a newer revision published since: it counts)
+        if snap is not None and (snap.digest, snap.revision) != self.last_digest:  # (a newer one published since: it counts)
             self._take(snap)
         if self.prober is not None and self.declared is not None and self.prober.generation != self.probe_generation:
             try:  # probe results changed: only the Services whose endpoints changed recompile
@@ -332,8 +332,7 @@ class Daemon:
         for p in snap.problems:
             logs.problem(p)
         compiled, message = None, None
-        refused = self.gate.refusal(Path(snap.root), lambda: rollback_baseline(self.store)) \
-            if snap.ok and snap.root else None
+        refused = self.gate.refusal(snap) if snap.ok and snap.root else None
         if refused is not None:  # logged by the gate; kept like an invalid revision
             self.invalid = (snap.revision, refused)
             self._write(lambda: self._record(self.store.record_attempt, snap.revision, refused))

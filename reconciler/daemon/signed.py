@@ -104,8 +104,6 @@ class SignatureGate:
             return self.report(verdict)
         if self.metrics is not None:
             self.metrics.verified(verdict.signer, verdict.key)
-        if verdict.message and not verdict.rollback_allowed:  # which rollback rule let it through
-            logs.log.info(verdict.describe())
         self.passed = verdict, trust_of(verdict, last)
         return verdict
 

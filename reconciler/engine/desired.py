@@ -262,6 +262,10 @@ class Unverified(InvalidInput):
         self.revision, self.errors, self.record = revision, 1, record
 
 
+def after_verify(directory: Path) -> None:
+    """Called between the verification and the parse (a test seam: a writer's swap)."""
+
+
 def judge(verifier, directory: Path, baseline, allow_rollback: bool = False, held=None):
     """`verifier`'s Verdict on the revision at `directory` against `baseline` (an
     intake.Baseline: commits.rollback_baseline). With no baseline (nothing applied yet)
@@ -275,6 +279,8 @@ def judge(verifier, directory: Path, baseline, allow_rollback: bool = False, hel
                          "this is the revision you meant to apply")
     elif verdict.rollback_allowed:  # said once, in the log the operator keeps
         logs.log.warning(verdict.describe())
+    elif verdict.message:  # which rollback rule let it through (history cut off)
+        logs.log.info(verdict.describe())
     return verdict
 
 
@@ -319,9 +325,10 @@ def load_desired(directory: Path, config_path: Path | None, *, strict: bool = Fa
     apply): the ruleset is left None, for apply.plan_desired to compile against the last
     applied one (only what changed). `signed` (plan, apply): (the rollback baseline,
     allow rollback) for check_signed on `source` (default: `directory` as a directory
-    argument), run before the manifests are read."""
+    argument), run before the manifests are read: with a git checkout, what is parsed is
+    then the verified commit's files (Verdict.files)."""
     from reconciler.compile import compile_ruleset
-    from reconciler.intake import config_digest, read_inventory
+    from reconciler.intake import config_digest, read_inventory, read_verified
 
     config, config_problems = load_config(config_path, netns, interfaces=interfaces, cache_dir=config_cache)
     verdict = trust = None
@@ -329,7 +336,11 @@ def load_desired(directory: Path, config_path: Path | None, *, strict: bool = Fa
         from reconciler.intake import ManifestSource
 
         verdict, trust = check_signed(config, source or ManifestSource(str(directory), Path(directory)), *signed)
-    result = read_inventory(directory, strict=strict, cache_dir=cache_dir)
+        after_verify(directory)
+    if verdict is not None and verdict.files is not None:  # exactly the verified commit's bytes
+        result = read_verified(verdict.files, strict=strict, cache_dir=cache_dir)
+    else:
+        result = read_inventory(directory, strict=strict, cache_dir=cache_dir)
     if verdict is not None and result.inventory.revision != verdict.revision:  # git-sync swapped in between
         raise Unverified(result.inventory.revision, f"revision {result.inventory.revision[:12]} was published while "
                          f"revision {verdict.revision[:12]} was verified; it was not applied: run again")

@@ -22,14 +22,14 @@ import hashlib
 import json
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from reconciler.intake import oci
 from reconciler.intake.model import Verify
 from reconciler.intake.problems import show
-from reconciler.intake.signatures import TrustError, Verdict, read_keys
+from reconciler.intake.signatures import Baseline, TrustError, Verdict, read_keys
 
 SIGNATURE_TYPE = "cosign container image signature"
 _RFC3339 = re.compile(r"(\d{4})-(\d\d)-(\d\d)[Tt ](\d\d):(\d\d):(\d\d)(?:\.(\d+))?(?:([Zz])|([+-])(\d\d):(\d\d))")
@@ -156,20 +156,29 @@ def created_at(text: str) -> datetime | None:
         return None
 
 
-def rollback_refusal(artifact: oci.Artifact, last_applied: str | None) -> str:
+def rollback_refusal(artifact: oci.Artifact, last_applied: Baseline | str | None) -> str:
     """Why `artifact` would roll back the last applied artifact (a sentence), or "" when it
-    does not. The last applied one is found by its digest in the same store. Not a
-    rollback: nothing applied before, a revision that names no artifact (a git commit; a
-    bare `sha256:` digest not in the store is a plain directory's content digest), the same
-    digest, a last applied artifact without `created`, a time no earlier. A rollback, as
-    its order cannot be shown: `REVISION@sha256:` no longer in the store, no valid
-    `created` on this one."""
-    named = oci.named_digest(last_applied)
+    does not. The last applied one's `created` is read from the same store, else taken
+    from the baseline's recorded time. Not a rollback: nothing applied before, a revision
+    that names no artifact (a git commit; a bare `sha256:` digest not in the store is a
+    plain directory's content digest), the same digest, a last applied artifact without
+    `created`, a time no earlier. A rollback, as its order cannot be shown:
+    `REVISION@sha256:` gone from the store with no recorded time, no valid `created` on this one."""
+    baseline = last_applied if isinstance(last_applied, Baseline) else Baseline(last_applied) if last_applied else None
+    named = oci.named_digest(baseline.revision if baseline else None)
     if named is None or named == artifact.digest:
         return ""
     last = oci.artifact_at(Path(artifact.path).parent / oci.tree_name(named))
+    if last is None and baseline.time is not None:  # pruned: the time recorded when it was applied
+        recorded = datetime.fromtimestamp(baseline.time, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        new = created_at(artifact.created)
+        if new is None:
+            return (f"it has no valid created annotation ({show(artifact.created)}), so it cannot be shown to be newer "
+                    f"than the last applied artifact (created {recorded})")
+        return f"it was created {artifact.created.strip()}, before the last applied artifact ({recorded})" \
+            if new.timestamp() < baseline.time else ""
     if last is None:
-        if last_applied == named:
+        if baseline.revision == named:
             return ""  # a directory's content digest, or an artifact we cannot tell from one
         return (f"the last applied artifact {named[:19]} is no longer in the store {Path(artifact.path).parent}, "
                 "so this one cannot be shown to be newer")
@@ -211,7 +220,8 @@ class CosignVerifier:
         if not verdict.ok:
             raise Refused(verdict, Path(artifact.path))
 
-    def check(self, directory: Path, last_applied: str | None = None, *, allow_rollback: bool = False) -> Verdict:
+    def check(self, directory: Path, last_applied: Baseline | str | None = None, *,
+              allow_rollback: bool = False) -> Verdict:
         """The verdict on the artifact unpacked at `directory` (the store's `current`
         link, resolved once). TrustError when it is not an artifact of a store this process
         opened as the OCI source."""
@@ -222,14 +232,15 @@ class CosignVerifier:
         signed = verify_signatures(artifact, self.keys)
         if not signed.ok:
             return signed
+        created = created_at(artifact.created)
+        signed = replace(signed, time=int(created.timestamp()) if created else None)  # what a baseline records
         why = rollback_refusal(artifact, last_applied)
         if not why:
             return signed
         if not (allow_rollback or self.spec.allow_rollback):
             return Verdict(signed.revision, False, "rollback", f"{why}; `nftrec apply --allow-rollback` applies it once",
                            signed.signer, signed.key)
-        return Verdict(signed.revision, True, message=f"{why}: a rollback", signer=signed.signer, key=signed.key,
-                       rollback_allowed=True)
+        return replace(signed, message=f"{why}: a rollback", rollback_allowed=True)
 
     def close(self) -> None:
         pass

@@ -19,6 +19,8 @@ never mixes two revisions.
 #   unchanged; the checks across documents are skipped when the only changes are the
 #   endpoints of clean EndpointSlices (they read no endpoint): `_endpoints_only`;
 # - the tree digest resumes after the longest unchanged prefix (load.tree_digest's memo).
+# - `read_files`: with `verify`, the verified commit's files from the object store, each
+#   entry keyed by its blob id: a new commit reads and parses only the blobs that changed.
 # `read(changed)`: with the watcher's changed paths and the same resolved directory as
 # last time, the tree is not walked again and only those files (and racy ones) are looked at.
 
@@ -34,11 +36,13 @@ from pathlib import Path
 from reconciler.compat import SLOTS
 from reconciler.intake import yamldocs
 from reconciler.intake.build import build_inventory, model_objects
-from reconciler.intake.git import blob_id, checkout_blobs, revision_of
+from reconciler.intake.git import checkout_blobs, revision_of
+from reconciler.intake.gitobjects import blob_id
 from reconciler.intake.load import SUFFIXES, chunk, display_prefix, read_file, tree_digest, walk, walk_resolved
 from reconciler.intake.model import Inventory
 from reconciler.intake.parse import MAX_FILE_BYTES, parse_yaml
 from reconciler.intake.problems import ERROR, Problem
+from reconciler.intake.sources import Blob
 from reconciler.intake.validate import DocumentCheck, check_document, check_tree
 
 RACY_SECONDS = 2.0  # files modified this recently are re-hashed on the next read
@@ -221,6 +225,12 @@ class Intake:
                 if e.chunk == chunk(display, raw):
                     e.stat, e.racy = key, self._racy(st)
                     return e
+        return self._parse(display, real, e, key or (), key is None or self._racy(st))
+
+    def _parse(self, display: str, source, e: _FileEntry | None, key: tuple, racy: bool,
+               blob: str | None = None) -> _FileEntry:
+        """A new version of the file `display` parsed from `source` (a path, or bytes in a
+        sources.Blob), its unchanged documents reused from `e`, the version before."""
         problems: list = []
         docs: list = []
         known = e.segments if e is not None else None
@@ -231,14 +241,48 @@ class Intake:
             segments.update(new)
             return parsed
 
-        read = read_file(display, real, problems, docs, yaml)
+        read = read_file(display, source, problems, docs, yaml)
         self.parsed += 1
         if known:
             _keep_unchanged(docs, e)
-        e = _FileEntry(display, key or (), read, docs, problems, key is None or self._racy(st), segments,
-                       prev=e if e is not None and e.checks is not None else None)
+        e = _FileEntry(display, key, read, docs, problems, racy, segments,
+                       prev=e if e is not None and e.checks is not None else None, blob=blob)
         self._files[display] = e
         return e
+
+    def holds(self, display: str, oid: str) -> bool:
+        """Whether the last read parsed, at `display`, the blob `oid` (read_files needs not
+        its bytes)."""
+        e = self._files.get(display)
+        return e is not None and e.blob == oid
+
+    def read_files(self, files, resolved: Path) -> Snapshot:
+        """The snapshot of a verified commit's manifest files (gitobjects.ManifestFiles,
+        read from the object store at `resolved`): exactly their bytes are parsed, never
+        the worktree's; a file whose blob id is the one read before is not looked at."""
+        self.parsed = self.checked = self.compared = self.looked = 0
+        self.cross = self.git = False
+        self._walked = None  # a later read of the worktree walks it
+        problems: list[Problem] = list(files.problems)
+        entries: list[_FileEntry] = []
+        chunks: list[bytes] = []
+        for display, oid, raw in files.files:
+            e = self._files.get(display)
+            if raw is not None and (e is None or e.blob != oid):
+                self.looked += 1
+                if e is not None and isinstance(raw, bytes) and e.chunk == chunk(display, raw):
+                    e.blob = oid  # the same bytes at the same place
+                else:
+                    e = self._parse(display, Blob(display.rsplit("/", 1)[-1], raw), e, (), False, oid)
+            entries.append(e)
+            chunks.append(e.chunk)
+            problems.extend(e.problems)
+        seen = {display for display, _, _ in files.files}
+        for gone in set(self._files) - seen:
+            del self._files[gone]
+        digest = tree_digest(chunks, self._hashed, files.root)
+        checked_problems, inventory = self._check(problems, entries, files.revision)
+        return Snapshot(inventory, checked_problems, files.revision, digest, len(entries), str(resolved))
 
     @staticmethod
     def _same_blob(e: _FileEntry, display: str, real: Path, root: Path, blobs: dict) -> bool:

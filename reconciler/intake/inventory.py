@@ -19,9 +19,10 @@ from reconciler.intake import model
 from reconciler.intake.build import build_inventory
 from reconciler.intake.cache import FileResult, open_cache, parse_file, read_all
 from reconciler.intake.git import load_revision, revision_of
+from reconciler.intake.gitobjects import ManifestFiles
 from reconciler.intake.load import Document, LoadResult, Walk, read_file, tree_digest, walk
 from reconciler.intake.problems import Problem
-from reconciler.intake.sources import display_root, is_stdin, load_stdin
+from reconciler.intake.sources import Blob, display_root, is_stdin, load_stdin
 from reconciler.intake.validate import DocumentCheck, check, check_tree
 
 
@@ -81,8 +82,24 @@ def read_revision(directory: Path, rev: str, commit: str | None = None, *, stric
     return inventory_from_load(load_revision(directory, rev, commit), strict=strict)
 
 
-def assemble(w: Walk, results: list[FileResult], *, strict: bool) -> InventoryResult:
-    """The per-file results in path order -> the tree's digest, checks and inventory."""
+def read_verified(files: ManifestFiles, *, strict: bool = False, cache_dir: Path | str | None = None) -> InventoryResult:
+    """read_inventory of a verified commit's manifest files (signatures.Verdict.files):
+    exactly the bytes read from the object store, never the worktree's; the inventory's
+    revision is the commit."""
+    with progress.step(f"reading manifests of revision {files.revision[:12]}"), no_cyclic_gc():
+        paths = [(display, Blob(display.rsplit("/", 1)[-1], raw)) for display, _oid, raw in files.files]
+        w = Walk(None, paths, files.problems, files.root)
+        if cache_dir is None:
+            return assemble(w, [parse_file(*p) for p in paths], strict=strict, revision=files.revision)
+        cache = open_cache(cache_dir)
+        result = assemble(w, read_all(paths, cache), strict=strict, revision=files.revision)
+        cache.finish(len(paths))
+        return result
+
+
+def assemble(w: Walk, results: list[FileResult], *, strict: bool, revision: str | None = None) -> InventoryResult:
+    """The per-file results in path order -> the tree's digest, checks and inventory
+    (`revision`: the commit they were read from, else the walk's)."""
     problems = list(w.problems)
     docs: list[Document] = []
     checks: list[DocumentCheck] = []
@@ -100,7 +117,8 @@ def assemble(w: Walk, results: list[FileResult], *, strict: bool) -> InventoryRe
                         origins[id(obj)] = (obj, res.key, i, j)  # the file's key shared, not copied
     digest = tree_digest([res.chunk for res in results], prefix=w.prefix)
     checked = check_tree(problems, docs, checks, strict=strict)
-    inventory = build_inventory(checked.objects, revision_of(w.resolved, digest), make=lambda o: models[id(o.doc)])
+    inventory = build_inventory(checked.objects, revision or revision_of(w.resolved, digest),
+                                make=lambda o: models[id(o.doc)])
     if origins:
         inventory = replace(inventory, origins=origins)
     return InventoryResult(inventory, checked.problems, checked.documents, len(w.paths), digest)

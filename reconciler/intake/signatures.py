@@ -1,59 +1,36 @@
 """Signed revisions: a git checkout's commit is applied only when a key of the node
-config's `verify.keys` signed it, its files are exactly the commit's, and (unless rollback
-is allowed) it descends from the last applied commit.
+config's `verify.keys` signed it (or, in Tag modes, an annotated tag of it), and (unless
+rollback is allowed) it does not roll back from the last applied revision. What is then
+parsed is the commit's own tree, read from the object store: never the worktree's files.
 
-`Verifier(spec)` reads the keys once (a TrustError when they cannot be used) into a private
-directory: an SSH allowed-signers file, and a GNUPGHOME holding only the given OpenPGP keys
-with their trust pinned, so that only they count. `check(directory, ...)` gives a Verdict,
-from one git process (`git log`: signature, tree, tags, and whether the commit descends
-from the last applied one); a second `git log` only to let a rollback through.
+`Verifier(spec)` reads the keys once (a TrustError when they cannot be used);
+`check(directory, baseline)` gives a Verdict carrying the verified manifest files.
 """
 
-# git decides, nftrec reads its verdict: `git log -1 --format=%G?...` with the allowed
-# signers and the private GNUPGHOME, `%G?` "G" (good, from a trusted key) being the only
-# pass; "U" (good, untrusted), "X"/"Y" (expired), "R" (revoked), "B" (bad), "E" (cannot
-# check) and "N" (none) refuse. The same `git log` gives the commit's tree (%T) and in
-# Tag modes its tags (%D, each then checked by `git verify-tag`). The
-# checkout's index, read here, must describe that tree and the files under the directory
-# must be the index's (intake.git.worktree_change); `git status` decides instead when the
-# index has what nftrec does not read (split, sparse, unmerged, ...), and names the file
-# when the index is not the commit's. Descent: the log walks `LAST..COMMIT` with
-# --ancestry-path, which shows the commit only when LAST is one of its ancestors.
+# No git process: objects are read and hash-checked in-process (intake/gitobjects.py), and
+# the signature of the payload dulwich extracts from the verified object is checked by
+# intake/gitsign.py (ssh-keygen or gpgv, keys in a private directory, a clean environment).
+# Rollback: where the history between the baseline and the commit is present, ancestry
+# decides; where it is cut off (git-sync's `--depth 1` fetches, `git gc` pruning the last
+# applied commit) a direct child passes, else the signed committer time must be newer than
+# the baseline's.
 
 from __future__ import annotations
 
-import functools
 import os
 import re
-import shutil
-import subprocess
-import tempfile
-import weakref
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from reconciler.intake.git import GIT_TIMEOUT, find_checkout, index_tree, read_index, worktree_change
-from reconciler.intake.load import SUFFIXES
+from reconciler.intake.gitsign import TrustError
+from reconciler.intake.gitobjects import Checkout, ManifestFiles, ObjectError, Store, find_checkout, manifest_files, tag_refs
 from reconciler.intake.model import Verify
 from reconciler.intake.problems import show
 
 _PGP = "-----BEGIN PGP PUBLIC KEY BLOCK-----"
 _PEM = "-----BEGIN PUBLIC KEY-----"
 _SSH_LINE = re.compile(r"(?:[a-z0-9-]+=\S+\s+)?((?:ssh-|ecdsa-|sk-)[A-Za-z0-9@.-]+)\s+([A-Za-z0-9+/=]+)(?:\s+(.*))?")
-_STATUS = {  # git's %G? -> (reason, sentence)
-    "N": ("unsigned", "the commit is not signed"),
-    "B": ("bad-signature", "the signature does not verify (the commit was changed after signing)"),
-    "U": ("untrusted-key", "the signature is good but its key is not one of verify.keys"),
-    "X": ("expired-signature", "the signature has expired"),
-    "Y": ("expired-key", "the signing key has expired"),
-    "R": ("revoked-key", "the signing key is revoked"),
-    "E": ("unknown-key", "the signing key is not one of verify.keys"),
-}
-
-
-class TrustError(Exception):
-    """`verify` cannot be used as configured: a key file, a directory that is not a git
-    checkout, a missing tool. A configuration error: nothing is applied."""
 
 
 @dataclass(frozen=True)
@@ -71,12 +48,13 @@ class Baseline:
 class Verdict:
     revision: str
     ok: bool
-    reason: str = ""  # a metric label: unsigned, unknown-key, modified-file, rollback, ...
+    reason: str = ""  # a metric label: unsigned, unknown-key, bad-object, rollback, ...
     message: str = ""  # the sentence for logs and status (lastError)
     signer: str = ""  # principal or user id of a good signature, else ""
     key: str = ""  # its key's fingerprint
     rollback_allowed: bool = False  # not a descendant of the last applied, let through
     time: int | None = None  # the signed time (git: committer time, OCI: created), Unix seconds
+    files: ManifestFiles | None = field(default=None, repr=False, compare=False)  # git: what to parse, verified
 
     def describe(self) -> str:
         """One line: which revision, who signed it, the outcome."""
@@ -84,34 +62,9 @@ class Verdict:
         short = re.sub(r"([0-9a-f]{12})[0-9a-f]{28,}", r"\1", self.revision)  # commits, artifact digests
         if self.ok:
             said = self.message or "not a descendant of the last applied revision"
-            extra = f"; {said}, allowed" if self.rollback_allowed else ""
+            extra = f"; {said}, allowed" if self.rollback_allowed else f"; {said}" if self.message else ""
             return f"revision {short} verified: {who}{extra}"
         return f"revision {short} refused ({self.reason}): {self.message}; {who}"
-
-
-class _Started:
-    """A process started now, its result taken later: a check's git processes run side by side."""
-
-    def __init__(self, argv: list[str], env: dict, stdin: bytes | None = None):
-        self.argv, self.stdin = argv, stdin
-        try:
-            self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-        except FileNotFoundError:
-            raise TrustError(f"{argv[0]} is not installed (or not on PATH); `verify` needs it") from None
-
-    def result(self) -> subprocess.CompletedProcess:
-        try:
-            out, err = self.proc.communicate(self.stdin, timeout=GIT_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.communicate()
-            raise TrustError(f"`{' '.join(self.argv[:3])}` took longer than {GIT_TIMEOUT:.0f} s") from None
-        return subprocess.CompletedProcess(self.argv, self.proc.returncode, out, err)
-
-
-def _run(argv: list[str], env: dict, stdin: bytes | None = None) -> subprocess.CompletedProcess:
-    return _Started(argv, env, stdin).result()
 
 
 def read_keys(paths: tuple[str, ...]) -> tuple[list[str], list[tuple[str, bytes]], list[tuple[str, bytes]]]:
@@ -152,53 +105,21 @@ def read_keys(paths: tuple[str, ...]) -> tuple[list[str], list[tuple[str, bytes]
 
 
 class Verifier:
-    """The trusted keys of one `verify` config, ready for git. close() removes them."""
+    """The trusted keys of one `verify` config (gitsign.Keys). close() removes them."""
 
     def __init__(self, spec: Verify):
+        from reconciler.intake.gitsign import Keys
+
         self.spec = spec
         signers, pgp, pem = read_keys(spec.keys)
         if pem and not (signers or pgp):
             raise TrustError("verify.keys holds only PEM public keys (cosign's, for OCI artifacts), and this source is "
                              "a git checkout, whose commits are signed with SSH or OpenPGP keys: add those keys")
-        if signers and git_version() < (2, 34):
-            raise TrustError("verify.keys holds SSH keys, and git verifies SSH signatures from version 2.34 "
-                             f"on; this git is {'.'.join(map(str, git_version()))}: install a newer git or use "
-                             "OpenPGP keys")
-        self.home = Path(tempfile.mkdtemp(prefix="nftrec-trust-"))
-        self._remove = weakref.finalize(self, shutil.rmtree, str(self.home), True)  # at exit too
-        try:
-            (self.home / "allowed_signers").write_text("".join(s + "\n" for s in signers))
-            self.gnupg = self.home / "gnupg"
-            self.gnupg.mkdir(mode=0o700)
-            if pgp:
-                self._import(pgp)
-        except BaseException:
-            self.close()
-            raise
-
-    def _import(self, keys: list[tuple[str, bytes]]) -> None:
-        env = dict(os.environ, GNUPGHOME=str(self.gnupg), LC_ALL="C")
-        gpg = ["gpg", "--batch", "--no-tty", "--quiet"]
-        for path, raw in keys:
-            done = _run([*gpg, "--import"], env, raw)
-            if done.returncode != 0:
-                said = done.stderr.decode("utf-8", "replace").strip().splitlines()
-                raise TrustError(f"verify.keys: gpg cannot import {path}: {said[-1] if said else 'exit %d' % done.returncode}")
-        listed = _run([*gpg, "--with-colons", "--list-keys"], env).stdout.decode()
-        fprs, want = [], False
-        for line in listed.splitlines():  # the primary key's fingerprint follows its "pub" line
-            fields = line.split(":")
-            if fields[0] == "pub":
-                want = True
-            elif fields[0] == "fpr" and want:
-                fprs.append(fields[9])
-                want = False
-        # pinned trust: these keys, and only they, are valid signers (ownertrust 6: ultimate)
-        _run([*gpg, "--import-ownertrust"], env, "".join(f"{f}:6:\n" for f in fprs).encode())
-        _run([*gpg, "--check-trustdb"], env)
+        self.keys = Keys(signers, pgp)
+        self._trees: dict = {}  # parsed trees by id, for every check (gitobjects.Store)
 
     def close(self) -> None:
-        self._remove()
+        self.keys.close()
 
     def __enter__(self) -> Verifier:
         return self
@@ -206,156 +127,118 @@ class Verifier:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _git(self, top: Path, common: Path, *args: str) -> subprocess.CompletedProcess:
-        return self._start(top, common, *args).result()
-
-    def _start(self, top: Path, common: Path, *args: str) -> _Started:
-        env = dict(os.environ, LC_ALL="C", GIT_TERMINAL_PROMPT="0", GIT_OPTIONAL_LOCKS="0", GNUPGHOME=str(self.gnupg))
-        return _Started(["git", "-c", f"safe.directory={top}", "-c", f"safe.directory={common}",
-                     "-c", f"gpg.ssh.allowedSignersFile={self.home / 'allowed_signers'}", "-c", "gpg.minTrustLevel=fully",
-                     "-C", str(top), *args], env)
-
-    def check(self, directory: Path, last_applied: str | None = None, *, allow_rollback: bool = False) -> Verdict:
-        """The verdict on the commit checked out at `directory` (resolved: git-sync's
-        `current` link names one revision). TrustError when it is not a git checkout."""
-        top, gitdir, commit, sub = checkout_of(directory)
-        common = gitdir
-        if (gitdir / "commondir").is_file():  # a linked worktree: git-sync's
-            common = (gitdir / (gitdir / "commondir").read_text().strip()).resolve()
-        moved = bool(last_applied) and last_applied != commit and _is_commit(last_applied)
-        # a new revision: the same log walks from the last applied commit (--ancestry-path,
-        # topo order: the commit comes first), so that nothing shown means "not a descendant"
-        log = self._log(top, common, commit, last_applied if moved else None)
-        # while git checks the signature: the tree the index describes, the files against it
-        index = read_index(gitdir / "index")
-        tree = index_tree(index) if index is not None else None
-        status = self._status(top, common, sub) if tree is None else None  # an index read by git only
+    def check(self, directory: Path, last_applied: Baseline | str | None = None, *, allow_rollback: bool = False,
+              held=None) -> Verdict:
+        """The verdict on the commit checked out at `directory` (resolved once: git-sync's
+        `current` link names one revision), with its manifest files below the directory
+        (displayed under `directory` as given; `held(display, oid)`: blobs the caller holds,
+        not read). TrustError when it is not a git checkout or the repository cannot be read."""
+        co = checkout_of(directory)
         try:
-            changed = worktree_change(top, index, "" if sub == "." else sub + "/") if tree is not None else None
-        finally:
-            try:
-                done = log.result()
-            finally:
-                by_git = status.result() if status is not None else None
-        descends = done.returncode == 0 and done.stdout.strip() != b""
-        if moved and not descends:  # an older commit, another history, or one git does not know
-            if not (allow_rollback or self.spec.allow_rollback):
-                return Verdict(commit, False, "rollback",
-                               f"it does not descend from the last applied revision {last_applied[:12]} (a "
-                               "replayed older commit or a force-push); `nftrec apply --allow-rollback` applies "
-                               "it once")
-            done = self._log(top, common, commit, None).result()
-        if done.returncode != 0:
-            said = done.stderr.decode("utf-8", "replace").strip().splitlines()
-            raise TrustError(f"git cannot read commit {commit[:12]} in {top}: {said[0] if said else done.returncode}")
-        fields = (done.stdout.decode("utf-8", "surrogateescape").split("\n", 1)[0].split("\0") + [""] * 7)[:7]
-        if fields[6] != commit:
-            raise TrustError(f"git log showed {fields[6][:12] or 'nothing'} for commit {commit[:12]} in {top}")
-        signed = self._signature(top, common, commit, fields)
-        if not signed.ok:
-            return signed
-        if by_git is not None:
-            changed = _changed_files(by_git, top, sub)
-        elif tree != fields[4]:  # staged changes, or an index made by hand: git names the file
-            changed = _changed_files(self._status(top, common, sub).result(), top, sub) or (
-                "modified-file", f"the index of {top} does not describe the signed commit's tree")
-        elif changed is not None:
-            reason, path = changed
-            changed = reason, (f"{show(path)} differs from the signed commit" if reason == "modified-file" else
-                               f"{show(path)} is a manifest file that git does not track")
-        if changed:
-            return Verdict(commit, False, *changed, signer=signed.signer, key=signed.key)
-        if moved and not descends:
-            return Verdict(commit, True, signer=signed.signer, key=signed.key, rollback_allowed=True)
-        return signed
+            store = Store(co.common, self._trees)
+        except ObjectError as e:
+            raise TrustError(str(e)) from None
+        with store:
+            return self._check(store, co, directory, last_applied, allow_rollback, held)
 
-    def _log(self, top: Path, common: Path, commit: str, since: str | None) -> _Started:
-        """`git log` of `commit`: its signature (%G?, not in Tag mode), tree, tags
-        (%D, Tag modes) and id. With `since`, only when `commit` descends from it."""
-        mode = self.spec.mode
-        signature = "%G?%x00%GK%x00%GS%x00%GF" if mode != "Tag" else "%x00%x00%x00"
-        tags = ["--decorate-refs=refs/tags/"] if mode != "HEAD" else []  # %D: its tags
-        walk = ["--ancestry-path", "--topo-order", f"{since}..{commit}"] if since else [commit]
-        return self._start(top, common, "log", "-1", "--no-show-signature", *tags,
-                           f"--format={signature}%x00%T%x00{'%D' if tags else ''}%x00%H", *walk, "--")
+    def _check(self, store: Store, co: Checkout, directory: Path, last_applied: Baseline | str | None,
+               allow_rollback: bool, held) -> Verdict:
+        try:
+            commit = store.commit(co.commit)
+        except ObjectError as e:
+            return Verdict(co.commit, False, "bad-object", f"the commit cannot be read: {e}")
+        verdict = self._signature(store, co, commit)
+        if not verdict.ok:
+            return verdict
+        baseline = Baseline(last_applied) if isinstance(last_applied, str) else last_applied
+        rule, passed = "", True
+        if baseline is not None and baseline.revision != co.commit and _is_commit(baseline.revision):
+            passed, rule = self._descent(store, co.commit, commit, baseline)
+            if not passed:
+                if not (allow_rollback or self.spec.allow_rollback):
+                    return Verdict(co.commit, False, "rollback", f"{rule}; `nftrec apply --allow-rollback` applies it "
+                                   "once", verdict.signer, verdict.key, time=commit.commit_time)
+        try:
+            files = manifest_files(store, co.commit, co.sub, os.path.join(str(directory), ""), held)
+        except ObjectError as e:
+            return Verdict(co.commit, False, "bad-object", f"the commit's tree cannot be read: {e}", verdict.signer,
+                           verdict.key, time=commit.commit_time)
+        return Verdict(co.commit, True, message=rule, signer=verdict.signer, key=verdict.key,
+                       rollback_allowed=not passed, time=commit.commit_time, files=files)
 
-    def _status(self, top: Path, common: Path, sub: str) -> _Started:
-        return self._start(top, common, "status", "--porcelain=v1", "-z", "--untracked-files=all",
-                           "--ignored=matching", "--no-renames", "--", sub)
+    def _signature(self, store: Store, co: Checkout, commit) -> Verdict:
+        """The commit's own signature (modes HEAD, TagAndHEAD), and in Tag modes that of an
+        annotated tag whose target is the commit."""
+        from reconciler.intake.gitsign import check_signature
 
-    def _signature(self, top: Path, common: Path, commit: str, fields: list[str]) -> Verdict:
-        """The verdict of `git log`'s %G? fields, and in Tag modes of the tags in %D."""
         mode = self.spec.mode
         if mode in ("Tag", "TagAndHEAD"):
-            names = sorted(d[5:] for d in fields[5].split(", ") if d.startswith("tag: "))
-            tagged = self._tag(top, common, commit, names)
+            tagged = self._tag(store, co)
             if not tagged.ok or mode == "Tag":
                 return tagged
-        status, key, signer, fpr = fields[:4]
-        signer, key = _clean(signer), fpr or key
-        if status == "G":
-            return Verdict(commit, True, signer=signer, key=key)
-        reason, sentence = _STATUS.get(status, ("bad-signature", f"git says {status!r} about the signature"))
-        return Verdict(commit, False, reason, sentence, signer if status != "E" else "", key)
+        payload = commit.raw_without_sig() if commit.gpgsig else commit.as_raw_string()
+        checked = check_signature(self.keys, payload, commit.gpgsig or None)
+        if not checked.ok:
+            return Verdict(co.commit, False, checked.reason, checked.message, checked.signer, checked.key)
+        return Verdict(co.commit, True, signer=checked.signer, key=checked.key)
 
-    def _tag(self, top: Path, common: Path, commit: str, tags: list[str]) -> Verdict:
-        """The first of the tags on `commit` whose signature verifies, else the refusal."""
+    def _tag(self, store: Store, co: Checkout) -> Verdict:
+        """The first annotated tag of the commit whose signature verifies, else the refusal."""
+        from reconciler.intake.gitsign import check_signature
+
         last = None
-        for tag in tags:
-            v = self._git(top, common, "verify-tag", "--raw", f"refs/tags/{tag}")
-            said = v.stderr.decode("utf-8", "replace")
-            if "cannot verify a non-tag object" in said:
-                continue  # a lightweight tag: no tag object to sign
-            m = re.search(r"VALIDSIG ([0-9A-F]+)|key (SHA256:\S+)", said)
-            key = next((g for g in m.groups() if g), "") if m else ""
-            who = re.search(r"GOODSIG \S+ (.*)|Good \"git\" signature for (\S+)", said)
-            if v.returncode == 0 and who is not None and "TRUST_UNDEFINED" not in said and "TRUST_NEVER" not in said:
-                return Verdict(commit, True, signer=_clean(next((g for g in who.groups() if g), "")) if who else "",
-                               key=key or "?")
-            reason = ("unsigned" if "no signature found" in said else
-                      "unknown-key" if "NO_PUBKEY" in said or "No principal" in said else "bad-signature")
-            last = Verdict(commit, False, reason, f"tag {show(tag)} does not carry a signature of verify.keys", key=key)
-        return last or Verdict(commit, False, "no-tag", "verify.mode is Tag but no annotated tag points at this commit")
+        for name, oid in sorted(tag_refs(co.common).items()):
+            try:
+                if store.kind(oid) != "tag":
+                    continue  # a lightweight tag: no tag object to sign
+                tag = store.tag(oid)
+            except ObjectError:
+                continue
+            cls, target = tag.object
+            if target.decode("ascii") != co.commit or cls.type_name != b"commit":
+                continue
+            payload = tag.raw_without_sig() if tag.signature else tag.as_raw_string()
+            checked = check_signature(self.keys, payload, tag.signature or None)
+            if checked.ok:
+                return Verdict(co.commit, True, signer=checked.signer, key=checked.key)
+            last = Verdict(co.commit, False, checked.reason, f"tag {show(name)} does not carry a signature of "
+                           f"verify.keys ({checked.message})", key=checked.key)
+        return last or Verdict(co.commit, False, "no-tag", f"verify.mode is {self.spec.mode} but no annotated tag "
+                               "in the repository points at this commit")
+
+    @staticmethod
+    def _descent(store: Store, oid: str, commit, baseline: Baseline) -> tuple[bool, str]:
+        """(passes, the rule that decided, as a sentence) for a commit other than the baseline."""
+        last = baseline.revision[:12]
+        found = store.descends(oid, baseline.revision)
+        if found:
+            return True, ""
+        if found is False:
+            return False, (f"it does not descend from the last applied revision {last} (the history between "
+                           "them is present: a replayed older commit or a force-push)")
+        cut = f"history not available (a shallow fetch or a pruned commit) between it and the last applied revision {last}"
+        if baseline.revision.encode("ascii") in commit.parents:
+            return True, f"{cut}; a direct child of it"
+        then = baseline.time
+        if then is None:
+            try:
+                then = store.commit(baseline.revision).commit_time
+            except ObjectError:
+                return False, (f"{cut}, and its time is not known (neither recorded in the state directory nor in "
+                               "the repository)")
+        if commit.commit_time > then:
+            return True, f"{cut}; its signed committer time {_when(commit.commit_time)} is newer than {_when(then)}"
+        return False, (f"{cut}, and its signed committer time {_when(commit.commit_time)} is not newer than the last "
+                       f"applied revision's ({_when(then)}): an older commit fetched again?")
 
 
-
-def _changed_files(done: subprocess.CompletedProcess, top: Path, sub: str) -> tuple[str, str] | None:
-    """(reason, sentence) when `git status` of `sub` shows a file that is not the
-    commit's: a tracked file changed, or a manifest file git does not track (ignored
-    ones too)."""
-    if done.returncode != 0:
-        said = done.stderr.decode("utf-8", "replace").strip().splitlines()
-        raise TrustError(f"git status failed in {top}: {said[0] if said else done.returncode}")
-    for item in done.stdout.split(b"\0"):
-        if len(item) < 4:
-            continue
-        code, path = item[:2].decode(), item[3:].decode("utf-8", "surrogateescape")
-        rel = path[len(sub) + 1:] if sub != "." and path.startswith(sub + "/") else path
-        if any(part.startswith(".") for part in rel.split("/")):
-            continue  # never read (.git, git-sync's .tmp-*)
-        if code in ("??", "!!"):
-            if path.endswith(SUFFIXES):
-                return "untracked-file", f"{show(path)} is a manifest file that git does not track"
-        else:
-            return "modified-file", f"{show(path)} differs from the signed commit"
-    return None
+def _when(t: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
 
 
-@functools.lru_cache(maxsize=None)
-def git_version() -> tuple[int, ...]:
-    """git's version, as (major, minor); (0, 0) when it cannot tell. Asked once per
-    process: not one more git process per revision."""
-    try:
-        out = subprocess.run(["git", "--version"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
-        return (0, 0)
-    m = re.search(r"(\d+)\.(\d+)", out)
-    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
-
-
-def checkout_of(directory: Path) -> tuple[Path, Path, str, str]:
-    """intake.git's view of the checkout at `directory` (resolved: git-sync's `current`
-    link names one revision, read once); TrustError when it is not a git checkout."""
+def checkout_of(directory: Path) -> Checkout:
+    """The checkout at `directory` (resolved: git-sync's `current` link names one
+    revision, read once); TrustError when it is not a git checkout."""
     root = Path(directory).resolve()
     co = find_checkout(root) if root.is_dir() else None
     if co is None:
@@ -367,8 +250,3 @@ def checkout_of(directory: Path) -> tuple[Path, Path, str, str]:
 
 def _is_commit(rev: str) -> bool:
     return re.fullmatch(r"[0-9a-f]{40}([0-9a-f]{24})?", rev) is not None
-
-
-def _clean(text: str) -> str:
-    """A signer's name as one printable line (it comes from a key's user id)."""
-    return re.sub(r"[\x00-\x1f\x7f]", "?", text)[:200]

@@ -34,7 +34,7 @@ class _Stat:
     st_size: int
 
 
-class _Blob:
+class Blob:
     """The part of pathlib.Path that load.read_file uses (`name`, `stat`, `read_bytes`),
     over bytes already in memory. `name` decides the parser: `.json` JSON, else YAML
     (which also reads JSON, as kubectl's YAML-or-JSON decoder does for stdin)."""
@@ -61,7 +61,7 @@ def load_blobs(files: list[tuple[str, bytes | int]], *, revision: str | None, ro
     limit, refused unread."""
     problems = list(problems or [])
     docs: list[Document] = []
-    digest = tree_digest([read_file(display, _Blob(display.rsplit("/", 1)[-1], raw), problems, docs)  # type: ignore[arg-type]
+    digest = tree_digest([read_file(display, Blob(display.rsplit("/", 1)[-1], raw), problems, docs)  # type: ignore[arg-type]
                           for display, raw in sorted(files, key=lambda f: f[0])], prefix=root)
     return LoadResult(docs, problems, revision or f"sha256:{digest}", digest, len(files), root)
 
