@@ -1,10 +1,10 @@
 """The daemon's state and its sync function: one revision of the manifests to the kernel.
 
-Each sync reads the changed files, compiles the changed Services and commits the
-difference. Partial: the kernel's generation token is our last commit's, so the diff is
-against the ruleset in memory (no listing), verified by the token advancing by one. Full
-(first, every fullSyncPeriod, after a failure or SIGHUP, or a foreign token): lists,
-reports drift and repairs it. An invalid revision is recorded; the last good one stays.
+Each sync reads the changed files, compiles the changed Services and commits the difference.
+Partial: the kernel's generation token is our last commit's, so the diff is against the
+ruleset in memory (no listing), verified by the token advancing by one. Full (first, every
+fullSyncPeriod, after a failure or SIGHUP, or a foreign token): lists, reports drift and
+repairs it. An invalid revision is recorded; the last good one stays.
 """
 
 from __future__ import annotations
@@ -258,13 +258,11 @@ class Daemon:
         changed = self.changes() if self.changes is not None else None
         if self.need_full or full_due:
             changed = None  # a full sync walks the tree: the safety net for a missed event
-        snap = self.gate.read(self.intake, changed, again=self.last_digest is None)
-        if snap is not None and self.on_root is not None:  # None: the commit verified last, unchanged
+        snap = self.gate.read(self.intake, changed, again=self.last_digest is None)  # None: verified last, unchanged
+        if snap is not None and self.on_root is not None:
             self.on_root(snap.root)
         if (unsigned := self.gate.take_unfetched()) is not None:  # an OCI artifact refused before its layer
-            self.invalid = unsigned
-            self._write(lambda: self._record(self.store.record_attempt, *unsigned))
-            self._set_revisions()
+            self._refused(*unsigned)
         if snap is not None and (snap.digest, snap.revision) != self.last_digest:  # (a newer one published since: it counts)
             self._take(snap)
         if self.prober is not None and self.declared is not None and self.prober.generation != self.probe_generation:
@@ -326,6 +324,11 @@ class Daemon:
         """The next sync checks the revision read last again (its signatures changed)."""
         self.last_digest = None
 
+    def _refused(self, revision: str, message: str) -> None:
+        self.invalid = (revision, message)
+        self._write(lambda: self._record(self.store.record_attempt, revision, message))
+        self._set_revisions()
+
     def _take(self, snap: Snapshot) -> None:
         """A new revision read: log its problems; compile it when valid."""
         self.last_digest = (snap.digest, snap.revision)
@@ -334,10 +337,7 @@ class Daemon:
         compiled, message = None, None
         refused = self.gate.refusal(snap) if snap.ok and snap.root else None
         if refused is not None:  # logged by the gate; kept like an invalid revision
-            self.invalid = (snap.revision, refused)
-            self._write(lambda: self._record(self.store.record_attempt, snap.revision, refused))
-            self._set_revisions()
-            return
+            return self._refused(snap.revision, refused)
         if snap.ok:
             try:
                 # the first compile keeps the last applied ruleset's endpoint index ranges

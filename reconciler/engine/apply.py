@@ -168,8 +168,8 @@ def run_plan(desired, target: Target, *, verbose: bool, output: str, detailed: b
                 kernel_generation=token, transaction=list(plan.transaction.ops),
                 summary=to_json(plan, **context)["summary"],
                 verification=None if verdict is None else {
-                    "source": str(Path(desired.source).absolute()), "revision": verdict.revision,
-                    "signer": verdict.signer, "key": verdict.key, "time": verdict.time},
+                    "source": str(Path(desired.source.root).absolute()), "oci": desired.source.oci,
+                    "revision": verdict.revision, "signer": verdict.signer, "key": verdict.key, "time": verdict.time},
             )
             try:
                 planfile.save(saved, out)
@@ -329,6 +329,17 @@ def run_apply(target: Target, *, desired=None, plan_path: Path | None = None,
         lock.release()
 
 
+def saved_source(made: dict):
+    """The source a saved plan's verification names: an OCI artifact's tree (its store
+    opened as the OCI source's again), else the directory."""
+    from reconciler.intake import ManifestSource, open_store
+
+    root = Path(made["source"])
+    if made.get("oci"):
+        open_store(root.parent)
+    return ManifestSource(str(root), root, oci=bool(made.get("oci")))
+
+
 def verify_saved(saved, path: Path, node, store, allow_rollback: bool):
     """(Verdict, trust) of a saved plan's revision when the node config sets `verify`, else
     (None, None): verified again at the source the plan names, against the rollback
@@ -345,7 +356,7 @@ def verify_saved(saved, path: Path, node, store, allow_rollback: bool):
                            f"{short_revision(saved.revision)} was never checked; nothing was changed. Make the plan "
                            f"again with verify set (`nftrec plan DIR --out {path}` with this node config)")
     try:
-        verdict, trust = check_signed(node, Path(made["source"]), rollback_baseline(store), allow_rollback)
+        verdict, trust = check_signed(node, saved_source(made), rollback_baseline(store), allow_rollback)
     except Unverified as e:
         if e.record:
             store.record_attempt(e.revision or saved.revision, str(e))

@@ -25,7 +25,7 @@ class Desired:
     config_digest: str | None = None  # intake.config_digest of `config` (after discovery)
     verdict: object = None  # intake.Verdict of the revision's signature when `verify` is set
     trust: str | None = None  # how `verify` accepted it (desired.trust_of)
-    source: Path | None = None  # the directory read (a saved plan verifies its revision there again)
+    source: ManifestSource | None = None  # what was read (a saved plan verifies its revision there again)
 
     @property
     def revision(self) -> str:
@@ -328,14 +328,13 @@ def load_desired(directory: Path, config_path: Path | None, *, strict: bool = Fa
     argument), run before the manifests are read: with a git checkout, what is parsed is
     then the verified commit's files (Verdict.files)."""
     from reconciler.compile import compile_ruleset
-    from reconciler.intake import config_digest, read_inventory, read_verified
+    from reconciler.intake import ManifestSource, config_digest, read_inventory, read_verified
 
     config, config_problems = load_config(config_path, netns, interfaces=interfaces, cache_dir=config_cache)
     verdict = trust = None
+    source = source or ManifestSource(str(directory), Path(directory))
     if signed is not None and not any(p.is_error for p in config_problems):
-        from reconciler.intake import ManifestSource
-
-        verdict, trust = check_signed(config, source or ManifestSource(str(directory), Path(directory)), *signed)
+        verdict, trust = check_signed(config, source, *signed)
         after_verify(directory)
     if verdict is not None and verdict.files is not None:  # exactly the verified commit's bytes
         result = read_verified(verdict.files, strict=strict, cache_dir=cache_dir)
@@ -353,7 +352,7 @@ def load_desired(directory: Path, config_path: Path | None, *, strict: bool = Fa
     if not compile:
         _warn_loopback(config)
         return Desired(result.inventory, config, None, result.digest, config_digest(config, strict=strict), verdict,
-                       trust, directory)
+                       trust, source)
     try:
         with progress.step(f"compiling {len(result.inventory.services)} Services"):
             ruleset = compile_ruleset(result.inventory, config)
@@ -362,7 +361,7 @@ def load_desired(directory: Path, config_path: Path | None, *, strict: bool = Fa
         raise InvalidInput(result.inventory.revision, 1, directory) from None
     _warn_loopback(config)
     return Desired(result.inventory, config, ruleset, result.digest, config_digest(config, strict=strict), verdict,
-                       trust, directory)
+                       trust, source)
 
 
 def _warn_loopback(config: NodeConfig) -> None:

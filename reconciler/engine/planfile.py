@@ -102,7 +102,7 @@ _FIELDS: tuple[tuple[str, str, tuple[type, ...], bool], ...] = (
 )
 # the verification's fields: (key, types, nullable)
 _VERIFICATION = (("source", str, False), ("revision", str, False), ("signer", str, False), ("key", str, False),
-                 ("time", int, True))
+                 ("time", int, True), ("oci", bool, True))
 
 
 def _checksum(doc: dict) -> str:
@@ -156,7 +156,7 @@ def load(path: Path) -> SavedPlan:
         raise PlanFileError(path, f"{path}: 'transaction' must be a list of nft command strings; {remake}")
     made = values["verification"]
     if made is not None and not all((made.get(k) is None and nullable) or (isinstance(made.get(k), t) and
-                                    not isinstance(made.get(k), bool)) for k, t, nullable in _VERIFICATION):
+                                    (t is bool or not isinstance(made.get(k), bool))) for k, t, nullable in _VERIFICATION):
         raise PlanFileError(path, f"{path}: field 'verification' lacks a field or has one of the wrong type; {remake}")
     plan = SavedPlan(**values)
     try:

@@ -20,7 +20,6 @@ import base64
 import binascii
 import hashlib
 import json
-import os
 import re
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
