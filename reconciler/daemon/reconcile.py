@@ -118,8 +118,7 @@ class Daemon:
         self._addr_lock = threading.Lock()
         self._pending_addresses: tuple | None = None
         self._sync_reason: str | None = None
-        # Readiness probes (daemon/probing.py): the prober's results are an input
-        # to compile; `declared` is the last good revision as read, before them.
+        # readiness probes (daemon/probing.py): an input to compile; `declared`: the last good revision as read
         self.prober = None
         self.declared: Inventory | None = None
         self.probe_generation = 0
