@@ -63,7 +63,7 @@ def _event_watcher(daemon: Daemon, runner: Runner):
             runner.run()
 
     try:
-        events = EventWatcher(daemon.target.netns, daemon.target.table, on_tamper)
+        events = EventWatcher(daemon.target.netns, daemon.target.table, on_tamper, made=daemon.nft.made)
     except Exception as e:
         logs.log.warning(f"cannot subscribe to nftables events ({e}); another process's changes to table "
                          f"{daemon.target.table} are repaired by full syncs (fullSyncPeriod) only")

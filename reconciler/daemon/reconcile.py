@@ -33,7 +33,7 @@ from reconciler.daemon.signed import SignatureGate
 from reconciler.intake import (
     Intake, Inventory, NodeConfig, Snapshot, discover_host_addresses, discover_node_ips, load_node_config,
 )
-from reconciler.kernel import Interface, NftError, Spellings, canonical, fingerprint, kernel_token, read_live
+from reconciler.kernel import Interface, MayHaveCommitted, NftError, Spellings, canonical, fingerprint, kernel_token, read_live
 
 
 def _netns_id(netns: str | None) -> tuple | None:
@@ -97,7 +97,8 @@ class Daemon:
         self.applied: Compiled | None = None  # what our last commit put in the kernel
         self.token: int | None = None  # kernel token right after our last commit
         self.last_digest: tuple | None = None  # (input digest, revision) last read (valid or not)
-        self.invalid: tuple[str, str] | None = None  # (revision, message) of an invalid latest revision
+        # (revision, message, why: "invalid" or "unverified") of a refused latest revision
+        self.invalid: tuple[str, str, str] | None = None
         self.gate = SignatureGate(metrics)  # `verify`: only signed revisions are compiled
         self.need_full = True
         self.reload_config = False
@@ -208,24 +209,40 @@ class Daemon:
 
     # -- health
 
-    def healthy(self) -> tuple[bool, str]:
+    def refusal(self) -> tuple[str, str, str] | None:
+        """The newest revision read, when it was refused: (why: "invalid", "unverified" or
+        "rolled-back", revision, what was wrong)."""
         if self.invalid is not None:
-            return False, f"revision {short_revision(self.invalid[0])} is invalid and was not applied: {self.invalid[1]}"
+            return self.invalid[2], self.invalid[0], self.invalid[1]
         if self.rejected is not None:
-            return False, f"revision {short_revision(self.rejected[0])} was rolled back: {self.rejected[1]}"
+            return "rolled-back", *self.rejected
+        return None
+
+    def healthy(self) -> tuple[bool, str]:
+        """The data plane's health: the last good ruleset live and kept in sync. A refused
+        newest revision is named in the text; it fails only while nothing good is live."""
+        refused = self.refusal()
+        said = ""
+        if refused is not None:
+            why, revision, message = refused
+            said = f"revision {short_revision(revision)} was refused ({why}): {message}"
         why = self.repairs.unhealthy() if self.repairs is not None else None
         if why:
-            return False, why
+            return False, why + (f"; {said}" if said else "")
         period = self.config.full_sync_period if self.config else 3600.0
         now = self.clock()
         if self.last_success is None:
+            if said:
+                return False, f"no revision applied yet; {said}"
             if now - self.started > 2 * period:
                 return False, f"no successful sync since the start {now - self.started:.0f}s ago"
             return True, "starting: no sync yet"
         if now - self.last_success > 2 * period:
-            return False, f"no successful sync for {now - self.last_success:.0f}s (2 x fullSyncPeriod = {2 * period:.0f}s)"
-        return True, f"revision {short_revision(self.applied.inventory.revision if self.applied else None)} applied " \
-                     f"{now - self.last_success:.1f}s ago"
+            return False, (f"no successful sync for {now - self.last_success:.0f}s (2 x fullSyncPeriod = "
+                           f"{2 * period:.0f}s)" + (f"; {said}" if said else ""))
+        applied = f"revision {short_revision(self.applied.inventory.revision if self.applied else None)}"
+        return True, f"{applied} applied {now - self.last_success:.1f}s ago" + (
+            f"; {said}; the last good ruleset ({applied}) stays in the kernel" if said else "")
 
     # -- the sync function (runs on the runner's thread)
 
@@ -332,7 +349,7 @@ class Daemon:
         refused = self.gate.refusal(Path(snap.root), lambda: self.applied.inventory.revision if self.applied else
                                     read_status(self.store).last_applied_revision) if snap.ok and snap.root else None
         if refused is not None:  # logged by the gate; kept like an invalid revision
-            self.invalid = (snap.revision, refused)
+            self.invalid = (snap.revision, refused, "unverified")
             self._write(lambda: self._record(self.store.record_attempt, snap.revision, refused))
             self._set_revisions()
             return
@@ -346,7 +363,7 @@ class Daemon:
         else:
             message = f"{snap.errors} error(s) in the input"
         if compiled is None:
-            self.invalid = (snap.revision, message)
+            self.invalid = (snap.revision, message, "invalid")
             logs.log.error(f"revision {short_revision(snap.revision)} of {self.intake.shown} is invalid ({message}); "
                            f"it was not applied and the last good ruleset stays in the kernel. "
                            f"Run `nftrec validate {self.intake.shown}` for the full report.",
@@ -371,6 +388,8 @@ class Daemon:
     def _set_revisions(self) -> None:
         if self.metrics is None:
             return
+        refused = self.refusal()
+        self.metrics.set_refused(refused[0] if refused else None)
         applied = self.applied.inventory.revision if self.applied else None
         attempted = self.invalid[0] if self.invalid else self.rejected[0] if self.rejected else (
             self.desired.inventory.revision if self.desired else None)
@@ -434,6 +453,10 @@ class Daemon:
                 full, reason = True, "a transaction planned from memory failed"
             verified_live, after = verify_commit(nft, self.target, desired.ruleset, token_before=token,
                                                  committed=not plan.empty, full=full)
+        except MayHaveCommitted as e:  # the previous ruleset may be gone: what restores it is used, not dropped
+            health.undo(self, pending, f"the commit may have happened: {e.text.strip()}")
+            self._failed(desired, start, full, f"the transaction may have committed (the next full sync lists the "
+                         f"kernel and repairs it): {e.text.strip()}")
         except NftError as e:
             health.discard(self, pending)  # the transaction is atomic: nothing to roll back
             self._failed(desired, start, full, f"the kernel rejected the transaction; nothing was changed "

@@ -28,7 +28,7 @@ from reconciler.engine.state import HOST, StateCorrupt, read_history, read_statu
 from reconciler.engine.sync import clean_udp_conntrack, commit, forget_affinity_clients, touched_objects, verify_touched
 from reconciler.engine.target import CommandError, Target, short_revision
 from reconciler.engine.verify import slim_created, verify_listed
-from reconciler.kernel import (Interface, NftError, canonical, fingerprint, kernel_token, list_live, parse_live, read_live,
+from reconciler.kernel import (Interface, MayHaveCommitted, NftError, canonical, fingerprint, kernel_token, list_live, parse_live, read_live,
                                sweep_trace_tables)
 
 EXIT_OK, EXIT_ERROR, EXIT_CHANGES = 0, 1, 2
@@ -262,6 +262,12 @@ def run_apply(target: Target, *, desired=None, plan_path: Path | None = None,
         try:
             plan, _ = commit(nft, target.table, ruleset, plan, services,
                              from_memory="the recorded state" if fast else None)
+        except MayHaveCommitted as e:  # the pending confirmation stays: the next command rolls back first
+            store.record_attempt(revision, e.text)
+            raise CommandError(f"the transaction may have committed: {e.text.strip()}. " + (
+                f"The pending confirmation stays in {confirm_window.pending_path(store)}: the next nftrec command "
+                f"in {target.where} rolls back first" if pending is not None else
+                "Run `nftrec plan` to see what the kernel holds")) from None
         except NftError as e:
             if pending is not None:
                 confirm_window.clear_pending(store)  # atomic: nothing was committed
