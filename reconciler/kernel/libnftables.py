@@ -366,9 +366,8 @@ class Libnftables:
             if not outcome.ok:
                 self._renew_ctx()  # the child shared the context's netlink socket
                 reason = outcome.reason("running a commit" if commits else "reading this namespace's ruleset")
-                if commits and self._nl.generation() != gen:
-                    raise MayHaveCommitted(self._crash_text(reason, gen, commits))
-                raise Crashed(self._crash_text(reason, gen, commits))
+                text = self._crash_text(reason, gen, commits, outcome.crashed)
+                raise (MayHaveCommitted if commits and self._nl.generation() != gen else Crashed)(text)
             result = _unpack(outcome.stdout)
         if result[0] == 0:
             # A listing changes nothing: what it vouches for is kept under `gen`, which a
@@ -381,7 +380,7 @@ class Libnftables:
                 self._readable_gen = after
         return result
 
-    def _crash_text(self, reason: str, gen: int, commits: bool) -> str:
+    def _crash_text(self, reason: str, gen: int, commits: bool, crashed: bool) -> str:
         others = ", ".join(f"{f} {n}" for f, n in self._nl.tables())
         if self._nl.generation() == gen:
             changed = "nothing was changed"
@@ -389,5 +388,6 @@ class Libnftables:
             changed = "it may have committed: the ruleset generation moved"
         else:
             changed = "the ruleset changed meanwhile"
-        return (f"{reason} (in a child process: {changed}); the namespace's tables: {others or 'none'}. "
-                "Upgrade nftables to the version of the tool that wrote the foreign table, or remove that table")
+        return (f"{reason} (in a child process: {changed}); the namespace's tables: {others or 'none'}" + (
+            ". Upgrade nftables to the version of the tool that wrote the foreign table, or remove that table"
+            if crashed else ""))
