@@ -789,6 +789,10 @@ def test_invalid_revision_keeps_last_good_and_metrics(watched):
     _, metrics = w.http("/metrics")
     assert 'nftrec_revision_refused{reason="invalid"} 1.0' in metrics
     assert 'nftrec_revision_refused{reason="unverified"} 0.0' in metrics
+    alert = [NFTREC, "--state-dir", str(w.state), "status", "--detailed-exitcode", "--netns", w.ns,
+             "--config", str(w.config)]
+    p = subprocess.run(alert, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 3 and "attempted: revision" in p.stdout, p.stdout + p.stderr
     assert f'nftrec_attempted_revision_info{{revision="{bad["revision"]}"}} 1.0' in metrics
     assert f'nftrec_applied_revision_info{{revision="{st["lastAppliedRevision"]}"}} 1.0' in metrics
 
@@ -800,6 +804,7 @@ def test_invalid_revision_keeps_last_good_and_metrics(watched):
     assert code == 200 and "refused" not in body, body
     assert 'nftrec_revision_refused{reason="invalid"} 0.0' in w.http("/metrics")[1]
     st = w.status(lambda st: st["lastAppliedRevision"] == s["revision"])
+    assert subprocess.run(alert, capture_output=True, text=True, timeout=60).returncode == 0
     assert st["lastAttemptedRevision"] == st["lastAppliedRevision"] == s["revision"]
 
     _, m = w.http("/metrics")

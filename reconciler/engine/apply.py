@@ -32,6 +32,7 @@ from reconciler.kernel import (Interface, MayHaveCommitted, NftError, canonical,
                                sweep_trace_tables)
 
 EXIT_OK, EXIT_ERROR, EXIT_CHANGES = 0, 1, 2
+EXIT_NOT_APPLIED = 3  # `status --detailed-exitcode`: the newest revision attempted is not the applied one
 
 
 def _color(stream: TextIO) -> bool:
@@ -336,7 +337,7 @@ def _ahead_drift(nft: Interface, target: Target, commit) -> Changes | None:
     return None
 
 
-def run_status(target: Target, *, output: str, out_stream: TextIO = sys.stdout) -> int:
+def run_status(target: Target, *, output: str, detailed: bool = False, out_stream: TextIO = sys.stdout) -> int:
     store = target.store()
     status = read_status(store)
     entries = read_history(store)
@@ -410,4 +411,6 @@ def run_status(target: Target, *, output: str, out_stream: TextIO = sys.stdout) 
               + "; `nftrec plan` shows them, `nftrec apply` repairs them\n")
         for line in probe_status_lines(probes) + source_status_lines(source) + confirm_window.pending_status_lines(pending):
             w(line)
-    return EXIT_OK if drift is not None and drift.empty else EXIT_CHANGES
+    if drift is None or not drift.empty:
+        return EXIT_CHANGES
+    return EXIT_NOT_APPLIED if detailed and error else EXIT_OK
