@@ -2,8 +2,9 @@
 the kernel's nf_tables notifications (NETLINK_NETFILTER, group NFNLGRP_NFTABLES) in the
 target namespace, asks for a full sync at once. A batch's events arrive before the
 NFT_MSG_NEWGEN that closes it; its sending socket and the generation it made tell whose
-commit it was: nftrec's own are skipped. `Repairs` holds what is known and unrepaired, and backs off when
-another process keeps changing the table (two writers must not fight in a hot loop).
+commit it was: nftrec's own are skipped. `Repairs` holds what is known and unrepaired,
+and backs off when another process keeps changing the table (two writers must not fight
+in a hot loop).
 """
 
 from __future__ import annotations

@@ -19,8 +19,8 @@ import ctypes.util
 import json
 import os
 import struct
-import tempfile
 import signal
+import tempfile
 import threading
 from collections import deque
 from typing import Callable, TypeVar
@@ -366,23 +366,24 @@ class Libnftables:
             if not outcome.ok:
                 self._renew_ctx()  # the child shared the context's netlink socket
                 reason = outcome.reason("running a commit" if commits else "reading this namespace's ruleset")
-                text = self._crash_text(reason, gen, commits, outcome.crashed)
-                raise (MayHaveCommitted if commits and self._nl.generation() != gen else Crashed)(text)
+                moved = self._nl.generation() != gen
+                text = self._crash_text(reason, moved, commits, outcome.crashed or outcome.timed_out)
+                raise (MayHaveCommitted if commits and moved else Crashed)(text)
             result = _unpack(outcome.stdout)
         if result[0] == 0:
             # A listing changes nothing: what it vouches for is kept under `gen`, which a
             # foreign commit meanwhile only makes stale.
             after = self._nl.generation() if commits else gen
-            if commits and after == (gen + 1) & 0xFFFFFFFF:
-                self._generations.append(after)
             if after == (gen + commits) & 0xFFFFFFFF:
+                if commits:
+                    self._generations.append(after)  # ours (made()): nothing else committed in between
                 self._readable = kind | (self._readable if gen == self._readable_gen else frozenset())
                 self._readable_gen = after
         return result
 
-    def _crash_text(self, reason: str, gen: int, commits: bool, crashed: bool) -> str:
+    def _crash_text(self, reason: str, moved: bool, commits: bool, hint: bool) -> str:
         others = ", ".join(f"{f} {n}" for f, n in self._nl.tables())
-        if self._nl.generation() == gen:
+        if not moved:
             changed = "nothing was changed"
         elif commits:  # the kernel answered the commit before the child died, or someone else committed
             changed = "it may have committed: the ruleset generation moved"
@@ -390,4 +391,4 @@ class Libnftables:
             changed = "the ruleset changed meanwhile"
         return (f"{reason} (in a child process: {changed}); the namespace's tables: {others or 'none'}" + (
             ". Upgrade nftables to the version of the tool that wrote the foreign table, or remove that table"
-            if crashed else ""))
+            if hint else ""))
