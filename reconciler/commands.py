@@ -491,12 +491,15 @@ def status(
     config: Optional[Path] = CONFIG_OPT,
     netns: Optional[str] = NETNS_OPT,
     output: str = _output_opt(),
+    detailed_exitcode: bool = typer.Option(False, "--detailed-exitcode",
+                                           help="Exit 3 when the newest revision attempted was not applied "
+                                                "(refused, rolled back or rejected; drift still exits 2)."),
 ) -> None:
     """Last applied revision and time, and whether the kernel drifted (exit 2)."""
     _check_output(output)
     from reconciler.engine import run_status
 
-    raise typer.Exit(_guard(run_status, _target(config, netns), output=output))
+    raise typer.Exit(_guard(run_status, _target(config, netns), output=output, detailed=detailed_exitcode))
 
 
 @app.command()

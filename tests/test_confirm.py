@@ -450,10 +450,11 @@ def test_watch_rolls_back_a_revision_failing_its_checks_and_applies_the_next_goo
         assert st["lastAttemptedRevision"] == bad_rev != st["lastAppliedRevision"] == first["revision"]
         assert st["lastError"].startswith("rolled back:") and "exited 1" in st["lastError"]
         assert st["pendingConfirmation"] is None
-        code, body = w.http("/healthz")
-        assert code == 503 and "rolled back" in body
+        code, body = w.http("/healthz")  # the previous ruleset is live: the data plane is healthy
+        assert code == 200 and "was refused (rolled-back)" in body and "stays in the kernel" in body, body
         _, metrics = w.http("/metrics")
         assert "nftrec_rollbacks_total 1.0" in metrics
+        assert 'nftrec_revision_refused{reason="rolled-back"} 1.0' in metrics
         assert f'nftrec_attempted_revision_info{{revision="{bad_rev}"}} 1.0' in metrics
 
         # not retried: full syncs (every 2s) keep the previous ruleset and no new check runs
@@ -522,3 +523,70 @@ def test_watch_stopped_during_its_checks_rolls_back_before_exiting(netns, tmp_pa
 def status_error(state: Path, ns: str) -> str:
     doc = json.loads((state / "netns" / ns / "tables" / "nftrec" / "status.json").read_text())
     return doc["lastError"] or ""
+
+
+# --- real kernel: a child that dies right after its commit ------------------------------------------
+
+# kernel/libnftables.py's test seam: a child that ran a committing command SIGKILLs itself
+# once the kernel answered the commit (every such child of the process)
+DIES = "NFTREC_TEST_CHILD_DIES_AFTER_COMMIT"
+
+
+@pytest.mark.kernel
+def test_a_child_killed_right_after_its_commit_may_have_committed(netns, monkeypatch):
+    from reconciler.kernel import Libnftables, MayHaveCommitted
+    from reconciler.kernel import libnftables
+
+    monkeypatch.setattr(libnftables, "_CHILD_DIES_AFTER_COMMIT", True)
+    with Libnftables(netns) as nft:
+        nft.list_table("ip", "nftrec")  # a child that commits nothing answers as before
+        with pytest.raises(MayHaveCommitted) as e:
+            nft.run_script("add table ip nftrec\n")  # the first of its kind: in a child
+    text = str(e.value)
+    assert "killed (SIGKILL)" in text and "may have committed" in text and "nothing was changed" not in text, text
+    assert table(netns, "ip")  # it had
+
+
+@pytest.mark.kernel
+def test_apply_whose_child_dies_after_the_commit_keeps_the_pending_confirmation(two):
+    ns, state, rev1, rev2, before = two
+    p = ok(nftrec("apply", str(rev2), "--confirm-timeout", "2s", "--health-tcp", "127.0.0.1:9", state=state, ns=ns,
+                  env={DIES: "1"}), 1)
+    assert "may have committed" in p.stderr and "nothing was changed" not in p.stderr, p.stderr
+    assert "pending confirmation stays" in p.stderr, p.stderr
+    assert pending_file(state, ns).exists() and snapshot(ns) != before  # rev2 is live, unconfirmed
+    p = nftrec("status", state=state, ns=ns)  # the next command rolls back first
+    assert "rolling back first" in p.stderr, p.stderr
+    assert snapshot(ns) == before and not pending_file(state, ns).exists()
+
+
+@pytest.mark.kernel
+def test_watch_whose_child_dies_after_the_commit_keeps_what_restores(netns, tmp_path, monkeypatch):
+    """The commit may have happened and the rollback's own child dies too: the pending
+    confirmation stays (each retry keeps its restore script, not the tables now), and
+    the next command puts back what was there before the first try."""
+    from test_watch import Watch, short_config
+
+    d = tmp_path / "m"
+    shutil.copytree(EDGE, d)
+    cfg = short_config(tmp_path)
+    cfg.write_text(cfg.read_text() + "healthChecks:\n  - cmd: 'true'\nhealthCheckTimeout: 5s\n")
+    state = tmp_path / "state"
+    add_foreign_table(netns)
+    before = snapshot(netns)
+    monkeypatch.setenv(DIES, "1")
+    w = Watch(netns, d, cfg, state)
+    try:
+        failed = w.wait(lambda: len([x for x in w.events("sync") if x.get("ok") is False]) >= 2 and
+                        [x for x in w.events("sync") if x.get("ok") is False], timeout=30, what="two failed syncs")
+        assert all("may have committed" in x["msg"] and "nothing was changed" not in x["msg"] for x in failed), failed
+        assert pending_file(state, netns).exists()
+        assert w.stop() == 0
+    finally:
+        if w.proc.poll() is None:
+            w.proc.kill()
+            w.proc.wait()
+    monkeypatch.delenv(DIES)
+    p = nftrec("status", state=state, ns=netns)
+    assert "rolling back first" in p.stderr, p.stderr
+    assert snapshot(netns) == before and not pending_file(state, netns).exists()  # no nftrec table, foreign as it was

@@ -10,6 +10,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from reconciler.daemon.metrics import Metrics, MetricsError, parse_address
+from reconciler.daemon.healthz import healthy
 
 
 # No proxies: an http_proxy in the environment must not intercept 127.0.0.1.
@@ -193,3 +194,43 @@ def test_close_frees_the_port():
     srv.close()  # idempotent
     again = Metrics().serve(f"127.0.0.1:{port}", lambda: (True, ""))
     again.close()
+
+
+def test_a_refused_revision_is_healthy_while_the_last_good_ruleset_is_live():
+    """healthz.healthy() describes the data plane: a refused newest revision (each kind) is
+    named but fails /healthz only while nothing was applied; the gauge names the kind."""
+    from types import SimpleNamespace
+
+    from reconciler.daemon.reconcile import Daemon
+
+    clock = [100.0]
+    d = SimpleNamespace(invalid=None, rejected=None, repairs=None, config=None, started=0.0, last_success=90.0,
+                        clock=lambda: clock[0], applied=SimpleNamespace(inventory=SimpleNamespace(revision="abc123")))
+    d.refusal = lambda: Daemon.refusal(d)
+    m = Metrics()
+    assert healthy(d) == (True, "revision abc123 applied 10.0s ago")
+    for why, field, value in [("invalid", "invalid", ("def456", "2 error(s) in the input", "invalid")),
+                              ("unverified", "invalid", ("def456", "refused (unsigned): no signature", "unverified")),
+                              ("rolled-back", "rejected", ("def456", "health check(s) did not pass"))]:
+        d.invalid = d.rejected = None
+        setattr(d, field, value)
+        ok, text = healthy(d)
+        assert ok and f"revision def456 was refused ({why}): {value[1]}" in text, text
+        assert "the last good ruleset (revision abc123) stays in the kernel" in text, text
+        m.set_refused(Daemon.refusal(d)[0])
+        got = samples(_scrape(m))
+        assert {k[1][0][1]: v for k, v in got.items() if k[0] == "nftrec_revision_refused"} == {
+            r: float(r == why) for r in ("invalid", "unverified", "rolled-back")}, got
+    d.last_success = d.applied = None  # nothing applied yet: nothing good is live
+    ok, text = healthy(d)
+    assert not ok and text.startswith("no revision applied yet; revision def456 was refused (rolled-back)"), text
+    m.set_refused(None)
+    assert not [v for k, v in samples(_scrape(m)).items() if k[0] == "nftrec_revision_refused" and v]
+
+
+def _scrape(m: Metrics) -> str:
+    srv = m.serve("127.0.0.1:0", lambda: (True, "ok"))
+    try:
+        return get(srv.url + "/metrics")[2]
+    finally:
+        srv.close()

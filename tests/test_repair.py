@@ -115,8 +115,8 @@ def test_repairs_back_off_after_a_fight_and_recover_after_a_quiet_window():
 
 @pytest.mark.kernel
 def test_event_watcher_reports_foreign_changes_to_its_table_only(netns):
-    from reconciler.daemon.repair import EventWatcher, _own_portids
-    from reconciler.kernel import Libnftables
+    from reconciler.daemon.repair import EventWatcher
+    from reconciler.kernel import Libnftables, own_portids
 
     seen: list = []
     got = threading.Event()
@@ -128,13 +128,12 @@ def test_event_watcher_reports_foreign_changes_to_its_table_only(netns):
     nft = Libnftables(netns)
     nft.run_script("add table ip scratch")  # the nft context's socket is open
     ev = EventWatcher(netns, "nftrec", on_tamper)
-    # a commit is ours by its pid (the committing thread's, in the kernel's first pid
-    # namespace) or, when this process runs in a pid namespace of its own, by its socket
-    ports = ev.call(_own_portids)
+    # a commit is ours by its socket, whatever pid namespace this process runs in
+    ports = ev.call(own_portids)
     mine = ev.sockets[0].getsockname()[0]
     assert mine in ports and len(ports) >= 2, ports  # the event socket and nft's
     ev._portids = set()  # found again on a miss, in the namespace (the loop's thread)
-    assert ev.call(lambda: all(ev._ours(p, 0) for p in ports) and not ev._ours(max(ports) + 1, 0))
+    assert ev.call(lambda: all(ev._ours(p, -1) for p in ports) and not ev._ours(max(ports) + 1, -1))
     ev.start()
     try:
         # this process's own commits (the nft worker thread's) are not reported
@@ -185,6 +184,62 @@ def test_lost_events_are_reported_once_and_do_not_smear_into_the_next_batch(netn
     finally:
         ev.stop()
         nft.close()
+
+
+# Run as a program of its own (in a pid namespace for the second case): nftrec's nft object
+# commits while the event watcher is subscribed but not yet reading, as when its thread
+# lags behind a burst; it reads once the contexts that made the commits are gone.
+OWN_COMMITS = r"""
+import json, subprocess, sys, time
+from reconciler.daemon.repair import EventWatcher
+from reconciler.kernel import Libnftables
+
+ns = sys.argv[1]
+seen = []
+nft = Libnftables(ns)
+ev = EventWatcher(ns, "nftrec", seen.append, made=nft.made)
+# the first commit of its kind runs in a child process, whose pid is gone afterwards
+nft.run_script("add table ip nftrec\nadd set ip nftrec s { type ipv4_addr; }\n")
+# more than 1 MiB: the context is renewed after it (libnftables' _TRIM_AFTER)
+elements = ", ".join(f"10.{i // 62500}.{(i // 250) % 250}.{i % 250}" for i in range(100000))
+nft.run_script(f"add element ip nftrec s {{ {elements} }}\n")
+nft.run_script("add element ip nftrec s { 192.168.0.1 }\n")  # in-process, on the new context
+nft.list_table("ip", "nftrec")  # a listing of more than 1 MiB: renewed again
+subprocess.run(["ip", "netns", "exec", ns, "nft", "delete", "element", "ip", "nftrec", "s", "{ 192.168.0.1 }"],
+               check=True)
+ev.start()
+deadline = time.monotonic() + 10
+while ev.own + ev.foreign < 4 and time.monotonic() < deadline:
+    time.sleep(0.05)
+time.sleep(0.2)
+ev.stop()
+nft.close()
+print(json.dumps({"own": ev.own, "foreign": ev.foreign, "lost": ev.lost, "seen": [str(t) for t in seen]}))
+"""
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("pidns", [False, True], ids=["host-pids", "pid-namespace"])
+def test_own_commits_are_known_after_the_context_that_made_them_is_gone(netns, pidns):
+    """A commit made in a child, a big one after which the context was renewed, and one on
+    the renewed context (a pid namespace hides the kernel's pids from the watcher) are
+    nftrec's own; another process's delete is still reported, by its pid and name."""
+    import json
+    import subprocess
+    import sys
+
+    argv = [sys.executable, "-c", OWN_COMMITS, netns]
+    if pidns:
+        if shutil.which("unshare") is None:
+            pytest.fail("unshare (util-linux) is needed")
+        argv = ["unshare", "--pid", "--fork", "--mount-proc", *argv]
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    got = json.loads(p.stdout.splitlines()[-1])
+    assert got["lost"] == 0, got  # the buffer (RCVBUF) holds them all: each batch is judged
+    assert got["own"] == 3 and got["foreign"] == 1, got
+    assert len(got["seen"]) == 1 and got["seen"][0].startswith("table ip nftrec: 1 element deleted by pid "), got
+    assert got["seen"][0].endswith(" (nft)"), got
 
 
 # --- nftrec watch in a namespace -------------------------------------------------------------

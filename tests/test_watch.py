@@ -768,9 +768,17 @@ def test_invalid_revision_keeps_last_good_and_metrics(watched):
     assert listing(w.ns) == before  # the last good ruleset stays
     st = w.status(lambda st: st["lastAttemptedRevision"] == bad["revision"])
     assert st["lastAttemptedRevision"] == bad["revision"] != st["lastAppliedRevision"]
-    code, body = w.http("/healthz")
-    assert code == 503 and "invalid" in body
+    code, body = w.http("/healthz")  # the last good ruleset is live: healthy, and the refusal is named
+    from reconciler.engine import short_revision
+
+    assert code == 200 and f"revision {short_revision(bad['revision'])} was refused (invalid)" in body, body
     _, metrics = w.http("/metrics")
+    assert 'nftrec_revision_refused{reason="invalid"} 1.0' in metrics
+    assert 'nftrec_revision_refused{reason="unverified"} 0.0' in metrics
+    alert = [NFTREC, "--state-dir", str(w.state), "status", "--detailed-exitcode", "--netns", w.ns,
+             "--config", str(w.config)]
+    p = subprocess.run(alert, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 3 and "attempted: revision" in p.stdout, p.stdout + p.stderr
     assert f'nftrec_attempted_revision_info{{revision="{bad["revision"]}"}} 1.0' in metrics
     assert f'nftrec_applied_revision_info{{revision="{st["lastAppliedRevision"]}"}} 1.0' in metrics
 
@@ -779,8 +787,10 @@ def test_invalid_revision_keeps_last_good_and_metrics(watched):
     s = w.wait_sync(mark)
     assert s["servicesChanged"] == ["~default/web"]
     code, body = w.http("/healthz")
-    assert code == 200, body
+    assert code == 200 and "refused" not in body, body
+    assert 'nftrec_revision_refused{reason="invalid"} 0.0' in w.http("/metrics")[1]
     st = w.status(lambda st: st["lastAppliedRevision"] == s["revision"])
+    assert subprocess.run(alert, capture_output=True, text=True, timeout=60).returncode == 0
     assert st["lastAttemptedRevision"] == st["lastAppliedRevision"] == s["revision"]
 
     _, m = w.http("/metrics")

@@ -16,6 +16,7 @@ import threading
 from pathlib import Path
 
 from reconciler import logs
+from reconciler.daemon.healthz import healthy
 from reconciler.daemon.probing import start_probes
 from reconciler.daemon.reconcile import Daemon
 from reconciler.heap import for_daemon, trim_heap
@@ -63,7 +64,7 @@ def _event_watcher(daemon: Daemon, runner: Runner):
             runner.run()
 
     try:
-        events = EventWatcher(daemon.target.netns, daemon.target.table, on_tamper)
+        events = EventWatcher(daemon.target.netns, daemon.target.table, on_tamper, made=daemon.nft.made)
     except Exception as e:
         logs.log.warning(f"cannot subscribe to nftables events ({e}); another process's changes to table "
                          f"{daemon.target.table} are repaired by full syncs (fullSyncPeriod) only")
@@ -122,8 +123,8 @@ def run_watch(directory: Path, config_path: Path | None, target: Target, *, stri
         cfg = daemon.config
         if metrics_address:
             try:
-                server = metrics.serve(metrics_address, daemon.healthy if fetcher is None else lambda: _with_source(
-                    daemon.healthy(), fetcher.health_note()))
+                server = metrics.serve(metrics_address, (lambda: healthy(daemon)) if fetcher is None else lambda: _with_source(
+                    healthy(daemon), fetcher.health_note()))
             except MetricsError as e:
                 logs.log.error(f"{e}; give --metrics-address HOST:PORT, or \"\" to disable metrics")
                 return 1

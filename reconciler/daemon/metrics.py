@@ -21,6 +21,7 @@ from prometheus_client.core import GaugeMetricFamily
 log = logging.getLogger("nftrec.metrics")
 
 SYNC_KINDS = ("full", "partial")
+REFUSALS = ("invalid", "unverified", "rolled-back")  # why the newest revision was not applied
 # kube-proxy's sync_proxy_rules_duration_seconds buckets: 1 ms … ~16 s.
 SYNC_BUCKETS = tuple(0.001 * 2**i for i in range(15))
 
@@ -93,6 +94,11 @@ class Metrics:
         self._rollbacks = Counter(
             "nftrec_rollbacks", "Revisions rolled back because their healthChecks did not pass after the apply "
             "(or nftrec watch stopped first).", registry=r)
+        self._refused = Gauge(
+            "nftrec_revision_refused", "1 while the newest revision read is refused, by why: invalid (the input), "
+            "unverified (by verify), rolled-back (its healthChecks failed); the last good ruleset stays in the "
+            "kernel.", ["reason"], registry=r)
+        self.set_refused(None)
         self._revisions = _Revisions()
         r.register(self._revisions)
         self._unverified = Counter(
@@ -128,6 +134,11 @@ class Metrics:
 
     def set_revisions(self, applied: str | None, attempted: str | None) -> None:
         self._revisions.pair = (applied, attempted)
+
+    def set_refused(self, reason: str | None) -> None:
+        """The newest revision's refusal (one of REFUSALS), None when it was not refused."""
+        for r in REFUSALS:
+            self._refused.labels(r).set(1 if r == reason else 0)
 
     def verification_failed(self, reason: str) -> None:
         self._unverified.labels(reason).inc()

@@ -31,7 +31,7 @@ from reconciler.daemon import health
 from reconciler.daemon.signed import SignatureGate
 from reconciler.intake import (Intake, Inventory, NodeConfig, Snapshot, discover_host_addresses, discover_node_ips,
                                load_node_config)
-from reconciler.kernel import Interface, NftError, Spellings, canonical, fingerprint, kernel_token, read_live
+from reconciler.kernel import Interface, MayHaveCommitted, NftError, Spellings, canonical, fingerprint, kernel_token, read_live
 
 
 def _netns_id(netns: str | None) -> tuple | None:
@@ -96,7 +96,7 @@ class Daemon:
         self.applied: Compiled | None = None  # what our last commit put in the kernel
         self.token: int | None = None  # kernel token right after our last commit
         self.last_digest: tuple | None = None  # (input digest, revision) last read (valid or not)
-        self.invalid: tuple[str, str] | None = None  # (revision, message) of an invalid latest revision
+        self.invalid: tuple[str, str, str] | None = None  # (revision, message, "invalid" or "unverified")
         self.gate = SignatureGate(metrics, lambda: rollback_baseline(self.store))  # `verify`
         self.need_full = True
         self.reload_config = False
@@ -206,24 +206,14 @@ class Daemon:
 
     # -- health
 
-    def healthy(self) -> tuple[bool, str]:
+    def refusal(self) -> tuple[str, str, str] | None:
+        """The newest revision read, when it was refused: (why: "invalid", "unverified" or
+        "rolled-back", revision, what was wrong)."""
         if self.invalid is not None:
-            return False, f"revision {short_revision(self.invalid[0])} is invalid and was not applied: {self.invalid[1]}"
+            return self.invalid[2], self.invalid[0], self.invalid[1]
         if self.rejected is not None:
-            return False, f"revision {short_revision(self.rejected[0])} was rolled back: {self.rejected[1]}"
-        why = self.repairs.unhealthy() if self.repairs is not None else None
-        if why:
-            return False, why
-        period = self.config.full_sync_period if self.config else 3600.0
-        now = self.clock()
-        if self.last_success is None:
-            if now - self.started > 2 * period:
-                return False, f"no successful sync since the start {now - self.started:.0f}s ago"
-            return True, "starting: no sync yet"
-        if now - self.last_success > 2 * period:
-            return False, f"no successful sync for {now - self.last_success:.0f}s (2 x fullSyncPeriod = {2 * period:.0f}s)"
-        return True, f"revision {short_revision(self.applied.inventory.revision if self.applied else None)} applied " \
-                     f"{now - self.last_success:.1f}s ago"
+            return "rolled-back", *self.rejected
+        return None
 
     # -- the sync function (runs on the runner's thread)
 
@@ -324,7 +314,7 @@ class Daemon:
         self.last_digest = None
 
     def _refused(self, revision: str, message: str) -> None:
-        self.invalid = (revision, message)
+        self.invalid = (revision, message, "unverified")
         self._write(lambda: self._record(self.store.record_attempt, revision, message))
         self._set_revisions()
 
@@ -347,7 +337,7 @@ class Daemon:
         else:
             message = f"{snap.errors} error(s) in the input"
         if compiled is None:
-            self.invalid = (snap.revision, message)
+            self.invalid = (snap.revision, message, "invalid")
             logs.log.error(f"revision {short_revision(snap.revision)} of {self.intake.shown} is invalid ({message}); "
                            f"it was not applied and the last good ruleset stays in the kernel. "
                            f"Run `nftrec validate {self.intake.shown}` for the full report.",
@@ -373,6 +363,8 @@ class Daemon:
     def _set_revisions(self) -> None:
         if self.metrics is None:
             return
+        refused = self.refusal()
+        self.metrics.set_refused(refused[0] if refused else None)
         applied = self.applied.inventory.revision if self.applied else None
         attempted = self.invalid[0] if self.invalid else self.rejected[0] if self.rejected else (
             self.desired.inventory.revision if self.desired else None)
@@ -436,6 +428,10 @@ class Daemon:
                 full, reason = True, "a transaction planned from memory failed"
             verified_live, after = verify_commit(nft, self.target, desired.ruleset, token_before=token,
                                                  committed=not plan.empty, full=full)
+        except MayHaveCommitted as e:  # the previous ruleset may be gone: what restores it is used, not dropped
+            health.undo(self, pending, f"the commit may have happened: {e.text.strip()}")
+            self._failed(desired, start, full, f"the transaction may have committed (the next full sync lists the "
+                         f"kernel and repairs it): {e.text.strip()}")
         except NftError as e:
             health.discard(self, pending)  # the transaction is atomic: nothing to roll back
             self._failed(desired, start, full, f"the kernel rejected the transaction; nothing was changed "

@@ -1,15 +1,15 @@
 """Repair on nftables events: another process's change to nftrec's tables, noticed from
 the kernel's nf_tables notifications (NETLINK_NETFILTER, group NFNLGRP_NFTABLES) in the
 target namespace, asks for a full sync at once. A batch's events arrive before the
-NFT_MSG_NEWGEN that closes it; its pid (and the sending socket) tell whose commit it was:
-nftrec's own are skipped. `Repairs` holds what is known and unrepaired, and backs off when
-another process keeps changing the table (two writers must not fight in a hot loop).
+NFT_MSG_NEWGEN that closes it; its sending socket and the generation it made tell whose
+commit it was: nftrec's own are skipped. `Repairs` holds what is known and unrepaired,
+and backs off when another process keeps changing the table (two writers must not fight
+in a hot loop).
 """
 
 from __future__ import annotations
 
 import errno
-import os
 import struct
 import threading
 import time
@@ -19,6 +19,7 @@ from typing import Callable
 
 from reconciler import logs
 from reconciler.daemon.listener import NetlinkListener, open_netlink
+from reconciler.kernel import own_portids
 
 NETLINK_NETFILTER = 12
 NFNLGRP_NFTABLES = 7
@@ -27,7 +28,7 @@ NFNLGRP_NFTABLES = 7
 RCVBUF = 8 << 20
 NFNL_SUBSYS_NFTABLES = 10
 NFT_MSG_NEWGEN = 15
-NFTA_GEN_PROC_PID, NFTA_GEN_PROC_NAME = 2, 3
+NFTA_GEN_ID, NFTA_GEN_PROC_PID, NFTA_GEN_PROC_NAME = 1, 2, 3
 # message type -> (object, what happened); every one carries its table's name as attribute 1
 OBJECTS = {0: ("table", "added"), 2: ("table", "deleted"), 3: ("chain", "added"), 5: ("chain", "deleted"),
            6: ("rule", "added"), 8: ("rule", "deleted"), 9: ("set", "added"), 11: ("set", "deleted"),
@@ -71,21 +72,23 @@ def _table_attr(buf: bytes, off: int, end: int) -> bytes | None:
     return None
 
 
-def _gen_info(buf: bytes, off: int, end: int) -> tuple[int, str]:
-    """(pid, process name) of an NFT_MSG_NEWGEN."""
-    pid, name = 0, ""
+def _gen_info(buf: bytes, off: int, end: int) -> tuple[int, int, str]:
+    """(generation, pid, process name) of an NFT_MSG_NEWGEN."""
+    gen, pid, name = -1, 0, ""
     a = off + 20
     while a + 4 <= end:
         alen, atype = _ATTR.unpack_from(buf, a)
         if alen < 4:
             break
         atype &= 0x7FFF
-        if atype == NFTA_GEN_PROC_PID and alen >= 8:
+        if atype == NFTA_GEN_ID and alen >= 8:
+            gen = struct.unpack_from(">I", buf, a + 4)[0]
+        elif atype == NFTA_GEN_PROC_PID and alen >= 8:
             pid = struct.unpack_from(">I", buf, a + 4)[0]
         elif atype == NFTA_GEN_PROC_NAME:
             name = buf[a + 4:a + alen].split(b"\0", 1)[0].decode(errors="replace")
         a += (alen + 3) & ~3
-    return pid, name
+    return gen, pid, name
 
 
 class Batch:
@@ -97,8 +100,8 @@ class Batch:
         self._by_num = {num: fam for fam, num in FAMILIES.items()}
         self.counts: Counter = Counter()  # (family, object, what) -> n
 
-    def feed(self, buf: bytes) -> list[tuple[Counter, int, int, str]]:
-        """One datagram; the batches it closes: (counts, portid, pid, name) each."""
+    def feed(self, buf: bytes) -> list[tuple[Counter, int, int, int, str]]:
+        """One datagram; the batches it closes: (counts, portid, generation, pid, name) each."""
         closed = []
         off, name = 0, self._name
         while off + _NLMSGHDR.size <= len(buf):
@@ -138,53 +141,35 @@ class Batch:
         return "; ".join(parts)
 
 
-def _own_portids() -> set[int]:
-    """Netlink port ids of this process's NETLINK_NETFILTER sockets in the calling
-    thread's namespace: a commit's events carry its socket's, whatever pid namespace
-    this process runs in (NFTA_GEN_PROC_PID is the committing thread's id in the
-    kernel's first pid namespace)."""
-    inodes = set()
-    try:
-        for fd in os.listdir("/proc/self/fd"):
-            try:
-                link = os.readlink(f"/proc/self/fd/{fd}")
-            except OSError:
-                continue
-            if link.startswith("socket:["):
-                inodes.add(link[8:-1])
-        with open("/proc/thread-self/net/netlink") as f:
-            rows = [line.split() for line in f.readlines()[1:]]
-    except OSError:
-        return set()
-    return {int(r[2]) for r in rows if len(r) >= 10 and r[1] == str(NETLINK_NETFILTER) and r[9] in inodes}
-
-
 class EventWatcher(NetlinkListener):
     """nf_tables events in network namespace `netns` (None: the host), on a thread of its
     own: `on_tamper(Tamper)` for each batch of another process that touched table `table`
-    (ip/ip6), and once for lost events (ENOBUFS). A plain socket, not pyroute2's nftables
-    module: four fields of each message are needed, its decoder would parse every
+    (ip/ip6), and once for lost events (ENOBUFS). Whose commit: this process's sockets now
+    (the nft context in use), else `made(portid, generation)` of nftrec's nft object (a
+    context it let go since, or a generation it committed). A plain socket, not pyroute2's
+    nftables module: five fields of each message are needed, its decoder would parse every
     element of nftrec's own big commits, and pyroute2 0.9's sockets read through their
     own event loop (as addresses.py found for IPRoute)."""
 
     thread_name = "nftrec-nftevents"
 
-    def __init__(self, netns: str | None, table: str, on_tamper: Callable[[Tamper], None], *, rcvbuf: int = RCVBUF):
+    def __init__(self, netns: str | None, table: str, on_tamper: Callable[[Tamper], None], *,
+                 made: Callable[[int, int], bool] = lambda portid, generation: False, rcvbuf: int = RCVBUF):
         super().__init__(netns, lambda: (open_netlink(NETLINK_NETFILTER, rcvbuf, group=NFNLGRP_NFTABLES),))
         self._sock = self.sockets[0]
-        self.on_tamper = on_tamper
+        self.on_tamper, self.made = on_tamper, made
         self.batch = Batch(table)
         self._portids: set[int] = set()
         self.own = self.foreign = 0  # batches touching the table, by whose commit
         self.lost = 0  # times events were lost (ENOBUFS)
         self._lost = False  # events were lost and the socket is not drained yet
 
-    def _ours(self, portid: int, pid: int) -> bool:
-        if pid == os.getpid() or os.path.exists(f"/proc/self/task/{pid}"):
-            return True
+    def _ours(self, portid: int, generation: int) -> bool:
+        """Looked up in this order: a socket let go after the lookup was recorded before it
+        closed, so a commit through it is found one way or the other."""
         if portid not in self._portids:  # a new socket of ours (a renewed nft context), or foreign
-            self._portids = _own_portids()
-        return portid in self._portids
+            self._portids = own_portids()
+        return portid in self._portids or self.made(portid, generation)
 
     def _drain(self) -> None:
         while True:
@@ -207,10 +192,10 @@ class EventWatcher(NetlinkListener):
                     raise
                 self._lost = True
                 continue
-            for counts, portid, pid, name in self.batch.feed(buf):
+            for counts, portid, generation, pid, name in self.batch.feed(buf):
                 if self._lost:
                     continue
-                if self._ours(portid, pid):
+                if self._ours(portid, generation):
                     self.own += 1
                     continue
                 self.foreign += 1

@@ -28,10 +28,11 @@ from reconciler.engine.state import HOST, StateCorrupt, read_history, read_statu
 from reconciler.engine.sync import clean_udp_conntrack, commit, forget_affinity_clients, touched_objects, verify_touched
 from reconciler.engine.target import CommandError, Target, short_revision
 from reconciler.engine.verify import slim_created, verify_listed
-from reconciler.kernel import (Interface, NftError, canonical, fingerprint, kernel_token, list_live, parse_live, read_live,
+from reconciler.kernel import (Interface, MayHaveCommitted, NftError, canonical, fingerprint, kernel_token, list_live, parse_live, read_live,
                                sweep_trace_tables)
 
 EXIT_OK, EXIT_ERROR, EXIT_CHANGES = 0, 1, 2
+EXIT_NOT_APPLIED = 3  # `status --detailed-exitcode`: the newest revision attempted is not the applied one
 
 
 def _color(stream: TextIO) -> bool:
@@ -270,6 +271,12 @@ def run_apply(target: Target, *, desired=None, plan_path: Path | None = None,
         try:
             plan, _ = commit(nft, target.table, ruleset, plan, services,
                              from_memory="the recorded state" if fast else None)
+        except MayHaveCommitted as e:  # the pending confirmation stays: the next command rolls back first
+            store.record_attempt(revision, e.text)
+            raise CommandError(f"the transaction may have committed: {e.text.strip()}. " + (
+                f"The pending confirmation stays in {confirm_window.pending_path(store)}: the next nftrec command "
+                f"in {target.where} rolls back first" if pending is not None else
+                "Run `nftrec plan` to see what the kernel holds")) from None
         except NftError as e:
             if pending is not None:
                 confirm_window.clear_pending(store)  # atomic: nothing was committed
@@ -391,7 +398,7 @@ _TRUST = {  # how `verify` accepted the applied revision (desired.trust_of), for
 }
 
 
-def run_status(target: Target, *, output: str, out_stream: TextIO = sys.stdout) -> int:
+def run_status(target: Target, *, output: str, detailed: bool = False, out_stream: TextIO = sys.stdout) -> int:
     store = target.store()
     status = read_status(store)
     entries = read_history(store)
@@ -469,4 +476,6 @@ def run_status(target: Target, *, output: str, out_stream: TextIO = sys.stdout) 
               + "; `nftrec plan` shows them, `nftrec apply` repairs them\n")
         for line in probe_status_lines(probes) + source_status_lines(source) + confirm_window.pending_status_lines(pending):
             w(line)
-    return EXIT_OK if drift is not None and drift.empty else EXIT_CHANGES
+    if drift is None or not drift.empty:
+        return EXIT_CHANGES
+    return EXIT_NOT_APPLIED if detailed and error else EXIT_OK

@@ -26,7 +26,7 @@ from reconciler.engine.lock import LockHeld
 from reconciler.engine.state import FORMAT_VERSION, StateCorrupt, StateStore, atomic_write, fsync_dir, utc_now
 from reconciler.engine.target import CommandError, Target, short_revision
 from reconciler.intake import HealthCheck
-from reconciler.kernel import Interface, NftError
+from reconciler.kernel import Interface, MayHaveCommitted, NftError
 
 PENDING_FILE = "pending-confirm.json"
 REQUEST_FILE = "confirm-request.json"
@@ -158,11 +158,15 @@ def restore_script(nft: Interface, table: str) -> str:
 def begin_confirm(nft: Interface, store: StateStore, *, writer: str, revision: str | None, digest: str, timeout: float,
           checks: tuple[HealthCheck, ...]) -> Pending:
     """Before the commit, under the lock: record what to restore. A crash from here on
-    rolls back on the next command (restoring the same tables if the commit never ran)."""
+    rolls back on the next command (restoring the same tables if the commit never ran).
+    An unconfirmed window this process left (its commit may have happened, and its
+    rollback failed) keeps its restore script: the tables now may be that commit's."""
     now = time.time()
+    left = read_pending(store)
+    restore = left.restore if left is not None and not left.confirmed and left.pid == os.getpid() else None
     pending = Pending(id=uuid.uuid4().hex, writer=writer, pid=os.getpid(), revision=revision, digest=digest,
                       started_at=utc_now(), deadline=_rfc3339(now + timeout), timeout_seconds=timeout,
-                      checks=[str(c) for c in checks], restore=restore_script(nft, store.table))
+                      checks=[str(c) for c in checks], restore=restore or restore_script(nft, store.table))
     with contextlib.suppress(FileNotFoundError):
         request_path(store).unlink()  # an old request never confirms a new window
     _write(pending_path(store), pending.to_json())
@@ -174,8 +178,9 @@ def roll_back(nft: Interface, store: StateStore, pending: Pending, reason: str) 
     try:
         nft.run_script(pending.restore)
     except NftError as e:
+        holds = "it may have happened" if isinstance(e, MayHaveCommitted) else "the kernel still holds it"
         raise CommandError(
-            f"rolling back revision {short_revision(pending.revision)} failed, the kernel still holds it: nft said "
+            f"rolling back revision {short_revision(pending.revision)} failed, {holds}: nft said "
             f"{e.text.strip()}. The pending confirmation stays in {pending_path(store)} and the next nftrec "
             f"command tries again; `nftrec apply --rollback` also goes back") from None
     store.record_attempt(pending.revision, f"rolled back: {reason}")

@@ -15,7 +15,7 @@ from reconciler.engine.plan import Plan, make_plan
 from reconciler.engine.target import CommandError, Target
 from reconciler.intake import Inventory, NodeConfig
 from reconciler.kernel import (
-    Interface, NftError, NotFound, Transaction, cleanup_udp, kernel_token, parse_duration, read_live,
+    Interface, MayHaveCommitted, NftError, NotFound, Transaction, cleanup_udp, kernel_token, parse_duration, read_live,
     read_live_objects, read_runtime_keys,
 )
 
@@ -25,7 +25,8 @@ def commit(nft: Interface, table: str, desired: Ruleset, plan: Plan, services: d
     """Run `plan`'s transaction: (the plan that ran, whether it was re-planned from a
     listing). `from_memory` says where a plan not made from a listing came from ("the
     recorded state", "memory"); None for a listing. NftError propagates: the transaction
-    is atomic, so the kernel still holds the previous ruleset whole."""
+    is atomic, so the kernel still holds the previous ruleset whole, unless it is
+    MayHaveCommitted (never re-planned: the caller says so and keeps what restores)."""
     if plan.empty:
         return plan, False
     try:
@@ -33,7 +34,7 @@ def commit(nft: Interface, table: str, desired: Ruleset, plan: Plan, services: d
             nft.run(plan.transaction)
         return plan, False
     except NftError as e:
-        if from_memory is None:
+        if from_memory is None or isinstance(e, MayHaveCommitted):
             raise
         logs.log.warning(f"the transaction planned from {from_memory} failed ({e.text.strip()}); "
                          f"listing the kernel's tables and planning again")

@@ -35,6 +35,12 @@ class Crashed(NftError):
     table that a newer nft wrote, say): this says nothing about the command itself."""
 
 
+class MayHaveCommitted(Crashed):
+    """The child that ran a commit died after the ruleset generation moved: the commit may
+    have reached the kernel (or another process committed meanwhile). Unlike any other
+    NftError, the previous ruleset may be gone: list before trusting either."""
+
+
 def error_for(text: str, script: str | None = None) -> NftError:
     """The NftError for nft's error text (knftables.IsNotFound matches the same strerror)."""
     if "No such file or directory" in text:

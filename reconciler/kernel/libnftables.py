@@ -19,16 +19,18 @@ import ctypes.util
 import json
 import os
 import struct
+import signal
 import tempfile
 import threading
+from collections import deque
 from typing import Callable, TypeVar
 
 from reconciler import logs
 from reconciler.compile import Chain, NamedSet, Table, chain_cmd, set_cmd, table_cmd
 from reconciler.heap import trim_heap
-from reconciler.kernel.interface import Crashed, NftError, NotFound, error_for
+from reconciler.kernel.interface import Crashed, MayHaveCommitted, NftError, NotFound, error_for
 from reconciler.kernel.isolated import in_child
-from reconciler.kernel.netlink import NfTablesSocket, netns_cookie
+from reconciler.kernel.netlink import NfTablesSocket, netns_cookie, own_portids
 from reconciler.kernel.netns import NamespaceThread
 from reconciler.kernel.transaction import Transaction
 
@@ -66,6 +68,14 @@ _TRIM_AFTER = 1 << 20
 # takes seconds): a bound for a hang, not a timing.
 _CHILD_TIMEOUT = 900.0
 
+
+# A test seam: a child that ran a committing command kills itself (SIGKILL) right after
+# the commit, before it answers: the parent must then say the commit may have happened.
+_CHILD_DIES_AFTER_COMMIT = os.environ.get("NFTREC_TEST_CHILD_DIES_AFTER_COMMIT") == "1"
+
+# How many of its own commits' generations an object remembers (the event watcher asks
+# about recent ones only).
+_GENERATIONS = 1024
 
 _HEAD = struct.Struct("=iiQ")  # a child's answer: rc, errno, len(output); then output and errors
 
@@ -143,6 +153,10 @@ class Libnftables:
         # _readable_gen (see the module docstring); our own commits carry them forward.
         self._readable: frozenset = frozenset()
         self._readable_gen: int | None = None
+        # Whose commit an nf_tables event shows (made()): the port ids of the sockets of
+        # every context this object let go, and the generations its own commits made.
+        self._portids: set[int] = set()
+        self._generations: deque = deque(maxlen=_GENERATIONS)
 
     def __enter__(self) -> Libnftables:
         return self
@@ -204,6 +218,14 @@ class Libnftables:
 
     def in_namespace(self, fn: Callable[[], T]) -> T:
         return self._worker.call(fn)
+
+    def made(self, portid: int, generation: int) -> bool:
+        """Whether a commit that this namespace's events show (its socket's port id, the
+        generation it made) was this object's, through a context since let go (renewed
+        after a big command or a child's death) or by a generation it committed. The
+        context in use is the caller's to look up (own_portids, in the namespace): its
+        socket is bound by its first command. Any thread."""
+        return portid in self._portids or generation in self._generations
 
     def close(self) -> None:
         if self._ctx:
@@ -269,6 +291,7 @@ class Libnftables:
         one is freed first: libnftables before 1.0 keeps its symbol tables (marks, realms)
         in globals that every nft_ctx_new sets and every nft_ctx_free frees, so two live
         contexts in one process end in a double free."""
+        self._portids |= own_portids()  # its socket's events may still be on their way
         old, self._ctx = self._ctx, None
         self._free_ctx(old)
         self._ctx = self._new_ctx()
@@ -333,22 +356,39 @@ class Libnftables:
         if gen == self._readable_gen and kind <= self._readable:
             result = raw()
         else:
-            outcome = in_child(lambda: _pack(*raw()), what="libnftables", timeout=_CHILD_TIMEOUT)
+            def child() -> bytes:
+                answer = raw()
+                if _CHILD_DIES_AFTER_COMMIT and commits and answer[0] == 0:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                return _pack(*answer)
+
+            outcome = in_child(child, what="libnftables", timeout=_CHILD_TIMEOUT)
             if not outcome.ok:
                 self._renew_ctx()  # the child shared the context's netlink socket
-                raise Crashed(self._crash_text(outcome.reason("reading this namespace's ruleset"), gen))
+                reason = outcome.reason("running a commit" if commits else "reading this namespace's ruleset")
+                moved = self._nl.generation() != gen
+                text = self._crash_text(reason, moved, commits, outcome.crashed or outcome.timed_out)
+                raise (MayHaveCommitted if commits and moved else Crashed)(text)
             result = _unpack(outcome.stdout)
         if result[0] == 0:
             # A listing changes nothing: what it vouches for is kept under `gen`, which a
             # foreign commit meanwhile only makes stale.
             after = self._nl.generation() if commits else gen
             if after == (gen + commits) & 0xFFFFFFFF:
+                if commits:
+                    self._generations.append(after)  # ours (made()): nothing else committed in between
                 self._readable = kind | (self._readable if gen == self._readable_gen else frozenset())
                 self._readable_gen = after
         return result
 
-    def _crash_text(self, reason: str, gen: int) -> str:
+    def _crash_text(self, reason: str, moved: bool, commits: bool, hint: bool) -> str:
         others = ", ".join(f"{f} {n}" for f, n in self._nl.tables())
-        changed = "nothing was changed" if self._nl.generation() == gen else "the ruleset changed meanwhile"
-        return (f"{reason} (in a child process: {changed}); the namespace's tables: {others or 'none'}. "
-                "Upgrade nftables to the version of the tool that wrote the foreign table, or remove that table")
+        if not moved:
+            changed = "nothing was changed"
+        elif commits:  # the kernel answered the commit before the child died, or someone else committed
+            changed = "it may have committed: the ruleset generation moved"
+        else:
+            changed = "the ruleset changed meanwhile"
+        return (f"{reason} (in a child process: {changed}); the namespace's tables: {others or 'none'}" + (
+            ". Upgrade nftables to the version of the tool that wrote the foreign table, or remove that table"
+            if hint else ""))

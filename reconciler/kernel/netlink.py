@@ -109,3 +109,24 @@ def netns_cookie() -> int | None:
             return struct.unpack("=Q", s.getsockopt(socket.SOL_SOCKET, _SO_NETNS_COOKIE, 8))[0]
         except OSError:
             return None
+
+
+def own_portids() -> set[int]:
+    """Netlink port ids of this process's NETLINK_NETFILTER sockets in the calling thread's
+    namespace: a commit's nf_tables events carry its socket's, whatever pid namespace this
+    process runs in (their pid is the committing thread's in the kernel's first one, or a
+    child's that ran the command and is gone)."""
+    inodes = set()
+    try:
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                link = os.readlink(f"/proc/self/fd/{fd}")
+            except OSError:
+                continue
+            if link.startswith("socket:["):
+                inodes.add(link[8:-1])
+        with open("/proc/thread-self/net/netlink") as f:
+            rows = [line.split() for line in f.readlines()[1:]]
+    except OSError:
+        return set()
+    return {int(r[2]) for r in rows if len(r) >= 10 and r[1] == str(_NETLINK_NETFILTER) and r[9] in inodes}

@@ -1,0 +1,37 @@
+"""What `/healthz` says: the data plane's health, not the newest revision's. The last good
+ruleset live and kept in sync is healthy, whatever was refused since (the text names the
+refusal; `status` and the metrics report it for alerting). Unhealthy: nothing applied yet
+with a refusal, another process's change unrepaired, or no successful sync for 2 x
+fullSyncPeriod.
+"""
+
+from __future__ import annotations
+
+from reconciler.engine import short_revision
+
+
+def healthy(daemon) -> tuple[bool, str]:
+    """The data plane's health: the last good ruleset live and kept in sync. A refused
+    newest revision is named in the text; it fails only while nothing good is live."""
+    refused = daemon.refusal()
+    said = ""
+    if refused is not None:
+        why, revision, message = refused
+        said = f"revision {short_revision(revision)} was refused ({why}): {message}"
+    why = daemon.repairs.unhealthy() if daemon.repairs is not None else None
+    if why:
+        return False, why + (f"; {said}" if said else "")
+    period = daemon.config.full_sync_period if daemon.config else 3600.0
+    now = daemon.clock()
+    if daemon.last_success is None:
+        if said:
+            return False, f"no revision applied yet; {said}"
+        if now - daemon.started > 2 * period:
+            return False, f"no successful sync since the start {now - daemon.started:.0f}s ago"
+        return True, "starting: no sync yet"
+    if now - daemon.last_success > 2 * period:
+        return False, (f"no successful sync for {now - daemon.last_success:.0f}s (2 x fullSyncPeriod = "
+                       f"{2 * period:.0f}s)" + (f"; {said}" if said else ""))
+    applied = f"revision {short_revision(daemon.applied.inventory.revision if daemon.applied else None)}"
+    return True, f"{applied} applied {now - daemon.last_success:.1f}s ago" + (
+        f"; {said}; the last good ruleset ({applied}) stays in the kernel" if said else "")
