@@ -279,7 +279,7 @@ def judge(verifier, directory: Path, baseline, allow_rollback: bool = False, hel
                          "this is the revision you meant to apply")
     elif verdict.rollback_allowed:  # said once, in the log the operator keeps
         logs.log.warning(verdict.describe())
-    elif verdict.message:  # which rollback rule let it through (history cut off)
+    elif verdict.ok and verdict.message:  # which rollback rule let it through (history cut off)
         logs.log.info(verdict.describe())
     return verdict
 
