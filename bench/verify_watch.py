@@ -5,6 +5,7 @@ repository, with `verify` off and on, the runs interleaved; `--tree` adds checko
 compare (A/B: each run's `nftrec watch` imports that tree's `reconciler`).
 
     sudo .venv/bin/python bench/verify_watch.py --rounds 3 --tree /tmp/base --tree .
+    sudo .venv/bin/python bench/verify_watch.py --oneshot --services 10000 --rounds 5 --tree /tmp/base --tree .
 """
 
 from __future__ import annotations
@@ -46,6 +47,46 @@ def one_run(args, nss, tree: Path, verify: bool, key: Path) -> dict:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def one_apply(args, nss, tree: Path, key: Path) -> float:
+    """`--oneshot`: one cold `nftrec apply` (empty state and namespace) of a signed
+    git-sync worktree of `--services` Services with `verify` on; its wall time."""
+    tmp = Path(tempfile.mkdtemp(prefix="nftrec-verify-apply-"))
+    ns = nss.add("vapply")
+    try:
+        os.environ["PYTHONPATH"] = str(tree)
+        c = targets.Ctx(args, nss, tmp, args.services, args.endpoints)
+        src = tmp / "src"
+        generate(src, c.n, c.m)
+        targets.git(src, "init", "-q")
+        targets.git(src, "add", "-A")
+        targets.git(src, "commit", "-q", "-m", "r0")
+        gs = tmp / "gs"
+        gs.mkdir()
+        targets.swap(gs, targets.new_revision(src, gs, -1))
+        c.cfg.write_text(NODE_CONFIG + f"verify:\n  mode: HEAD\n  keys: [{key}.pub]\n")
+        return c.nftrec(tmp / "state", "apply", gs / "current", "--config", c.cfg, ns=ns, what="verified apply")["wall"]
+    finally:
+        nss.delete(ns)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def oneshot(args, nss, trees: list[Path], key: Path) -> None:
+    """Interleaved rounds of one_apply per tree (order reversed every round); per-round
+    ratios to the first tree."""
+    walls: dict[Path, list[float]] = {t: [] for t in trees}
+    for r in range(args.rounds):
+        for tree in (trees if r % 2 == 0 else trees[::-1]):
+            walls[tree].append(one_apply(args, nss, tree, key))
+            targets.log(f"round {r} {tree}: verified cold apply {walls[tree][-1]:.2f} s")
+    print(f"cold `apply` with verify on, {args.services} Services, {args.rounds} interleaved rounds")
+    base = trees[0]
+    for tree in trees:
+        ratios = sorted(w / b for w, b in zip(walls[tree], walls[base]))
+        print(f"{tree}: median {targets.median(walls[tree]):.2f} s (runs {', '.join(f'{w:.2f}' for w in walls[tree])}); "
+              f"x{ratios[len(ratios) // 2]:.3f} of {base} per round (median), slower in "
+              f"{sum(x > 1 for x in ratios)} of {len(ratios)}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--services", type=int, default=1000)
@@ -55,6 +96,7 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=3, help="discarded edits first (default %(default)s)")
     ap.add_argument("--timeout", type=float, default=300)
     ap.add_argument("--tree", action="append", type=Path, help="a checkout to run (default: this one)")
+    ap.add_argument("--oneshot", action="store_true", help="measure a cold `apply` with verify on instead of watch")
     args = ap.parse_args()
     args.reps = 1
     trees = [t.resolve() for t in args.tree] if args.tree else [targets.REPO]
@@ -68,6 +110,9 @@ def main() -> int:
         key = keys / "ops"
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "ops@bench", "-f", str(key)], check=True)
         targets.git = signing(key)
+        if args.oneshot:
+            oneshot(args, nss, trees, key)
+            return 0
         for r in range(args.rounds):
             for tree in trees:
                 for verify in (False, True):

@@ -226,8 +226,7 @@ def _desired(directory: Path, config: Optional[Path], netns: Optional[str], stri
     """The validated, compiled input; invalid input exits 1 (and, for apply, is recorded
     as a failed attempt: status then shows lastAttemptedRevision != lastAppliedRevision).
     compile=False: plan and apply compile it themselves, only what changed.
-    `signed_by` (plan, apply: their Target): check the revision of `source` (intake.ManifestSource)
-    when `verify` is set."""
+    `signed_by` (plan, apply: their Target): check the revision of `source` (a ManifestSource) under `verify`."""
     from reconciler import logs
     from reconciler.engine import InvalidInput, config_cache_dir, load_desired
 
@@ -298,14 +297,13 @@ def plan(
 
     target = _target(config, netns)
     source = _root(directory, config, target)
-    directory = source.root
     if not refresh and out is None and not probe:  # unchanged input, config and kernel: no compile, no listing
-        rc = _guard(run_plan_noop, target, directory, config, strict=strict, output=output)
+        rc = _guard(run_plan_noop, target, source.root, config, strict=strict, output=output)
         if rc is not None:
             raise typer.Exit(rc)
     from reconciler.engine import run_plan  # imported late: the fast path never needs it
 
-    desired = _probed(_desired(directory, config, netns, strict, compile=probe, signed_by=target, source=source),
+    desired = _probed(_desired(source.root, config, netns, strict, compile=probe, signed_by=target, source=source),
                       netns, probe)
     raise typer.Exit(_guard(run_plan, desired, target, verbose=verbose, output=output,
                             detailed=detailed_exitcode, out=out, refresh=refresh))
@@ -353,14 +351,13 @@ def apply(
     desired = None
     if plan_file is None and not rollback:
         source = _root(directory or ".", config, target)
-        root = source.root
         if not probe:
             from reconciler.engine import run_apply_noop
 
-            rc = _guard(run_apply_noop, target, root, config, strict=strict)
+            rc = _guard(run_apply_noop, target, source.root, config, strict=strict)
             if rc is not None:
                 raise typer.Exit(rc)
-        desired = _probed(_desired(root, config, netns, strict, target=target, compile=probe,
+        desired = _probed(_desired(source.root, config, netns, strict, target=target, compile=probe,
                                    signed_by=target, allow_rollback=allow_rollback, source=source), netns, probe)
     elif probe:
         raise typer.BadParameter("--probe needs a manifest directory (not --plan or --rollback)")
