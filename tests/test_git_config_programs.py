@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from test_cli_kernel import nftrec, ok
-from test_verify_signed import SERVICE, git, live_ips, needs_ssh, needs_ssh_git, ssh_setup
+from test_verify_signed import SERVICE, git, live_ips, needs_ssh, ssh_setup
 
-pytestmark = [pytest.mark.kernel, needs_ssh, needs_ssh_git]
+pytestmark = [pytest.mark.kernel, needs_ssh]
 
 
 def booby_trap(tmp: Path, repo: Path) -> Path:

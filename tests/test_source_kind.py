@@ -18,9 +18,9 @@ import pytest
 
 from cosignsign import new_key, payload, sign, write_public
 from test_cli_kernel import nftrec, ok
-from test_verify_signed import SERVICE, config, live_ips, needs_ssh, needs_ssh_git, ssh_setup, status
+from test_verify_signed import SERVICE, config, live_ips, needs_ssh, ssh_setup, status
 
-pytestmark = [pytest.mark.kernel, needs_ssh, needs_ssh_git]
+pytestmark = [pytest.mark.kernel, needs_ssh]
 
 
 def copy_store_entry(root: Path, key, ip: str) -> Path:

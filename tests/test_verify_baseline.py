@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from test_cli_kernel import nftrec, ok
-from test_verify_signed import git, live_ips, needs_ssh, needs_ssh_git, ssh_key, ssh_setup, status
+from test_verify_signed import git, live_ips, needs_ssh, ssh_key, ssh_setup, status
 
-pytestmark = [pytest.mark.kernel, needs_ssh, needs_ssh_git]
+pytestmark = [pytest.mark.kernel, needs_ssh]
 
 
 def table_dir(state: Path, ns: str) -> Path:

@@ -18,9 +18,9 @@ import pytest
 from gitsync import GitSync, push, remote
 from reconciler.intake import Baseline, Verifier, Verify
 from test_cli_kernel import nftrec, ok
-from test_verify_signed import SERVICE, git, live_ips, needs_ssh, needs_ssh_git, ssh_setup, status
+from test_verify_signed import SERVICE, git, live_ips, needs_ssh, ssh_setup, status
 
-pytestmark = [needs_ssh, needs_ssh_git]
+pytestmark = [needs_ssh]
 
 
 class Upstream:

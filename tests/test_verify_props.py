@@ -11,9 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from test_verify_signed import SERVICE, Repo, config, git, needs_ssh, needs_ssh_git, ssh_key
+from test_verify_signed import SERVICE, Repo, config, git, needs_ssh, ssh_key
 
-pytestmark = [pytest.mark.kernel, needs_ssh, needs_ssh_git]
+pytestmark = [pytest.mark.kernel, needs_ssh]
 
 FILES = ("web.yaml", "a.yaml", "d/b.yaml", "d/e/c.yml")
 EDITS = st.lists(st.tuples(st.sampled_from(["modify", "add", "delete", "skip-worktree", "untracked"]),

@@ -53,7 +53,6 @@ def files_of(verdict) -> dict[str, bytes]:
 
 
 @needs_ssh
-@needs_ssh_git
 def test_no_git_process_and_the_rule_that_decided(signed, tmp_path, monkeypatch):
     repo, v = signed
     calls = Git(tmp_path, monkeypatch)
@@ -93,7 +92,6 @@ def test_no_git_process_and_the_rule_that_decided(signed, tmp_path, monkeypatch)
 
 
 @needs_ssh
-@needs_ssh_git
 def test_the_commits_files_whatever_the_worktree_and_index_hold(signed, tmp_path):
     """Edits, untracked files, a forged or torn index, skip-worktree, staged changes: the
     verdict's files are the commit's blobs (what git-sync's user writes does not count)."""
@@ -122,7 +120,6 @@ def test_the_commits_files_whatever_the_worktree_and_index_hold(signed, tmp_path
 
 
 @needs_ssh
-@needs_ssh_git
 def test_replace_refs_are_ignored(signed, tmp_path):
     """A signed commit of another history (a force-push's) published after `third`: a
     `git replace --graft` of its root onto `third` makes git log call it a descendant;
@@ -172,7 +169,6 @@ def test_tag_mode_checks_the_tag_object_and_its_target(signed, tmp_path):
 
 
 @needs_ssh
-@needs_ssh_git
 def test_damaged_objects_and_sha256_on_an_old_dulwich(signed, tmp_path, monkeypatch):
     repo, v = signed
     sha = repo.commit("10.96.0.10")
@@ -191,7 +187,6 @@ def test_damaged_objects_and_sha256_on_an_old_dulwich(signed, tmp_path, monkeypa
 
 
 @needs_ssh
-@needs_ssh_git
 def test_watch_reparses_only_the_edited_blob(signed, tmp_path):
     """watch with `verify`: each revision's verified blobs go to Intake.read_files, which
     keeps its per-file results by blob id; a one-file edit reads and parses one blob, and
