@@ -84,11 +84,13 @@ class Repo:
         self.ssh: Path | None = None  # the key Repo.commit signs with by hand (SSH_BY_HAND)
 
     def use_ssh(self, key: Path) -> None:
-        git(self.src, "config", "gpg.format", "ssh")
-        git(self.src, "config", "user.signingkey", str(key))
         self.ssh = key if SSH_BY_HAND else None
+        if not SSH_BY_HAND:  # (git before 2.34 refuses gpg.format=ssh in any command)
+            git(self.src, "config", "gpg.format", "ssh")
+            git(self.src, "config", "user.signingkey", str(key))
 
     def use_gpg(self, home: Path, fpr: str) -> None:
+        self.ssh = None
         git(self.src, "config", "gpg.format", "openpgp")
         git(self.src, "config", "user.signingkey", fpr)
         self.env = {"GNUPGHOME": str(home)}
