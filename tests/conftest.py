@@ -8,6 +8,8 @@ deleted afterwards, even when the test fails. Helpers live in nsutil.py.
 from __future__ import annotations
 
 import logging
+import shutil
+import subprocess
 
 import pytest
 
@@ -32,6 +34,20 @@ def _nft_spelling_probed():
     """The spellings this nft accepts, probed before any test opens a libnftables context
     (nsutil.nft_spelling opens one of its own)."""
     nft_spelling()
+
+
+@pytest.fixture(autouse=True)
+def _gpg_agents_stopped(request):
+    """Every gpg-agent a test's gpg started (one per GNUPGHOME under its tmp_path) stopped
+    after the test: each holds an inotify instance until it exits, and the user's limit
+    (128 by default) is shared with every `nftrec watch` of the run."""
+    yield
+    tmp = request.node.funcargs.get("tmp_path")
+    if tmp is None or shutil.which("gpgconf") is None:
+        return
+    for keyring in tmp.rglob("pubring.kbx"):  # a GNUPGHOME (its agent's socket may be under /run/user)
+        subprocess.run(["gpgconf", "--homedir", str(keyring.parent), "--kill", "gpg-agent"], capture_output=True,
+                       timeout=30, check=False)
 
 
 @pytest.fixture
