@@ -7,10 +7,13 @@ a `git worktree` per commit), nftrec as a subprocess in a throwaway namespace.
 
 from __future__ import annotations
 
+import atexit
+import functools
 import json
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -44,11 +47,26 @@ spec:
 """
 
 
+@functools.lru_cache(maxsize=None)
+def _git_home() -> str:
+    """A HOME whose .gitconfig trusts every repository: the tests' own git works in the
+    repositories they give to git-sync's user (uid 65534). git before 2.32 ignores
+    GIT_CONFIG_GLOBAL, and Debian 11's ignores `-c safe.directory` on the command line."""
+    home = tempfile.mkdtemp(prefix="nftrec-test-git-home-")
+    atexit.register(shutil.rmtree, home, True)
+    Path(home, ".gitconfig").write_text("[safe]\n\tdirectory = *\n")
+    return home
+
+
+def git_env(env: dict | None = None) -> dict:
+    return {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+            "GIT_COMMITTER_EMAIL": "t@t", "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1",
+            "HOME": _git_home(), **(env or {})}
+
+
 def git(cwd: Path, *args: str, env: dict | None = None) -> str:
-    e = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-         "GIT_COMMITTER_EMAIL": "t@t", "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1", **(env or {})}
     return subprocess.run(["git", "-c", "safe.directory=*", "-C", str(cwd), *args], check=True, capture_output=True, text=True,
-                          env=e, timeout=60).stdout.strip()
+                          env=git_env(env), timeout=60).stdout.strip()
 
 
 def ssh_key(d: Path, name: str, kind: str = "ed25519") -> Path:
@@ -118,12 +136,14 @@ class Repo:
 def sign_head(src: Path, key: Path) -> str:
     """HEAD of `src` made again with an SSH signature that ssh-keygen makes over the commit
     object, as git 2.34 and later do (`gpgsig` header); the new commit's id."""
-    raw = subprocess.run(["git", "-c", "safe.directory=*", "-C", str(src), "cat-file", "commit", "HEAD"], check=True, capture_output=True).stdout
+    raw = subprocess.run(["git", "-c", "safe.directory=*", "-C", str(src), "cat-file", "commit", "HEAD"], check=True,
+                         capture_output=True, env=git_env()).stdout
     head, sep, message = raw.partition(b"\n\n")
     sig = subprocess.run(["ssh-keygen", "-q", "-Y", "sign", "-f", str(key), "-n", "git"], input=raw, check=True,
                          capture_output=True, timeout=60).stdout.rstrip(b"\n").replace(b"\n", b"\n ")
     oid = subprocess.run(["git", "-c", "safe.directory=*", "-C", str(src), "hash-object", "-t", "commit", "-w", "--stdin"],
-                         input=head + b"\ngpgsig " + sig + sep + message, check=True, capture_output=True).stdout
+                         input=head + b"\ngpgsig " + sig + sep + message, check=True, capture_output=True,
+                         env=git_env()).stdout
     git(src, "update-ref", "HEAD", oid.decode().strip())
     return oid.decode().strip()
 
