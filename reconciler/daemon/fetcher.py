@@ -49,7 +49,7 @@ class Fetcher:
                       "revision": self.state.get("revision") if self.current else None,
                       "fetchedAt": self.state.get("fetchedAt") if self.current else None}
         self.failures = 0  # consecutive failed polls
-        self.logged: tuple[str, str] | None = None  # the failure last logged (reason, message)
+        self.logged: str | None = None  # the reason of the failure last logged
         self.failing_since: float | None = None
         self.polls = self.pulls = 0
         self._stop = threading.Event()
@@ -162,8 +162,8 @@ class Fetcher:
         if self.metrics is not None:
             self.metrics.source_failed(reason)
         delay = min(interval, BACKOFF_START * 2 ** min(self.failures - 1, 20))
-        if self.logged != (reason, message):  # a repeated failure is counted, not logged again
-            self.logged = (reason, message)
+        if self.logged != reason:  # a repeated failure is counted, not logged again (its text may vary)
+            self.logged = reason
             logs.log.error(f"source {self.ref}: {message} ({reason}); nothing changed in the kernel, retrying with "
                            f"backoff up to {interval:g}s", extra={"fields": {
                                "event": "source", "ok": False, "reason": reason, "reference": str(self.ref)}})
@@ -184,7 +184,7 @@ class Fetcher:
         good artifact; a source failure is a separate condition, as Flux's)."""
         if self.failures:
             return (f"source {self.ref} failing for {self.clock() - self.failing_since:.0f}s "
-                    f"({self.logged[0] if self.logged else '?'}, {self.failures} attempt(s))")
+                    f"({self.logged or '?'}, {self.failures} attempt(s))")
         if self.current is None:
             return f"source {self.ref}: nothing fetched yet"
         return None
