@@ -73,6 +73,9 @@ def test_diff_git_runs_git_only_in_the_callers_own_repository(tmp_path):
     git(repo, "config", "core.fsmonitor", "")  # the owner's own program runs for the owner: not tested here
     ok(nftrec("diff", "--git", str(repo / "m"), "HEAD~1..HEAD", config=False), 0)
     git(repo, "config", "core.fsmonitor", str(tmp_path / "trap.sh"))
+    subprocess.run(["chown", "65534:65534", str(repo / ".git" / "config")], check=True)  # its config alone
+    p = nftrec("diff", "--git", str(repo / "m"), "HEAD~1..HEAD", config=False)
+    assert p.returncode != 0 and "config belongs to uid 65534" in p.stderr, p.stderr
     subprocess.run(["chown", "-R", "65534:65534", str(repo)], check=True)
     p = nftrec("diff", "--git", str(repo / "m"), "HEAD~1..HEAD", config=False)
     assert p.returncode != 0 and "belongs to uid 65534" in p.stderr and "run it as the repository's owner" in p.stderr, p.stderr

@@ -89,7 +89,8 @@ def _own(directory: Path) -> Path:
         raise GitError(f"{directory} is not inside a git working tree; give `--git` the manifest "
                        "directory of a clone")
     me = os.getuid()
-    for path in (co.top, co.top / ".git", co.gitdir, co.common):
+    configs = [c for c in (co.common / "config", co.gitdir / "config.worktree") if os.path.lexists(c)]
+    for path in (co.top, co.top / ".git", co.gitdir, co.common, *configs):  # configs: what git reads and obeys
         try:
             owner = path.stat().st_uid
         except OSError as e:
