@@ -306,7 +306,7 @@ def plan(
     desired = _probed(_desired(source.root, config, netns, strict, compile=probe, signed_by=target, source=source),
                       netns, probe)
     raise typer.Exit(_guard(run_plan, desired, target, verbose=verbose, output=output,
-                            detailed=detailed_exitcode, out=out, refresh=refresh))
+                            detailed=detailed_exitcode, out=out, refresh=refresh, config=config))
 
 
 @app.command()

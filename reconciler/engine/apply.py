@@ -28,7 +28,7 @@ from reconciler.engine.state import HOST, StateCorrupt, read_history, read_statu
 from reconciler.engine.sync import clean_udp_conntrack, commit, forget_affinity_clients, touched_objects, verify_touched
 from reconciler.engine.target import CommandError, Target, short_revision
 from reconciler.engine.verify import slim_created, verify_listed
-from reconciler.kernel import (Interface, MayHaveCommitted, NftError, canonical, fingerprint, kernel_token, list_live, parse_live, read_live,
+from reconciler.kernel import (Interface, MayHaveCommitted, NftError, canonical, canonical_ops, fingerprint, kernel_token, list_live, parse_live, read_live,
                                sweep_trace_tables)
 
 EXIT_OK, EXIT_ERROR, EXIT_CHANGES = 0, 1, 2
@@ -143,7 +143,9 @@ def _derived_hints(desired) -> dict:
 
 
 def run_plan(desired, target: Target, *, verbose: bool, output: str, detailed: bool,
-             out: Path | None, refresh: bool, out_stream: TextIO = sys.stdout) -> int:
+             out: Path | None, refresh: bool, out_stream: TextIO = sys.stdout, config: Path | None = None) -> int:
+    """Print what apply would change; `out`: also save it as a plan file (`config`: the node
+    config it was made with, named in the command printed to apply it)."""
     nft = target.nft()
     try:
         token = kernel_token(nft) if out is not None else None  # before listing (see verify_applied)
@@ -184,7 +186,8 @@ def run_plan(desired, target: Target, *, verbose: bool, output: str, detailed: b
                 out_stream.write(verdict.describe() + "\n")
             out_stream.write(format_text(plan, verbose=verbose, color=_color(out_stream)))
             if out is not None:
-                out_stream.write(f"Saved the plan to {out}; apply it with `nftrec apply --plan {out}`.\n")
+                command = planfile.apply_command(out, state_dir=target.state_root, netns=target.netns, config=config)
+                out_stream.write(f"Saved the plan to {out}; apply it with:\n  {command}\n")
     finally:
         nft.close()
     return EXIT_CHANGES if (detailed and not plan.empty) else EXIT_OK
@@ -240,7 +243,7 @@ def run_apply(target: Target, *, desired=None, plan_path: Path | None = None,
                                    f"since the plan was made; make a new one with `nftrec plan --out {plan_path}`")
             ruleset, revision, plan_id = saved.desired_ruleset(), saved.revision, saved.plan_id
             plan = make_plan(ruleset, live)
-            if list(plan.transaction.ops) != saved.transaction:
+            if canonical_ops(plan.transaction.ops) != canonical_ops(saved.transaction):
                 raise CommandError(f"{plan_path}: its transaction no longer follows from its desired "
                                    f"ruleset and the kernel; make a new plan")
         elif rollback:

@@ -26,7 +26,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "netlink": ("netns_cookie", "own_portids"),
     "probes": ("ProbeLoop", "check_probe", "probe_all", "raise_fd_limit"),
     "ruletext": ("rule_tokens",),
-    "transaction": ("Transaction",),
+    "transaction": ("Transaction", "canonical_ops"),
     "tracetable": ("TRACE_TABLE_PREFIX", "exit_reason", "run_nft_child", "start_trace_monitor", "stop_child",
                    "sweep_trace_tables", "trace_table_name", "trace_table_script"),
 })
