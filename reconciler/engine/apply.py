@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TextIO
 
 from reconciler import logs
-from reconciler.compile import Ruleset, digest, relocate
+from reconciler.compile import FAMILIES, Ruleset, digest, relocate
 from reconciler.engine import confirm as confirm_window
 from reconciler.engine import planfile
 from reconciler.engine.changes import Changes, diff
@@ -247,6 +247,9 @@ def run_apply(target: Target, *, desired=None, plan_path: Path | None = None,
                 raise CommandError(f"{plan_path}: its transaction no longer follows from its desired "
                                    f"ruleset and the kernel; make a new plan")
         elif rollback:
+            if status.cleaned_up_at is not None:
+                raise CommandError(f"nothing to roll back from: `nftrec cleanup` removed the tables at "
+                                   f"{status.cleaned_up_at}; `nftrec apply DIR` applies the manifests again")
             entry = store.previous()
             if entry is None:
                 raise CommandError(f"nothing to roll back to: the state in {store.dir} has no earlier "
@@ -392,6 +395,30 @@ def _ahead_drift(nft: Interface, target: Target, commit) -> Changes | None:
     return None
 
 
+def _cleaned_up(target: Target, status, output: str, out_stream: TextIO) -> bool:
+    """`status` after `cleanup`: while the tables are still gone, say when they were removed
+    and what was applied before (no drift: they were removed on purpose); True when said.
+    Tables present again (made by hand since) get the usual drift report instead."""
+    nft = target.nft()
+    try:
+        present = [(f, n) for f, n in nft.list_tables() if n == target.table and f in FAMILIES]
+    finally:
+        nft.close()
+    if present:
+        return False
+    if output == "json":
+        json.dump({"netns": target.netns, "table": target.table, "cleanedUpAt": status.cleaned_up_at,
+                   "lastAppliedRevision": status.last_applied_revision, "lastAppliedAt": status.last_applied_at,
+                   "drift": False, "driftedServices": [], "driftedObjects": 0}, out_stream, indent=2)
+        out_stream.write("\n")
+    else:
+        out_stream.write(logs.escape(f"table:     {target.table} in {target.where}") + "\n")
+        out_stream.write(logs.escape(f"applied:   cleaned up at {status.cleaned_up_at} (nothing applied); before it, "
+                                     f"revision {short_revision(status.last_applied_revision)} applied at "
+                                     f"{status.last_applied_at}; `nftrec apply DIR` applies again") + "\n")
+    return True
+
+
 _TRUST = {  # how `verify` accepted the applied revision (desired.trust_of), for `status`
     "signed": "signed by a key of verify.keys, and no rollback from the revision applied before",
     "first-use": "trusted on first use: signed by a key of verify.keys, but no earlier applied revision was "
@@ -416,6 +443,8 @@ def run_status(target: Target, *, output: str, detailed: bool = False, out_strea
                           + source_status_lines(read_source_state(store)))
         raise CommandError(f"nothing was applied to table {target.table} in {target.where} "
                            f"(state: {store.dir}); run `nftrec apply`{waiting}")
+    if ahead is None and status.cleaned_up_at is not None and _cleaned_up(target, status, output, out_stream):
+        return EXIT_OK
     nft = target.nft()
     try:
         if ahead is None:

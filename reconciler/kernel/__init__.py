@@ -23,7 +23,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "live": ("OTHER_KINDS", "canonical", "chain_policy", "fingerprint", "kernel_token", "list_live", "parse_live", "read_live",
              "parse_duration", "read_live_objects", "read_runtime_keys", "table_flags", "table_others"),
     "netns": ("NamespaceThread",),
-    "netlink": ("netns_cookie", "own_portids"),
+    "netlink": ("netlink_delete_table", "netns_cookie", "own_portids"),
     "probes": ("ProbeLoop", "check_probe", "probe_all", "raise_fd_limit"),
     "ruletext": ("rule_tokens",),
     "transaction": ("Transaction", "canonical_ops"),
