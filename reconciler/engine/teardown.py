@@ -14,7 +14,7 @@ from typing import TextIO
 
 from reconciler import logs
 from reconciler.compile import FAMILIES
-from reconciler.engine.state import StateStore
+from reconciler.engine.state import StateCorrupt, StateStore
 from reconciler.engine.target import Target
 from reconciler.kernel import Crashed, Interface, NftError, NotFound, Transaction, netlink_delete_table, sweep_trace_tables
 
@@ -57,8 +57,12 @@ def cleanup(nft: Interface, table: str, *, kube_proxy: bool = False, dry_run: bo
             except NftError as e:
                 ok = False
                 out.write(f"error: could not delete table {family} {name}: {logs.escape_lines(e.text.strip())}\n")
-    if ok and not dry_run and store is not None and store.status().ever_applied:
-        store.record_cleanup()
+    if ok and not dry_run and store is not None:
+        try:
+            if store.status().ever_applied:
+                store.record_cleanup()
+        except StateCorrupt as e:  # the tables are gone all the same
+            logs.log.warning(f"{e} The cleanup is not recorded there.")
     return ok
 
 
