@@ -39,7 +39,6 @@ def test_first_apply_of_a_saved_plan_with_the_printed_command(netns, tmp_path, e
     assert ["--netns", netns] == argv[argv.index("--netns"):][:2]
     assert ["--config", str(config)] == argv[argv.index("--config"):][:2]
     monkeypatch.chdir("/")  # the command names everything absolutely: it works from anywhere
-
     applied = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert applied.returncode == 0, applied.stderr
     assert "Apply complete" in applied.stdout, applied.stdout

@@ -16,7 +16,7 @@ from reconciler import logs
 from reconciler.compile import FAMILIES
 from reconciler.engine.state import StateCorrupt, StateStore
 from reconciler.engine.target import Target
-from reconciler.kernel import Crashed, Interface, NftError, NotFound, Transaction, netlink_delete_table, sweep_trace_tables
+from reconciler.kernel import Interface, NftError, NotFound, Transaction, netlink_delete_table, sweep_trace_tables
 
 KUBE_PROXY_TABLE = "kube-proxy"
 
@@ -67,11 +67,20 @@ def cleanup(nft: Interface, table: str, *, kube_proxy: bool = False, dry_run: bo
 
 
 def _delete(nft: Interface, family: str, name: str) -> str:
-    """Delete one table; what was done, as a line for the operator."""
+    """Delete one table; what was done, as a line for the operator. When libnftables fails
+    (it reads every table first: it crashes or errs on one a newer nft wrote), the kernel
+    is asked directly; if that fails too, both reasons are in the NftError."""
     try:
         nft.run(Transaction().delete_table(family, name))
-    except Crashed as e:  # libnftables cannot read some table here: netlink needs no listing
-        nft.in_namespace(lambda: netlink_delete_table(family, name))
-        return (f"deleted table {family} {name} (by netlink: libnftables cannot work in this namespace: "
-                f"{logs.escape_lines(e.text.strip())})")
+    except NotFound:
+        raise
+    except NftError as e:
+        why = logs.escape_lines(e.text.strip())
+        try:
+            nft.in_namespace(lambda: netlink_delete_table(family, name))
+        except NotFound:
+            raise
+        except NftError as e2:
+            raise NftError(f"{e.text.strip()}\nand by netlink: {e2.text.strip()}") from None
+        return f"deleted table {family} {name} (by netlink: libnftables failed in this namespace: {why})"
     return f"deleted table {family} {name}"
