@@ -1,0 +1,127 @@
+"""The README's output examples, run for real so they cannot go stale.
+
+A checked example is a ```console block right after `<!-- check -->` (or `<!-- check: kernel -->`,
+which needs root and gets a fresh network namespace). Each `$ ` line (with its `> ` continuation
+lines) runs in bash from a scratch copy of examples/, with the venv's nftrec first on PATH and a
+temporary NFTREC_STATE_DIR; the lines after it are its stdout and stderr. `--netns demo` and
+`netns exec demo` name the throwaway namespace. Output is compared after `normalise`, the short
+list of what legitimately varies. NFTREC_README_UPDATE=1 rewrites the blocks with real output.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from nsutil import EXAMPLES, REPO, throwaway_netns
+
+README = REPO / "README.md"
+MARK = re.compile(r"^<!-- check(?:: (kernel))? -->\n```console\n(.*?)^```\n", re.M | re.S)
+NETNS = "demo"
+UPDATE = os.environ.get("NFTREC_README_UPDATE") == "1"
+
+# What legitimately differs between two runs, and nothing else.
+VARIES = [
+    (re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d)"), "<time>"),  # timestamps
+    (re.compile(r"\b\d+(?:\.\d+)? ?ms\b"), "<ms>"),                                        # durations
+    (re.compile(r"\bsha256:[0-9a-f]{12,64}\b"), "sha256:<digest>"),                          # content digests
+    (re.compile(r"\bpid \d+\b"), "pid <pid>"),                                              # process ids
+]
+
+
+@dataclass
+class Step:
+    command: str   # what runs in bash, continuation lines joined with newlines
+    output: str    # the README's text for its output
+
+
+@dataclass
+class Block:
+    kernel: bool
+    steps: list
+    span: tuple    # the block body's offsets in the README, for update mode
+    line: int
+
+
+def blocks(text: str) -> list:
+    found = []
+    for m in MARK.finditer(text):
+        steps, lines = [], m.group(2).splitlines()
+        for ln in lines:
+            if ln.startswith("$ "):
+                steps.append(Step(ln[2:], ""))
+            elif ln.startswith("> ") and steps and not steps[-1].output:
+                steps[-1].command += "\n" + ln[2:]
+            else:
+                assert steps, f"README.md:{text.count(chr(10), 0, m.start()) + 1}: output before any `$ ` line"
+                steps[-1].output += ln + "\n"
+        found.append(Block(bool(m.group(1)), steps, m.span(2), text.count("\n", 0, m.start()) + 1))
+    return found
+
+
+def localise(out: str, scratch: Path, state: Path, ns: str | None) -> str:
+    """The output as the README shows it: no temporary path, the namespace called `demo`."""
+    out = out.replace(str(state), "$NFTREC_STATE_DIR").replace(str(scratch) + "/", "")
+    return out.replace(ns, NETNS) if ns else out
+
+
+def normalise(out: str) -> str:
+    for pattern, replacement in VARIES:
+        out = pattern.sub(replacement, out)
+    return out
+
+
+def run(block: Block, tmp: Path, ns: str | None) -> list:
+    """Each step's real output, in a scratch directory holding a copy of examples/."""
+    scratch, state = tmp / "work", tmp / "state"
+    shutil.copytree(EXAMPLES, scratch / "examples", symlinks=True)
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+               NFTREC_STATE_DIR=str(state), PYTHONUNBUFFERED="1", NFTREC_PROGRESS="0", COLUMNS="200")
+    outs = []
+    for step in block.steps:
+        cmd = step.command
+        if ns:
+            cmd = cmd.replace(f"--netns {NETNS}", f"--netns {ns}").replace(f"netns exec {NETNS}", f"netns exec {ns}")
+        proc = subprocess.run(["bash", "-c", cmd], cwd=scratch, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, timeout=120)
+        outs.append(localise(proc.stdout, scratch, state, ns))
+    return outs
+
+
+def render(block: Block, outs: list) -> str:
+    body = ""
+    for step, out in zip(block.steps, outs):
+        body += "$ " + step.command.replace("\n", "\n> ") + "\n" + out
+    return body
+
+
+def test_readme_has_checked_examples():
+    found = blocks(README.read_text())
+    assert len(found) >= 5 and any(b.kernel for b in found)
+
+
+@pytest.mark.parametrize("index", [pytest.param(i, marks=[pytest.mark.kernel] if b.kernel else [], id=f"line{b.line}")
+                                   for i, b in enumerate(blocks(README.read_text()))])
+def test_readme_example(index, tmp_path):
+    text = README.read_text()
+    block = blocks(text)[index]
+    if block.kernel:
+        with throwaway_netns() as ns:
+            outs = run(block, tmp_path, ns)
+    else:
+        outs = run(block, tmp_path, None)
+    if UPDATE:
+        text = README.read_text()
+        block = blocks(text)[index]
+        README.write_text(text[:block.span[0]] + render(block, outs) + text[block.span[1]:])
+        return
+    want = normalise(render(block, [s.output for s in block.steps]))
+    assert want == normalise(render(block, outs)), (
+        f"README.md:{block.line}: the example's output differs from a real run; "
+        "NFTREC_README_UPDATE=1 rewrites it if the change is meant")
