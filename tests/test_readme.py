@@ -34,6 +34,8 @@ VARIES = [
     (re.compile(r"\b\d+(?:\.\d+)? ?ms\b"), "<ms>"),                                        # durations
     (re.compile(r"\bsha256:[0-9a-f]{12,64}\b"), "sha256:<digest>"),                          # content digests
     (re.compile(r"\bpid \d+\b"), "pid <pid>"),                                              # process ids
+    (re.compile(r"\b[0-9a-f]{12}\b"), "<id>"),                                               # short commit ids
+    (re.compile(r"\bSHA256:[A-Za-z0-9+/]{43}"), "SHA256:<key>"),                            # SSH key fingerprints
 ]
 
 
@@ -84,7 +86,9 @@ def run(block: Block, tmp: Path, ns: str | None) -> list:
     scratch, state = tmp / "work", tmp / "state"
     shutil.copytree(EXAMPLES, scratch / "examples", symlinks=True)
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-               NFTREC_STATE_DIR=str(state), PYTHONUNBUFFERED="1", NFTREC_PROGRESS="0", COLUMNS="200")
+               NFTREC_STATE_DIR=str(state), PYTHONUNBUFFERED="1", NFTREC_PROGRESS="0", COLUMNS="200",
+               HOME=str(tmp), GIT_CONFIG_NOSYSTEM="1", GIT_AUTHOR_NAME="ops", GIT_AUTHOR_EMAIL="ops@example",
+               GIT_COMMITTER_NAME="ops", GIT_COMMITTER_EMAIL="ops@example")
     outs = []
     for step in block.steps:
         cmd = step.command
