@@ -107,9 +107,12 @@ def render(block: Block, outs: list) -> str:
     return body
 
 
-def test_readme_has_checked_examples():
-    found = blocks(README.read_text())
+def test_every_console_block_is_checked():
+    """A `console` block is output, so it must be checked; commands alone go in `sh` blocks."""
+    text = README.read_text()
+    found = blocks(text)
     assert len(found) >= 5 and any(b.kernel for b in found)
+    assert len(re.findall(r"^`{3,}console$", text, re.M)) == len(found), "a ```console block without <!-- check -->"
 
 
 @pytest.mark.parametrize("index", [pytest.param(i, marks=[pytest.mark.kernel] if b.kernel else [], id=f"line{b.line}")
