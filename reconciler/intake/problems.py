@@ -13,6 +13,7 @@ from reconciler import logs
 ERROR = "error"
 WARNING = "warning"
 NOTICE = "notice"
+UNKNOWN_FIELD = "unknown-field"  # Problem.code of a field that the kind does not have
 
 _MAX_SHOWN = 80
 
@@ -43,6 +44,7 @@ class Problem:
     field: str  # dotted path like spec.ports[0].port; "" when not about one field
     message: str  # a plain sentence: what is wrong and what to do
     severity: str = ERROR  # "error" | "warning" | "notice"
+    code: str = ""  # UNKNOWN_FIELD: its severity follows --field-validation (validate.settle)
 
     @property
     def is_error(self) -> bool:
