@@ -13,7 +13,7 @@ import typer
 
 def field_validation(value: Optional[str]) -> Optional[str]:
     """--field-validation, as kubectl spells its values (any case): strict, warn or ignore."""
-    from reconciler.intake.validate import FIELD_VALIDATION
+    from reconciler.intake import FIELD_VALIDATION
 
     if value is None:
         return None
