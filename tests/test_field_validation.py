@@ -156,3 +156,20 @@ def test_the_cache_serves_every_mode(tmp_path):
     for fields, ok in (("strict", False), ("warn", True), ("ignore", True), ("strict", False)):
         for _ in range(2):  # cold, then warm
             assert read_inventory(root, fields=fields, cache_dir=cache).ok is ok, fields
+
+
+def test_unknown_fields_of_a_list_wrapper(tmp_path):
+    root = _tree(tmp_path, "apiVersion: v1\nkind: List\nmetadata:\n  resourceVersion: \"\"\n  resourceVerison: \"1\"\n"
+                           "itmes: []\nitems:\n- apiVersion: v1\n  kind: Service\n  metadata: {name: web}\n"
+                           "  spec: {clusterIP: 10.96.0.1, ports: [{port: 80}]}\n")
+    res = read_inventory(root)
+    assert [(p.field, p.line) for p in res.errors] == [("metadata.resourceVerison", 5), ("itmes", 6)]
+    assert "did you mean items?" in res.errors[1].message
+    assert read_inventory(root, fields="ignore").problems == []
+
+
+def test_stdin_reads_with_the_mode(tmp_path):
+    nftrec = str(Path(sys.executable).with_name("nftrec"))
+    for extra, rc in (([], 1), (["--field-validation=ignore"], 0)):
+        done = subprocess.run([nftrec, "validate", "-", *extra], input=MISSPELLED, capture_output=True, text=True)
+        assert done.returncode == rc, done.stdout + done.stderr

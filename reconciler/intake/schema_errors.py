@@ -6,14 +6,13 @@ from a jsonschema error to "what is wrong and what to do", so both read the same
 
 from __future__ import annotations
 
-import difflib
 import re
 import unicodedata
 from dataclasses import dataclass
 
 from reconciler.intake.load import Document, locate
 from reconciler.intake.parse import YAML11_FALSE, YAML11_TRUE
-from reconciler.intake.problems import ERROR, UNKNOWN_FIELD, Problem, field_path, safe_name, show
+from reconciler.intake.problems import ERROR, UNKNOWN_FIELD, Problem, field_path, safe_name, show, unknown_field
 from reconciler.intake.schemas import canonical_cidr, cidr_hint, ip_hint, parse_ip, special_ip, trim_space
 
 
@@ -71,28 +70,6 @@ class Report:
         line, col = locate(o.doc, path, key=key)
         self.problems.append(Problem(o.doc.file, line, col, o.kind, o.label, field_path(path), message, severity, code))
 
-
-def nearest(name: object, known) -> str | None:
-    """The known name `name` most likely misspells: the same but for case, else the
-    closest by difflib's ratio (at least 0.6), else None."""
-    if not isinstance(name, str):
-        return None
-    folded = {k.lower(): k for k in known}
-    if name.lower() in folded:
-        return folded[name.lower()]
-    close = difflib.get_close_matches(name, list(known), n=1)
-    if not close:
-        close = difflib.get_close_matches(name.lower(), list(folded), n=1)
-        close = [folded[c] for c in close]
-    return close[0] if close else None
-
-
-def unknown_field(path: tuple, known) -> str:
-    """The message for a field its kind does not have, with the nearest known name."""
-    guess = nearest(path[-1], known)
-    hint = f"; did you mean {guess}?" if guess else "; remove it or fix its spelling"
-    return (f"unknown field {field_path(path)}{hint} (Kubernetes refuses unknown fields, as kubectl's default "
-            "--validate=strict does; --field-validation=warn or ignore accepts them)")
 
 
 # --- schema errors -> plain sentences ------------------------------------------------------
