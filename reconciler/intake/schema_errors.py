@@ -71,7 +71,6 @@ class Report:
         self.problems.append(Problem(o.doc.file, line, col, o.kind, o.label, field_path(path), message, severity, code))
 
 
-
 # --- schema errors -> plain sentences ------------------------------------------------------
 
 
