@@ -13,6 +13,8 @@ from typing import List, Optional
 
 import typer
 
+from reconciler.options import confirm_spec, field_validation
+
 EXIT_OK, EXIT_ERROR, EXIT_CHANGES, EXIT_USAGE = 0, 1, 2, 64
 
 # Click (vendored by typer) exits 2 on usage errors, which would collide with
@@ -62,7 +64,10 @@ SOURCE_ARG = typer.Argument(".", help="Manifest directory (read recursively); - 
                             "artifact (Flux's format), oci://HOST[:PORT]/REPO:TAG or oci://HOST[:PORT]/REPO@sha256:HEX.")
 CONFIG_OPT = typer.Option(None, "--config", help="Node config (default /etc/nftrec/config.yaml "
                           "when it exists, else defaults).")
-STRICT_OPT = typer.Option(False, "--strict", help="Unknown kinds are errors, not notices.")
+STRICT_OPT = typer.Option(False, "--strict", help="Warnings and unknown kinds are errors too.")
+FIELDS_OPT = typer.Option(None, "--field-validation", callback=field_validation, metavar="strict|warn|ignore",
+                          help="Unknown fields: errors (strict), warnings (warn) or not reported (ignore); "
+                          "default: the node config's fieldValidation, else strict.")
 
 
 def _output_opt() -> typer.Option:
@@ -79,6 +84,7 @@ def validate(
     directory: str = SOURCE_ARG,
     config: Optional[Path] = CONFIG_OPT,
     strict: bool = STRICT_OPT,
+    fields: Optional[str] = FIELDS_OPT,
     output: str = _output_opt(),
 ) -> None:
     """Check manifests and the node config: schema and cross-document checks. No root,
@@ -87,7 +93,7 @@ def validate(
     from reconciler.intake import run_validate
 
     root = _root(directory, config).root
-    raise typer.Exit(run_validate(root, config_path=config, strict=strict, output=output,
+    raise typer.Exit(run_validate(root, config_path=config, strict=strict, fields=fields, output=output,
                                   cache_dir=_cache_dir() if root == Path(directory) else None))
 
 
@@ -96,9 +102,10 @@ def render(
     directory: str = SOURCE_ARG,
     config: Optional[Path] = CONFIG_OPT,
     strict: bool = STRICT_OPT,
+    fields: Optional[str] = FIELDS_OPT,
 ) -> None:
     """Print the whole desired ruleset as an `nft -f` script from scratch."""
-    desired = _desired(_root(directory, config).root, config, None, strict, interfaces=False)
+    desired = _desired(_root(directory, config).root, config, None, strict, fields, interfaces=False)
     from reconciler.compile import render_header, render_script
 
     sys.stdout.write(render_header(desired.config) + render_script(desired.ruleset))
@@ -114,6 +121,7 @@ def diff(
                                        "manifest directory DIR (inside a clone), read from git, no checkout."),
     config: Optional[Path] = CONFIG_OPT,
     strict: bool = STRICT_OPT,
+    fields: Optional[str] = FIELDS_OPT,
     verbose: bool = typer.Option(False, "-v", "--verbose", help="Print the exact nft transaction."),
     output: str = typer.Option("text", "-o", "--output", help="text, json or markdown (a pull-request comment)"),
     detailed_exitcode: bool = typer.Option(False, "--detailed-exitcode",
@@ -146,7 +154,7 @@ def diff(
     if git is None:
         old, new = (str(_root(side, config).root) if side != "-" else side for side in (old, new))
     raise typer.Exit(_guard(run_diff, old, new, git=git, merge_base=merge_base, config_path=config,
-                            strict=strict, output=output, detailed=detailed_exitcode, verbose=verbose))
+                            strict=strict, fields=fields, output=output, detailed=detailed_exitcode, verbose=verbose))
 
 
 NETNS_OPT = typer.Option(None, "--netns", help="Act inside this named network namespace "
@@ -220,7 +228,7 @@ def _root(argument: str, config: Optional[Path], target=None):
     return source
 
 
-def _desired(directory: Path, config: Optional[Path], netns: Optional[str], strict: bool,
+def _desired(directory: Path, config: Optional[Path], netns: Optional[str], strict: bool, fields: Optional[str],
              target=None, interfaces: bool = True, compile: bool = True, signed_by=None, allow_rollback: bool = False,
              source=None):
     """The validated, compiled input; invalid input exits 1 (and, for apply, is recorded
@@ -236,7 +244,7 @@ def _desired(directory: Path, config: Optional[Path], netns: Optional[str], stri
             from reconciler.engine import rollback_baseline
 
             signed = (rollback_baseline(signed_by.store()), allow_rollback)
-        return load_desired(directory, config, strict=strict, netns=netns, interfaces=interfaces,
+        return load_desired(directory, config, strict=strict, fields=fields, netns=netns, interfaces=interfaces,
                             cache_dir=_cache_dir(), compile=compile, config_cache=config_cache_dir(_state_root()),
                             signed=signed, source=source)
     except InvalidInput as e:
@@ -282,6 +290,7 @@ def plan(
     config: Optional[Path] = CONFIG_OPT,
     netns: Optional[str] = NETNS_OPT,
     strict: bool = STRICT_OPT,
+    fields: Optional[str] = FIELDS_OPT,
     verbose: bool = typer.Option(False, "-v", "--verbose", help="Print the exact nft transaction."),
     output: str = _output_opt(),
     detailed_exitcode: bool = typer.Option(False, "--detailed-exitcode",
@@ -298,12 +307,13 @@ def plan(
     target = _target(config, netns)
     source = _root(directory, config, target)
     if not refresh and out is None and not probe:  # unchanged input, config and kernel: no compile, no listing
-        rc = _guard(run_plan_noop, target, source.root, config, strict=strict, output=output)
+        rc = _guard(run_plan_noop, target, source.root, config, strict=strict, fields=fields,
+                    output=output)
         if rc is not None:
             raise typer.Exit(rc)
     from reconciler.engine import run_plan  # imported late: the fast path never needs it
 
-    desired = _probed(_desired(source.root, config, netns, strict, compile=probe, signed_by=target, source=source),
+    desired = _probed(_desired(source.root, config, netns, strict, fields, compile=probe, signed_by=target, source=source),
                       netns, probe)
     raise typer.Exit(_guard(run_plan, desired, target, verbose=verbose, output=output,
                             detailed=detailed_exitcode, out=out, refresh=refresh, config=config))
@@ -316,6 +326,7 @@ def apply(
     config: Optional[Path] = CONFIG_OPT,
     netns: Optional[str] = NETNS_OPT,
     strict: bool = STRICT_OPT,
+    fields: Optional[str] = FIELDS_OPT,
     plan_file: Optional[Path] = typer.Option(None, "--plan", help="Apply a plan saved by `plan --out`; "
                                              "refused when stale or already applied."),
     rollback: bool = typer.Option(False, "--rollback", help="Re-apply the previous applied ruleset."),
@@ -344,7 +355,7 @@ def apply(
 
     if verify not in ("touched", "full"):
         raise typer.BadParameter("must be touched or full", param_hint="--verify")
-    spec = _confirm_spec(confirm_timeout, health_cmd or [], health_url or [], health_tcp or [])
+    spec = confirm_spec(confirm_timeout, health_cmd or [], health_url or [], health_tcp or [])
     if sum(x is not None and x is not False for x in (directory, plan_file, rollback or None)) > 1:
         raise typer.BadParameter("give one of DIRECTORY, --plan FILE or --rollback")
     target = _target(config, netns)
@@ -354,10 +365,10 @@ def apply(
         if not probe:
             from reconciler.engine import run_apply_noop
 
-            rc = _guard(run_apply_noop, target, source.root, config, strict=strict)
+            rc = _guard(run_apply_noop, target, source.root, config, strict=strict, fields=fields)
             if rc is not None:
                 raise typer.Exit(rc)
-        desired = _probed(_desired(source.root, config, netns, strict, target=target, compile=probe,
+        desired = _probed(_desired(source.root, config, netns, strict, fields, target=target, compile=probe,
                                    signed_by=target, allow_rollback=allow_rollback, source=source), netns, probe)
     elif probe:
         raise typer.BadParameter("--probe needs a manifest directory (not --plan or --rollback)")
@@ -377,35 +388,6 @@ def _node_config(config: Optional[Path]):
     from reconciler.intake import load_node_config
 
     return load_node_config(str(config) if config else None, discover=False, cache_dir=config_cache_dir(_state_root()))[0]
-
-
-def _confirm_spec(timeout: Optional[str], cmds: List[str], urls: List[str], tcps: List[str]):
-    """apply's --confirm-timeout and checks, or None."""
-    from reconciler.intake import parse_health_check
-
-    checks = []
-    for kind, values, flag in (("cmd", cmds, "--health-cmd"), ("url", urls, "--health-url"),
-                               ("tcp", tcps, "--health-tcp")):
-        for v in values:
-            try:
-                checks.append(parse_health_check(kind, v))
-            except ValueError as e:
-                raise typer.BadParameter(str(e), param_hint=flag) from None
-    if timeout is None:
-        if checks:
-            raise typer.BadParameter("health checks need --confirm-timeout (how long they may take to pass)")
-        return None
-    from reconciler.engine import ConfirmSpec
-    from reconciler.intake import parse_duration
-
-    try:
-        seconds = parse_duration(timeout)
-    except ValueError:
-        seconds = -1.0
-    if not 0 < seconds <= 86400:
-        raise typer.BadParameter(f"{timeout!r} is not a duration between 1ms and 24h (e.g. 60s, 5m)",
-                                 param_hint="--confirm-timeout")
-    return ConfirmSpec(seconds, tuple(checks))
 
 
 @app.command()
@@ -442,6 +424,7 @@ def trace(
     config: Optional[Path] = CONFIG_OPT,
     netns: Optional[str] = NETNS_OPT,
     strict: bool = STRICT_OPT,
+    fields: Optional[str] = FIELDS_OPT,
     output: str = _output_opt(),
 ) -> None:
     """Explain one packet offline: the chains and rules it passes, the verdict (DNAT to which
@@ -462,7 +445,7 @@ def trace(
         target = _target(config, netns)
         raise typer.Exit(_guard(run_trace, packet, live_target=target, local_addresses=local_address,
                                 directory=directory if directory != Path("-") else None, output=output))
-    desired = _desired(directory, config, netns, strict, interfaces=netns is not None)
+    desired = _desired(directory, config, netns, strict, fields, interfaces=netns is not None)
     raise typer.Exit(_guard(run_trace, packet, desired=desired, local_addresses=local_address, output=output))
 
 
@@ -521,6 +504,7 @@ def watch(
     config: Optional[Path] = CONFIG_OPT,
     netns: Optional[str] = NETNS_OPT,
     strict: bool = STRICT_OPT,
+    fields: Optional[str] = FIELDS_OPT,
     metrics_address: str = typer.Option("127.0.0.1:9105", "--metrics-address",
                                         help="HOST:PORT for /metrics and /healthz (port 0: any free "
                                         "port); \"\" disables them."),
@@ -534,7 +518,7 @@ def watch(
     if str(directory) == "-":
         raise typer.BadParameter("watch reads a directory, not standard input", param_hint="DIRECTORY")
     target = _target(config, netns)
-    raise typer.Exit(_guard(run_watch, directory, config, target, strict=strict,
+    raise typer.Exit(_guard(run_watch, directory, config, target, strict=strict, fields=fields,
                             metrics_address=metrics_address, debounce=debounce))
 
 

@@ -80,7 +80,7 @@ def _with_source(health: tuple[bool, str], note: str | None) -> tuple[bool, str]
 
 
 def run_watch(directory: Path, config_path: Path | None, target: Target, *, strict: bool = False,
-              metrics_address: str = "127.0.0.1:9105", debounce: float = DEBOUNCE) -> int:
+              fields: str | None = None, metrics_address: str = "127.0.0.1:9105", debounce: float = DEBOUNCE) -> int:
     """The daemon: returns 0 after SIGTERM/SIGINT, 1 when it cannot start."""
     from reconciler.daemon.metrics import Metrics, MetricsError
 
@@ -94,7 +94,7 @@ def run_watch(directory: Path, config_path: Path | None, target: Target, *, stri
 
         fetcher = Fetcher(str(directory), target, metrics)
         directory = fetcher.link
-    daemon = Daemon(directory, config_path, target, strict=strict, metrics=metrics)
+    daemon = Daemon(directory, config_path, target, strict=strict, fields=fields, metrics=metrics)
     daemon.gate.oci = fetcher is not None  # the kind of source, for `verify`: from the command line
     server = lock = watcher = addresses = events = None
     runner: Runner | None = None

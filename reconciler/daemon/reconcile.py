@@ -83,11 +83,11 @@ class Daemon:
     the runner's thread only; healthy() reads a few attributes."""
 
     def __init__(self, directory: Path, config_path: Path | None, target: Target, *, strict: bool,
-                 metrics=None, clock: Callable[[], float] = time.monotonic):
+                 fields: str | None = None, metrics=None, clock: Callable[[], float] = time.monotonic):
         self.directory, self.config_path, self.target, self.strict = directory, config_path, target, strict
         self.metrics = metrics
         self.clock = clock
-        self.intake = Intake(directory, strict=strict)
+        self.intake, self.fields = Intake(directory, strict=strict), fields  # fields: --field-validation
         self.store = target.store()
         self.nft: Interface | None = None
         self.config: NodeConfig | None = None
@@ -142,7 +142,7 @@ class Daemon:
                                          discover_ips=lambda: nft.in_namespace(discover_node_ips),
                                          discover_addresses=lambda: nft.in_namespace(discover_host_addresses))
         try:
-            cfg = replace(cfg, spelling=Spellings(None).get(nft))  # probed once per process
+            cfg = replace(cfg, spelling=Spellings(None).get(nft), field_validation=self.fields or cfg.field_validation)
         except NftError as e:
             logs.log.error(f"cannot tell which spellings this nft accepts: {e}")
             return False
@@ -160,7 +160,7 @@ class Daemon:
             return False
         if not self.gate.configure(cfg.verify):
             return False
-        self.config = cfg
+        self.config, self.intake.fields = cfg, cfg.field_validation
         return True
 
     # -- node addresses

@@ -64,13 +64,13 @@ def node_address_discovery(netns: str | None):
 
 
 def load_config(config_path: Path | None, netns: str | None, *, interfaces: bool = True,
-                cache_dir: Path | None = None, nft=None):
+                cache_dir: Path | None = None, nft=None, fields: str | None = None):
     """(the effective node config, problems): what compile sees, with node IPs, (unless
     `interfaces` is False: render) the interface addresses discovered in the target
     namespace, and the spellings its nft accepts (nft_spelling; through `nft`, the caller's
     open Interface, if any). The no-op fast path digests exactly this. `cache_dir`: the
     node config's settings cache (intake.read_settings), and the discovery remembered there
-    (Remembered)."""
+    (Remembered). `fields`: --field-validation, which overrides the config's fieldValidation."""
     from dataclasses import replace
 
     from reconciler.intake import load_node_config
@@ -84,6 +84,7 @@ def load_config(config_path: Path | None, netns: str | None, *, interfaces: bool
                                      discover_addresses=addresses, cache_dir=cache_dir)
     # render too: its script is for this nft (a dry run in the namespace; nftrec's own
     # spellings when nft cannot be asked)
+    cfg = replace(cfg, field_validation=fields) if fields else cfg
     return replace(cfg, spelling=nft_spelling(netns, cache_dir, nft)), problems
 
 
@@ -314,7 +315,7 @@ def check_signed(config: NodeConfig, source: ManifestSource, baseline, allow_rol
     return verdict, trust_of(verdict, baseline)
 
 
-def load_desired(directory: Path, config_path: Path | None, *, strict: bool = False,
+def load_desired(directory: Path, config_path: Path | None, *, strict: bool = False, fields: str | None = None,
                  netns: str | None = None, interfaces: bool = True, cache_dir: Path | None = None,
                  compile: bool = True, config_cache: Path | None = None, signed: tuple | None = None,
                  source: ManifestSource | None = None) -> Desired:
@@ -330,16 +331,17 @@ def load_desired(directory: Path, config_path: Path | None, *, strict: bool = Fa
     from reconciler.compile import compile_ruleset
     from reconciler.intake import ManifestSource, config_digest, read_inventory, read_verified
 
-    config, config_problems = load_config(config_path, netns, interfaces=interfaces, cache_dir=config_cache)
+    config, config_problems = load_config(config_path, netns, interfaces=interfaces, cache_dir=config_cache,
+                                          fields=fields)
     verdict = trust = None
     source = source or ManifestSource(str(directory), Path(directory))
     if signed is not None and not any(p.is_error for p in config_problems):
         verdict, trust = check_signed(config, source, *signed)
         after_verify(directory)
     if verdict is not None and verdict.files is not None:  # exactly the verified commit's bytes
-        result = read_verified(verdict.files, strict=strict, cache_dir=cache_dir)
+        result = read_verified(verdict.files, strict=strict, fields=config.field_validation, cache_dir=cache_dir)
     else:
-        result = read_inventory(directory, strict=strict, cache_dir=cache_dir)
+        result = read_inventory(directory, strict=strict, fields=config.field_validation, cache_dir=cache_dir)
     if verdict is not None and result.inventory.revision != verdict.revision:  # git-sync swapped in between
         raise Unverified(result.inventory.revision, f"revision {result.inventory.revision[:12]} was published while "
                          f"revision {verdict.revision[:12]} was verified; it was not applied: run again")

@@ -34,7 +34,8 @@ def config_cache_dir(state_root: Path) -> Path | None:
     return Path(state_root) / "cache" / "nodeconfig"
 
 
-def _why_not(target: Target, directory: Path, config_path: Path | None, *, strict: bool) -> tuple[Noop | None, str]:
+def _why_not(target: Target, directory: Path, config_path: Path | None, *, strict: bool,
+             fields: str | None) -> tuple[Noop | None, str]:
     from reconciler.engine.desired import load_config
     from reconciler.intake import config_digest, input_digest, is_stdin
 
@@ -54,21 +55,22 @@ def _why_not(target: Target, directory: Path, config_path: Path | None, *, stric
         if d.digest != st.input_digest:
             return None, "the manifests changed since the last apply"
         cfg, problems = load_config(config_path, target.netns,  # as load_desired reads it
-                                    cache_dir=config_cache_dir(target.state_root), nft=nft)
+                                    cache_dir=config_cache_dir(target.state_root), nft=nft, fields=fields)
         if problems:
             return None, "the node config has problems"
         if cfg.verify is not None:
             return None, "verify is set: every run checks the revision's signature"
         if config_digest(cfg, strict=strict) != st.config_digest:
-            return None, "the effective node config (or --strict, or nftrec) changed since the last apply"
+            return None, "the effective node config (or --strict, --field-validation, or nftrec) changed since the last apply"
     finally:
         nft.close()
     return Noop(d.revision), ""
 
 
-def check_noop(target: Target, directory: Path, config_path: Path | None, *, strict: bool) -> Noop | None:
+def check_noop(target: Target, directory: Path, config_path: Path | None, *, strict: bool,
+               fields: str | None = None) -> Noop | None:
     """A Noop when input, config and kernel are unchanged since the last apply, else None."""
-    noop, why = _why_not(target, directory, config_path, strict=strict)
+    noop, why = _why_not(target, directory, config_path, strict=strict, fields=fields)
     if noop is None:
         logs.log.debug(f"no-op fast path not taken: {why}")
     else:
@@ -87,9 +89,9 @@ def _empty_plan():
 
 
 def run_plan_noop(target: Target, directory: Path, config_path: Path | None, *, strict: bool, output: str,
-                  out_stream: TextIO = sys.stdout) -> int | None:
+                  fields: str | None = None, out_stream: TextIO = sys.stdout) -> int | None:
     """`plan` through the fast path: the exit code, or None when it does not hold."""
-    noop = check_noop(target, directory, config_path, strict=strict)
+    noop = check_noop(target, directory, config_path, strict=strict, fields=fields)
     if noop is None:
         return None
     from reconciler.engine.plan import format_text, to_json
@@ -107,11 +109,11 @@ def run_plan_noop(target: Target, directory: Path, config_path: Path | None, *, 
 
 
 def run_apply_noop(target: Target, directory: Path, config_path: Path | None, *, strict: bool,
-                   out_stream: TextIO = sys.stdout) -> int | None:
+                   fields: str | None = None, out_stream: TextIO = sys.stdout) -> int | None:
     """`apply` through the fast path (under the lock): records the revision, or None."""
     lock = target.hold_lock()
     try:
-        noop = check_noop(target, directory, config_path, strict=strict)
+        noop = check_noop(target, directory, config_path, strict=strict, fields=fields)
         if noop is None:
             return None
         target.store().record_noop(noop.revision)

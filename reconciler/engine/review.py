@@ -54,7 +54,7 @@ def _load(label: str, read, config) -> Side:
 
 
 def run_diff(old: str, new: str, *, git: Path | None = None, merge_base: bool = False,
-             config_path: Path | None = None, strict: bool = False, output: str = "text",
+             config_path: Path | None = None, strict: bool = False, fields: str | None = None, output: str = "text",
              detailed: bool = False, verbose: bool = False, out_stream: TextIO | None = None) -> int:
     """Plan NEW against OLD; print it as text, json or markdown. 0, or 2 with `detailed`
     when something changes; 1 when either side (or the node config) is invalid."""
@@ -65,6 +65,7 @@ def run_diff(old: str, new: str, *, git: Path | None = None, merge_base: bool = 
 
     out_stream = out_stream or sys.stdout
     config, config_problems = load_node_config(str(config_path) if config_path else None, discover=False)
+    fields = fields or config.field_validation
     try:
         if git is not None:
             old_commit, new_commit = resolve_revision(git, old), resolve_revision(git, new)
@@ -73,11 +74,11 @@ def run_diff(old: str, new: str, *, git: Path | None = None, merge_base: bool = 
                 old_commit = git_merge_base(git, old_commit, new_commit)
                 old, label_old = old_commit[:12], f"merge-base({old}, {new})"
             sides = [
-                _load(label_old, lambda: read_revision(git, old, old_commit, strict=strict), config),
-                _load(new, lambda: read_revision(git, new, new_commit, strict=strict), config),
+                _load(label_old, lambda: read_revision(git, old, old_commit, strict=strict, fields=fields), config),
+                _load(new, lambda: read_revision(git, new, new_commit, strict=strict, fields=fields), config),
             ]
         else:
-            sides = [_load(display_root(d), lambda d=d: read_inventory(d, strict=strict), config)
+            sides = [_load(display_root(d), lambda d=d: read_inventory(d, strict=strict, fields=fields), config)
                      for d in (old, new)]
     except GitError as e:
         raise CommandError(str(e)) from None

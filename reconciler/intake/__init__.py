@@ -18,6 +18,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "incremental": ("Intake", "Snapshot"),
     "kinds": ("DIRECTORY", "GIT", "OCI", "ManifestSource", "source_kind", "verifier_for"),
     "inventory": ("InventoryResult", "read_inventory", "read_revision", "read_verified"),
+    "validate": ("FIELD_VALIDATION",),
     "load": ("SUFFIXES",),
     "model": ("Endpoint", "EndpointPort", "EndpointSlice", "HealthCheck", "Inventory", "LoadBalancerIngress", "NftSpelling", "NodeConfig",
               "OciSettings", "Probe", "Service", "ServiceCIDR", "ServicePort", "Source", "Verify"),

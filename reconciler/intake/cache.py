@@ -103,14 +103,14 @@ def open_cache(directory: Path | str) -> Cache:
 def _problem_out(p: Problem, display: str) -> list:
     if p.file != display or (display and any(display in s for s in (p.message, p.obj, p.field))):
         raise _Unfit
-    return [p.line, p.col, p.kind, p.obj, p.field, p.message, p.severity]
+    return [p.line, p.col, p.kind, p.obj, p.field, p.message, p.severity, p.code]
 
 
 def _problem_in(v: list, display: str) -> Problem:
-    line, col, kind, obj, fld, message, severity = v
-    if not (type(line) is int and type(col) is int and all(type(s) is str for s in (kind, obj, fld, message, severity))):
+    line, col, kind, obj, fld, message, severity, code = v
+    if not (type(line) is int and type(col) is int and all(type(s) is str for s in (kind, obj, fld, message, severity, code))):
         raise Corrupt("a problem has the wrong shape")
-    return Problem(display, line, col, kind, obj, fld, message, severity)
+    return Problem(display, line, col, kind, obj, fld, message, severity, code)
 
 
 def _model_out(v, display: str) -> list:

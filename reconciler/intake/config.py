@@ -152,6 +152,7 @@ def load_node_config(
         layout=settings["layout"],
         zone=settings["zone"],
         derive_topology_hints=settings["deriveTopologyHints"],
+        field_validation=settings["fieldValidation"],
         min_sync_period=periods["minSyncPeriod"],
         sync_period=periods["syncPeriod"],
         full_sync_period=periods["fullSyncPeriod"],
@@ -178,7 +179,7 @@ _CACHE_KEEP = 8  # entries kept (one per config file content; a node has one or 
 _SETTINGS_TYPES = {
     "nodeName": str, "hasNodeIPs": bool, "nodeIPs": list, "clusterCIDRs": list, "serviceCIDRs": list,
     "nodePortAddresses": list, "masqueradeAll": bool, "masqueradeBit": int, "tableName": str, "layout": str,
-    "zone": str, "deriveTopologyHints": bool, "periods": dict, "healthChecks": list, "fromFile": bool, "verify": (dict, type(None)),
+    "zone": str, "deriveTopologyHints": bool, "fieldValidation": str, "periods": dict, "healthChecks": list, "fromFile": bool, "verify": (dict, type(None)),
     "oci": dict,
 }
 _OCI_TYPES = {"interval": float, "insecure": bool, "ca_file": str, "credentials_file": str, "max_size": int}
@@ -309,6 +310,7 @@ def _check(path: str | None, raw: bytes) -> tuple[dict | None, list[Problem]]:
         "layout": str(data.get("layout", "sharded")),
         "zone": str(data.get("zone", "")),
         "deriveTopologyHints": bool(data.get("deriveTopologyHints", True)),
+        "fieldValidation": str(data.get("fieldValidation", "Strict")).lower(),
         "periods": {k: float(v) for k, v in periods.items()},
         "healthChecks": health_checks,
         "fromFile": bool(data),

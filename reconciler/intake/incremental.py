@@ -112,6 +112,7 @@ class _Tree:
     problem_files: set
     inventory: Inventory | None = None
     slice_at: dict | None = None  # id(doc) of an EndpointSlice -> index in inventory.endpoint_slices
+    fields: str = "strict"  # the field validation it was checked with
 
 
 def _content_key(doc) -> bytes:
@@ -174,6 +175,7 @@ class Intake:
         self.shown = str(directory)
         self.path = Path(os.path.abspath(directory))
         self.strict = strict
+        self.fields = "strict"  # validate.settle's field validation (watch sets the node config's)
         self._files: dict[str, _FileEntry] = {}
         self._models: dict[int, tuple] = {}  # id(doc) -> (doc, [model objects])
         self._hashed: list = []  # load.tree_digest's memo
@@ -374,12 +376,12 @@ class Intake:
         for e in entries:
             documents.extend(e.docs)
             results.extend(e.checks)
-        checked = check_tree(load_problems, documents, results, strict=self.strict)
+        checked = check_tree(load_problems, documents, results, strict=self.strict, fields=self.fields)
         position: dict[int, int] = {}
         for i, o in enumerate(checked.objects):
             position[id(o.doc)] = i
         tree = _Tree(entries, list(load_problems), checked.problems, checked.objects, position,
-                     {p.file for p in checked.problems})
+                     {p.file for p in checked.problems}, fields=self.fields)
         self._tree = tree
         self._build_inventory(tree, revision)
         return checked.problems, tree.inventory
@@ -422,7 +424,7 @@ class Intake:
         check_tree."""
         tree = self._tree
         if (tree is None or tree.inventory is None or len(entries) != len(tree.entries)
-                or load_problems != tree.load_problems):
+                or load_problems != tree.load_problems or tree.fields != self.fields):
             return None
         swaps = []
         for e, old_e in zip(entries, tree.entries):

@@ -43,8 +43,8 @@ class InventoryResult:
         return [p for p in self.problems if p.is_error]
 
 
-def inventory_from_load(loaded: LoadResult, *, strict: bool = False) -> InventoryResult:
-    checked = check(loaded, strict=strict)
+def inventory_from_load(loaded: LoadResult, *, strict: bool = False, fields: str = "strict") -> InventoryResult:
+    checked = check(loaded, strict=strict, fields=fields)
     inv = build_inventory(checked.objects, loaded.revision)
     return InventoryResult(inv, checked.problems, checked.documents, loaded.files, loaded.digest)
 
@@ -59,30 +59,32 @@ def load_manifests(root: str | Path) -> LoadResult:
                       str(w.resolved) if w.resolved is not None else str(root))
 
 
-def read_inventory(root: str | Path, *, strict: bool = False, cache_dir: Path | str | None = None) -> InventoryResult:
+def read_inventory(root: str | Path, *, strict: bool = False, fields: str = "strict", cache_dir: Path | str | None = None) -> InventoryResult:
     """load -> validate -> model for one manifest directory. Never raises for bad input:
     check `.ok` and `.problems`; `.inventory` holds only the objects that were valid.
     `-` reads standard input (intake/sources.py). `cache_dir`: the intake cache
-    (intake/cache.py); the result is the same with or without it."""
+    (intake/cache.py); the result is the same with or without it. `strict`, `fields`:
+    --strict and the field validation (validate.settle)."""
     with progress.step(f"reading manifests from {display_root(root)}"), no_cyclic_gc():
         if is_stdin(root):  # read once, nothing to key a cache on
-            return inventory_from_load(load_stdin(), strict=strict)
+            return inventory_from_load(load_stdin(), strict=strict, fields=fields)
         w = walk(root)
         if cache_dir is None:
-            return assemble(w, [parse_file(*p) for p in w.paths], strict=strict)
+            return assemble(w, [parse_file(*p) for p in w.paths], strict=strict, fields=fields)
         cache = open_cache(cache_dir)
-        result = assemble(w, read_all(w.paths, cache), strict=strict)
+        result = assemble(w, read_all(w.paths, cache), strict=strict, fields=fields)
         cache.finish(len(w.paths))
         return result
 
 
-def read_revision(directory: Path, rev: str, commit: str | None = None, *, strict: bool = False) -> InventoryResult:
+def read_revision(directory: Path, rev: str, commit: str | None = None, *, strict: bool = False,
+                  fields: str = "strict") -> InventoryResult:
     """The manifests under `directory` as revision `rev` has them, validated: like
     read_inventory on a checkout of `rev`. The inventory's revision is the commit."""
-    return inventory_from_load(load_revision(directory, rev, commit), strict=strict)
+    return inventory_from_load(load_revision(directory, rev, commit), strict=strict, fields=fields)
 
 
-def read_verified(files: ManifestFiles, *, strict: bool = False, cache_dir: Path | str | None = None) -> InventoryResult:
+def read_verified(files: ManifestFiles, *, strict: bool = False, fields: str = "strict", cache_dir: Path | str | None = None) -> InventoryResult:
     """read_inventory of a verified commit's manifest files (signatures.Verdict.files):
     exactly the bytes read from the object store, never the worktree's; the inventory's
     revision is the commit."""
@@ -90,14 +92,14 @@ def read_verified(files: ManifestFiles, *, strict: bool = False, cache_dir: Path
         paths = [(display, Blob(display.rsplit("/", 1)[-1], raw)) for display, _oid, raw in files.files]
         w = Walk(None, paths, files.problems, files.root)
         if cache_dir is None:
-            return assemble(w, [parse_file(*p) for p in paths], strict=strict, revision=files.revision)
+            return assemble(w, [parse_file(*p) for p in paths], strict=strict, fields=fields, revision=files.revision)
         cache = open_cache(cache_dir)
-        result = assemble(w, read_all(paths, cache), strict=strict, revision=files.revision)
+        result = assemble(w, read_all(paths, cache), strict=strict, fields=fields, revision=files.revision)
         cache.finish(len(paths))
         return result
 
 
-def assemble(w: Walk, results: list[FileResult], *, strict: bool, revision: str | None = None) -> InventoryResult:
+def assemble(w: Walk, results: list[FileResult], *, strict: bool, fields: str = "strict", revision: str | None = None) -> InventoryResult:
     """The per-file results in path order -> the tree's digest, checks and inventory
     (`revision`: the commit they were read from, else the walk's)."""
     problems = list(w.problems)
@@ -116,7 +118,7 @@ def assemble(w: Walk, results: list[FileResult], *, strict: bool, revision: str 
                     for j, obj in enumerate(m):
                         origins[id(obj)] = (obj, res.key, i, j)  # the file's key shared, not copied
     digest = tree_digest([res.chunk for res in results], prefix=w.prefix)
-    checked = check_tree(problems, docs, checks, strict=strict)
+    checked = check_tree(problems, docs, checks, strict=strict, fields=fields)
     inventory = build_inventory(checked.objects, revision or revision_of(w.resolved, digest),
                                 make=lambda o: models[id(o.doc)])
     if origins:

@@ -20,7 +20,7 @@ from ruamel.yaml.error import YAMLError
 
 from reconciler.intake.model import Source
 from reconciler.intake.parse import MAX_DEPTH, MAX_FILE_BYTES, Refused, decode_text, parse_json, parse_yaml, yaml_error
-from reconciler.intake.problems import ERROR, WARNING, Problem, show
+from reconciler.intake.problems import ERROR, UNKNOWN_FIELD, WARNING, Problem, field_path, show, unknown_field
 
 SUFFIXES = (".yaml", ".yml", ".json")
 
@@ -199,6 +199,24 @@ def _file_problem(file: str, message: str, line: int = 0, col: int = 0) -> Probl
     return Problem(file, line, col, "", "", "", message, ERROR)
 
 
+_LIST_FIELDS = ("apiVersion", "kind", "metadata", "items")
+_LIST_META_FIELDS = ("continue", "remainingItemCount", "resourceVersion", "selfLink")  # ListMeta
+
+
+def _check_list_fields(doc: Document, problems: list[Problem]) -> None:
+    """The fields of a `kind: List` wrapper itself (its items are checked as objects):
+    unknown ones are reported as validate reports an object's (Problem.code)."""
+    meta = doc.data.get("metadata")
+    paths = [(k,) for k in doc.data if k not in _LIST_FIELDS]
+    if isinstance(meta, dict):
+        paths += [("metadata", k) for k in meta if k not in _LIST_META_FIELDS]
+    for path in paths:
+        line, col = locate(doc, path, key=True)
+        known = _LIST_FIELDS if len(path) == 1 else _LIST_META_FIELDS
+        problems.append(Problem(doc.file, line, col, "List", "", field_path(path), unknown_field(path, known),
+                                ERROR, UNKNOWN_FIELD))
+
+
 def read_file(display: str, real: Path, problems: list[Problem], docs: list[Document], yaml=parse_yaml) -> bytes:
     """Read and parse one manifest file, appending its documents and problems; returns
     its chunk of the tree digest (b"" when it could not be read). `yaml`: parse_yaml or
@@ -242,6 +260,7 @@ def read_file(display: str, real: Path, problems: list[Problem], docs: list[Docu
                                           "for several objects use `---` between documents or `kind: List` with `items`", line, col))
             continue
         if data.get("kind") == "List" and "items" in data:
+            _check_list_fields(Document(data, Source(display, line, col), display, index, (), src), problems)
             entries = data.get("items")
             if not isinstance(entries, list):
                 problems.append(_file_problem(display, "`items` of this List must be a list of objects", line, col))

@@ -206,6 +206,7 @@ class NodeConfig:
     layout: str = "sharded"
     zone: str = ""
     derive_topology_hints: bool = True  # trafficDistribution + slices without hints: derive them
+    field_validation: str = "strict"  # unknown manifest fields: "strict" | "warn" | "ignore" (validate.settle)
     min_sync_period: float = 1.0  # seconds
     sync_period: float = 30.0
     full_sync_period: float = 3600.0

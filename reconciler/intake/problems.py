@@ -6,6 +6,7 @@ block apply; warnings and notices are printed and do not.
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import asdict, dataclass
 
 from reconciler import logs
@@ -13,6 +14,7 @@ from reconciler import logs
 ERROR = "error"
 WARNING = "warning"
 NOTICE = "notice"
+UNKNOWN_FIELD = "unknown-field"  # Problem.code of a field that the kind does not have
 
 _MAX_SHOWN = 80
 
@@ -43,6 +45,7 @@ class Problem:
     field: str  # dotted path like spec.ports[0].port; "" when not about one field
     message: str  # a plain sentence: what is wrong and what to do
     severity: str = ERROR  # "error" | "warning" | "notice"
+    code: str = ""  # UNKNOWN_FIELD: its severity follows --field-validation (validate.settle)
 
     @property
     def is_error(self) -> bool:
@@ -92,6 +95,29 @@ def field_path(path: tuple | list) -> str:
         else:
             out += f"[{show(part)}]"
     return out
+
+
+def nearest(name: object, known) -> str | None:
+    """The known name `name` most likely misspells: the same but for case, else the
+    closest by difflib's ratio (at least 0.6), else None."""
+    if not isinstance(name, str):
+        return None
+    folded = {k.lower(): k for k in known}
+    if name.lower() in folded:
+        return folded[name.lower()]
+    close = difflib.get_close_matches(name, list(known), n=1)
+    if not close:
+        close = difflib.get_close_matches(name.lower(), list(folded), n=1)
+        close = [folded[c] for c in close]
+    return close[0] if close else None
+
+
+def unknown_field(path: tuple, known) -> str:
+    """The message for a field its kind does not have, with the nearest known name."""
+    guess = nearest(path[-1], known)
+    hint = f"; did you mean {guess}?" if guess else "; remove it or fix its spelling"
+    return (f"unknown field {field_path(path)}{hint} (Kubernetes refuses unknown fields, as kubectl's default "
+            "--validate=strict does; --field-validation=warn or ignore accepts them)")
 
 
 def count(problems: list[Problem], severity: str) -> int:

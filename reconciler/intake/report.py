@@ -19,8 +19,8 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
 
-def run_validate(root, *, config_path=None, strict: bool = False, output: str = "text", stream: TextIO | None = None,
-                 cache_dir=None) -> int:
+def run_validate(root, *, config_path=None, strict: bool = False, fields: str | None = None, output: str = "text",
+                 stream: TextIO | None = None, cache_dir=None) -> int:
     """`nftrec validate`: print every problem; 0 valid, 1 invalid. Needs no root or kernel.
 
     JSON output (`output="json"`) is one document:
@@ -28,16 +28,18 @@ def run_validate(root, *, config_path=None, strict: bool = False, output: str = 
      "revision": str, "problems": [{file, line, col, kind, obj, field, message, severity}]}
 
     `cache_dir`: the intake cache (intake/cache.py) to use; None reads without one.
+    `fields`: --field-validation; None: the node config's fieldValidation (default strict).
     """
     from reconciler.intake.sources import display_root
 
     stream = stream or sys.stdout
-    res = read_inventory(root, strict=strict, cache_dir=cache_dir)
-    root = display_root(root)  # `-`: <stdin>
-    problems = list(res.problems)
+    cfg_problems: list = []
     if config_path is not None or Path(DEFAULT_PATH).is_file():
-        _, cfg_problems = load_node_config(None if config_path is None else str(config_path), discover=False)
-        problems.extend(cfg_problems)
+        cfg, cfg_problems = load_node_config(None if config_path is None else str(config_path), discover=False)
+        fields = fields or cfg.field_validation
+    res = read_inventory(root, strict=strict, fields=fields or "strict", cache_dir=cache_dir)
+    root = display_root(root)  # `-`: <stdin>
+    problems = list(res.problems) + list(cfg_problems)
     errors, warnings_, notices = count(problems, ERROR), count(problems, WARNING), count(problems, NOTICE)
     if output == "json":
         json.dump({"valid": errors == 0, "objects": res.documents, "errors": errors, "warnings": warnings_,

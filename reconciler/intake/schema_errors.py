@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from reconciler.intake.load import Document, locate
 from reconciler.intake.parse import YAML11_FALSE, YAML11_TRUE
-from reconciler.intake.problems import ERROR, Problem, field_path, safe_name, show
+from reconciler.intake.problems import ERROR, UNKNOWN_FIELD, Problem, field_path, safe_name, show, unknown_field
 from reconciler.intake.schemas import canonical_cidr, cidr_hint, ip_hint, parse_ip, special_ip, trim_space
 
 
@@ -66,9 +66,9 @@ class Report:
     def __init__(self) -> None:
         self.problems: list[Problem] = []
 
-    def add(self, o: Obj, path: tuple, message: str, severity: str = ERROR, *, key: bool = False) -> None:
+    def add(self, o: Obj, path: tuple, message: str, severity: str = ERROR, *, key: bool = False, code: str = "") -> None:
         line, col = locate(o.doc, path, key=key)
-        self.problems.append(Problem(o.doc.file, line, col, o.kind, o.label, field_path(path), message, severity))
+        self.problems.append(Problem(o.doc.file, line, col, o.kind, o.label, field_path(path), message, severity, code))
 
 
 # --- schema errors -> plain sentences ------------------------------------------------------
@@ -90,9 +90,13 @@ def schema_problem(rep: Report, o: Obj, err) -> None:
                 _add_missing(rep, o, path, name, msg)
         return
     if v == "additionalProperties":
-        allowed = set(err.schema.get("properties", {}))
+        allowed = err.schema.get("properties", {})
         for name in inst:
-            if name not in allowed and not str(name).startswith("x-"):
+            if name in allowed:
+                continue
+            if o.kind != "NodeConfig":
+                rep.add(o, path + (name,), unknown_field(path + (name,), allowed), key=True, code=UNKNOWN_FIELD)
+            elif not str(name).startswith("x-"):
                 rep.add(o, path + (name,), f"unknown key {show(name)}; remove it or fix its spelling "
                         "(keys starting with x- are ignored)", key=True)
         return

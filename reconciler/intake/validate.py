@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from reconciler.intake.load import Document, LoadResult, locate
 from reconciler.intake.parse import Yaml11Bool
 from reconciler.intake.probes import annotation_text as probe_annotation_text, check_annotation as check_probe_annotation, \
     check_ports as check_probe_ports
-from reconciler.intake.problems import NOTICE, WARNING, Problem, field_path, safe_name, show
+from reconciler.intake.problems import ERROR, NOTICE, UNKNOWN_FIELD, WARNING, Problem, field_path, safe_name, show
 from reconciler.intake.schema_errors import SERVICE_NAME_LABEL, Obj, Report, ip_message, schema_problem
 from reconciler.intake.schemas import parse_cidr, parse_ip, special_ip, validator
 
@@ -413,17 +413,41 @@ def check_document(doc: Document) -> DocumentCheck:
             _read_as_boolean(rep, o, path, text)
         if o.kind == "EndpointSlice":
             _slice_addresses(rep, o)
-        if not any(p.is_error for p in rep.problems):  # warnings (the booleans above) do not block
+        # warnings (the booleans above) do not block, nor unknown fields: settle() decides them
+        if not any(p.is_error and not p.code for p in rep.problems):
             _PER_KIND[o.kind](rep, o)
-        if any(p.is_error for p in rep.problems):
+        if any(p.is_error and not p.code for p in rep.problems):
             o.valid = False
     return DocumentCheck(o, tuple(rep.problems), next(iter(unknown), None))
 
 
+FIELD_VALIDATION = ("strict", "warn", "ignore")  # kubectl's --validate / --field-validation values
+
+
+def settle(problems: list[Problem], *, fields: str = "strict", strict: bool = False) -> list[Problem]:
+    """The problems as the modes have them. Unknown fields (code UNKNOWN_FIELD) are errors
+    under fields="strict", warnings under "warn", left out under "ignore"; `strict`
+    (--strict) makes every other warning an error. The checks themselves never depend on
+    the modes, so their results (and the intake cache's) serve every mode."""
+    fields = fields.lower()
+    if fields not in FIELD_VALIDATION:
+        raise ValueError(f"field validation must be Strict, Warn or Ignore, not {fields!r}")
+    out = []
+    for p in problems:
+        if p.code == UNKNOWN_FIELD:
+            if fields == "ignore":
+                continue
+            p = replace(p, severity=ERROR if fields == "strict" else WARNING)
+        elif strict and p.severity == WARNING:
+            p = replace(p, severity=ERROR, message=p.message + " (--strict makes this warning an error)")
+        out.append(p)
+    return out
+
+
 def check_tree(load_problems: list[Problem], documents: list[Document], results: list[DocumentCheck],
-               *, strict: bool = False) -> Checked:
-    """The whole-tree part: duplicates, skipped-kind notices, cross-document checks.
-    `results[i]` is `check_document(documents[i])`."""
+               *, strict: bool = False, fields: str = "strict") -> Checked:
+    """The whole-tree part: duplicates, skipped-kind notices, cross-document checks, then
+    the modes (settle). `results[i]` is `check_document(documents[i])`."""
     rep = Report()
     rep.problems.extend(load_problems)
     unknown: dict[str, list[Document]] = {}
@@ -459,11 +483,11 @@ def check_tree(load_problems: list[Problem], documents: list[Document], results:
         else:
             rep.problems.append(Problem(d.file, d.source.line, d.source.col, safe_name(kind), "", "", msg + " (--strict makes this an error)", NOTICE))
     _cross(rep, objs)
-    problems = sorted(rep.problems, key=lambda p: (p.file, p.line, p.col))
+    problems = sorted(settle(rep.problems, fields=fields, strict=strict), key=lambda p: (p.file, p.line, p.col))
     return Checked(problems, objs, len(documents))
 
 
-def check(loaded: LoadResult, *, strict: bool = False) -> Checked:
+def check(loaded: LoadResult, *, strict: bool = False, fields: str = "strict") -> Checked:
     """Validate every loaded document; the valid objects come back for the model."""
     return check_tree(loaded.problems, loaded.documents, [check_document(d) for d in loaded.documents],
-                      strict=strict)
+                      strict=strict, fields=fields)
