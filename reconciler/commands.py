@@ -154,8 +154,10 @@ NETNS_OPT = typer.Option(None, "--netns", help="Act inside this named network na
 
 
 def _check_netns(netns: Optional[str]) -> None:
-    """A name as `ip netns add` makes it (under /run/netns), usable as a state directory."""
+    """A name as `ip netns add` makes it (under /run/netns), usable as a state directory,
+    of a namespace that exists: checked before anything is created for it."""
     from reconciler.engine import namespace_dir
+    from reconciler.kernel.netns import require_netns
 
     if netns is None:
         return
@@ -164,6 +166,13 @@ def _check_netns(netns: Optional[str]) -> None:
     except ValueError as e:
         raise typer.BadParameter(f"{e}; give the name as `ip netns list` shows it",
                                  param_hint="--netns") from None
+    try:
+        require_netns(netns)
+    except Exception as e:  # NftError: the one line that names it
+        from reconciler import logs
+
+        logs.log.error(str(e))
+        raise typer.Exit(EXIT_ERROR) from None
 
 
 def _state_root() -> Path:
@@ -448,6 +457,7 @@ def trace(
     endpoints with what probability, masquerade, reject or drop) and the Service responsible.
     With --kernel, a real packet, traced by the kernel."""
     _check_output(output)
+    _check_netns(netns)
     directory = _root(directory, config).root
     from reconciler.engine import Packet, run_trace
 
@@ -565,35 +575,18 @@ def doctor(
     raise typer.Exit(run_doctor(netns, target.table))
 
 
-SHELLS = ("bash", "zsh", "fish", "powershell", "pwsh")
-
-
-def _completion_for_named_shell(argv: list[str]) -> bool:
-    """`nftrec --show-completion bash` / `--install-completion zsh`: typer's options are
-    flags that detect the current shell (shellingham) and ignore a name after them, so a
-    packaging script or a CI job would get whatever shell it runs under, or nothing.
-    A shell named right after the flag is honoured here, with typer's own scripts."""
-    if not argv or argv[0].split("=", 1)[0] not in ("--show-completion", "--install-completion"):
-        return False
-    flag, _, shell = argv[0].partition("=")
-    shell = shell or (argv[1] if len(argv) > 1 else "")
-    if shell not in SHELLS:
-        return False  # typer's flag: the detected shell
-    from typer import completion
-
-    if flag == "--show-completion":
-        typer.echo(completion.get_completion_script(prog_name="nftrec", complete_var="_NFTREC_COMPLETE",
-                                                    shell=shell))
-    else:
-        installed, path = completion.install(shell=shell, prog_name="nftrec", complete_var="_NFTREC_COMPLETE")
-        typer.echo(f"{installed} completion installed in {path}; it takes effect in a new shell")
-    return True
-
-
 def main() -> None:
-    if _completion_for_named_shell(sys.argv[1:]):
+    from reconciler.cliusage import completion_for_named_shell, global_option_hint
+
+    if completion_for_named_shell(sys.argv[1:]):
         raise SystemExit(EXIT_OK)
-    app()
+    try:
+        app()
+    except SystemExit as e:
+        hint = global_option_hint(typer.main.get_command(app), sys.argv[1:]) if e.code == EXIT_USAGE else None
+        if hint:
+            typer.echo(f"Hint: {hint}", err=True)
+        raise
 
 
 if __name__ == "__main__":
