@@ -431,7 +431,8 @@ def confirm(
 
 @app.command()
 def trace(
-    directory: str = SOURCE_ARG,
+    directory: Optional[str] = typer.Argument(None, help="Manifest directory, - (stdin) or oci://...; without it, "
+                                              "the ruleset last applied (as --netns's state recorded it)."),
     src: str = typer.Option(..., "--src", help="Source address of the packet."),
     dst: str = typer.Option(..., "--dst", help="Destination address (a ClusterIP, LB IP, node IP, ...)."),
     dport: int = typer.Option(..., "--dport", help="Destination port."),
@@ -458,20 +459,23 @@ def trace(
     With --kernel, a real packet, traced by the kernel."""
     _check_output(output)
     _check_netns(netns)
-    directory = _root(directory, config).root
     from reconciler.engine import Packet, run_trace
 
     packet = Packet(src, dst, dport, proto.lower(), origin)
+    if directory is None and not (live or kernel):
+        raise typer.Exit(_guard(run_trace, packet, applied_target=_target(config, netns, recover=False),
+                                node=_node_config(config), local_addresses=local_address, output=output))
+    directory = _root(directory, config).root if directory is not None else None
     if kernel:
         seconds = _kernel_trace_options(live, timeout, count)
         from reconciler.engine import run_kernel_trace
 
         raise typer.Exit(_guard(run_kernel_trace, packet, _target(config, netns), timeout=seconds, count=count,
-                                output=output, directory=directory if directory != Path("-") else None))
+                                output=output, directory=None if directory in (None, Path("-")) else directory))
     if live:
         target = _target(config, netns)
         raise typer.Exit(_guard(run_trace, packet, live_target=target, local_addresses=local_address,
-                                directory=directory if directory != Path("-") else None, output=output))
+                                directory=None if directory in (None, Path("-")) else directory, output=output))
     desired = _desired(directory, config, netns, strict, interfaces=netns is not None)
     raise typer.Exit(_guard(run_trace, packet, desired=desired, local_addresses=local_address, output=output))
 
