@@ -30,8 +30,9 @@ def input_digest(root: str | Path) -> InputDigest:
     that a read refuses unread (unreadable, too big) adds nothing, as in a read."""
     w = walk(root)
     raws = ((display, read_bytes(real)) for display, real in w.paths)
-    digest = tree_digest([chunk(display, raw) for display, raw in raws if raw is not None], prefix=w.prefix)
-    return InputDigest(digest, revision_of(w.resolved, digest), len(w.paths), w.problems)
+    chunks = [chunk(display, raw) for display, raw in raws if raw is not None]
+    digest = tree_digest(chunks, prefix=w.prefix)
+    return InputDigest(digest, revision_of(w.resolved, digest, chunks, w.prefix), len(w.paths), w.problems)
 
 
 def config_digest(cfg: NodeConfig, *, strict: bool) -> str:
