@@ -47,13 +47,15 @@ def _checkout_of(root: Path) -> tuple[str | None, Checkout | None]:
 
 
 def revision_of(resolved: Path | None, digest: str, chunks: Sequence[bytes] = (), prefix: str = "",
-                memo: dict | None = None) -> str:
+                memo: dict | None = None, recorded: tuple[str | None, str | None] = (None, None)) -> str:
     """A manifest tree's revision: the name of the OCI artifact it is, when it lies in a
     store this process opened as an `oci://` source (checked first: the state directory
     may sit in a git checkout), else the commit of the checkout it is (`<commit>+dirty:
     sha256:<digest>` when the files read, `chunks` under `prefix` (load.chunk), are not
     the commit's: see dirty), else `sha256:<digest>`. What lies in a directory never
-    makes it an artifact."""
+    makes it an artifact. `recorded`: (digest, revision) of an earlier read (the last
+    apply's), whose name stands for the same digest in a checkout of the same commit:
+    the no-op plan then needs no object store."""
     if resolved is None:
         return ""
     if any(p.name.startswith("sha256-") for p in (resolved, *resolved.parents)):  # (links already resolved)
@@ -67,6 +69,8 @@ def revision_of(resolved: Path | None, digest: str, chunks: Sequence[bytes] = ()
         return named
     if co is None:
         return f"sha256:{digest}"
+    if recorded[0] == digest and recorded[1] is not None and recorded[1].split("+dirty:")[0] == co.commit:
+        return recorded[1]
     return f"{co.commit}+dirty:sha256:{digest}" if dirty(co, resolved, chunks, prefix, memo) else co.commit
 
 
