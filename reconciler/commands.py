@@ -157,7 +157,7 @@ def _check_netns(netns: Optional[str]) -> None:
     """A name as `ip netns add` makes it (under /run/netns), usable as a state directory,
     of a namespace that exists: checked before anything is created for it."""
     from reconciler.engine import namespace_dir
-    from reconciler.kernel.netns import require_netns
+    from reconciler.kernel import require_netns
 
     if netns is None:
         return
@@ -577,21 +577,3 @@ def doctor(
 
     target = _target(config, netns)
     raise typer.Exit(run_doctor(netns, target.table))
-
-
-def main() -> None:
-    from reconciler.cliusage import completion_for_named_shell, global_option_hint
-
-    if completion_for_named_shell(sys.argv[1:]):
-        raise SystemExit(EXIT_OK)
-    try:
-        app()
-    except SystemExit as e:
-        hint = global_option_hint(typer.main.get_command(app), sys.argv[1:]) if e.code == EXIT_USAGE else None
-        if hint:
-            typer.echo(f"Hint: {hint}", err=True)
-        raise
-
-
-if __name__ == "__main__":
-    main()

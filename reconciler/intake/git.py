@@ -1,6 +1,6 @@
-"""What nftrec reads of git: the commit a checkout is (`find_revision`, from the files under
-`.git`), what a checkout's commit holds (`checkout_blobs`, for the watch on git-sync's
-worktrees), and the manifests of one revision (`load_revision`, `nftrec diff --git DIR
+"""What nftrec reads of git: the commit a checkout is (`revision_of`, from the files under
+`.git`; `+dirty` when its manifest files are not the commit's), what a checkout's commit
+holds (`checkout_blobs`, for the watch on git-sync's worktrees), and the manifests of one revision (`load_revision`, `nftrec diff --git DIR
 A..B`: no checkout). Objects are read in-process (intake/gitobjects.py); a git process runs
 only to resolve revision names for `diff --git`, and only in the caller's own repository.
 """
@@ -28,17 +28,11 @@ from reconciler.intake.sources import load_blobs
 GIT_TIMEOUT = 120.0  # seconds, per git process; reading a big repository's tree is fast
 
 
-def find_revision(root: Path) -> str | None:
-    """The git commit the resolved root is a checkout of, or None.
+def _checkout_of(root: Path) -> tuple[str | None, Checkout | None]:
+    """(the commit `root` is named after, None) or (None, the checkout it is in, or None).
 
     Order: a `.git` at the root itself (git-sync worktree); a root named after a commit
     (`rev-<sha>` or `<sha>`, git-sync's worktree names); a `.git` in an ancestor."""
-    named, co = _checkout_of(root)
-    return named or (co.commit if co is not None else None)
-
-
-def _checkout_of(root: Path) -> tuple[str | None, Checkout | None]:
-    """(the commit `root` is named after, None) or (None, the checkout it is in, or None)."""
     if not (root / ".git").exists():
         m = re.fullmatch(r"(?:rev-)?([0-9a-f]{40}(?:[0-9a-f]{24})?)", root.name)
         if m:
@@ -89,7 +83,7 @@ def dirty(co: Checkout, resolved: Path, chunks: Sequence[bytes], prefix: str, me
             else:
                 entry = (store.listing(co.commit, co.sub) or {}).get(resolved.name)
                 want = {prefix: entry[1]} if entry is not None and entry[0] != "120000" else {}
-    except ObjectError:
+    except (ObjectError, OSError):
         return False
     memo = memo if memo is not None else {}
     have = 0
