@@ -23,7 +23,7 @@ from test_verify_signed import git
 MISSING_NETNS_COMMANDS = [
     ["plan", str(EXAMPLES / "edge-small")],
     ["apply", str(EXAMPLES / "edge-small")],
-    ["status"], ["cleanup"], ["confirm"], ["doctor"],
+    ["watch", str(EXAMPLES / "edge-small")], ["status"], ["cleanup"], ["confirm"], ["doctor"],
     ["trace", "--src", "10.244.0.5", "--dst", "10.96.0.10", "--dport", "80"],
     ["trace", str(EXAMPLES / "edge-small"), "--src", "10.244.0.5", "--dst", "10.96.0.10", "--dport", "80"],
 ]

@@ -48,8 +48,9 @@ def revision_of(resolved: Path | None, digest: str, chunks: Sequence[bytes] = ()
     sha256:<digest>` when the files read, `chunks` under `prefix` (load.chunk), are not
     the commit's: see dirty), else `sha256:<digest>`. What lies in a directory never
     makes it an artifact. `recorded`: (digest, revision) of an earlier read (the last
-    apply's), whose name stands for the same digest in a checkout of the same commit:
-    the no-op plan then needs no object store."""
+    apply's), whose name stands for the same files in a checkout of the same commit (it
+    would differ only for those files at another directory of that commit): the no-op
+    plan then opens no object store."""
     if resolved is None:
         return ""
     if any(p.name.startswith("sha256-") for p in (resolved, *resolved.parents)):  # (links already resolved)
