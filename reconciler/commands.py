@@ -162,8 +162,10 @@ NETNS_OPT = typer.Option(None, "--netns", help="Act inside this named network na
 
 
 def _check_netns(netns: Optional[str]) -> None:
-    """A name as `ip netns add` makes it (under /run/netns), usable as a state directory."""
+    """A name as `ip netns add` makes it (under /run/netns), usable as a state directory,
+    of a namespace that exists: checked before anything is created for it."""
     from reconciler.engine import namespace_dir
+    from reconciler.kernel import require_netns
 
     if netns is None:
         return
@@ -172,6 +174,13 @@ def _check_netns(netns: Optional[str]) -> None:
     except ValueError as e:
         raise typer.BadParameter(f"{e}; give the name as `ip netns list` shows it",
                                  param_hint="--netns") from None
+    try:
+        require_netns(netns)
+    except Exception as e:  # NftError: the one line that names it
+        from reconciler import logs
+
+        logs.log.error(str(e))
+        raise typer.Exit(EXIT_ERROR) from None
 
 
 def _state_root() -> Path:
@@ -404,7 +413,8 @@ def confirm(
 
 @app.command()
 def trace(
-    directory: str = SOURCE_ARG,
+    directory: Optional[str] = typer.Argument(None, help="Manifest directory, - (stdin) or oci://...; without it, "
+                                              "the ruleset last applied (as --netns's state recorded it)."),
     src: str = typer.Option(..., "--src", help="Source address of the packet."),
     dst: str = typer.Option(..., "--dst", help="Destination address (a ClusterIP, LB IP, node IP, ...)."),
     dport: int = typer.Option(..., "--dport", help="Destination port."),
@@ -431,20 +441,24 @@ def trace(
     endpoints with what probability, masquerade, reject or drop) and the Service responsible.
     With --kernel, a real packet, traced by the kernel."""
     _check_output(output)
-    directory = _root(directory, config).root
+    _check_netns(netns)
     from reconciler.engine import Packet, run_trace
 
     packet = Packet(src, dst, dport, proto.lower(), origin)
+    if directory is None and not (live or kernel):
+        raise typer.Exit(_guard(run_trace, packet, applied_target=_target(config, netns, recover=False),
+                                node=_node_config(config), local_addresses=local_address, output=output))
+    directory = _root(directory, config).root if directory is not None else None
     if kernel:
         seconds = _kernel_trace_options(live, timeout, count)
         from reconciler.engine import run_kernel_trace
 
         raise typer.Exit(_guard(run_kernel_trace, packet, _target(config, netns), timeout=seconds, count=count,
-                                output=output, directory=directory if directory != Path("-") else None))
+                                output=output, directory=None if directory in (None, Path("-")) else directory))
     if live:
         target = _target(config, netns)
         raise typer.Exit(_guard(run_trace, packet, live_target=target, local_addresses=local_address,
-                                directory=directory if directory != Path("-") else None, output=output))
+                                directory=None if directory in (None, Path("-")) else directory, output=output))
     desired = _desired(directory, config, netns, strict, fields, interfaces=netns is not None)
     raise typer.Exit(_guard(run_trace, packet, desired=desired, local_addresses=local_address, output=output))
 
@@ -532,38 +546,3 @@ def doctor(
 
     target = _target(config, netns)
     raise typer.Exit(run_doctor(netns, target.table))
-
-
-SHELLS = ("bash", "zsh", "fish", "powershell", "pwsh")
-
-
-def _completion_for_named_shell(argv: list[str]) -> bool:
-    """`nftrec --show-completion bash` / `--install-completion zsh`: typer's options are
-    flags that detect the current shell (shellingham) and ignore a name after them, so a
-    packaging script or a CI job would get whatever shell it runs under, or nothing.
-    A shell named right after the flag is honoured here, with typer's own scripts."""
-    if not argv or argv[0].split("=", 1)[0] not in ("--show-completion", "--install-completion"):
-        return False
-    flag, _, shell = argv[0].partition("=")
-    shell = shell or (argv[1] if len(argv) > 1 else "")
-    if shell not in SHELLS:
-        return False  # typer's flag: the detected shell
-    from typer import completion
-
-    if flag == "--show-completion":
-        typer.echo(completion.get_completion_script(prog_name="nftrec", complete_var="_NFTREC_COMPLETE",
-                                                    shell=shell))
-    else:
-        installed, path = completion.install(shell=shell, prog_name="nftrec", complete_var="_NFTREC_COMPLETE")
-        typer.echo(f"{installed} completion installed in {path}; it takes effect in a new shell")
-    return True
-
-
-def main() -> None:
-    if _completion_for_named_shell(sys.argv[1:]):
-        raise SystemExit(EXIT_OK)
-    app()
-
-
-if __name__ == "__main__":
-    main()

@@ -242,9 +242,9 @@ def test_bad_input_is_refused(edge):
 # --- the command ---------------------------------------------------------------------------------
 
 
-def _cli(*args: str, ok: int = 0) -> subprocess.CompletedProcess:
+def _cli(*args: str, ok: int = 0, cwd: Path | None = None) -> subprocess.CompletedProcess:
     proc = subprocess.run([NFTREC, "trace", *args], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "NO_COLOR": "1"})
+                          env={**os.environ, "NO_COLOR": "1"}, cwd=cwd)
     assert "Traceback" not in proc.stderr, proc.stderr
     assert proc.returncode == ok, proc.stdout + proc.stderr
     return proc
@@ -291,6 +291,34 @@ def test_live_trace_agrees_with_the_desired_one(netns, tmp_path):
         live = json.loads(_cli(*args, "--live").stdout)
         assert live["ruleset"] == "live"
         assert {k: live[k] for k in keys} == {k: desired[k] for k in keys}, (src, dst, port)
+
+
+def test_trace_without_dir_reads_only_the_applied_ruleset(netns, tmp_path):
+    """No DIR: the ruleset the state recorded as applied, whatever lies in the working
+    directory (here a broken manifest and a stray Service); before any apply, an error
+    that says what to pass."""
+    junk = tmp_path / "cwd"
+    junk.mkdir()
+    (junk / "broken.yaml").write_text("kind: Service\nspec: [\n")
+    (junk / "svc.yaml").write_text("apiVersion: v1\nkind: Service\nmetadata: {name: stray}\n"
+                                   "spec: {clusterIP: 10.96.0.10, ports: [{port: 80}]}\n")
+    state = ["--state-dir", str(tmp_path / "state")]
+    base = ["--config", str(EXAMPLES / "edge-small.config.yaml"), "--netns", netns]
+    packet = ["--src", POD, "--dst", "10.96.0.10", "--dport", "80", "-o", "json"]
+    run = [NFTREC, *state, "trace", *packet, *base]
+    proc = subprocess.run(run, capture_output=True, text=True, timeout=60, cwd=junk)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "no applied ruleset in " in proc.stderr and "pass the manifest directory: nftrec trace DIR" in proc.stderr
+    assert not (tmp_path / "state" / "netns").exists()
+    proc = subprocess.run([NFTREC, *state, "apply", str(EXAMPLES / "edge-small"), *base], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    proc = subprocess.run(run, capture_output=True, text=True, timeout=60, cwd=junk)
+    assert proc.returncode == 0, proc.stderr
+    applied = json.loads(proc.stdout)
+    desired = json.loads(_cli(*packet, str(EXAMPLES / "edge-small"), *base).stdout)
+    assert applied["ruleset"] == "applied" and applied["service"] == "default/web"
+    assert applied["endpoints"] == desired["endpoints"] and applied["verdicts"] == desired["verdicts"]
 
 
 def test_numgen_over_a_named_map_is_read_from_the_map(edge):

@@ -49,7 +49,7 @@ def _why_not(target: Target, directory: Path, config_path: Path | None, *, stric
     try:
         if kernel_token(nft) != st.kernel_generation:
             return None, "the kernel's ruleset generation changed since the last apply"
-        d = input_digest(directory)
+        d = input_digest(directory, (st.input_digest, st.last_applied_revision))
         if d.problems:
             return None, "reading the manifest directory found problems"
         if d.digest != st.input_digest:

@@ -16,7 +16,7 @@ from typing import TextIO
 from reconciler import logs, progress
 from reconciler.compile import NftSyntaxError, Ruleset
 from reconciler.engine.plan import Plan, format_text, make_plan, to_json
-from reconciler.engine.target import CommandError
+from reconciler.engine.target import CommandError, short_revision
 from reconciler.intake import Problem
 
 EXIT_OK, EXIT_ERROR, EXIT_CHANGES = 0, 1, 2
@@ -147,12 +147,8 @@ def _title(old: Side, new: Side) -> str:
 def _footer(old: Side, new: Side) -> str:
     from reconciler import __version__
 
-    def rev(s: Side) -> str:
-        r = s.revision
-        return r[:12] if not r.startswith("sha256:") else r[:19]
-
-    return (f"<sub>old: `{_cell(old.label)}` ({_cell(rev(old))}) · new: `{_cell(new.label)}` "
-            f"({_cell(rev(new))}) · nftrec {__version__}</sub>")
+    return (f"<sub>old: `{_cell(old.label)}` ({_cell(short_revision(old.revision))}) · new: `{_cell(new.label)}` "
+            f"({_cell(short_revision(new.revision))}) · nftrec {__version__}</sub>")
 
 
 def format_markdown(plan: Plan, old: Side, new: Side) -> str:

@@ -4,6 +4,7 @@ every command reports to the user.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,11 +14,11 @@ from reconciler.kernel import Interface, Libnftables, NftError
 
 
 def short_revision(revision: str | None) -> str:
-    """A git commit or `sha256:` content digest, shortened for one-line messages."""
+    """A revision for one-line messages: each git commit or sha256 digest in it (a commit,
+    `sha256:<digest>`, `<commit>+dirty:sha256:<digest>`, `main@sha1:<commit>`) cut to 12."""
     if not revision:
         return "-"
-    prefix, _, value = revision.rpartition(":")
-    return f"{prefix + ':' if prefix else ''}{value[:12]}"
+    return re.sub(r"[0-9a-f]{40,}", lambda m: m.group(0)[:12], revision)
 
 
 class CommandError(Exception):

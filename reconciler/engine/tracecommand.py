@@ -30,10 +30,27 @@ def manifest_sources(directory: Path | None) -> dict[str, str]:
     return service_sources(read_inventory(directory).inventory)
 
 
-def run_trace(packet: Packet, *, desired=None, live_target=None, directory: Path | None = None,
-              local_addresses=(), output: str = "text", out: TextIO | None = None) -> int:
-    """`nftrec trace`: the desired ruleset (a `Desired`), or the live one (`live_target`,
-    a Target: read_live in its namespace). Exit 0 with a verdict, 1 on an error."""
+def applied_ruleset(target):
+    """The ruleset the state store of `target` (a Target) recorded as applied last, for a
+    trace given no DIR: nothing else is read. A CommandError says what to pass when none is."""
+    from reconciler.engine.target import CommandError
+
+    store = target.store()  # read only: a damaged file is reported (StateCorrupt), not moved aside
+    entries = store.history()
+    current = store.status().desired_digest or (entries[-1].digest if entries else None)
+    entry = next((e for e in reversed(entries) if e.digest == current), None)
+    if entry is None:
+        raise CommandError(f"no applied ruleset in {store.dir} (for {target.where}); pass the manifest "
+                           f"directory: nftrec trace DIR --src IP --dst IP --dport N")
+    return store.load_ruleset(entry)
+
+
+def run_trace(packet: Packet, *, desired=None, live_target=None, applied_target=None, node=None,
+              directory: Path | None = None, local_addresses=(), output: str = "text",
+              out: TextIO | None = None) -> int:
+    """`nftrec trace`: the desired ruleset (a `Desired`), the live one (`live_target`, a
+    Target: read_live in its namespace), or the one its state recorded as applied
+    (`applied_target`, with `node` its NodeConfig). Exit 0 with a verdict, 1 on an error."""
     from reconciler.engine.target import CommandError
 
     out = out or sys.stdout
@@ -44,6 +61,11 @@ def run_trace(packet: Packet, *, desired=None, live_target=None, directory: Path
         cfg = desired.config
         local |= set(cfg.node_ips) | {ip for _, ip in (cfg.host_addresses or ())}
         sources = service_sources(desired.inventory)
+    elif applied_target is not None:
+        ruleset, kind = applied_ruleset(applied_target), "applied"
+        local |= set(node.node_ips)
+        if applied_target.netns is not None:
+            local |= _node_addresses(applied_target.netns)
     else:
         from reconciler.kernel import read_live
 
@@ -56,14 +78,7 @@ def run_trace(packet: Packet, *, desired=None, live_target=None, directory: Path
         if not ruleset.tables:
             raise CommandError(f"no table {live_target.table} in {live_target.where}: nothing to trace "
                                f"(apply first, or trace the desired ruleset without --live)")
-        from reconciler.engine.desired import node_address_discovery
-
-        try:
-            local |= {ip for _, ip in node_address_discovery(live_target.netns)()}
-        except Exception as e:  # noqa: BLE001 - the trace still works with fewer addresses
-            from reconciler import logs
-
-            logs.log.warning(f"could not list the node's addresses ({e}); only nodeport-ips count as local")
+        local |= _node_addresses(live_target.netns)
         sources = manifest_sources(directory)
     try:
         tr = trace_packet(ruleset, packet, local, ruleset_kind=kind, sources=sources)
@@ -74,3 +89,16 @@ def run_trace(packet: Packet, *, desired=None, live_target=None, directory: Path
     else:
         out.write(format_text(tr) + "\n")
     return 0
+
+
+def _node_addresses(netns: str | None) -> set[str]:
+    """The interface addresses of `netns`; none (with a warning) when they cannot be listed."""
+    from reconciler.engine.desired import node_address_discovery
+
+    try:
+        return {ip for _, ip in node_address_discovery(netns)()}
+    except Exception as e:  # noqa: BLE001 - the trace still works with fewer addresses
+        from reconciler import logs
+
+        logs.log.warning(f"could not list the node's addresses ({e}); only nodeport-ips count as local")
+        return set()

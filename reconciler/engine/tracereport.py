@@ -69,7 +69,7 @@ class Outcome:
 class Trace:
     packet: Packet
     family: str
-    ruleset_kind: str  # desired | live
+    ruleset_kind: str  # desired | live | applied (the state's last applied one)
     outcomes: list[Outcome]
     notes: list[str]
     services: dict[str, str] = field(default_factory=dict)  # "ns/name" -> "file:line"

@@ -25,13 +25,15 @@ class InputDigest:
     problems: tuple[Problem, ...]  # from the walk (links leaving the tree, unreadable dirs)
 
 
-def input_digest(root: str | Path) -> InputDigest:
+def input_digest(root: str | Path, recorded: tuple[str | None, str | None] = (None, None)) -> InputDigest:
     """The content digest (and revision) of the manifest tree, without parsing. A file
-    that a read refuses unread (unreadable, too big) adds nothing, as in a read."""
+    that a read refuses unread (unreadable, too big) adds nothing, as in a read.
+    `recorded`: the last apply's (digest, revision), for git.revision_of."""
     w = walk(root)
     raws = ((display, read_bytes(real)) for display, real in w.paths)
-    digest = tree_digest([chunk(display, raw) for display, raw in raws if raw is not None], prefix=w.prefix)
-    return InputDigest(digest, revision_of(w.resolved, digest), len(w.paths), w.problems)
+    chunks = [chunk(display, raw) for display, raw in raws if raw is not None]
+    digest = tree_digest(chunks, prefix=w.prefix)
+    return InputDigest(digest, revision_of(w.resolved, digest, chunks, w.prefix, recorded=recorded), len(w.paths), w.problems)
 
 
 def config_digest(cfg: NodeConfig, *, strict: bool) -> str:

@@ -1,6 +1,6 @@
-"""What nftrec reads of git: the commit a checkout is (`find_revision`, from the files under
-`.git`), what a checkout's commit holds (`checkout_blobs`, for the watch on git-sync's
-worktrees), and the manifests of one revision (`load_revision`, `nftrec diff --git DIR
+"""What nftrec reads of git: the commit a checkout is (`revision_of`, from the files under
+`.git`; `+dirty` when its manifest files are not the commit's), what a checkout's commit
+holds (`checkout_blobs`, for the watch on git-sync's worktrees), and the manifests of one revision (`load_revision`, `nftrec diff --git DIR
 A..B`: no checkout). Objects are read in-process (intake/gitobjects.py); a git process runs
 only to resolve revision names for `diff --git`, and only in the caller's own repository.
 """
@@ -18,8 +18,9 @@ import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
-from reconciler.intake.gitobjects import ObjectError, Store, find_checkout, manifest_files
+from reconciler.intake.gitobjects import Checkout, ObjectError, Store, blob_id, find_checkout, manifest_files
 from reconciler.intake.load import LoadResult
 from reconciler.intake.problems import WARNING, Problem, show
 from reconciler.intake.sources import load_blobs
@@ -27,24 +28,29 @@ from reconciler.intake.sources import load_blobs
 GIT_TIMEOUT = 120.0  # seconds, per git process; reading a big repository's tree is fast
 
 
-def find_revision(root: Path) -> str | None:
-    """The git commit the resolved root is a checkout of, or None.
+def _checkout_of(root: Path) -> tuple[str | None, Checkout | None]:
+    """(the commit `root` is named after, None) or (None, the checkout it is in, or None).
 
     Order: a `.git` at the root itself (git-sync worktree); a root named after a commit
     (`rev-<sha>` or `<sha>`, git-sync's worktree names); a `.git` in an ancestor."""
     if not (root / ".git").exists():
         m = re.fullmatch(r"(?:rev-)?([0-9a-f]{40}(?:[0-9a-f]{24})?)", root.name)
         if m:
-            return m.group(1)
-    co = find_checkout(root)
-    return co.commit if co is not None else None
+            return m.group(1), None
+    return None, find_checkout(root)
 
 
-def revision_of(resolved: Path | None, digest: str) -> str:
+def revision_of(resolved: Path | None, digest: str, chunks: Sequence[bytes] = (), prefix: str = "",
+                memo: dict | None = None, recorded: tuple[str | None, str | None] = (None, None)) -> str:
     """A manifest tree's revision: the name of the OCI artifact it is, when it lies in a
     store this process opened as an `oci://` source (checked first: the state directory
-    may sit in a git checkout), else the commit of the checkout it is, else
-    `sha256:<digest>`. What lies in a directory never makes it an artifact."""
+    may sit in a git checkout), else the commit of the checkout it is (`<commit>+dirty:
+    sha256:<digest>` when the files read, `chunks` under `prefix` (load.chunk), are not
+    the commit's: see dirty), else `sha256:<digest>`. What lies in a directory never
+    makes it an artifact. `recorded`: (digest, revision) of an earlier read (the last
+    apply's), whose name stands for the same files in a checkout of the same commit (it
+    would differ only for those files at another directory of that commit): the no-op
+    plan then opens no object store."""
     if resolved is None:
         return ""
     if any(p.name.startswith("sha256-") for p in (resolved, *resolved.parents)):  # (links already resolved)
@@ -53,7 +59,50 @@ def revision_of(resolved: Path | None, digest: str) -> str:
         artifact = source_artifact(resolved)
         if artifact is not None:
             return artifact.name
-    return find_revision(resolved if resolved.is_dir() else resolved.parent) or f"sha256:{digest}"
+    named, co = _checkout_of(resolved if resolved.is_dir() else resolved.parent)
+    if named is not None:
+        return named
+    if co is None:
+        return f"sha256:{digest}"
+    if recorded[0] == digest and recorded[1] is not None and recorded[1].split("+dirty:")[0] == co.commit:
+        return recorded[1]
+    return f"{co.commit}+dirty:sha256:{digest}" if dirty(co, resolved, chunks, prefix, memo) else co.commit
+
+
+def dirty(co: Checkout, resolved: Path, chunks: Sequence[bytes], prefix: str, memo: dict | None = None) -> bool:
+    """Whether the manifest files read under `resolved` (`chunks`, display paths under
+    `prefix`) differ from what the checkout's commit holds there, read with the rules of a
+    directory (gitobjects.manifest_files): a file added, removed or changed. Each file's
+    git blob id is computed from its bytes, in-process (no git, no index); `memo` keeps
+    them by display path for a caller that reads again. A commit that cannot be read
+    leaves the checkout named by its commit."""
+    try:
+        with Store(co.common) as store:
+            if resolved.is_dir():
+                listed = manifest_files(store, co.commit, co.sub, prefix, held=lambda _display, _oid: True)
+                want = {display: oid for display, oid, _ in listed.files}
+            else:
+                entry = (store.listing(co.commit, co.sub) or {}).get(resolved.name)
+                want = {prefix: entry[1]} if entry is not None and entry[0] != "120000" else {}
+    except (ObjectError, OSError):
+        return False
+    memo = memo if memo is not None else {}
+    have = 0
+    for c in chunks:
+        if not c:
+            continue  # refused unread (unreadable, too big): the count below tells
+        display = bytes(c[:c.index(b"\0")]).decode("utf-8", "surrogateescape")
+        oid = want.get(display)
+        if oid is None:
+            return True
+        known = memo.get(display)
+        if known is None or known[0] is not c or len(known[1]) != len(oid):
+            known = memo[display] = (c, blob_id(memoryview(c)[len(display.encode("utf-8", "surrogateescape")) + 1:-1],
+                                                len(oid)))
+        if known[1] != oid:
+            return True
+        have += 1
+    return have != len(want)
 
 
 class GitError(Exception):

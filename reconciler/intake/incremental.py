@@ -179,6 +179,7 @@ class Intake:
         self._files: dict[str, _FileEntry] = {}
         self._models: dict[int, tuple] = {}  # id(doc) -> (doc, [model objects])
         self._hashed: list = []  # load.tree_digest's memo
+        self._blob_ids: dict = {}  # git.dirty's memo
         self._tree: _Tree | None = None
         self._walked: tuple | None = None  # (resolved dir, [(display, real)], walk problems) of the last walk
         self.looked = 0  # files stat'ed or read by the last read (for tests)
@@ -353,8 +354,9 @@ class Intake:
             problems.extend(e.problems)
         for gone in set(self._files) - seen:
             del self._files[gone]
-        digest = tree_digest(chunks, self._hashed, display_prefix(self.shown, resolved))
-        revision = revision_of(resolved, digest)
+        prefix = display_prefix(self.shown, resolved)
+        digest = tree_digest(chunks, self._hashed, prefix)
+        revision = revision_of(resolved, digest, chunks, prefix, self._blob_ids)
         checked_problems, inventory = self._check(problems, entries, revision)
         return Snapshot(inventory, checked_problems, revision, digest, len(paths), str(resolved))
 

@@ -54,8 +54,9 @@ def load_manifests(root: str | Path) -> LoadResult:
     w = walk(root)
     problems = list(w.problems)
     docs: list[Document] = []
-    digest = tree_digest([read_file(display, real, problems, docs) for display, real in w.paths], prefix=w.prefix)
-    return LoadResult(docs, problems, revision_of(w.resolved, digest), digest, len(w.paths),
+    chunks = [read_file(display, real, problems, docs) for display, real in w.paths]
+    digest = tree_digest(chunks, prefix=w.prefix)
+    return LoadResult(docs, problems, revision_of(w.resolved, digest, chunks, w.prefix), digest, len(w.paths),
                       str(w.resolved) if w.resolved is not None else str(root))
 
 
@@ -117,9 +118,10 @@ def assemble(w: Walk, results: list[FileResult], *, strict: bool, fields: str = 
                 if res.key is not None:
                     for j, obj in enumerate(m):
                         origins[id(obj)] = (obj, res.key, i, j)  # the file's key shared, not copied
-    digest = tree_digest([res.chunk for res in results], prefix=w.prefix)
+    chunks = [res.chunk for res in results]
+    digest = tree_digest(chunks, prefix=w.prefix)
     checked = check_tree(problems, docs, checks, strict=strict, fields=fields)
-    inventory = build_inventory(checked.objects, revision or revision_of(w.resolved, digest),
+    inventory = build_inventory(checked.objects, revision or revision_of(w.resolved, digest, chunks, w.prefix),
                                 make=lambda o: models[id(o.doc)])
     if origins:
         inventory = replace(inventory, origins=origins)

@@ -100,10 +100,31 @@ def walk_resolved(resolved: Path, display_root: str, problems: list[Problem]) ->
     if resolved.is_file():  # a single file is accepted too
         return [(display_root, resolved)]
     if resolved.is_dir():
+        link = gitsync_link(resolved)
+        if link is not None:
+            problems.append(_file_problem(display_root, f"this looks like git-sync's root (.git, .worktrees/ and the "
+                                          f"link {link} -> .worktrees/...), not a manifest directory; use "
+                                          f"{os.path.join(display_root, link)}"))
+            return []
         return manifest_files(resolved, display_root, problems)
     problems.append(_file_problem(display_root, "this is neither a directory nor a file; point nftrec at the "
                                   "manifest directory"))
     return []
+
+
+def gitsync_link(directory: Path) -> str | None:
+    """The name of the link git-sync publishes (`current`, or its --link) when `directory`
+    is git-sync's root: a `.git`, a `.worktrees/` and a link into it. The root holds each
+    worktree git-sync keeps (two during a swap), so it is refused rather than read."""
+    worktrees = directory / ".worktrees"
+    if not worktrees.is_dir() or not (directory / ".git").exists():
+        return None
+    for entry in sorted(os.scandir(directory), key=lambda e: e.name):
+        if entry.is_symlink() and not entry.name.startswith("."):
+            target = os.path.realpath(entry.path)
+            if os.path.dirname(target) == str(worktrees):
+                return entry.name
+    return None
 
 
 def chunk(display: str, raw: bytes) -> bytes:

@@ -22,7 +22,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "libnftables": ("Libnftables", "SecondContext"),
     "live": ("OTHER_KINDS", "canonical", "chain_policy", "fingerprint", "kernel_token", "list_live", "parse_live", "read_live",
              "parse_duration", "read_live_objects", "read_runtime_keys", "table_flags", "table_others"),
-    "netns": ("NamespaceThread",),
+    "netns": ("NamespaceThread", "require_netns"),
     "netlink": ("netlink_delete_table", "netns_cookie", "own_portids"),
     "probes": ("ProbeLoop", "check_probe", "probe_all", "raise_fd_limit"),
     "ruletext": ("rule_tokens",),

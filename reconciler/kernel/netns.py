@@ -19,18 +19,34 @@ T = TypeVar("T")
 _CLONE_NEWNET = 0x40000000
 
 
-def enter_netns(netns: str) -> None:
-    """Move the calling thread into `netns` (a name under /run/netns, or a path)."""
-    path = netns if netns.startswith("/") else f"/run/netns/{netns}"
+def netns_path(netns: str) -> str:
+    """The file of `netns` (a name under /run/netns, or a path)."""
     if not netns.startswith("/") and ("/" in netns or netns in (".", "..")):
         raise NftError(f"bad network namespace name {netns!r}")
+    return netns if netns.startswith("/") else f"/run/netns/{netns}"
+
+
+def missing_netns(netns: str) -> NftError:
+    """The error for a namespace that is not there: its name, where it was looked for,
+    and how to list or make one."""
+    return NftError(f"network namespace {netns!r} does not exist ({netns_path(netns)}; see `ip netns list`); "
+                    f"create it with `ip netns add {netns}`")
+
+
+def require_netns(netns: str) -> None:
+    """Raise missing_netns when `netns` does not exist; commands check this before they
+    create anything for it (a state directory, a lock, a cache)."""
+    if not os.path.exists(netns_path(netns)):
+        raise missing_netns(netns)
+
+
+def enter_netns(netns: str) -> None:
+    """Move the calling thread into `netns` (a name under /run/netns, or a path)."""
+    path = netns_path(netns)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
-        raise NftError(
-            f"network namespace {netns!r} does not exist ({path}); create it with "
-            f"`ip netns add {netns}`"
-        ) from None
+        raise missing_netns(netns) from None
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.setns(fd, _CLONE_NEWNET) != 0:
