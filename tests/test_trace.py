@@ -319,6 +319,10 @@ def test_trace_without_dir_reads_only_the_applied_ruleset(netns, tmp_path):
     desired = json.loads(_cli(*packet, str(EXAMPLES / "edge-small"), *base).stdout)
     assert applied["ruleset"] == "applied" and applied["service"] == "default/web"
     assert applied["endpoints"] == desired["endpoints"] and applied["verdicts"] == desired["verdicts"]
+    proc = subprocess.run([NFTREC, *state, "cleanup", "--netns", netns], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    proc = subprocess.run(run, capture_output=True, text=True, timeout=60, cwd=junk)
+    assert proc.returncode == 1 and "cleaned up at " in proc.stderr, proc.stderr  # no ruleset is applied now
 
 
 def test_numgen_over_a_named_map_is_read_from_the_map(edge):

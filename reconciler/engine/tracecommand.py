@@ -36,11 +36,13 @@ def applied_ruleset(target):
     from reconciler.engine.target import CommandError
 
     store = target.store()  # read only: a damaged file is reported (StateCorrupt), not moved aside
+    status = store.status()
     entries = store.history()
-    current = store.status().desired_digest or (entries[-1].digest if entries else None)
+    current = status.desired_digest or (entries[-1].digest if entries else None)
     entry = next((e for e in reversed(entries) if e.digest == current), None)
-    if entry is None:
-        raise CommandError(f"no applied ruleset in {store.dir} (for {target.where}); pass the manifest "
+    if entry is None or status.cleaned_up_at:
+        why = f"cleaned up at {status.cleaned_up_at}" if status.cleaned_up_at else "no applied ruleset"
+        raise CommandError(f"{why} in {store.dir} (for {target.where}); pass the manifest "
                            f"directory: nftrec trace DIR --src IP --dst IP --dport N")
     return store.load_ruleset(entry)
 
