@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -173,3 +174,30 @@ def test_stdin_reads_with_the_mode(tmp_path):
     for extra, rc in (([], 1), (["--field-validation=ignore"], 0)):
         done = subprocess.run([nftrec, "validate", "-", *extra], input=MISSPELLED, capture_output=True, text=True)
         assert done.returncode == rc, done.stdout + done.stderr
+
+
+KUBECTL = [
+    ["create", "service", "clusterip", "web", "--tcp=80:8080", "--tcp=443:8443"],
+    ["create", "service", "nodeport", "np", "--tcp=80:8080", "--node-port=30080"],
+    ["create", "service", "loadbalancer", "lb", "--tcp=53:5353"],
+    ["create", "service", "externalname", "ext", "--external-name=db.example.com"],
+    ["create", "service", "clusterip", "headless", "--clusterip=None"],
+    ["create", "deployment", "app", "--image=nginx"],  # another kind: skipped, not an error
+]
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed (scripts/setup --test)")
+def test_what_kubectl_writes_passes(tmp_path):
+    """Real `kubectl create ... --dry-run=client -o yaml` output (no cluster needed) carries
+    fields nftrec does not read (creationTimestamp: null, selector, status.loadBalancer):
+    none of it is an unknown field."""
+    d = tmp_path / "m"
+    d.mkdir()
+    for i, args in enumerate(KUBECTL):
+        out = subprocess.run(["kubectl", *args, "--dry-run=client", "-o", "yaml"], capture_output=True,
+                             text=True, timeout=60, check=True, cwd=tmp_path).stdout
+        (d / f"{i}.yaml").write_text(out)
+    res = read_inventory(d)
+    assert not [p for p in res.problems if p.is_error], res.problems
+    assert not [p for p in res.problems if p.code == "unknown-field"], res.problems
+    assert res.documents == len(KUBECTL)
