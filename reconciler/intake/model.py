@@ -206,6 +206,8 @@ class NodeConfig:
     layout: str = "sharded"
     zone: str = ""
     derive_topology_hints: bool = True  # trafficDistribution + slices without hints: derive them
+    allow_empty: bool = False  # a revision with no Service at all may be applied
+    removal_guard: int = 50  # percent of the applied Services a revision may remove (100: no guard)
     min_sync_period: float = 1.0  # seconds
     sync_period: float = 30.0
     full_sync_period: float = 3600.0

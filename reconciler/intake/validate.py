@@ -15,7 +15,7 @@ from reconciler.intake.load import Document, LoadResult, locate
 from reconciler.intake.parse import Yaml11Bool
 from reconciler.intake.probes import annotation_text as probe_annotation_text, check_annotation as check_probe_annotation, \
     check_ports as check_probe_ports
-from reconciler.intake.problems import NOTICE, WARNING, Problem, field_path, safe_name, show
+from reconciler.intake.problems import ERROR, NOTICE, WARNING, Problem, field_path, safe_name, show
 from reconciler.intake.schema_errors import SERVICE_NAME_LABEL, Obj, Report, ip_message, schema_problem
 from reconciler.intake.schemas import parse_cidr, parse_ip, special_ip, validator
 
@@ -467,3 +467,15 @@ def check(loaded: LoadResult, *, strict: bool = False) -> Checked:
     """Validate every loaded document; the valid objects come back for the model."""
     return check_tree(loaded.problems, loaded.documents, [check_document(d) for d in loaded.documents],
                       strict=strict)
+
+
+def no_services(services: int, shown: str) -> Problem | None:
+    """An error when a revision holds no Service at all: applying it removes every Service
+    from the node, which is what an empty helm render, a wrong mount or an empty working
+    directory looks like. Headless and ExternalName Services count; `--allow-empty` or
+    `allowEmpty: true` (a node that runs none) let it through; `cleanup` removes all."""
+    if services:
+        return None
+    return Problem("", 0, 0, "", "", "", f"no Services in {shown}: applying it would remove every Service from "
+                   f"this node; `--allow-empty` (or `allowEmpty: true` in the node config) applies it, and "
+                   f"`nftrec cleanup` removes everything", ERROR)

@@ -1,0 +1,36 @@
+"""The checks a valid revision passes before watch compiles it: it holds at least one
+Service (unless --allow-empty or allowEmpty), and it removes no more of the applied
+Services than removalGuard allows (engine/guards.py). A refused revision is kept like an
+invalid one: the last good ruleset stays, status, /readyz and the metrics say why.
+"""
+
+from __future__ import annotations
+
+from reconciler.engine import removal_refusal
+from reconciler.intake import Inventory, no_services
+
+WHY = {"invalid": "invalid input", "removal-guard": "refused by the removal guard"}  # status's lastError prefix
+
+
+def check_revision(daemon, inventory: Inventory) -> tuple[str, str | None]:
+    """(why, message) of a refusal ("invalid" or "removal-guard"), message None when the
+    revision passes. The applied Services are the daemon's last commit's, else the state's."""
+    cfg = daemon.config
+    if not (daemon.allow_empty or cfg.allow_empty):
+        empty = no_services(len(inventory.services), daemon.intake.shown)
+        if empty is not None:
+            return "invalid", empty.message
+    keys = {s.key for s in inventory.services}
+    applied = daemon.applied.ruleset if daemon.applied is not None else None
+    before = set(daemon.applied.inputs) if applied is not None else None
+
+    def services():
+        ruleset = applied if applied is not None else daemon.last_applied_ruleset()
+        return None if ruleset is None else set(ruleset.owners.values())
+
+    if before is None:
+        before = services() or set()
+    message = removal_refusal(before - keys, services, cfg.removal_guard,
+                              "it was not applied; if it is meant, set removalGuard higher in the node config "
+                              "and send SIGHUP (100% turns the guard off), or push the removal in smaller steps")
+    return ("removal-guard", message) if message is not None else ("invalid", None)
