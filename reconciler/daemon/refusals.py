@@ -31,6 +31,6 @@ def check_revision(daemon, inventory: Inventory) -> tuple[str, str | None]:
     if before is None:
         before = services() or set()
     message = removal_refusal(before - keys, services, cfg.removal_guard,
-                              "it was not applied; if it is meant, set removalGuard higher in the node config "
+                              "if it is meant, set removalGuard higher in the node config "
                               "and send SIGHUP (100% turns the guard off), or push the removal in smaller steps")
     return ("removal-guard", message) if message is not None else ("invalid", None)
