@@ -476,7 +476,7 @@ class Daemon:
             if self._record(self.store.record_applied, desired.inventory.revision, desired.ruleset, fp, after,
                             commit=sequence, revision_time=signed_at, trust=trust):
                 if invalid is not None:  # still the newest revision read: keep it visible
-                    self._record(self.store.record_attempt, invalid[0], f"{WHY.get(invalid[2], invalid[2])}: {invalid[1]}")
+                    self._record(self.store.record_attempt, invalid[0], f"{WHY.get(invalid[2], WHY['invalid'])}: {invalid[1]}")
                 elif rejected is not None:  # likewise a revision rolled back after its health checks
                     self._record(self.store.record_attempt, rejected[0], f"rolled back: {rejected[1]}")
 
