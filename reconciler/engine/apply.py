@@ -166,16 +166,17 @@ def run_plan(desired, target: Target, *, verbose: bool, output: str, detailed: b
             plan = make_plan(desired.ruleset, live, services, _derived_hints(desired))
         context = {"netns": target.netns, "table": target.table, "revision": desired.revision,
                    "fastPath": False}
-        refusal = _removals(plan, desired.config.removal_guard, target, "`--allow-removals` lets it through once" if not allow_removals
-                            else "let through by --allow-removals")
+        refusal = _removals(plan, desired.config.removal_guard, target,
+                            "let through by --allow-removals" if allow_removals else "`--allow-removals` lets it through once")
+        refused = refusal is not None and not allow_removals
         if refusal is not None:
-            context["removalGuard"] = {"refused": not allow_removals, "message": refusal}
+            context["removalGuard"] = {"refused": refused, "message": refusal}
         verdict = desired.verdict  # `verify` set: the signature check, in the header
         if verdict is not None:
             context["verification"] = {"revision": verdict.revision, "signer": verdict.signer, "key": verdict.key,
                                        "time": verdict.time, "rollbackAllowed": verdict.rollback_allowed,
                                        "trust": desired.trust}
-        if out is not None and (refusal is None or allow_removals):
+        if out is not None and not refused:
             saved = planfile.SavedPlan.create(
                 netns=target.netns or HOST, table=target.table, revision=desired.revision,
                 desired=desired.ruleset, live_fingerprint=fingerprint(live),
@@ -196,11 +197,11 @@ def run_plan(desired, target: Target, *, verbose: bool, output: str, detailed: b
             if verdict is not None:
                 out_stream.write(verdict.describe() + "\n")
             out_stream.write(format_text(plan, verbose=verbose, color=_color(out_stream)))
-            if out is not None and (refusal is None or allow_removals):
+            if out is not None and not refused:
                 out_stream.write(f"Saved the plan to {out}; apply it with `nftrec apply --plan {out}`.\n")
     finally:
         nft.close()
-    if refusal is not None and not allow_removals:
+    if refused:
         raise CommandError(f"refused: {refusal}" + (f"; no plan was saved to {out}" if out is not None else ""))
     if refusal is not None:
         logs.log.warning(refusal)
