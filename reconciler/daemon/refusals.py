@@ -6,7 +6,7 @@ invalid one: the last good ruleset stays, status, /readyz and the metrics say wh
 
 from __future__ import annotations
 
-from reconciler.engine import removal_refusal
+from reconciler.engine import applied_services, removal_refusal
 from reconciler.intake import Inventory, no_services
 
 WHY = {"invalid": "invalid input", "removal-guard": "refused by the removal guard"}  # status's lastError prefix
@@ -14,23 +14,22 @@ WHY = {"invalid": "invalid input", "removal-guard": "refused by the removal guar
 
 def check_revision(daemon, inventory: Inventory) -> tuple[str, str | None]:
     """(why, message) of a refusal ("invalid" or "removal-guard"), message None when the
-    revision passes. The applied Services are the daemon's last commit's, else the state's."""
+    revision passes. The applied Services are the daemon's last commit's, else the state's
+    (read lazily: only its owners)."""
     cfg = daemon.config
     if not (daemon.allow_empty or cfg.allow_empty):
         empty = no_services(len(inventory.services), daemon.intake.shown)
         if empty is not None:
             return "invalid", empty.message
-    keys = {s.key for s in inventory.services}
-    applied = daemon.applied.ruleset if daemon.applied is not None else None
-    before = set(daemon.applied.inputs) if applied is not None else None
-
-    def services():
-        ruleset = applied if applied is not None else daemon.last_applied_ruleset()
-        return None if ruleset is None else set(ruleset.owners.values())
-
-    if before is None:
-        before = services() or set()
-    message = removal_refusal(before - keys, services, cfg.removal_guard,
-                              "if it is meant, set removalGuard higher in the node config "
-                              "and send SIGHUP (100% turns the guard off), or push the removal in smaller steps")
+    if cfg.removal_guard >= 100:
+        return "invalid", None
+    if daemon.applied is not None:
+        applied = daemon.applied
+        before, services = set(applied.inputs), lambda: set(applied.ruleset.owners.values())
+    else:
+        known = applied_services(daemon.store) or set()
+        before, services = known, lambda: known
+    message = removal_refusal(before - {s.key for s in inventory.services}, services, cfg.removal_guard,
+                              "if it is meant, set removalGuard higher in the node config and send SIGHUP (100% "
+                              "turns the guard off), or push the removal in smaller steps")
     return ("removal-guard", message) if message is not None else ("invalid", None)
