@@ -314,7 +314,7 @@ def plan(
     desired = _probed(_desired(source.root, config, netns, strict, compile=probe, signed_by=target, source=source,
                                refuse_empty=not allow_empty), netns, probe)
     raise typer.Exit(_guard(run_plan, desired, target, verbose=verbose, output=output, detailed=detailed_exitcode,
-                            out=out, refresh=refresh, allow_removals=allow_removals))
+                            out=out, refresh=refresh, config=config, allow_removals=allow_removals))
 
 
 @app.command()
@@ -524,26 +524,11 @@ def cleanup(
     dry_run: bool = typer.Option(False, "--dry-run", help="Only say what would be deleted."),
 ) -> None:
     """Delete nftrec's tables in both families (kube-proxy's CleanupLeftovers)."""
-    from reconciler.engine import cleanup as do_cleanup
+    from reconciler.engine import run_cleanup
 
     target = _target(config, netns)
-
-    def run() -> int:
-        lock = target.hold_lock()
-        try:
-            nft = target.nft()
-            try:
-                if not dry_run:
-                    from reconciler.kernel import sweep_trace_tables
-
-                    sweep_trace_tables(nft, target.netns)  # what a killed `trace --kernel` left
-                return EXIT_OK if do_cleanup(nft, target.table, kube_proxy=kube_proxy, dry_run=dry_run) else EXIT_ERROR
-            finally:
-                nft.close()
-        finally:
-            lock.release()
-
-    raise typer.Exit(_guard(run))
+    raise typer.Exit(_guard(lambda: EXIT_OK if run_cleanup(target, kube_proxy=kube_proxy, dry_run=dry_run)
+                            else EXIT_ERROR))
 
 
 @app.command()

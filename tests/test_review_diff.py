@@ -1,6 +1,6 @@
 """`nftrec diff`: the offline per-Service plan between two manifest trees or two git
 revisions (issue 11, item 3). Runs the real command line in a subprocess; no root, no
-kernel. The two-commit repository here is the one whose output the README shows."""
+kernel."""
 
 from __future__ import annotations
 

@@ -120,6 +120,20 @@ def test_record_applied_then_failed_attempt(store):
     assert store.status().last_error is None
 
 
+def test_cleanup_is_recorded_until_the_next_apply(store):
+    store.record_applied("rev1", ruleset(1), "fp1", None)
+    store.record_cleanup()
+    st = store.status()
+    assert st.cleaned_up_at == "2026-05-09T12:00:02Z" and st.last_applied_revision == "rev1"
+    doc = json.loads(store.status_path.read_text())
+    del doc["cleanedUpAt"]  # as an older nftrec wrote it
+    store.status_path.write_text(json.dumps(doc))
+    assert store.status().cleaned_up_at is None
+    store.record_cleanup()
+    store.record_applied("rev2", ruleset(2), "fp2", None)
+    assert store.status().cleaned_up_at is None
+
+
 def test_status_json_is_the_documented_form(store):
     store.record_applied("rev1", ruleset(1), "fp1", None)
     doc = json.loads(store.status_path.read_text())
@@ -128,7 +142,7 @@ def test_status_json_is_the_documented_form(store):
         "formatVersion", "netns", "table", "lastAppliedRevision", "lastAppliedAt", "lastAppliedPlanId",
         "lastAttemptedRevision", "lastAttemptedAt", "lastError", "desiredDigest", "liveFingerprint",
         "kernelGeneration", "nftrecVersion", "inputDigest", "configDigest", "commitSequence",
-        "lastAppliedRevisionTime", "lastAppliedTrust",
+        "lastAppliedRevisionTime", "lastAppliedTrust", "cleanedUpAt",
     }
     assert doc["kernelGeneration"] is None and doc["inputDigest"] is None and doc["configDigest"] is None
     readme = (REPO / "state" / "README.md").read_text()

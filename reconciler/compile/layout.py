@@ -175,7 +175,7 @@ def hairpin_set(ip: str) -> str:
 
 def hairpin_dispatch(family: str) -> str:
     """The `masquerading` chain's hairpin rule (kube-proxy: the set lookup itself)."""
-    # `and`, not `&`: rule bodies keep to check_rule_body's characters; nft lists `&`
+    # `and`, as nftrec writes operators; nft lists it as `&` (kernel/ruletext.py)
     return f"ct status dnat {family} daddr and {_hairpin_mask(family)} vmap @{HAIRPIN_VMAP}"
 
 

@@ -326,10 +326,11 @@ def element_cmd(verb: str, family: str, table: str, s: NamedSet, e: Element) -> 
     return text + " }"
 
 
-# Rule bodies are built by the compiler from checked atoms and names; this is the final
-# guard that nothing able to end a statement or start a string/comment/variable
-# (`;`, newline, `"`, `'`, `#`, `$`, `\`) can be in one. Added for render (nftrec).
-_RULE_BODY_RE = re.compile(r"[A-Za-z0-9 _.:/\-@!=,{}\[\]]+")
+# Rule bodies are built by the compiler from checked atoms and names, or listed by nft
+# (a history entry adopted from the kernel); this is the final guard that nothing able to
+# end a statement or start a string/comment/variable (`;`, newline, `"`, `'`, `#`, `$`,
+# `\`) can be in one. The operators `|`, `&` and `^` are how nft lists `or`, `and`, `xor`.
+_RULE_BODY_RE = re.compile(r"[A-Za-z0-9 _.:/\-@!=,{}\[\]|&^]+")
 
 
 def check_rule_body(body: str) -> str:

@@ -564,13 +564,14 @@ class Daemon:
             raise Fatal(f"network namespace {self.target.netns} {what}")
 
     def last_applied_ruleset(self) -> Ruleset | None:
-        """What we last committed (memory, else the state store): the reference for drift."""
+        """What we last committed (memory, else the state store; nothing after `cleanup`,
+        which removed it on purpose): the reference for drift."""
         if self.applied is not None:
             return self.applied.ruleset
         try:
             st = read_status(self.store)
             entries = read_history(self.store)
-            if entries and st.desired_digest == entries[-1].digest:
+            if entries and st.desired_digest == entries[-1].digest and st.cleaned_up_at is None:
                 return self.store.load_ruleset(entries[-1])
         except Exception:  # best effort: no drift report for the first sync
             return None

@@ -37,7 +37,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "sync": ("clean_udp_conntrack", "commit", "forget_affinity_clients", "forgotten_affinity_ids", "touched_objects", "udp_services", "verify_applied", "verify_commit",
              "verify_touched"),
     "target": ("CommandError", "Target", "short_revision"),
-    "teardown": ("KUBE_PROXY_TABLE", "cleanup"),
+    "teardown": ("KUBE_PROXY_TABLE", "cleanup", "run_cleanup"),
     "kerneltrace": ("run_kernel_trace",),
     "trace": ("UnknownExpression", "trace_packet"),
     "tracecommand": ("run_trace",),

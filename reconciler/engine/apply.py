@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TextIO
 
 from reconciler import logs
-from reconciler.compile import Ruleset, digest, relocate
+from reconciler.compile import FAMILIES, Ruleset, digest, relocate
 from reconciler.engine import confirm as confirm_window
 from reconciler.engine import planfile
 from reconciler.engine.changes import Changes, diff
@@ -29,7 +29,7 @@ from reconciler.engine.state import HOST, StateCorrupt, read_history, read_statu
 from reconciler.engine.sync import clean_udp_conntrack, commit, forget_affinity_clients, touched_objects, verify_touched
 from reconciler.engine.target import CommandError, Target, short_revision
 from reconciler.engine.verify import slim_created, verify_listed
-from reconciler.kernel import (Interface, MayHaveCommitted, NftError, canonical, fingerprint, kernel_token, list_live, parse_live, read_live,
+from reconciler.kernel import (Interface, MayHaveCommitted, NftError, canonical, canonical_ops, fingerprint, kernel_token, list_live, parse_live, read_live,
                                sweep_trace_tables)
 
 EXIT_OK, EXIT_ERROR, EXIT_CHANGES = 0, 1, 2
@@ -150,9 +150,12 @@ def _removals(plan, percent: int, target: Target, override: str) -> str | None:
 
 
 def run_plan(desired, target: Target, *, verbose: bool, output: str, detailed: bool,
-             out: Path | None, refresh: bool, out_stream: TextIO = sys.stdout, allow_removals: bool = False) -> int:
-    """Print the plan. A revision the mass-removal guard refuses is printed, then refused
-    (exit 1, no plan saved), unless `allow_removals`: then it is said as a warning."""
+             out: Path | None, refresh: bool, out_stream: TextIO = sys.stdout, config: Path | None = None,
+             allow_removals: bool = False) -> int:
+    """Print what apply would change; `out`: also save it as a plan file (`config`: the node
+    config it was made with, named in the command printed to apply it). A revision the
+    mass-removal guard refuses is printed, then refused (exit 1, no plan saved), unless
+    `allow_removals`: then it is said as a warning."""
     nft = target.nft()
     try:
         token = kernel_token(nft) if out is not None else None  # before listing (see verify_applied)
@@ -198,7 +201,9 @@ def run_plan(desired, target: Target, *, verbose: bool, output: str, detailed: b
                 out_stream.write(verdict.describe() + "\n")
             out_stream.write(format_text(plan, verbose=verbose, color=_color(out_stream)))
             if out is not None and not refused:
-                out_stream.write(f"Saved the plan to {out}; apply it with `nftrec apply --plan {out}`.\n")
+                command = planfile.apply_command(out, state_dir=target.state_root, netns=target.netns, config=config)
+                command += " --allow-removals" if refusal is not None else ""  # the guard is checked again
+                out_stream.write(f"Saved the plan to {out}; apply it with:\n  {command}\n")
     finally:
         nft.close()
     if refused:
@@ -259,10 +264,13 @@ def run_apply(target: Target, *, desired=None, plan_path: Path | None = None,
                                    f"since the plan was made; make a new one with `nftrec plan --out {plan_path}`")
             ruleset, revision, plan_id = saved.desired_ruleset(), saved.revision, saved.plan_id
             plan = make_plan(ruleset, live)
-            if list(plan.transaction.ops) != saved.transaction:
+            if canonical_ops(plan.transaction.ops) != canonical_ops(saved.transaction):
                 raise CommandError(f"{plan_path}: its transaction no longer follows from its desired "
                                    f"ruleset and the kernel; make a new plan")
         elif rollback:
+            if status.cleaned_up_at is not None:
+                raise CommandError(f"nothing to roll back from: `nftrec cleanup` removed the tables at "
+                                   f"{status.cleaned_up_at}; `nftrec apply DIR` applies the manifests again")
             entry = store.previous()
             if entry is None:
                 raise CommandError(f"nothing to roll back to: the state in {store.dir} has no earlier "
@@ -418,6 +426,30 @@ def _ahead_drift(nft: Interface, target: Target, commit) -> Changes | None:
     return None
 
 
+def _cleaned_up(target: Target, status, output: str, out_stream: TextIO) -> bool:
+    """`status` after `cleanup`: while the tables are still gone, say when they were removed
+    and what was applied before (no drift: they were removed on purpose); True when said.
+    Tables present again (made by hand since) get the usual drift report instead."""
+    nft = target.nft()
+    try:
+        present = [(f, n) for f, n in nft.list_tables() if n == target.table and f in FAMILIES]
+    finally:
+        nft.close()
+    if present:
+        return False
+    if output == "json":
+        json.dump({"netns": target.netns, "table": target.table, "cleanedUpAt": status.cleaned_up_at,
+                   "lastAppliedRevision": status.last_applied_revision, "lastAppliedAt": status.last_applied_at,
+                   "drift": False, "driftedServices": [], "driftedObjects": 0}, out_stream, indent=2)
+        out_stream.write("\n")
+    else:
+        out_stream.write(logs.escape(f"table:     {target.table} in {target.where}") + "\n")
+        out_stream.write(logs.escape(f"applied:   cleaned up at {status.cleaned_up_at} (nothing applied); before it, "
+                                     f"revision {short_revision(status.last_applied_revision)} applied at "
+                                     f"{status.last_applied_at}; `nftrec apply DIR` applies again") + "\n")
+    return True
+
+
 _TRUST = {  # how `verify` accepted the applied revision (desired.trust_of), for `status`
     "signed": "signed by a key of verify.keys, and no rollback from the revision applied before",
     "first-use": "trusted on first use: signed by a key of verify.keys, but no earlier applied revision was "
@@ -442,6 +474,8 @@ def run_status(target: Target, *, output: str, detailed: bool = False, out_strea
                           + source_status_lines(read_source_state(store)))
         raise CommandError(f"nothing was applied to table {target.table} in {target.where} "
                            f"(state: {store.dir}); run `nftrec apply`{waiting}")
+    if ahead is None and status.cleaned_up_at is not None and _cleaned_up(target, status, output, out_stream):
+        return EXIT_OK
     nft = target.nft()
     try:
         if ahead is None:

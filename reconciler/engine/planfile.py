@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shlex
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -176,3 +177,16 @@ def is_stale(plan: SavedPlan, live_fingerprint: str) -> bool:
 def already_applied(plan: SavedPlan, status: Status) -> bool:
     """True when the last apply recorded in the state was this very plan."""
     return status.last_applied_plan_id is not None and status.last_applied_plan_id == plan.plan_id
+
+
+def apply_command(path: Path, *, state_dir: Path, netns: str | None, config: Path | None) -> str:
+    """The shell command that applies the plan at `path` where it was made: the same state
+    directory (a global option, so before the command), namespace and node config, every
+    path absolute and every word quoted, so pasting it elsewhere cannot aim at the host or
+    at another state."""
+    words = ["nftrec", "--state-dir", str(Path(state_dir).absolute()), "apply", "--plan", str(Path(path).absolute())]
+    if netns is not None:
+        words += ["--netns", netns]
+    if config is not None:
+        words += ["--config", str(Path(config).absolute())]
+    return " ".join(shlex.quote(w) for w in words)

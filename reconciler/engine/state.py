@@ -24,8 +24,7 @@ from typing import Any, Callable
 
 from reconciler import logs
 from reconciler.atomic import atomic_write, fsync_dir  # noqa: F401 - planfile and tests use them from here
-from reconciler.compile import Ruleset
-from reconciler.compile import digest_pieces, form_parts, parts_digest
+from reconciler.compile import Ruleset, digest_pieces, form_parts, parts_digest
 from reconciler.engine.recorded import read_ruleset, ruleset_lines
 from reconciler.kernel import canonical
 from reconciler.kernel import fingerprint as fingerprint_of
@@ -54,11 +53,8 @@ class StateCorrupt(Exception):
     def __init__(self, path: Path, reason: str):
         self.path = Path(path)
         self.reason = reason
-        super().__init__(
-            f"state file {self.path} cannot be trusted: {reason}. nftrec will not use it; "
-            f"move it aside (nftrec does this itself and rebuilds the state from the kernel "
-            f"on the next apply) or delete it."
-        )
+        super().__init__(f"state file {self.path} cannot be trusted: {reason}. nftrec will not use it; move it "
+                         f"aside (nftrec does this itself and rebuilds the state from the kernel on the next apply) or delete it.")
 
 
 # --- paths, time, version ----------------------------------------------------------------
@@ -88,10 +84,8 @@ def namespace_dir(root: Path, netns: str | None) -> Path:
     if netns is None or netns == HOST:
         return Path(root) / HOST_DIR
     if not _NETNS_RE.fullmatch(netns):
-        raise ValueError(
-            f"network namespace name {netns!r} cannot name a state directory: use letters, "
-            f"digits, '_', '.', '-' (as `ip netns add` does), not starting with '.'"
-        )
+        raise ValueError(f"network namespace name {netns!r} cannot name a state directory: use letters, "
+                         f"digits, '_', '.', '-' (as `ip netns add` does), not starting with '.'")
     return Path(root) / "netns" / netns
 
 
@@ -150,9 +144,10 @@ _STATUS_FIELDS: tuple[tuple[str, str, tuple[type, ...], bool], ...] = (
     ("commitSequence", "commit_sequence", (int,), True),
     ("lastAppliedRevisionTime", "last_applied_revision_time", (int,), True),
     ("lastAppliedTrust", "last_applied_trust", (str,), True),
+    ("cleanedUpAt", "cleaned_up_at", (str,), True),
 )
 # may be absent (older nftrecs): read as null
-_ADDED = {"commitSequence", "lastAppliedRevisionTime", "lastAppliedTrust"}
+_ADDED = {"commitSequence", "lastAppliedRevisionTime", "lastAppliedTrust", "cleanedUpAt"}
 
 
 @dataclass
@@ -176,6 +171,7 @@ class Status:
     commit_sequence: int | None = None  # the commit record's entry of that apply (commits.py)
     last_applied_revision_time: int | None = None  # its signed time (Verdict.time), with `verify`
     last_applied_trust: str | None = None  # with `verify`: signed, first-use or allow-rollback
+    cleaned_up_at: str | None = None  # `cleanup` removed the tables since the last apply, on purpose
     format_version: int = FORMAT_VERSION
 
     @property
@@ -333,6 +329,12 @@ class StateStore:
         self._write_status(st)
         return st
 
+    def record_cleanup(self) -> None:
+        """Record that `cleanup` deleted the tables on purpose: not drift, nothing applied."""
+        st = self.status()
+        st.cleaned_up_at = self._clock()
+        self._write_status(st)
+
     def record_applied(
         self,
         revision: str | None,
@@ -389,7 +391,7 @@ class StateStore:
         st.input_digest = input_digest
         st.config_digest = config_digest
         st.commit_sequence = commit if commit is not None else st.commit_sequence
-        st.last_applied_revision_time, st.last_applied_trust = revision_time, trust
+        st.last_applied_revision_time, st.last_applied_trust, st.cleaned_up_at = revision_time, trust, None
         self._write_status(st)
         if compiled is not None:
             self.write_compiled(d, compiled)
@@ -407,7 +409,7 @@ class StateStore:
         st.last_applied_plan_id = None
         st.last_error = None
         st.nftrec_version = nftrec_version()
-        st.last_applied_revision_time = st.last_applied_trust = None  # never taken with `verify`
+        st.last_applied_revision_time = st.last_applied_trust = st.cleaned_up_at = None  # never taken with `verify`
         self._write_status(st)
         return st
 

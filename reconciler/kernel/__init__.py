@@ -23,10 +23,10 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "live": ("OTHER_KINDS", "canonical", "chain_policy", "fingerprint", "kernel_token", "list_live", "parse_live", "read_live",
              "parse_duration", "read_live_objects", "read_runtime_keys", "table_flags", "table_others"),
     "netns": ("NamespaceThread",),
-    "netlink": ("netns_cookie", "own_portids"),
+    "netlink": ("netlink_delete_table", "netns_cookie", "own_portids"),
     "probes": ("ProbeLoop", "check_probe", "probe_all", "raise_fd_limit"),
     "ruletext": ("rule_tokens",),
-    "transaction": ("Transaction",),
+    "transaction": ("Transaction", "canonical_ops"),
     "tracetable": ("TRACE_TABLE_PREFIX", "exit_reason", "run_nft_child", "start_trace_monitor", "stop_child",
                    "sweep_trace_tables", "trace_table_name", "trace_table_script"),
 })

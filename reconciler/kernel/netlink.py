@@ -1,7 +1,7 @@
 """nf_tables over raw netlink, for what libnftables gives only after filling its cache of
-every object (`nft list tables` costs a whole listing; the table dump, next to nothing)
-or not at all (the generation id). A socket opens in the namespace of the thread that
-first uses it.
+every object (`nft list tables` costs a whole listing; the table dump, next to nothing),
+not at all (the generation id), or not beside a table it cannot read (deleting one of
+ours: `netlink_delete_table`). A socket opens in the namespace of the thread that first uses it.
 """
 
 from __future__ import annotations
@@ -11,11 +11,12 @@ import os
 import socket
 import struct
 
-from reconciler.kernel.interface import PERMISSION_HINT, NftError
+from reconciler.kernel.interface import PERMISSION_HINT, NftError, NotFound
 
 _NETLINK_NETFILTER = 12
 _NFNL_SUBSYS_NFTABLES = 10
-_NFT_MSG_NEWTABLE, _NFT_MSG_GETTABLE, _NFT_MSG_NEWGEN, _NFT_MSG_GETGEN = 0, 1, 15, 16
+_NFT_MSG_NEWTABLE, _NFT_MSG_GETTABLE, _NFT_MSG_DELTABLE, _NFT_MSG_NEWGEN, _NFT_MSG_GETGEN = 0, 1, 2, 15, 16
+_NFNL_MSG_BATCH_BEGIN, _NFNL_MSG_BATCH_END = 0x10, 0x11
 _SO_NETNS_COOKIE = 71
 _REQUESTS = {_NFT_MSG_GETTABLE: "listing the nftables tables (NFT_MSG_GETTABLE)",
              _NFT_MSG_GETGEN: "reading the nftables ruleset generation (NFT_MSG_GETGEN)"}
@@ -130,3 +131,41 @@ def own_portids() -> set[int]:
     except OSError:
         return set()
     return {int(r[2]) for r in rows if len(r) >= 10 and r[1] == str(_NETLINK_NETFILTER) and r[9] in inodes}
+
+
+def _message(mtype: int, flags: int, seq: int, family: int, attrs: bytes = b"", res_id: int = 0) -> bytes:
+    body = struct.pack("=BBH", family, 0, socket.htons(res_id)) + attrs
+    return struct.pack("=IHHII", 16 + len(body), mtype, flags, seq, 0) + body
+
+
+def netlink_delete_table(family: str, name: str) -> None:
+    """NFT_MSG_DELTABLE of one table, in a batch of its own, in the calling thread's
+    namespace: the kernel deletes the table with everything in it, and no other table
+    is read or named (libnftables fills its cache from every table first, and cannot
+    beside one a newer nft wrote). NotFound when there is no such table."""
+    fam = {v: k for k, v in _FAMILY_NAMES.items()}[family]
+    attr = name.encode() + b"\0"
+    attr = struct.pack("=HH", 4 + len(attr), 1) + attr  # NFTA_TABLE_NAME
+    attr += b"\0" * (-len(attr) % 4)
+    batch = (_message(_NFNL_MSG_BATCH_BEGIN, 1, 1, socket.AF_UNSPEC, res_id=_NFNL_SUBSYS_NFTABLES)
+             + _message((_NFNL_SUBSYS_NFTABLES << 8) | _NFT_MSG_DELTABLE, 1 | 4, 2, fam, attr)  # REQUEST | ACK
+             + _message(_NFNL_MSG_BATCH_END, 1, 3, socket.AF_UNSPEC, res_id=_NFNL_SUBSYS_NFTABLES))
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, _NETLINK_NETFILTER) as sock:
+        sock.bind((0, 0))
+        sock.send(batch)
+        while True:
+            data = sock.recv(1 << 16)
+            off = 0
+            while off + 16 <= len(data):
+                length, mtype, _flags, seq, _pid = struct.unpack_from("=IHHII", data, off)
+                if mtype == 2:  # NLMSG_ERROR: the ack of our request (0), or an errno
+                    (err,) = struct.unpack_from("=i", data, off + 16)
+                    if err == -errno.ENOENT:
+                        raise NotFound(f"no table {family} {name}")
+                    if err:
+                        hint = f"; {PERMISSION_HINT}" if -err == errno.EPERM else ""
+                        raise NftError(f"deleting table {family} {name} (NFT_MSG_DELTABLE) failed: "
+                                       f"{os.strerror(-err)}{hint}")
+                    if seq == 2:
+                        return
+                off += (length + 3) & ~3

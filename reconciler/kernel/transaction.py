@@ -109,3 +109,31 @@ class Transaction:
                 raise TypeError("an element needs its set: set=NamedSet")
             return self.raw(element_cmd(verb, family, table, set_, obj))
         raise TypeError(f"not an nft object: {obj!r}")
+
+
+_ELEMENTS = " elements = { "
+_ELEMENT_VERBS = ("add element ", "delete element ")
+
+
+def canonical_ops(ops) -> list[str]:
+    """The commands of a transaction in a form where only the order nft obeys remains:
+    two transactions with equal forms leave the kernel alike. The elements a declaration
+    lists (`… elements = { a , b } ; }`) are sorted, and so is each run of consecutive
+    element commands of one verb (adding, or deleting, elements commutes; across verbs,
+    or around any other command, the order stays as it is)."""
+    out: list[str] = []
+    run: list[str] = []
+    verb = None
+    for op in ops:
+        i = op.find(_ELEMENTS)
+        if i >= 0 and op.endswith(" } ; }"):
+            items = op[i + len(_ELEMENTS):-len(" } ; }")].split(" , ")
+            op = op[: i + len(_ELEMENTS)] + " , ".join(sorted(items)) + " } ; }"
+        this = next((v for v in _ELEMENT_VERBS if op.startswith(v)), None)
+        if this != verb or this is None:
+            out.extend(sorted(run))
+            run = []
+        verb = this
+        (run if this is not None else out).append(op)
+    out.extend(sorted(run))
+    return out
