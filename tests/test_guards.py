@@ -232,6 +232,28 @@ def test_removal_guard_against_the_kernel(netns, tmp_path):
     assert r.returncode == 0 and "would remove" not in r.stderr, r.stderr
 
 
+@pytest.mark.kernel
+def test_after_cleanup_nothing_is_applied_and_nothing_is_guarded(netns, tmp_path):
+    """apply plans against the kernel (nothing to remove after cleanup); watch starts from
+    the state, which must not count the Services cleanup removed as applied."""
+    g, o = kernel_args(tmp_path, netns)
+    d = services(tmp_path / "m", 10)
+    assert nftrec(*g, "apply", str(d), *o).returncode == 0
+    assert nftrec(*g, "cleanup", *o).returncode == 0
+    services(d, 10, keep=range(8, 10))
+    w = Watch(netns, d, short_config(tmp_path), tmp_path / "state")
+    try:
+        w.wait_sync(0)
+        assert not w.find("removal-guard")
+        assert "10.96.1.10 " in in_ns(netns, "nft", "list", "ruleset").stdout
+        assert w.stop() == 0
+    finally:
+        if w.proc.poll() is None:
+            w.proc.kill()
+    services(d, 10)
+    assert nftrec(*g, "apply", str(d), *o).returncode == 0
+
+
 # --- watch ----------------------------------------------------------------------------------------
 
 

@@ -33,12 +33,13 @@ def removal_refusal(removed: Iterable[str], applied: Callable[[], Iterable[str] 
 
 def applied_services(store) -> set[str] | None:
     """The Services (namespace/name) owning objects in the last applied ruleset recorded in
-    `store` (a state.StateStore), or None when none is recorded or it cannot be read."""
+    `store` (a state.StateStore), or None when none is recorded, `cleanup` removed it since
+    (nothing is applied), or it cannot be read."""
     from reconciler.engine.state import StateCorrupt, read_history, read_status
 
     try:
         status, entries = read_status(store), read_history(store)
-        if not entries or entries[-1].digest != status.desired_digest:
+        if not entries or entries[-1].digest != status.desired_digest or status.cleaned_up_at is not None:
             return None
         return set(store.load_ruleset(entries[-1], lazy=True).owners.values())
     except (OSError, StateCorrupt):
