@@ -68,6 +68,10 @@ STRICT_OPT = typer.Option(False, "--strict", help="Warnings and unknown kinds ar
 FIELDS_OPT = typer.Option(None, "--field-validation", callback=field_validation, metavar="strict|warn|ignore",
                           help="Unknown fields: errors (strict), warnings (warn) or not reported (ignore); "
                           "default: the node config's fieldValidation, else strict.")
+EMPTY_OPT = typer.Option(False, "--allow-empty", help="Accept a revision with no Service at all (it removes every "
+                         "Service; allowEmpty: true in the node config for a node that runs none).")
+REMOVALS_OPT = typer.Option(False, "--allow-removals", help="Let through, this once, a revision that removes more "
+                            "of the applied Services than removalGuard (node config, default 50%) allows.")
 
 
 def _output_opt() -> typer.Option:
@@ -86,6 +90,7 @@ def validate(
     strict: bool = STRICT_OPT,
     fields: Optional[str] = FIELDS_OPT,
     output: str = _output_opt(),
+    allow_empty: bool = EMPTY_OPT,
 ) -> None:
     """Check manifests and the node config: schema and cross-document checks. No root,
     no nft, no kernel needed."""
@@ -94,6 +99,7 @@ def validate(
 
     root = _root(directory, config).root
     raise typer.Exit(run_validate(root, config_path=config, strict=strict, fields=fields, output=output,
+                                  allow_empty=allow_empty,
                                   cache_dir=_cache_dir() if root == Path(directory) else None))
 
 
@@ -239,7 +245,7 @@ def _root(argument: str, config: Optional[Path], target=None):
 
 def _desired(directory: Path, config: Optional[Path], netns: Optional[str], strict: bool, fields: Optional[str],
              target=None, interfaces: bool = True, compile: bool = True, signed_by=None, allow_rollback: bool = False,
-             source=None):
+             source=None, refuse_empty: bool = False):
     """The validated, compiled input; invalid input exits 1 (and, for apply, is recorded
     as a failed attempt: status then shows lastAttemptedRevision != lastAppliedRevision).
     compile=False: plan and apply compile it themselves, only what changed.
@@ -255,7 +261,7 @@ def _desired(directory: Path, config: Optional[Path], netns: Optional[str], stri
             signed = (rollback_baseline(signed_by.store()), allow_rollback)
         return load_desired(directory, config, strict=strict, fields=fields, netns=netns, interfaces=interfaces,
                             cache_dir=_cache_dir(), compile=compile, config_cache=config_cache_dir(_state_root()),
-                            signed=signed, source=source)
+                            signed=signed, source=source, refuse_empty=refuse_empty)
     except InvalidInput as e:
         logs.log.error(str(e))
         if target is not None and e.record:
@@ -308,8 +314,11 @@ def plan(
     refresh: bool = typer.Option(False, "--refresh", help="Always read the manifests and list the "
                                  "kernel's tables (skip the unchanged-input and unchanged-generation fast paths)."),
     probe: bool = typer.Option(False, "--probe", help=PROBE_HELP),
+    allow_empty: bool = EMPTY_OPT,
+    allow_removals: bool = REMOVALS_OPT,
 ) -> None:
-    """Show what apply would change in the kernel, grouped by Service."""
+    """Show what apply would change in the kernel, grouped by Service. A revision that removes more
+    Services than removalGuard allows is shown, then refused (exit 1; no plan saved) unless --allow-removals."""
     _check_output(output)
     from reconciler.engine import run_plan_noop
 
@@ -322,10 +331,10 @@ def plan(
             raise typer.Exit(rc)
     from reconciler.engine import run_plan  # imported late: the fast path never needs it
 
-    desired = _probed(_desired(source.root, config, netns, strict, fields, compile=probe, signed_by=target, source=source),
-                      netns, probe)
-    raise typer.Exit(_guard(run_plan, desired, target, verbose=verbose, output=output,
-                            detailed=detailed_exitcode, out=out, refresh=refresh, config=config))
+    desired = _probed(_desired(source.root, config, netns, strict, fields, compile=probe, signed_by=target,
+                               source=source, refuse_empty=not allow_empty), netns, probe)
+    raise typer.Exit(_guard(run_plan, desired, target, verbose=verbose, output=output, detailed=detailed_exitcode,
+                            out=out, refresh=refresh, config=config, allow_removals=allow_removals))
 
 
 @app.command()
@@ -358,6 +367,8 @@ def apply(
     health_tcp: Optional[List[str]] = typer.Option(
         None, "--health-tcp", metavar="HOST:PORT", help="With --confirm-timeout: a TCP connect from the "
         "namespace, e.g. to a Service VIP. Repeatable."),
+    allow_empty: bool = EMPTY_OPT,
+    allow_removals: bool = REMOVALS_OPT,
 ) -> None:
     """Commit the desired ruleset as one atomic transaction, verify it, record state."""
     from reconciler.engine import run_apply
@@ -378,7 +389,8 @@ def apply(
             if rc is not None:
                 raise typer.Exit(rc)
         desired = _probed(_desired(source.root, config, netns, strict, fields, target=target, compile=probe,
-                                   signed_by=target, allow_rollback=allow_rollback, source=source), netns, probe)
+                                   signed_by=target, allow_rollback=allow_rollback, source=source,
+                                   refuse_empty=not allow_empty), netns, probe)
     elif probe:
         raise typer.BadParameter("--probe needs a manifest directory (not --plan or --rollback)")
     node = _node_config(config) if plan_file is not None or rollback else None
@@ -388,7 +400,8 @@ def apply(
         logs.log.info("verify: --rollback re-applies a ruleset from nftrec's own history (applied and verified "
                       "before); no revision is checked, and the rollback is allowed")
     raise typer.Exit(_guard(run_apply, target, desired=desired, plan_path=plan_file, rollback=rollback,
-                            verify=verify, confirm=spec, node=node, allow_rollback=allow_rollback))
+                            verify=verify, confirm=spec, node=node, allow_rollback=allow_rollback,
+                            allow_removals=allow_removals))
 
 
 def _node_config(config: Optional[Path]):
@@ -486,10 +499,14 @@ def status(
     netns: Optional[str] = NETNS_OPT,
     output: str = _output_opt(),
     detailed_exitcode: bool = typer.Option(False, "--detailed-exitcode",
-                                           help="Exit 3 when the newest revision attempted was not applied "
-                                                "(refused, rolled back or rejected; drift still exits 2)."),
+                                           help="Exit 3, not 1, when the newest revision attempted was not "
+                                                "applied, to tell it from an error of status itself."),
 ) -> None:
-    """Last applied revision and time, and whether the kernel drifted (exit 2)."""
+    """Last applied revision and time, whether the kernel drifted, whether the newest revision is applied.
+
+    Exit codes: 0 in sync; 2 the kernel drifted from the last applied ruleset; 1 the newest revision
+    attempted was not applied (invalid, refused by verify or the removal guard, rolled back, rejected
+    by the kernel; 3 with --detailed-exitcode), or status itself failed. Drift wins over 1 and 3."""
     _check_output(output)
     from reconciler.engine import run_status
 
@@ -524,6 +541,7 @@ def watch(
                                         "port); \"\" disables them."),
     debounce: float = typer.Option(0.2, "--debounce", min=0.0, max=60.0,
                                    help="Seconds of quiet after a file change before a sync."),
+    allow_empty: bool = EMPTY_OPT,
 ) -> None:
     """The reconcile daemon: re-apply on every manifest change, repair drift every
     fullSyncPeriod; runs until SIGTERM/SIGINT (rules stay); SIGHUP re-reads the config."""
@@ -533,7 +551,7 @@ def watch(
         raise typer.BadParameter("watch reads a directory, not standard input", param_hint="DIRECTORY")
     target = _target(config, netns)
     raise typer.Exit(_guard(run_watch, directory, config, target, strict=strict, fields=fields,
-                            metrics_address=metrics_address, debounce=debounce))
+                            metrics_address=metrics_address, debounce=debounce, allow_empty=allow_empty))
 
 
 @app.command()

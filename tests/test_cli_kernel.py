@@ -772,8 +772,9 @@ def test_kernel_rejection_leaves_previous_ruleset_whole(applied, breakage):
     assert "rejected" in msg and "previous ruleset is whole" in msg
     assert "No such file or directory" in msg and "Could not process rule" in msg, msg
     assert ruleset(ns) == before
-    # The attempt is recorded; the kernel still matches the last applied ruleset.
-    doc = json.loads(ok(nftrec("status", "-o", "json", state=state, ns=ns)).stdout)
+    # The attempt is recorded; the kernel still matches the last applied ruleset; the newest
+    # revision is not applied: status exits 1.
+    doc = json.loads(ok(nftrec("status", "-o", "json", state=state, ns=ns), 1).stdout)
     assert doc["drift"] is False and doc["lastAppliedRevision"] == status_before["lastAppliedRevision"]
     assert doc["lastError"] and "No such file or directory" in doc["lastError"]
     # The lock was released: a valid apply goes through.
@@ -870,10 +871,10 @@ def test_invalid_input_is_never_applied(applied):
     ok(nftrec("plan", str(d), "--detailed-exitcode", state=state, ns=ns), 1)
     assert ruleset(ns) == before
     # Flux-style status: the failed revision is the last attempted, the good one stays applied
-    st = json.loads(ok(nftrec("status", "-o", "json", state=state, ns=ns)).stdout)
+    st = json.loads(ok(nftrec("status", "-o", "json", state=state, ns=ns), 1).stdout)
     assert st["lastAppliedRevision"] == applied_rev
     assert st["lastAttemptedRevision"] != applied_rev and "error(s) in the input" in st["lastError"]
-    assert "attempted:" in ok(nftrec("status", state=state, ns=ns)).stdout
+    assert "attempted:" in ok(nftrec("status", state=state, ns=ns), 1).stdout  # not applied: exit 1
 
 
 def test_log_format_json_puts_one_object_per_line_on_stderr(applied):

@@ -74,8 +74,10 @@ def add_foreign_table(ns: str) -> None:
 
 def status(state: Path, ns: str) -> dict:
     p = nftrec("status", "-o", "json", state=state, ns=ns)
-    assert p.returncode in (0, 2), p.stderr
-    return json.loads(p.stdout)
+    assert p.returncode in (0, 1, 2) and p.stdout.strip(), p.stderr  # 1: the newest revision was rolled back
+    doc = json.loads(p.stdout)
+    assert (p.returncode == 1) == (doc["lastError"] is not None and doc["drift"] is False), (p.returncode, doc)
+    return doc
 
 
 def pending_file(state: Path, ns: str) -> Path:

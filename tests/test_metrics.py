@@ -10,7 +10,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from reconciler.daemon.metrics import Metrics, MetricsError, parse_address
-from reconciler.daemon.healthz import healthy
+from reconciler.daemon.healthz import healthy, ready
 
 
 # No proxies: an http_proxy in the environment must not intercept 127.0.0.1.
@@ -132,6 +132,23 @@ def test_healthz_flips(served):
     assert get(srv.url + "/healthz?verbose")[0] == 200
 
 
+def test_readyz_is_served_apart_from_healthz():
+    state = {"ready": (False, "revision def456 was not applied (removal-guard): ...")}
+    srv = Metrics().serve("127.0.0.1:0", lambda: (True, "synced"), lambda: state["ready"])
+    try:
+        assert get(srv.url + "/healthz")[0::2] == (200, "ok: synced\n")
+        assert get(srv.url + "/readyz")[0::2] == (503, "not ready: revision def456 was not applied (removal-guard): ...\n")
+        state["ready"] = (True, "synced")
+        assert get(srv.url + "/readyz")[0::2] == (200, "ok: synced\n")
+    finally:
+        srv.close()
+    srv = Metrics().serve("127.0.0.1:0", lambda: (True, "synced"))  # no readiness given: no /readyz
+    try:
+        assert get(srv.url + "/readyz")[0] == 404
+    finally:
+        srv.close()
+
+
 def test_healthz_check_raising_is_unhealthy():
     def boom():
         raise RuntimeError("state lock broken")
@@ -211,16 +228,23 @@ def test_a_refused_revision_is_healthy_while_the_last_good_ruleset_is_live():
     assert healthy(d) == (True, "revision abc123 applied 10.0s ago")
     for why, field, value in [("invalid", "invalid", ("def456", "2 error(s) in the input", "invalid")),
                               ("unverified", "invalid", ("def456", "refused (unsigned): no signature", "unverified")),
+                              ("removal-guard", "invalid", ("def456", "the revision would remove 6 of the 10 Services",
+                                                            "removal-guard")),
                               ("rolled-back", "rejected", ("def456", "health check(s) did not pass"))]:
         d.invalid = d.rejected = None
         setattr(d, field, value)
         ok, text = healthy(d)
         assert ok and f"revision def456 was refused ({why}): {value[1]}" in text, text
         assert "the last good ruleset (revision abc123) stays in the kernel" in text, text
+        assert ready(d) == (False, f"revision def456 was not applied ({why}): {value[1]}; revision abc123 stays in "
+                                   f"the kernel")
         m.set_refused(Daemon.refusal(d)[0])
         got = samples(_scrape(m))
         assert {k[1][0][1]: v for k, v in got.items() if k[0] == "nftrec_revision_refused"} == {
-            r: float(r == why) for r in ("invalid", "unverified", "rolled-back")}, got
+            r: float(r == why) for r in ("invalid", "unverified", "rolled-back", "removal-guard")}, got
+    rejected, d.rejected = d.rejected, None
+    assert ready(d) == healthy(d) == (True, "revision abc123 applied 10.0s ago")
+    d.rejected = rejected
     d.last_success = d.applied = None  # nothing applied yet: nothing good is live
     ok, text = healthy(d)
     assert not ok and text.startswith("no revision applied yet; revision def456 was refused (rolled-back)"), text

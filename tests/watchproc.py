@@ -85,7 +85,8 @@ class Watch:
         def read():
             p = subprocess.run([NFTREC, "--state-dir", str(self.state), "status", "-o", "json", "--netns", self.ns,
                                 "--config", str(self.config)], capture_output=True, text=True, timeout=60)
-            st = json.loads(p.stdout) if p.returncode == 0 and p.stdout.strip() else None
+            # exit 1 with a document: the newest revision was not applied (an error has none)
+            st = json.loads(p.stdout) if p.returncode in (0, 1) and p.stdout.strip() else None
             return st if st is not None and until(st) else None
         return self.wait(read, timeout, what="the state recorded", step=0.1)
 

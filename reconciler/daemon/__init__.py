@@ -2,7 +2,7 @@
 
     watcher (file events, debounced) ─► runner (kube-proxy's BoundedFrequencyRunner)
         ─► reconcile.Daemon.sync: intake.Intake → compile.compile_incremental → engine.sync
-    main wires them with signals, the namespace lock, and metrics (/metrics, /healthz).
+    main wires them with signals, the namespace lock, and metrics (/metrics, /healthz, /readyz).
 """
 
 from reconciler import lazy_exports

@@ -1,8 +1,9 @@
-"""What `/healthz` says: the data plane's health, not the newest revision's. The last good
-ruleset live and kept in sync is healthy, whatever was refused since (the text names the
+"""What `/healthz` and `/readyz` say. /healthz: the data plane's health, not the newest
+revision's. The last good ruleset live and kept in sync is healthy, whatever was refused since (the text names the
 refusal; `status` and the metrics report it for alerting). Unhealthy: nothing applied yet
 with a refusal, another process's change unrepaired, or no successful sync for 2 x
-fullSyncPeriod.
+fullSyncPeriod. /readyz: the newest revision read is the one applied (Kubernetes' split of
+liveness and readiness), else why not.
 """
 
 from __future__ import annotations
@@ -35,3 +36,17 @@ def healthy(daemon) -> tuple[bool, str]:
     applied = f"revision {short_revision(daemon.applied.inventory.revision if daemon.applied else None)}"
     return True, f"{applied} applied {now - daemon.last_success:.1f}s ago" + (
         f"; {said}; the last good ruleset ({applied}) stays in the kernel" if said else "")
+
+
+def ready(daemon) -> tuple[bool, str]:
+    """/readyz: not ready while the newest revision read is refused (invalid, unverified,
+    rolled back, refused by the removal guard), before the first sync, or while unhealthy."""
+    refused = daemon.refusal()
+    if refused is not None:
+        why, revision, message = refused
+        kept = daemon.applied.inventory.revision if daemon.applied is not None else None
+        return False, (f"revision {short_revision(revision)} was not applied ({why}): {message}; " +
+                       (f"revision {short_revision(kept)} stays in the kernel" if kept else "nothing applied yet"))
+    if daemon.last_success is None:
+        return False, "no revision applied yet"
+    return healthy(daemon)

@@ -16,7 +16,7 @@ import threading
 from pathlib import Path
 
 from reconciler import logs
-from reconciler.daemon.healthz import healthy
+from reconciler.daemon.healthz import healthy, ready
 from reconciler.daemon.probing import start_probes
 from reconciler.daemon.reconcile import Daemon
 from reconciler.heap import for_daemon, trim_heap
@@ -80,7 +80,8 @@ def _with_source(health: tuple[bool, str], note: str | None) -> tuple[bool, str]
 
 
 def run_watch(directory: Path, config_path: Path | None, target: Target, *, strict: bool = False,
-              fields: str | None = None, metrics_address: str = "127.0.0.1:9105", debounce: float = DEBOUNCE) -> int:
+              fields: str | None = None, metrics_address: str = "127.0.0.1:9105", debounce: float = DEBOUNCE,
+              allow_empty: bool = False) -> int:
     """The daemon: returns 0 after SIGTERM/SIGINT, 1 when it cannot start."""
     from reconciler.daemon.metrics import Metrics, MetricsError
 
@@ -94,7 +95,8 @@ def run_watch(directory: Path, config_path: Path | None, target: Target, *, stri
 
         fetcher = Fetcher(str(directory), target, metrics)
         directory = fetcher.link
-    daemon = Daemon(directory, config_path, target, strict=strict, fields=fields, metrics=metrics)
+    daemon = Daemon(directory, config_path, target, strict=strict, fields=fields, metrics=metrics,
+                    allow_empty=allow_empty)
     daemon.gate.oci = fetcher is not None  # the kind of source, for `verify`: from the command line
     server = lock = watcher = addresses = events = None
     runner: Runner | None = None
@@ -124,11 +126,11 @@ def run_watch(directory: Path, config_path: Path | None, target: Target, *, stri
         if metrics_address:
             try:
                 server = metrics.serve(metrics_address, (lambda: healthy(daemon)) if fetcher is None else lambda: _with_source(
-                    healthy(daemon), fetcher.health_note()))
+                    healthy(daemon), fetcher.health_note()), lambda: ready(daemon))
             except MetricsError as e:
                 logs.log.error(f"{e}; give --metrics-address HOST:PORT, or \"\" to disable metrics")
                 return 1
-            logs.log.info(f"metrics on {server.url}/metrics, health on {server.url}/healthz",
+            logs.log.info(f"metrics on {server.url}/metrics, health on {server.url}/healthz and /readyz",
                           extra={"fields": {"event": "metrics", "metricsUrl": server.url, "metricsPort": server.port}})
         lock = target.lock()
         said = False

@@ -21,7 +21,7 @@ from prometheus_client.core import GaugeMetricFamily
 log = logging.getLogger("nftrec.metrics")
 
 SYNC_KINDS = ("full", "partial")
-REFUSALS = ("invalid", "unverified", "rolled-back")  # why the newest revision was not applied
+REFUSALS = ("invalid", "unverified", "rolled-back", "removal-guard")  # why the newest revision was not applied
 # kube-proxy's sync_proxy_rules_duration_seconds buckets: 1 ms … ~16 s.
 SYNC_BUCKETS = tuple(0.001 * 2**i for i in range(15))
 
@@ -96,7 +96,8 @@ class Metrics:
             "(or nftrec watch stopped first).", registry=r)
         self._refused = Gauge(
             "nftrec_revision_refused", "1 while the newest revision read is refused, by why: invalid (the input), "
-            "unverified (by verify), rolled-back (its healthChecks failed); the last good ruleset stays in the "
+            "unverified (by verify), rolled-back (its healthChecks failed), removal-guard (it removes more of the "
+            "applied Services than removalGuard allows); the last good ruleset stays in the "
             "kernel.", ["reason"], registry=r)
         self.set_refused(None)
         self._revisions = _Revisions()
@@ -178,8 +179,9 @@ class Metrics:
         """A revision failed its health checks and the previous ruleset was restored."""
         self._rollbacks.inc()
 
-    def serve(self, address: str, healthy: Callable[[], tuple[bool, str]]) -> Server:
-        return serve(address, healthy, self.registry)
+    def serve(self, address: str, healthy: Callable[[], tuple[bool, str]],
+              ready: Callable[[], tuple[bool, str]] | None = None) -> Server:
+        return serve(address, healthy, self.registry, ready)
 
 
 # --- HTTP --------------------------------------------------------------------------------
@@ -259,22 +261,26 @@ class Server:
         self._httpd.server_close()
 
 
-def serve(address: str, healthy: Callable[[], tuple[bool, str]], registry: CollectorRegistry) -> Server:
-    """Serve GET /metrics (Prometheus text format) and GET /healthz (200 "ok: <why>" or
-    503 "unhealthy: <why>" from `healthy()`), 404 otherwise, until `close()`."""
+def serve(address: str, healthy: Callable[[], tuple[bool, str]], registry: CollectorRegistry,
+          ready: Callable[[], tuple[bool, str]] | None = None) -> Server:
+    """Serve GET /metrics (Prometheus text format), GET /healthz (200 "ok: <why>" or
+    503 "unhealthy: <why>" from `healthy()`) and, with `ready`, GET /readyz (200 "ok: <why>"
+    or 503 "not ready: <why>"), 404 otherwise, until `close()`."""
     host, port = parse_address(address)
+    checks = {"/healthz": (healthy, "unhealthy"), **({"/readyz": (ready, "not ready")} if ready else {})}
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
             if path == "/metrics":
                 self._send(200, generate_latest(registry), CONTENT_TYPE_LATEST)
-            elif path == "/healthz":
+            elif path in checks:
+                check, bad = checks[path]
                 try:
-                    ok, why = healthy()
+                    ok, why = check()
                 except Exception as e:  # a broken check must read as unhealthy, not hang
                     ok, why = False, f"health check failed: {e}"
-                text = f"{'ok' if ok else 'unhealthy'}: {why}\n"
+                text = f"{'ok' if ok else bad}: {why}\n"
                 self._send(200 if ok else 503, text.encode(), "text/plain; charset=utf-8")
             else:
                 self._send(404, b"not found: try /metrics or /healthz\n", "text/plain; charset=utf-8")

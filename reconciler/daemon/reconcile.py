@@ -28,6 +28,7 @@ from reconciler.engine import (CommandError, StateCorrupt, Target, adopt_commit,
                                diff, forget_affinity_clients, make_plan, read_history, read_status, rollback_baseline,
                                short_revision, slim_created, verify_commit)
 from reconciler.daemon import health
+from reconciler.daemon.refusals import WHY, check_revision
 from reconciler.daemon.signed import SignatureGate
 from reconciler.intake import (Intake, Inventory, NodeConfig, Snapshot, discover_host_addresses, discover_node_ips,
                                load_node_config)
@@ -83,10 +84,10 @@ class Daemon:
     the runner's thread only; healthy() reads a few attributes."""
 
     def __init__(self, directory: Path, config_path: Path | None, target: Target, *, strict: bool,
-                 fields: str | None = None, metrics=None, clock: Callable[[], float] = time.monotonic):
+                 fields: str | None = None, metrics=None, clock: Callable[[], float] = time.monotonic,
+                 allow_empty: bool = False):
         self.directory, self.config_path, self.target, self.strict = directory, config_path, target, strict
-        self.metrics = metrics
-        self.clock = clock
+        self.allow_empty, self.metrics, self.clock = allow_empty, metrics, clock  # allow_empty: refusals.py
         self.intake, self.fields = Intake(directory, strict=strict), fields  # fields: --field-validation
         self.store = target.store()
         self.nft: Interface | None = None
@@ -323,27 +324,28 @@ class Daemon:
         self.last_digest = (snap.digest, snap.revision)
         for p in snap.problems:
             logs.problem(p)
-        compiled, message = None, None
         refused = self.gate.refusal(snap) if snap.ok and snap.root else None
         if refused is not None:  # logged by the gate; kept like an invalid revision
             return self._refused(snap.revision, refused)
-        if snap.ok:
+        compiled, (why, message) = None, check_revision(self, snap.inventory) if snap.ok else ("invalid", None)
+        if snap.ok and message is None:
             try:
                 # the first compile keeps the last applied ruleset's endpoint index ranges
-                previous = self._last_applied_ruleset() if self.desired is None else None
+                previous = self.last_applied_ruleset() if self.desired is None else None
                 compiled = compile_incremental(self._with_probes(snap.inventory), self.config, self.desired, previous)
             except NftSyntaxError as e:  # defence in depth: validation should have refused it
                 message = f"refusing input that would reach nft unsafely: {e}"
-        else:
+        elif not snap.ok:
             message = f"{snap.errors} error(s) in the input"
         if compiled is None:
-            self.invalid = (snap.revision, message, "invalid")
-            logs.log.error(f"revision {short_revision(snap.revision)} of {self.intake.shown} is invalid ({message}); "
-                           f"it was not applied and the last good ruleset stays in the kernel. "
-                           f"Run `nftrec validate {self.intake.shown}` for the full report.",
-                           extra={"fields": {"event": "invalid", "revision": snap.revision, "errors": snap.errors}})
+            self.invalid = (snap.revision, message, why)
+            logs.log.error(f"revision {short_revision(snap.revision)} of {self.intake.shown} is "
+                           f"{'invalid' if why == 'invalid' else 'refused'} ({message}); it was not applied and the last "
+                           f"good ruleset stays in the kernel." + (f" Run `nftrec validate {self.intake.shown}` for the "
+                           "full report." if snap.errors else ""),
+                           extra={"fields": {"event": why, "revision": snap.revision, "errors": snap.errors}})
             revision = snap.revision
-            self._write(lambda: self._record(self.store.record_attempt, revision, f"invalid input: {message}"))
+            self._write(lambda: self._record(self.store.record_attempt, revision, f"{WHY[why]}: {message}"))
             self._set_revisions()
             return
         self.invalid = None
@@ -398,7 +400,7 @@ class Daemon:
                 if relocated is not desired.ruleset:
                     desired = replace(desired, ruleset=relocated, allocation=allocation_of(relocated))
                     self.desired = desired
-                old = self._last_applied_ruleset()
+                old = self.last_applied_ruleset()
                 if old is not None:
                     drift = diff(old, live)
                 plan = make_plan(desired.ruleset, live, services)
@@ -473,7 +475,7 @@ class Daemon:
             if self._record(self.store.record_applied, desired.inventory.revision, desired.ruleset, fp, after,
                             commit=sequence, revision_time=signed_at, trust=trust):
                 if invalid is not None:  # still the newest revision read: keep it visible
-                    self._record(self.store.record_attempt, invalid[0], f"invalid input: {invalid[1]}")
+                    self._record(self.store.record_attempt, invalid[0], f"{WHY.get(invalid[2], WHY['invalid'])}: {invalid[1]}")
                 elif rejected is not None:  # likewise a revision rolled back after its health checks
                     self._record(self.store.record_attempt, rejected[0], f"rolled back: {rejected[1]}")
 
@@ -560,7 +562,7 @@ class Daemon:
                            extra={"fields": {"event": "netns", "ok": False}})
             raise Fatal(f"network namespace {self.target.netns} {what}")
 
-    def _last_applied_ruleset(self) -> Ruleset | None:
+    def last_applied_ruleset(self) -> Ruleset | None:
         """What we last committed (memory, else the state store; nothing after `cleanup`,
         which removed it on purpose): the reference for drift."""
         if self.applied is not None:

@@ -25,6 +25,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "desired": ("Desired", "InvalidInput", "Unverified", "check_signed", "judge", "load_desired", "trust_of", "node_address_discovery", "node_ip_discovery"),
     "doctor": ("run_doctor",),
     "entry": ("guard", "intake_cache_dir", "record_invalid"),
+    "guards": ("applied_services", "removal_refusal"),
     "lock": ("LockHeld",),
     "noop": ("config_cache_dir", "run_apply_noop", "run_plan_noop"),
     "plan": ("make_plan",),

@@ -21,6 +21,7 @@ from reconciler.engine import confirm as confirm_window
 from reconciler.engine import planfile
 from reconciler.engine.changes import Changes, diff
 from reconciler.engine.commits import adopt_commit, append_commit, commit_ahead, newest_commit
+from reconciler.engine.guards import applied_services, removal_refusal
 from reconciler.engine.plan import format_text, make_plan, to_json
 from reconciler.engine.probes import probe_status_json, probe_status_lines, read_probe_state
 from reconciler.engine.sourcestate import read_source_state, source_status_json, source_status_lines
@@ -32,7 +33,7 @@ from reconciler.kernel import (Interface, MayHaveCommitted, NftError, canonical,
                                sweep_trace_tables)
 
 EXIT_OK, EXIT_ERROR, EXIT_CHANGES = 0, 1, 2
-EXIT_NOT_APPLIED = 3  # `status --detailed-exitcode`: the newest revision attempted is not the applied one
+EXIT_NOT_APPLIED = 3  # `status --detailed-exitcode`: the newest revision attempted is not the applied one (else 1)
 
 
 def _color(stream: TextIO) -> bool:
@@ -142,10 +143,19 @@ def _derived_hints(desired) -> dict:
 # --- plan ----------------------------------------------------------------------------------
 
 
+def _removals(plan, percent: int, target: Target, override: str) -> str | None:
+    """The mass-removal guard's refusal of `plan` (engine/guards.py), or None."""
+    return removal_refusal((s.service for s in plan.services if s.action == "-"),
+                           lambda: applied_services(target.store()), percent, override)
+
+
 def run_plan(desired, target: Target, *, verbose: bool, output: str, detailed: bool,
-             out: Path | None, refresh: bool, out_stream: TextIO = sys.stdout, config: Path | None = None) -> int:
+             out: Path | None, refresh: bool, out_stream: TextIO = sys.stdout, config: Path | None = None,
+             allow_removals: bool = False) -> int:
     """Print what apply would change; `out`: also save it as a plan file (`config`: the node
-    config it was made with, named in the command printed to apply it)."""
+    config it was made with, named in the command printed to apply it). A revision the
+    mass-removal guard refuses is printed, then refused (exit 1, no plan saved), unless
+    `allow_removals`: then it is said as a warning."""
     nft = target.nft()
     try:
         token = kernel_token(nft) if out is not None else None  # before listing (see verify_applied)
@@ -159,12 +169,17 @@ def run_plan(desired, target: Target, *, verbose: bool, output: str, detailed: b
             plan = make_plan(desired.ruleset, live, services, _derived_hints(desired))
         context = {"netns": target.netns, "table": target.table, "revision": desired.revision,
                    "fastPath": False}
+        refusal = _removals(plan, desired.config.removal_guard, target,
+                            "let through by --allow-removals" if allow_removals else "`--allow-removals` lets it through once")
+        refused = refusal is not None and not allow_removals
+        if refusal is not None:
+            context["removalGuard"] = {"refused": refused, "message": refusal}
         verdict = desired.verdict  # `verify` set: the signature check, in the header
         if verdict is not None:
             context["verification"] = {"revision": verdict.revision, "signer": verdict.signer, "key": verdict.key,
                                        "time": verdict.time, "rollbackAllowed": verdict.rollback_allowed,
                                        "trust": desired.trust}
-        if out is not None:
+        if out is not None and not refused:
             saved = planfile.SavedPlan.create(
                 netns=target.netns or HOST, table=target.table, revision=desired.revision,
                 desired=desired.ruleset, live_fingerprint=fingerprint(live),
@@ -185,11 +200,16 @@ def run_plan(desired, target: Target, *, verbose: bool, output: str, detailed: b
             if verdict is not None:
                 out_stream.write(verdict.describe() + "\n")
             out_stream.write(format_text(plan, verbose=verbose, color=_color(out_stream)))
-            if out is not None:
+            if out is not None and not refused:
                 command = planfile.apply_command(out, state_dir=target.state_root, netns=target.netns, config=config)
+                command += " --allow-removals" if refusal is not None else ""  # the guard is checked again
                 out_stream.write(f"Saved the plan to {out}; apply it with:\n  {command}\n")
     finally:
         nft.close()
+    if refused:
+        raise CommandError(f"refused: {refusal}" + (f"; no plan was saved to {out}" if out is not None else ""))
+    if refusal is not None:
+        logs.log.warning(refusal)
     return EXIT_CHANGES if (detailed and not plan.empty) else EXIT_OK
 
 
@@ -198,13 +218,14 @@ def run_plan(desired, target: Target, *, verbose: bool, output: str, detailed: b
 
 def run_apply(target: Target, *, desired=None, plan_path: Path | None = None,
               rollback: bool = False, verify: str = "touched", out_stream: TextIO = sys.stdout,
-              confirm=None, node=None, allow_rollback: bool = False) -> int:
+              confirm=None, node=None, allow_rollback: bool = False, allow_removals: bool = False) -> int:
     """Apply `desired` (a desired.Desired), a saved plan, or the previous history entry.
     `verify`: "touched" reads back what the transaction wrote and checks the generation
     token (sync.verify_touched); "full" lists and compares the whole table.
     `confirm` (confirm.ConfirmSpec): keep the result only if confirmed in time (confirm.py).
     `node`, `allow_rollback`: a saved plan's node config (its `verify`) and the override
-    (verify_saved)."""
+    (verify_saved). The mass-removal guard (guards.py) refuses a revision or a saved plan
+    removing too many applied Services unless `allow_removals`; --rollback is not guarded."""
     lock = target.hold_lock()
     nft = None
     store = target.store()
@@ -267,6 +288,16 @@ def run_apply(target: Target, *, desired=None, plan_path: Path | None = None,
             services = {s.key: s for s in desired.inventory.services}
             plan = make_plan(ruleset, live, services, _derived_hints(desired))
 
+        if not rollback:
+            refusal = _removals(plan, (desired.config if desired is not None else node).removal_guard, target,
+                                "let through by --allow-removals" if allow_removals else
+                                "nothing was changed; `nftrec apply --allow-removals` lets it through once")
+            if refusal is not None and not allow_removals:
+                out_stream.write(format_text(plan, color=_color(out_stream)))
+                store.record_attempt(revision, f"refused by the removal guard: {refusal}")
+                raise CommandError(f"refused: {refusal}")
+            if refusal is not None:
+                logs.log.warning(refusal)
         out_stream.write(format_text(plan, color=_color(out_stream)))
         pending = None
         if confirm is not None and not plan.empty:  # nothing changes: nothing to confirm
@@ -510,4 +541,6 @@ def run_status(target: Target, *, output: str, detailed: bool = False, out_strea
             w(line)
     if drift is None or not drift.empty:
         return EXIT_CHANGES
-    return EXIT_NOT_APPLIED if detailed and error else EXIT_OK
+    if error:  # the newest revision attempted was not applied: `status || alert` must see it
+        return EXIT_NOT_APPLIED if detailed else EXIT_ERROR
+    return EXIT_OK

@@ -318,7 +318,7 @@ def check_signed(config: NodeConfig, source: ManifestSource, baseline, allow_rol
 def load_desired(directory: Path, config_path: Path | None, *, strict: bool = False, fields: str | None = None,
                  netns: str | None = None, interfaces: bool = True, cache_dir: Path | None = None,
                  compile: bool = True, config_cache: Path | None = None, signed: tuple | None = None,
-                 source: ManifestSource | None = None) -> Desired:
+                 source: ManifestSource | None = None, refuse_empty: bool = False) -> Desired:
     """Read, validate and compile, logging every problem. Raises InvalidInput when the
     input has errors: invalid input is never applied. interfaces=False (render): the
     node's interface addresses are not listed; nodeIPs stand in for them. `cache_dir`:
@@ -327,9 +327,10 @@ def load_desired(directory: Path, config_path: Path | None, *, strict: bool = Fa
     applied one (only what changed). `signed` (plan, apply): (the rollback baseline,
     allow rollback) for check_signed on `source` (default: `directory` as a directory
     argument), run before the manifests are read: with a git checkout, what is parsed is
-    then the verified commit's files (Verdict.files)."""
+    then the verified commit's files (Verdict.files). `refuse_empty` (plan, apply): no
+    Service at all is an error unless the node config sets allowEmpty (intake.no_services)."""
     from reconciler.compile import compile_ruleset
-    from reconciler.intake import ManifestSource, config_digest, read_inventory, read_verified
+    from reconciler.intake import ManifestSource, config_digest, display_root, no_services, read_inventory, read_verified
 
     config, config_problems = load_config(config_path, netns, interfaces=interfaces, cache_dir=config_cache,
                                           fields=fields)
@@ -346,6 +347,8 @@ def load_desired(directory: Path, config_path: Path | None, *, strict: bool = Fa
         raise Unverified(result.inventory.revision, f"revision {result.inventory.revision[:12]} was published while "
                          f"revision {verdict.revision[:12]} was verified; it was not applied: run again")
     problems = list(config_problems) + list(result.problems)
+    if refuse_empty and not config.allow_empty and not any(p.is_error for p in problems):
+        problems += filter(None, [no_services(len(result.inventory.services), display_root(directory))])
     for p in problems:
         logs.problem(p)
     errors = sum(p.severity == "error" for p in problems)

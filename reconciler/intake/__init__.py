@@ -32,4 +32,5 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "signatures": ("Baseline", "TrustError", "Verdict", "Verifier", "checkout_of"),
     "sources": ("STDIN", "display_root", "is_stdin"),
     "store": ("code_digest",),
+    "validate": ("no_services",),
 })

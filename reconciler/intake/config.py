@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import socket
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -153,6 +154,8 @@ def load_node_config(
         zone=settings["zone"],
         derive_topology_hints=settings["deriveTopologyHints"],
         field_validation=settings["fieldValidation"],
+        allow_empty=settings["allowEmpty"],
+        removal_guard=settings["removalGuard"],
         min_sync_period=periods["minSyncPeriod"],
         sync_period=periods["syncPeriod"],
         full_sync_period=periods["fullSyncPeriod"],
@@ -179,7 +182,8 @@ _CACHE_KEEP = 8  # entries kept (one per config file content; a node has one or 
 _SETTINGS_TYPES = {
     "nodeName": str, "hasNodeIPs": bool, "nodeIPs": list, "clusterCIDRs": list, "serviceCIDRs": list,
     "nodePortAddresses": list, "masqueradeAll": bool, "masqueradeBit": int, "tableName": str, "layout": str,
-    "zone": str, "deriveTopologyHints": bool, "fieldValidation": str, "periods": dict, "healthChecks": list, "fromFile": bool, "verify": (dict, type(None)),
+    "zone": str, "deriveTopologyHints": bool, "fieldValidation": str, "allowEmpty": bool, "removalGuard": int,
+    "periods": dict, "healthChecks": list, "fromFile": bool, "verify": (dict, type(None)),
     "oci": dict,
 }
 _OCI_TYPES = {"interval": float, "insecure": bool, "ca_file": str, "credentials_file": str, "max_size": int}
@@ -260,6 +264,10 @@ def _check(path: str | None, raw: bytes) -> tuple[dict | None, list[Problem]]:
     for err in validator("NodeConfig").iter_errors(data):
         schema_problem(rep, o, err)
     problems = [Problem(p.file, p.line, p.col, "NodeConfig", "", p.field, p.message, p.severity) for p in rep.problems]
+    guard = data.get("removalGuard")
+    if type(guard) is int:  # a count is not a share of the node's Services
+        problems = [p if p.field != "removalGuard" else replace(p, message=f"is a share of the applied Services: write "
+                    f"{guard}% (100% turns the guard off); a count of Services is not accepted") for p in problems]
     periods = {}
     for key, default in _PERIODS:
         periods[key] = default
@@ -311,6 +319,8 @@ def _check(path: str | None, raw: bytes) -> tuple[dict | None, list[Problem]]:
         "zone": str(data.get("zone", "")),
         "deriveTopologyHints": bool(data.get("deriveTopologyHints", True)),
         "fieldValidation": str(data.get("fieldValidation", "Strict")).lower(),
+        "allowEmpty": bool(data.get("allowEmpty", False)),
+        "removalGuard": int(str(data.get("removalGuard", "50%")).rstrip("%")),
         "periods": {k: float(v) for k, v in periods.items()},
         "healthChecks": health_checks,
         "fromFile": bool(data),

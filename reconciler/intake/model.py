@@ -207,6 +207,8 @@ class NodeConfig:
     zone: str = ""
     derive_topology_hints: bool = True  # trafficDistribution + slices without hints: derive them
     field_validation: str = "strict"  # unknown manifest fields: "strict" | "warn" | "ignore" (validate.settle)
+    allow_empty: bool = False  # a revision with no Service at all may be applied
+    removal_guard: int = 50  # percent of the applied Services a revision may remove (100: no guard)
     min_sync_period: float = 1.0  # seconds
     sync_period: float = 30.0
     full_sync_period: float = 3600.0

@@ -20,7 +20,7 @@ def _plural(n: int, word: str) -> str:
 
 
 def run_validate(root, *, config_path=None, strict: bool = False, fields: str | None = None, output: str = "text",
-                 stream: TextIO | None = None, cache_dir=None) -> int:
+                 stream: TextIO | None = None, cache_dir=None, allow_empty: bool = False) -> int:
     """`nftrec validate`: print every problem; 0 valid, 1 invalid. Needs no root or kernel.
 
     JSON output (`output="json"`) is one document:
@@ -29,17 +29,22 @@ def run_validate(root, *, config_path=None, strict: bool = False, fields: str | 
 
     `cache_dir`: the intake cache (intake/cache.py) to use; None reads without one.
     `fields`: --field-validation; None: the node config's fieldValidation (default strict).
+    No Service at all is an error (validate.no_services) unless `allow_empty` or allowEmpty.
     """
     from reconciler.intake.sources import display_root
+    from reconciler.intake.validate import no_services
 
     stream = stream or sys.stdout
     cfg_problems: list = []
     if config_path is not None or Path(DEFAULT_PATH).is_file():
         cfg, cfg_problems = load_node_config(None if config_path is None else str(config_path), discover=False)
         fields = fields or cfg.field_validation
+        allow_empty = allow_empty or cfg.allow_empty
     res = read_inventory(root, strict=strict, fields=fields or "strict", cache_dir=cache_dir)
     root = display_root(root)  # `-`: <stdin>
     problems = list(res.problems) + list(cfg_problems)
+    empty = None if allow_empty or not res.ok else no_services(len(res.inventory.services), root)
+    problems.extend([empty] if empty else [])
     errors, warnings_, notices = count(problems, ERROR), count(problems, WARNING), count(problems, NOTICE)
     if output == "json":
         json.dump({"valid": errors == 0, "objects": res.documents, "errors": errors, "warnings": warnings_,

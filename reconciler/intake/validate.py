@@ -491,3 +491,15 @@ def check(loaded: LoadResult, *, strict: bool = False, fields: str = "strict") -
     """Validate every loaded document; the valid objects come back for the model."""
     return check_tree(loaded.problems, loaded.documents, [check_document(d) for d in loaded.documents],
                       strict=strict, fields=fields)
+
+
+def no_services(services: int, shown: str) -> Problem | None:
+    """An error when a revision holds no Service at all: applying it removes every Service
+    from the node, which is what an empty helm render, a wrong mount or an empty working
+    directory looks like. Headless and ExternalName Services count; `--allow-empty` or
+    `allowEmpty: true` (a node that runs none) let it through; `cleanup` removes all."""
+    if services:
+        return None
+    return Problem("", 0, 0, "", "", "", f"no Services in {shown}: applying it would remove every Service from "
+                   f"this node; `--allow-empty` (or `allowEmpty: true` in the node config) applies it, and "
+                   f"`nftrec cleanup` removes everything", ERROR)
