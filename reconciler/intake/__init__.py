@@ -18,7 +18,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "incremental": ("Intake", "Snapshot"),
     "kinds": ("DIRECTORY", "GIT", "OCI", "ManifestSource", "source_kind", "verifier_for"),
     "inventory": ("InventoryResult", "read_inventory", "read_revision", "read_verified"),
-    "validate": ("FIELD_VALIDATION",),
+    "validate": ("FIELD_VALIDATION", "no_services"),
     "load": ("SUFFIXES",),
     "model": ("Endpoint", "EndpointPort", "EndpointSlice", "HealthCheck", "Inventory", "LoadBalancerIngress", "NftSpelling", "NodeConfig",
               "OciSettings", "Probe", "Service", "ServiceCIDR", "ServicePort", "Source", "Verify"),
@@ -32,5 +32,4 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "signatures": ("Baseline", "TrustError", "Verdict", "Verifier", "checkout_of"),
     "sources": ("STDIN", "display_root", "is_stdin"),
     "store": ("code_digest",),
-    "validate": ("no_services",),
 })
