@@ -68,8 +68,10 @@ def test_list_items_expanded_with_positions(tmp_path):
     assert rc == 1 and "l.yaml:7:49: Service default/x: spec.ports[0].port: 70000 is out of range" in out
 
 
-def test_empty_directory_is_valid(tmp_path):
+def test_empty_directory_is_refused_unless_allowed(tmp_path):
     rc, out = validate(tmp_path)
+    assert rc == 1 and "no Services in " in out and "--allow-empty" in out, out
+    rc, out = validate(tmp_path, allow_empty=True)
     assert rc == 0
     assert "0 objects (empty directory)" in out
 
@@ -262,7 +264,7 @@ def test_empty_json_file_is_zero_documents(tmp_path):
     write(tmp_path, "empty.json", "")
     write(tmp_path, "blank.json", "  \n\n")
     write(tmp_path, "bom.json", b"\xef\xbb\xbf")
-    rc, out = validate(tmp_path)
+    rc, out = validate(tmp_path, allow_empty=True)
     assert rc == 0, out
     assert "0 objects" in out
 
@@ -310,7 +312,7 @@ def test_yaml_1_1_booleans_are_read_as_kubectl_reads_them(tmp_path):
               "  labels: {kubernetes.io/service-name: a}\naddressType: IPv4\nendpoints:\n"
               "  - addresses: [10.244.0.1]\n    conditions: {ready: yes, serving: on, terminating: false}\n")
     write(tmp_path, "a.yaml", slice_)
-    rc, out = validate(tmp_path)
+    rc, out = validate(tmp_path, allow_empty=True)  # a slice alone: no Service
     assert rc == 0, out
     assert ("a.yaml:9:25: warning: EndpointSlice default/a-1: endpoints[0].conditions.ready: 'yes' is read as true, "
             "as kubectl reads it") in out and "; write true" in out, out

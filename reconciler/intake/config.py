@@ -262,7 +262,7 @@ def _check(path: str | None, raw: bytes) -> tuple[dict | None, list[Problem]]:
     rep = Report()
     o = Obj(doc, "NodeConfig", "", "")
     for err in validator("NodeConfig").iter_errors(data):
-        schema_problem(rep, o, err)
+        schema_problem(rep, o, err, own=True)
     problems = [Problem(p.file, p.line, p.col, "NodeConfig", "", p.field, p.message, p.severity) for p in rep.problems]
     guard = data.get("removalGuard")
     if type(guard) is int:  # a count is not a share of the node's Services

@@ -153,7 +153,7 @@ def check_annotation(doc: Document, kind: str, label: str) -> list[Problem]:
 
     rep = _InnerReport(add)
     for err in _validator().iter_errors(rest):
-        schema_problem(rep, Obj(doc, kind, "", ""), err)
+        schema_problem(rep, Obj(doc, kind, "", ""), err, own=True)
     handlers = [h for h in HANDLERS if h in data]
     if not handlers and "exec" not in data:
         add((), "a probe needs one handler: httpGet, tcpSocket or grpc (e.g. `tcpSocket: {port: 8080}`)")

@@ -15,6 +15,7 @@ ERROR = "error"
 WARNING = "warning"
 NOTICE = "notice"
 UNKNOWN_FIELD = "unknown-field"  # Problem.code of a field that the kind does not have
+FIELD_VALIDATION = ("strict", "warn", "ignore")  # kubectl's --validate / --field-validation values
 
 _MAX_SHOWN = 80
 
@@ -116,8 +117,8 @@ def unknown_field(path: tuple, known) -> str:
     """The message for a field its kind does not have, with the nearest known name."""
     guess = nearest(path[-1], known)
     hint = f"; did you mean {guess}?" if guess else "; remove it or fix its spelling"
-    return (f"unknown field {field_path(path)}{hint} (Kubernetes refuses unknown fields, as kubectl's default "
-            "--validate=strict does; --field-validation=warn or ignore accepts them)")
+    return (f"unknown field {show(path[-1])}{hint} (Kubernetes refuses unknown fields too; "
+            "--field-validation=warn or ignore accepts them)")
 
 
 def count(problems: list[Problem], severity: str) -> int:

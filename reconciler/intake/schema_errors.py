@@ -74,7 +74,10 @@ class Report:
 # --- schema errors -> plain sentences ------------------------------------------------------
 
 
-def schema_problem(rep: Report, o: Obj, err) -> None:
+def schema_problem(rep: Report, o: Obj, err, *, own: bool = False) -> None:
+    """One jsonschema error as plain sentences in `rep`. `own`: nftrec's own formats (the
+    node config, the probe annotation), whose unknown keys are errors and `x-` keys are
+    ignored; a Kubernetes kind's unknown fields carry UNKNOWN_FIELD for settle()."""
     path = tuple(err.absolute_path)
     v, inst, kind = err.validator, err.instance, err.validator_value
     desc = err.schema.get("description") if isinstance(err.schema, dict) else None
@@ -94,7 +97,7 @@ def schema_problem(rep: Report, o: Obj, err) -> None:
         for name in inst:
             if name in allowed:
                 continue
-            if o.kind != "NodeConfig":
+            if not own:
                 rep.add(o, path + (name,), unknown_field(path + (name,), allowed), key=True, code=UNKNOWN_FIELD)
             elif not str(name).startswith("x-"):
                 rep.add(o, path + (name,), f"unknown key {show(name)}; remove it or fix its spelling "

@@ -15,7 +15,7 @@ from reconciler.intake.load import Document, LoadResult, locate
 from reconciler.intake.parse import Yaml11Bool
 from reconciler.intake.probes import annotation_text as probe_annotation_text, check_annotation as check_probe_annotation, \
     check_ports as check_probe_ports
-from reconciler.intake.problems import ERROR, NOTICE, UNKNOWN_FIELD, WARNING, Problem, field_path, safe_name, show
+from reconciler.intake.problems import ERROR, FIELD_VALIDATION, NOTICE, UNKNOWN_FIELD, WARNING, Problem, field_path, safe_name, show
 from reconciler.intake.schema_errors import SERVICE_NAME_LABEL, Obj, Report, ip_message, schema_problem
 from reconciler.intake.schemas import parse_cidr, parse_ip, special_ip, validator
 
@@ -419,9 +419,6 @@ def check_document(doc: Document) -> DocumentCheck:
         if any(p.is_error and not p.code for p in rep.problems):
             o.valid = False
     return DocumentCheck(o, tuple(rep.problems), next(iter(unknown), None))
-
-
-FIELD_VALIDATION = ("strict", "warn", "ignore")  # kubectl's --validate / --field-validation values
 
 
 def settle(problems: list[Problem], *, fields: str = "strict", strict: bool = False) -> list[Problem]:
