@@ -41,11 +41,15 @@ REWRITES = [
     ),
     (
         "meta l4proto tcp dnat ip addr . port to numgen random mod 2 map { 0 : 10.244.1.5 . 8080 , 1 : 10.244.1.6 . 8080 }",
+        "meta l4proto tcp dnat ip addr . port to numgen random mod 2 map { 0 : 10.244.1.5 . 8080, 1 : 10.244.1.6 . 8080 }",
+    ),
+    (  # nft's listing drops `addr . port`; nft 0.9.8 cannot read that back, so the normal form keeps it
         "meta l4proto tcp dnat ip to numgen random mod 2 map { 0 : 10.244.1.5 . 8080, 1 : 10.244.1.6 . 8080 }",
+        "meta l4proto tcp dnat ip addr . port to numgen random mod 2 map { 0 : 10.244.1.5 . 8080, 1 : 10.244.1.6 . 8080 }",
     ),
     (
         "meta l4proto tcp dnat ip6 addr . port to numgen random mod 2 map { 0 : fd00:10:180::1 . 8080 , 1 : fd00:10:180::2 . 8080 }",
-        "meta l4proto tcp dnat ip6 to numgen random mod 2 map { 0 : fd00:10:180::1 . 8080, 1 : fd00:10:180::2 . 8080 }",
+        "meta l4proto tcp dnat ip6 addr . port to numgen random mod 2 map { 0 : fd00:10:180::1 . 8080, 1 : fd00:10:180::2 . 8080 }",
     ),
     (
         "numgen random mod 2 vmap { 0 : goto endpoint-A , 1 : goto endpoint-B }",

@@ -456,6 +456,8 @@ class Evaluator:
         return sorted(entries)
 
     def _dnat(self, st: _State, rest: list[str], step: Step):
+        if rest[1:5] == ["addr", ".", "port", "to"]:  # the value is an address . port concatenation
+            rest = rest[:1] + rest[4:]
         if rest[:1] == ["to"] and len(rest) == 2:
             targets = [(rest[1], Fraction(1), "")]
         elif rest[:2] == [self.family, "to"] and rest[2:5] == ["numgen", "random", "mod"] and \

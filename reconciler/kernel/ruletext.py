@@ -150,10 +150,15 @@ def canonical_rule(text: str) -> str:
             out.append(_OPS[t])
         elif t == "dnat" or t == "snat":
             out.append(t)
-            # `dnat ip addr . port to …` lists as `dnat ip to …`
-            if toks[i + 1 : i + 2] in (["ip"], ["ip6"]) and toks[i + 2 : i + 6] == ["addr", ".", "port", "to"]:
-                out += [toks[i + 1], "to"]
-                i += 5
+            # `dnat ip addr . port to …` lists as `dnat ip to …`, which nft 0.9.8 cannot read
+            # back: the normal form is the one every nft reads (a listing may be re-applied)
+            if toks[i + 1 : i + 2] in (["ip"], ["ip6"]):
+                if toks[i + 2 : i + 3] == ["to"]:
+                    out += [toks[i + 1], "addr", ".", "port", "to"]
+                    i += 2
+                elif toks[i + 2 : i + 6] == ["addr", ".", "port", "to"]:
+                    out += [toks[i + 1], "addr", ".", "port", "to"]
+                    i += 5
         elif i + 2 < n and toks[i + 1] == "l4proto" and toks[i + 2] in PROTOCOL_NAMES:
             toks[i + 2] = PROTOCOL_NAMES[toks[i + 2]]  # `meta l4proto 6` (nft 0.9.8)
             continue
