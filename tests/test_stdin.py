@@ -90,6 +90,7 @@ def test_render_stdin_json_document():
                  ' "metadata": {"name": "j"},\n "spec": {"ports": [{"port": -1}]}\n}\n')
     assert bad.returncode == 1
     assert "<stdin>:5:" in bad.stderr
+    assert "Run `nftrec validate -` with the same input" in bad.stderr  # stdin is not there to read again
 
 
 def test_watch_refuses_stdin_as_usage_error():

@@ -251,8 +251,9 @@ class InvalidInput(Exception):
 
     def __init__(self, revision: str, errors: int, directory: Path):
         self.revision, self.errors = revision, errors
+        again = " with the same input" if str(directory) == "-" else ""  # stdin is not there to read again
         super().__init__(f"{errors} error(s) in the input of revision {revision or '-'}; nothing was "
-                         f"changed. Run `nftrec validate {directory}` for the full report.")
+                         f"changed. Run `nftrec validate {directory}`{again} for the full report.")
 
 
 class Unverified(InvalidInput):
