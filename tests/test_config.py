@@ -127,6 +127,11 @@ def test_discovery_can_find_nothing(tmp_path):
     ("- a\n", ":1:1: NodeConfig:", "must be a mapping"),
     ("a: [\n", ":2:1: NodeConfig:", "YAML syntax error"),
     ("kind: Service\n", ":1:7: NodeConfig: kind:", "use NodeConfig"),
+    ("nodeLabels: {'bad key!': x}\n", ":1:1: NodeConfig: nodeLabels:", "'bad key!' is not a label key"),
+    ("nodeLabels: {example.com/: x}\n", ":1:1: NodeConfig: nodeLabels:", "is not a label key"),
+    ("nodeLabels: {site: -lyon}\n", ":1:20: NodeConfig: nodeLabels.site:", "'-lyon' is not a label value"),
+    ("nodeLabels: {ring: 12}\n", ":1:20: NodeConfig: nodeLabels.ring:", "must be a string"),
+    ("nodeLabels: [site]\n", ":1:1: NodeConfig: nodeLabels:", "must be a mapping"),
 ])
 def test_invalid_configs(tmp_path, text, where, what):
     p = write(tmp_path, text)
@@ -182,7 +187,8 @@ def test_null_config_values_mean_defaults(tmp_path):
 
 EXAMPLE_CONFIGS = sorted(Path(__file__).resolve().parent.parent.joinpath("examples").glob("*.config.yaml"))
 EXTRA = ("nodePortAddresses: [192.0.2.0/24, \"2001:DB8::/64\"]\nhealthChecks:\n  - tcp: 10.96.0.10:53\n"
-         "  - url: http://10.96.0.1/healthz\nsyncPeriod: 2m\nlayout: kube-proxy\n")
+         "  - url: http://10.96.0.1/healthz\nsyncPeriod: 2m\nlayout: kube-proxy\n"
+         "nodeLabels: {site: lyon, example.com/ring: canary}\n")
 
 
 @pytest.mark.parametrize("source", [*EXAMPLE_CONFIGS, "extra"], ids=lambda p: getattr(p, "name", p))
@@ -221,3 +227,14 @@ def test_a_config_with_problems_is_never_cached(tmp_path):
         _, problems = load_node_config(path, cache_dir=cache, **fake())
         assert any("two addresses of one family" in p.message for p in problems)
     assert not cache.exists() or list(cache.rglob("*.jsonl")) == []
+
+
+def test_node_labels_as_kubernetes_writes_them(tmp_path):
+    """nodeLabels: prefixed and plain keys, empty and dotted values, kept sorted; none by default."""
+    p = write(tmp_path, "nodeName: n1\nnodeLabels:\n  site: lyon\n  example.com/ring: canary\n"
+                        "  topology.kubernetes.io/zone: eu-west-1a\n  empty: ''\n  v: '1.2'\n")
+    cfg, problems = load_node_config(p, **fake())
+    assert problems == []
+    assert cfg.node_labels == (("empty", ""), ("example.com/ring", "canary"), ("site", "lyon"),
+                               ("topology.kubernetes.io/zone", "eu-west-1a"), ("v", "1.2"))
+    assert load_node_config(write(tmp_path, "nodeName: n1\n"), **fake())[0].node_labels == ()

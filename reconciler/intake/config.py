@@ -141,6 +141,7 @@ def load_node_config(
     periods = settings["periods"]
     cfg = model.NodeConfig(
         node_name=settings["nodeName"] or _hostname(hostname),
+        node_labels=tuple(sorted(settings["nodeLabels"].items())),
         node_ips=node_ips,
         cluster_cidrs=tuple(settings["clusterCIDRs"]),
         service_cidrs=tuple(settings["serviceCIDRs"]),
@@ -180,7 +181,7 @@ def load_node_config(
 
 _CACHE_KEEP = 8  # entries kept (one per config file content; a node has one or two)
 _SETTINGS_TYPES = {
-    "nodeName": str, "hasNodeIPs": bool, "nodeIPs": list, "clusterCIDRs": list, "serviceCIDRs": list,
+    "nodeName": str, "nodeLabels": dict, "hasNodeIPs": bool, "nodeIPs": list, "clusterCIDRs": list, "serviceCIDRs": list,
     "nodePortAddresses": list, "masqueradeAll": bool, "masqueradeBit": int, "tableName": str, "layout": str,
     "zone": str, "deriveTopologyHints": bool, "fieldValidation": str, "allowEmpty": bool, "removalGuard": int,
     "periods": dict, "healthChecks": list, "fromFile": bool, "verify": (dict, type(None)),
@@ -307,6 +308,7 @@ def _check(path: str | None, raw: bytes) -> tuple[dict | None, list[Problem]]:
             problems.append(_problem(shown, line, col, f"healthChecks[{i}].{kind}", str(e)))
     settings = {
         "nodeName": str(data.get("nodeName") or ""),
+        "nodeLabels": {str(k): str(v) for k, v in (data.get("nodeLabels") or {}).items()},
         "hasNodeIPs": "nodeIPs" in data,
         "nodeIPs": node_ips,
         "clusterCIDRs": [str(parse_cidr(c)) for c in data.get("clusterCIDRs") or []],

@@ -189,6 +189,7 @@ class OciSettings:
 @dataclass(frozen=True)
 class NodeConfig:
     node_name: str
+    node_labels: tuple[tuple[str, str], ...] = ()  # nodeLabels, sorted (key, value): a fleet's selectors match them
     node_ips: tuple[str, ...] = ()  # canonical; at most one primary per family is used
     cluster_cidrs: tuple[str, ...] = ()  # local-traffic detector; () = no detector
     service_cidrs: tuple[str, ...] = ()  # unallocated-ClusterIP drop; () = no drop rule
