@@ -172,33 +172,8 @@ def _is_integer(checker, instance) -> bool:
     return isinstance(instance, int) and not isinstance(instance, bool)
 
 
-_KEYWORDS = Draft202012Validator.VALIDATORS
-
-
-def _properties(validator, properties, instance, schema):
-    """jsonschema's `properties`, walking the instance's keys rather than the schema's: a
-    manifest sets a few of the many fields its kind has (the schemas list them all)."""
-    if not isinstance(instance, dict):
-        return
-    for name, value in instance.items():
-        sub = properties.get(name)
-        if sub is not None:
-            yield from validator.descend(value, sub, path=name, schema_path=name)
-
-
-def _additional_properties(validator, aP, instance, schema):
-    """jsonschema's `additionalProperties`, with a fast path for the common case: false,
-    no patternProperties, and every key known."""
-    if aP is False and isinstance(instance, dict) and "patternProperties" not in schema:
-        known = schema.get("properties", {})
-        if all(name in known for name in instance):
-            return
-    yield from _KEYWORDS["additionalProperties"](validator, aP, instance, schema)
-
-
 _Validator = validators.extend(
-    Draft202012Validator, type_checker=Draft202012Validator.TYPE_CHECKER.redefine("integer", _is_integer),
-    validators={"properties": _properties, "additionalProperties": _additional_properties})
+    Draft202012Validator, type_checker=Draft202012Validator.TYPE_CHECKER.redefine("integer", _is_integer))
 
 
 # --- a lean descend for schemas without references ------------------------------------------
