@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from reconciler.intake.fleet import Env, Identity, Requirement, Selector, node_layers, parse_fleet, project
-from reconciler.intake.fleetmerge import check_fleet_document, is_removal, merge, substitute_document
+from reconciler.intake.fleetmerge import check_fleet_document, is_removal, merge, substitute_document, uses_variables
 from reconciler.intake.load import Document, read_file
 from reconciler.intake.model import Source
 from reconciler.intake.validate import check_tree
@@ -233,12 +233,17 @@ def test_undefined_variable_in_a_layer_path_names_the_node_and_line():
     ("x/${vars.hidden}", "'x/.git' ('x/${vars.hidden}' for node n1) has a component starting with '.'"),
     ("./base", "'./base' has a component starting with '.'"),
     ("//", "'//' is an absolute path"),
-    ("${vars.none}", "'' ('${vars.none}' for node n1) names no directory"),
+    ("x/${vars.none}", "${vars.none} is '' for node n1 (fleet.yaml's variable none); a value in a layer path must name a "
+                       "directory"),
+    ("x/${vars.edge}", "${vars.edge} is 'a/' for node n1"),
+    ("x${vars.root}", "${vars.root} is '/' for node n1"),
+    ("x/${labels.site}", "${labels.site} is '' for node n1 (the node's label site)"),
+    ("${vars.dots}", "'..' ('${vars.dots}' for node n1) leaves its directory"),
     ('"a\\tb"', "'a\\tb' contains a control character"),
 ])
 def test_layer_paths_refused(path, why):
-    p = node_layers(fleet_of(HEAD + f"layers:\n- path: base\n- path: {path}\nvariables: {{up: '../etc', hidden: .git, none: ''}}\n"),
-                    Identity("n1"))
+    p = node_layers(fleet_of(HEAD + f"layers:\n- path: base\n- path: {path}\nvariables: {{up: '../etc', hidden: .git, none: '', edge: a/, root: /, dots: '..'}}\n"),
+                    Identity("n1", (("site", ""),)))
     assert [x.rel for x in p.layers] == ["base"]
     assert len(p.problems) == 1 and p.problems[0].field == "layers[1].path" and p.problems[0].line == 5
     assert p.problems[0].message.startswith(why), p.problems[0].message
@@ -333,10 +338,13 @@ def test_substitute_document_defined_escaped_keys_and_non_strings_untouched(tmp_
 
 
 def test_substitute_document_without_variables_is_the_same_document(tmp_path):
-    doc, = read_docs(tmp_path, "apiVersion: v1\nkind: Service\nmetadata: {name: a}\nspec: {clusterIP: 10.96.0.1, "
-                     "ports: [{port: 80, targetPort: 8080}]}\n")
+    doc, = read_docs(tmp_path, "apiVersion: v1\nkind: Service\nmetadata: {name: a, labels: {'${x}': y}}\n"
+                     "spec: {clusterIP: 10.96.0.1, ports: [{port: 80, targetPort: 8080}]}\n")
     new, subs, problems = substitute_document(doc, ENV)
     assert new is doc and subs == {} and problems == []
+    assert not uses_variables(doc)
+    assert uses_variables(read_docs(tmp_path, SUBSTITUTED)[0])
+    assert uses_variables(read_docs(tmp_path, "kind: Service\nspec: {ports: [{name: '$${x}'}]}\n")[0])
 
 
 def test_undefined_variable_in_a_document_has_file_line_col(tmp_path):

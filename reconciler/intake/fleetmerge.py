@@ -64,6 +64,23 @@ def _problem(doc: Document, path: tuple, message: str, severity: str = ERROR, *,
     return Problem(doc.file, line, col, kind, obj, field_path(path), message, severity)
 
 
+def uses_variables(doc: Document) -> bool:
+    """Whether a string scalar of `doc` holds `${` (a variable, or an escape): one that
+    holds none is checked alike for every node (check_fleet_document with any Env), so a
+    command projecting many nodes from one parse checks it once."""
+    stack = [doc.data]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, str):
+            if "${" in node:
+                return True
+        elif isinstance(node, dict):
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return False
+
+
 def substitute_document(doc: Document, env: Env) -> tuple[Document, dict[str, tuple[Substituted, ...]], list[Problem]]:
     """`doc` with `${...}` substituted in every string scalar (never in keys): a new
     Document when anything changed (unchanged containers shared), else `doc` itself; the
