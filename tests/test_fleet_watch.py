@@ -103,13 +103,16 @@ def _git(cwd: Path, *args: str) -> str:
                           env=env, timeout=60).stdout.strip()
 
 
-def test_a_git_sync_swap_compares_only_the_nodes_files(tmp_path):
+def test_a_git_sync_swap_compares_only_the_nodes_files(tmp_path, monkeypatch):
     """git-sync's layout (a worktree per commit, `current` swapped): a commit that changes
     another site's layer reads no file for a Paris node (git says its files are the
     same: no walk, no compare) and names the new commit; one in its own layer reads that
     file; each read equals the oracle."""
-    from reconciler.intake import Intake
+    from reconciler.intake import Intake, incremental
 
+    walks = []
+    real_walk = incremental.walk_fleet
+    monkeypatch.setattr(incremental, "walk_fleet", lambda *a, **k: walks.append(a) or real_walk(*a, **k))
     src = fleet_tree(tmp_path / "src")
     _git(src, "init", "-q")
     _git(src, "add", "-A")
@@ -134,8 +137,10 @@ def test_a_git_sync_swap_compares_only_the_nodes_files(tmp_path):
     _git(src, "add", "-A")
     _git(src, "commit", "-q", "-m", "1")
     sha = publish()
+    walks.clear()
     snap = same_as_read_inventory(intake, cur, who)
     assert snap.revision == sha and intake.git and intake.parsed == 0 and intake.compared == 0
+    assert not walks  # git said the node's files are the same: the old walk stands, re-rooted
     (src / "sites" / "paris" / "cache.yaml").write_text(svc("cache", "10.96.0.79"))
     _git(src, "commit", "-q", "-am", "2")
     sha = publish()
