@@ -116,6 +116,32 @@ def layer_files(resolved: Path, display_root: str, layer: ResolvedLayer, problem
     return manifest_files(where, os.path.join(display_root, layer.rel), problems, inside=resolved)
 
 
+def fleet_of_files(files, identity: Identity | None) -> tuple[list, FleetWalk] | None:
+    """A verified commit's manifest files (gitobjects.ManifestFiles) when they are a fleet
+    root's: the node's entries (display, oid, bytes) in layer order and the FleetWalk for
+    inventory.assemble (its paths as sources.Blob); None when there is no fleet.yaml."""
+    from reconciler.intake.sources import Blob
+
+    shown = files.root + FLEET_FILE
+    head = next((f for f in files.files if f[0] == shown), None)
+    if head is None:
+        return None
+    raw = head[2] if isinstance(head[2], bytes) else None
+    display_root = files.root.rstrip("/") or files.root
+    projection, problems = project_fleet(display_root, raw, identity)
+    problems = list(files.problems) + problems
+    chosen, layers, scope = [], [], [shown]
+    if projection is not None and projection.ok:
+        by_rel = {f[0][len(files.root):]: f for f in files.files if f[0] != shown}
+        for rel, layer in select_files(display_root, projection, by_rel, problems):
+            chosen.append(by_rel[rel])
+            layers.append(layer)
+        scope += [os.path.join(display_root, layer.rel, "") for layer in projection.layers]
+    paths = [(display, Blob(display.rsplit("/", 1)[-1], data)) for display, _, data in chosen]
+    w = Walk(None, paths, tuple(problems), files.root, tuple(scope))
+    return chosen, FleetWalk(w, projection, chunk(shown, raw) if raw is not None else b"", tuple(layers))
+
+
 def select_files(display_root: str, projection: Projection, rels: Iterable[str], problems: list[Problem]
                  ) -> list[tuple[str, int]]:
     """From a listing of relative paths (a commit's or an archive's manifest files, links

@@ -38,7 +38,7 @@ from reconciler.intake import yamldocs
 from reconciler.intake.build import build_inventory, model_objects
 from reconciler.intake.fleet import FLEET_FILE, Identity
 from reconciler.intake.fleetmerge import check_fleet_document, merge
-from reconciler.intake.fleetread import is_fleet_root, project_fleet, walk_fleet
+from reconciler.intake.fleetread import fleet_of_files, is_fleet_root, project_fleet, walk_fleet
 from reconciler.intake.git import checkout_blobs, revision_of
 from reconciler.intake.gitobjects import blob_id
 from reconciler.intake.load import SUFFIXES, chunk, display_prefix, read_bytes, read_file, tree_digest, walk, walk_resolved
@@ -293,7 +293,16 @@ class Intake:
         problems: list[Problem] = list(files.problems)
         entries: list[_FileEntry] = []
         chunks: list[bytes] = []
-        for display, oid, raw in files.files:
+        listed = files.files
+        fleet = fleet_of_files(files, self.identity)  # a fleet root's: the node's files only
+        if fleet is None or fleet[1].projection is not None:
+            self._settle(None if fleet is None else fleet[1].projection)
+        if fleet is not None:
+            listed, fw = fleet
+            problems = list(fw.walk.problems)
+            chunks.append(fw.head)
+            self._layer = dict(zip([display for display, _, _ in listed], fw.layers))
+        for display, oid, raw in listed:
             e = self._files.get(display)
             if raw is not None and (e is None or e.blob != oid):
                 self.looked += 1
@@ -304,7 +313,7 @@ class Intake:
             entries.append(e)
             chunks.append(e.chunk)
             problems.extend(e.problems)
-        seen = {display for display, _, _ in files.files}
+        seen = {display for display, _, _ in listed}
         for gone in set(self._files) - seen:
             del self._files[gone]
         digest = tree_digest(chunks, self._hashed, files.root)
@@ -349,9 +358,8 @@ class Intake:
         problems: list[Problem] = []
         walked = self._walked
         fleet = self._project(resolved) if is_fleet_root(resolved) else None
-        if fleet is None and self._env is not None:  # no longer a fleet root: read as a directory
-            self._files.clear()
-            self._tree = self._env = self._fleet = None
+        if fleet is None:
+            self._settle(None)
         raw = None if fleet is None else fleet.raw  # the walk stands while fleet.yaml does
         blobs = None  # a swap to a git checkout: what its commit holds (module doc)
         if changed is None and walked is not None and walked[0] != resolved and resolved.is_dir():
@@ -396,6 +404,21 @@ class Intake:
         checked_problems, inventory = self._check(problems, entries, revision)
         return Snapshot(inventory, checked_problems, revision, digest, len(paths), str(resolved))
 
+    def _settle(self, projection) -> None:
+        """The Env the file entries are checked with: a fleet node's (`projection`, None
+        for a plain root). Another one checks every file again (each document's
+        substitution depends on it). Not called for a projection that failed: the
+        entries stay for the next good fleet.yaml."""
+        if projection is None:
+            if self._env is not None:  # no longer a fleet root: read as a directory
+                self._files.clear()
+                self._tree = self._env = self._fleet = None
+            return
+        env = projection.env
+        if env is not None and (self._env is None or self._env.digest != env.digest):
+            self._files.clear()
+            self._tree, self._env = None, env
+
     def _project(self, resolved: Path) -> _FleetState:
         """fleet.yaml of the fleet root `resolved`, projected for the identity: the last
         projection while its stat (else its bytes) is unchanged. A new Env (variables,
@@ -416,10 +439,8 @@ class Intake:
             old.key, old.racy = key, racy
             return old
         projection, problems = project_fleet(self.shown, raw, self.identity)
-        env = None if projection is None else projection.env
-        if env is not None and (self._env is None or self._env.digest != env.digest):
-            self._files.clear()  # each document's substitution depends on the Env
-            self._tree, self._env = None, env
+        if projection is not None:
+            self._settle(projection)
         under = () if projection is None else tuple(layer.rel + "/" for layer in projection.layers)
         scope = (os.path.join(self.shown, FLEET_FILE),) + tuple(os.path.join(self.shown, u) for u in under)
         self._fleet = _FleetState(self.identity, key, racy, raw, chunk(scope[0], raw) if raw is not None else b"",
