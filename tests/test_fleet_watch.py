@@ -86,8 +86,8 @@ def test_identity_changes_and_leaving_fleet_mode_equal_the_oracle(tmp_path):
     root = fleet_tree(tmp_path / "f")
     intake = Intake(root, identity=ident())
     same_as_read_inventory(intake, root, ident())
-    intake.identity = ident("edge-2")  # SIGHUP: another nodeName
-    snap = same_as_read_inventory(intake, root, ident("edge-2"))
+    intake.identity = ident("edge-2")  # SIGHUP: another nodeName (nodes/edge-2 is walked, though no event came)
+    snap = same_as_read_inventory(intake, root, ident("edge-2"), set())
     assert "default/cache" not in {s.key for s in snap.inventory.services}
     (root / "fleet.yaml").unlink()  # a plain directory now: every file, the override's stub an error
     same_as_read_inventory(intake, root, ident("edge-2"))

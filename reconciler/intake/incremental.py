@@ -23,6 +23,11 @@ never mixes two revisions.
 #   entry keyed by its blob id: a new commit reads and parses only the blobs that changed.
 # `read(changed)`: with the watcher's changed paths and the same resolved directory as
 # last time, the tree is not walked again and only those files (and racy ones) are looked at.
+# A fleet root (fleet.yaml at the top, `identity` its node): fleet.yaml is stat'ed at each
+# read (its bytes compared when the stat moved) and projected again only when it or the
+# identity changed; only the node's layers are walked and read; each document is
+# substituted (fleetmerge) and the layers merged before check_tree; a new Env (variables,
+# identity) checks every file again.
 
 from __future__ import annotations
 
@@ -360,24 +365,25 @@ class Intake:
         fleet = self._project(resolved) if is_fleet_root(resolved) else None
         if fleet is None:
             self._settle(None)
-        raw = None if fleet is None else fleet.raw  # the walk stands while fleet.yaml does
+        raw = None if fleet is None else fleet.raw
+        projected = None if fleet is None else (raw, fleet.identity)  # the walk stands while these do
         blobs = None  # a swap to a git checkout: what its commit holds (module doc)
         if changed is None and walked is not None and walked[0] != resolved and resolved.is_dir():
             blobs = checkout_blobs(resolved)
             self.git = blobs is not None
-        if changed is not None and walked is not None and walked[0] == resolved and walked[3] == raw:
+        if changed is not None and walked is not None and walked[0] == resolved and walked[3] == projected:
             paths = walked[1]
             problems.extend(walked[2])
-        elif blobs is not None and walked[3] == raw and (
+        elif blobs is not None and walked[3] == projected and (
                 paths := _same_files(walked[1], walked[0], resolved, blobs, () if fleet is None else fleet.under)):
             problems.extend(walked[2])  # the same files in the new checkout: no walk
-            self._walked = (resolved, paths, walked[2], raw)
+            self._walked = (resolved, paths, walked[2], projected)
         elif fleet is not None:  # the node's layers only (fleetread.walk_fleet)
             fw = walk_fleet(resolved, self.shown, self.identity, raw, lambda *_: (fleet.projection, list(fleet.problems)))
             paths = fw.walk.paths
             problems.extend(fw.walk.problems)
             self._layer = dict(zip([display for display, _ in paths], fw.layers))
-            self._walked = (resolved, paths, tuple(problems), raw)
+            self._walked = (resolved, paths, tuple(problems), projected)
         else:
             paths = walk_resolved(resolved, self.shown, problems)
             self._walked = (resolved, paths, tuple(problems), None)
