@@ -10,13 +10,12 @@ node's Env) -> fleetmerge.merge -> check_tree (intake/inventory.py's assemble).
 from __future__ import annotations
 
 import os
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
 from reconciler.intake.fleet import FLEET_FILE, Identity, Projection, ResolvedLayer, project
-from reconciler.intake.load import Walk, chunk, display_prefix, manifest_files, read_bytes
+from reconciler.intake.load import Walk, chunk, display_prefix, is_fleet_root, manifest_files, read_bytes  # noqa: F401
 from reconciler.intake.problems import ERROR, Problem
 
 
@@ -39,14 +38,6 @@ class FleetWalk:
 def identity_of(config) -> Identity:
     """The node config's identity (model.NodeConfig's nodeName and nodeLabels)."""
     return Identity(config.node_name, tuple(config.node_labels))
-
-
-def is_fleet_root(root: str | Path) -> bool:
-    """Whether `root` is a directory holding fleet.yaml as a regular file (one lstat)."""
-    try:
-        return stat.S_ISREG(os.lstat(os.path.join(root, FLEET_FILE)).st_mode)
-    except OSError:
-        return False
 
 
 def needs_identity(shown: str) -> Problem:
