@@ -153,6 +153,8 @@ variables: {dnsIP: 172.30.0.10, zone: "7"}
     ("layers:\n- path: a\n  selector:\n    matchExpressions:\n    - {operator: Exists}\n",
      "root/fleet.yaml:7:7: Fleet: layers[0].selector.matchExpressions[0].key: key is required but missing"),
     ("layers: [{path: a}]\nvariables: {1st: x}\n", "root/fleet.yaml:4:1: Fleet: variables: '1st' is not a variable name"),
+    ("layers: [{path: a}]\nvariables: {big: " + "x" * 254 + "}\n",
+     "root/fleet.yaml:4:18: Fleet: variables.big: 'xxxxxxxx"),
     ("layers: [{path: a}]\nvariables: {port: 8080}\n",
      "root/fleet.yaml:4:19: Fleet: variables.port: must be a string, not a whole number (8080)"),
 ])
@@ -335,6 +337,10 @@ def test_substitute_document_defined_escaped_keys_and_non_strings_untouched(tmp_
     }
     # an escape alone substitutes nothing but still changes the text
     assert "metadata.annotations.note" not in subs
+    # a value is never substituted again
+    again, _, problems = substitute_document(doc, Env("${vars.dnsIP}", (("example.com/zone", "z"), ("site", "${nodeName}")),
+                                                          ENV.variables))
+    assert problems == [] and again.data["metadata"]["name"] == "dns-${nodeName}"
 
 
 def test_substitute_document_without_variables_is_the_same_document(tmp_path):
@@ -636,3 +642,25 @@ def test_property_effective_manifests_equal_a_from_scratch_merge():
         assert got == _expected(layers, [objs for _, objs in spec], node, labels)
 
     check()
+
+
+# --- schemas/nodeinventory.json (its loader and uniqueness check are validate --fleet's) --------
+
+
+@pytest.mark.parametrize("data, paths", [
+    ({"apiVersion": "nftrec/v1alpha1", "kind": "NodeInventory", "x-source": "cmdb",
+      "nodes": [{"name": "edge-001", "labels": {"site": "lyon", "example.com/ring": ""}}, {"name": "core.dc1"}]}, []),
+    ({"apiVersion": "nftrec/v1alpha1", "kind": "NodeInventory"}, [()]),
+    ({"apiVersion": "nftrec/v1alpha1", "kind": "Fleet", "nodes": []}, [("kind",)]),
+    ({"apiVersion": "nftrec/v1alpha1", "kind": "NodeInventory", "nodes": [{"labels": {}}]}, [("nodes", 0)]),
+    ({"apiVersion": "nftrec/v1alpha1", "kind": "NodeInventory", "nodes": [{"name": "Edge_1"}]}, [("nodes", 0, "name")]),
+    ({"apiVersion": "nftrec/v1alpha1", "kind": "NodeInventory", "nodes": [{"name": "e", "labels": {"site": "a b"}}]},
+     [("nodes", 0, "labels", "site")]),
+    ({"apiVersion": "nftrec/v1alpha1", "kind": "NodeInventory", "nodes": [{"name": "e", "labels": {"-x": "a"}}]},
+     [("nodes", 0, "labels")]),
+    ({"apiVersion": "nftrec/v1alpha1", "kind": "NodeInventory", "nodes": [{"name": "e", "zone": "z"}]}, [("nodes", 0)]),
+])
+def test_node_inventory_schema(data, paths):
+    from reconciler.intake.schemas import validator
+
+    assert [tuple(e.absolute_path) for e in validator("NodeInventory").iter_errors(data)] == paths
