@@ -220,7 +220,7 @@ def test_undefined_variable_in_a_layer_path_names_the_node_and_line():
     assert [str(x) for x in p.problems] == [
         "root/fleet.yaml:5:1: Fleet: layers[1].path: ${labels.site} is undefined for node edge-9 (it has no label "
         "'site'); add the label to its node config (nodeLabels), or give the layer a selector that requires it "
-        "(matchExpressions: [{key: ..., operator: Exists}])"]
+        "(matchExpressions: [{key: site, operator: Exists}])"]
     assert [x.rel for x in p.layers] == ["base", "nodes/edge-9"]  # the others still resolved, for the report
 
 

@@ -287,9 +287,10 @@ def node_layers(fleet: Fleet, identity: Identity) -> Projection:
         try:
             text, used = substitute_text(layer.path, env)
         except Undefined as u:
+            key = u.name.partition(".")[2]
             problems.append(Problem(fleet.file, layer.line, 0, "Fleet", "", where, undefined_message(
                 u.name, env, "add the label to its node config (nodeLabels), or give the layer a selector that requires "
-                "it (matchExpressions: [{key: ..., operator: Exists}])")))
+                f"it (matchExpressions: [{{key: {key}, operator: Exists}}])")))
             continue
         odd = next((u for u in used if not u.value or "//" in f"/{u.value}/"), None)
         if odd is not None:  # `sites/${labels.site}` with site "" would be all of sites/
