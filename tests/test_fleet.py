@@ -135,6 +135,8 @@ variables: {dnsIP: 172.30.0.10, zone: "7"}
     ("layers:\n- path: ''\n", "root/fleet.yaml:4:9: Fleet: layers[0].path: '' has 0 characters; it must be at least 1"),
     ("layers:\n- path: a\n  optional: yes\n", "root/fleet.yaml:5:13: Fleet: layers[0].optional: 'yes' is a boolean only "
                                               "to YAML 1.1; write true"),
+    ("layers:\n- path: a\n  selector: no\n", "root/fleet.yaml:5:13: Fleet: layers[0].selector: must be a mapping, not a "
+                                             "string ('no')"),
     ("layers:\n- path: a\n  selector: {matchLabels: {site: 12}}\n",
      "root/fleet.yaml:5:34: Fleet: layers[0].selector.matchLabels.site: must be a string, not a whole number (12)"),
     ("layers:\n- path: a\n  selector: {matchLabels: {-bad: x}}\n",

@@ -206,7 +206,7 @@ def parse_fleet(display: str, raw: bytes) -> tuple[Fleet | None, list[Problem]]:
     rep = Report()
     o = Obj(doc, "Fleet", "", "")
     for err in validator("Fleet").iter_errors(doc.data):
-        if err.validator == "type" and isinstance(err.instance, Yaml11Bool):
+        if err.validator == "type" and isinstance(err.instance, Yaml11Bool) and err.validator_value == "boolean":
             word = "true" if err.instance.boolean else "false"
             rep.add(o, tuple(err.absolute_path), f"{show(str(err.instance))} is a boolean only to YAML 1.1; write {word}")
         else:
