@@ -666,3 +666,17 @@ def test_node_inventory_schema(data, paths):
     from reconciler.intake.schemas import validator
 
     assert [tuple(e.absolute_path) for e in validator("NodeInventory").iter_errors(data)] == paths
+
+
+def test_label_syntax_is_the_node_configs():
+    from reconciler.intake.schemas import load_schema
+
+    labels = load_schema("NodeConfig")["properties"]["nodeLabels"]
+    selector = load_schema("Fleet")["properties"]["layers"]["items"]["properties"]["selector"]
+    expression = selector["properties"]["matchExpressions"]["items"]["properties"]
+    inventory = load_schema("NodeInventory")["properties"]["nodes"]["items"]["properties"]["labels"]
+    for written in (selector["properties"]["matchLabels"], inventory):
+        assert (written["propertyNames"], written["additionalProperties"]) == (
+            labels["propertyNames"], labels["additionalProperties"])
+    assert expression["key"]["pattern"] == labels["propertyNames"]["pattern"]
+    assert expression["values"]["items"] == labels["additionalProperties"]
