@@ -197,3 +197,90 @@ def test_git_revisions_of_a_fleet_root_one_read_many_nodes(tmp_path):
     nowhere = listed_node(listed, Identity("x", (("site", "nice"),)))
     assert not nowhere.files and "layer sites/nice does not exist" in nowhere.problems[0].message
     assert nowhere.problems[0].file == "HEAD:fleet/fleet.yaml" and nowhere.problems[0].line == 5
+
+
+def archive(tmp: Path, how: str) -> bytes:
+    """A fleet root as a tar archive, made by the real tool: `git archive HEAD` (pax, with
+    its global header) or GNU `tar -c` (directories and files)."""
+    src = tmp / "tree"
+    src.mkdir()
+    write_fleet(src)
+    if how == "git":
+        git(src, "init", "-q")
+        git(src, "add", "-A")
+        git(src, "commit", "-q", "-m", "fleet")
+        return subprocess.run(["git", "-C", str(src), "archive", "HEAD"], capture_output=True, check=True).stdout
+    return subprocess.run(["tar", "-c", "-C", str(src), "."], capture_output=True, check=True).stdout
+
+
+@pytest.mark.parametrize("how", ["git", "tar"])
+def test_stdin_tar_of_a_fleet_root_is_projected_for_the_node(tmp_path, how):
+    import io
+
+    from reconciler.intake.sources import read_stdin_inventory
+
+    raw = archive(tmp_path, how)
+    assert raw[257:262] == b"ustar"
+    lyon = read_stdin_inventory(io.BytesIO(raw), identity=LYON)
+    assert lyon.ok, [str(p) for p in lyon.problems]
+    assert services(lyon) == {"web", "dns-lyon"} and lyon.files == 2  # Paris's broken file never parsed
+    assert lyon.inventory.revision == f"sha256:{lyon.digest}"
+    paris = read_stdin_inventory(io.BytesIO(raw), identity=Identity("paris-1", (("site", "paris"),)))
+    assert not paris.ok and any(p.file == "<stdin>/sites/paris/broken.yaml" for p in paris.errors)
+    unknown = read_stdin_inventory(io.BytesIO(raw))
+    assert not unknown.ok and "fleet repository" in unknown.errors[0].message
+
+
+def test_stdin_tar_of_a_plain_tree_and_a_fleet_stream(tmp_path):
+    """Through the command: a tar without fleet.yaml is a plain tree; a YAML stream holding
+    a Fleet says to pipe an archive."""
+    tree = tmp_path / "plain"
+    (tree / "a").mkdir(parents=True)
+    (tree / "a" / "web.yaml").write_text(SERVICE.format(name="web", ip="10.96.0.10"))
+    (tree / "a" / "README.md").write_text("not a manifest\n")
+    (tree / ".hidden.yaml").write_text("kind: [broken\n")
+    plain = subprocess.run(["tar", "-c", "-C", str(tree), "."], capture_output=True, check=True).stdout
+    p = nftrec_bytes("validate", "-", input=plain)
+    assert p.returncode == 0, p.stdout + p.stderr
+    p = nftrec_bytes("render", "-", input=plain)
+    assert p.returncode == 0 and "10.96.0.10" in p.stdout, p.stdout + p.stderr
+    p = nftrec_bytes("validate", "-", input=(FLEET + "---\n" + SERVICE.format(name="web", ip="10.96.0.10")).encode())
+    assert p.returncode == 1 and "a fleet needs its directory tree: pipe a tar archive" in p.stdout + p.stderr
+    assert "git archive HEAD | nftrec validate -" in p.stdout + p.stderr
+
+
+@pytest.mark.parametrize("case,why", [
+    ("symlink", "a symbolic link"), ("hardlink", "a hard link"), ("dotdot", "'..'"), ("absolute", "an absolute path"),
+    ("fifo", "a FIFO")])
+def test_stdin_tar_refusals_are_unpacks(tmp_path, case, why):
+    """The archive on standard input is refused as an artifact's layer is (intake/unpack.py)."""
+    import io
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        data = SERVICE.format(name="web", ip="10.96.0.10").encode()
+        info = tarfile.TarInfo("web.yaml")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+        bad = tarfile.TarInfo({"dotdot": "../x.yaml", "absolute": "/etc/x.yaml"}.get(case, "x.yaml"))
+        if case == "symlink":
+            bad.type, bad.linkname = tarfile.SYMTYPE, "/etc/passwd"
+        elif case == "hardlink":
+            bad.type, bad.linkname = tarfile.LNKTYPE, "web.yaml"
+        elif case == "fifo":
+            bad.type = tarfile.FIFOTYPE
+        tar.addfile(bad, io.BytesIO(b"") if bad.isreg() else None)
+    p = nftrec_bytes("validate", "-", input=buf.getvalue())
+    assert p.returncode == 1 and why in p.stdout + p.stderr and "<stdin>" in p.stdout + p.stderr, p.stdout + p.stderr
+
+
+def nftrec_bytes(*args: str, input: bytes, config: Path | None = None) -> subprocess.CompletedProcess:
+    import os
+    import sys
+
+    cmd = [sys.executable, "-m", "reconciler.cli", *args, *(["--config", str(config)] if config else [])]
+    p = subprocess.run(cmd, input=input, capture_output=True, timeout=120, env={**os.environ, "NO_COLOR": "1"})
+    out = subprocess.CompletedProcess(p.args, p.returncode, p.stdout.decode(), p.stderr.decode())
+    assert "Traceback" not in out.stderr, out.stderr
+    return out

@@ -25,7 +25,7 @@ from reconciler.intake.git import load_listed, revision_files, revision_of
 from reconciler.intake.gitobjects import ManifestFiles
 from reconciler.intake.load import Document, LoadResult, Walk, read_file, tree_digest, walk
 from reconciler.intake.problems import Problem
-from reconciler.intake.sources import Blob, display_root, is_stdin, load_stdin
+from reconciler.intake.sources import Blob, display_root, is_stdin, read_stdin_inventory
 from reconciler.intake.validate import DocumentCheck, check, check_tree
 
 
@@ -73,7 +73,7 @@ def read_inventory(root: str | Path, *, strict: bool = False, fields: str = "str
     fleet root (fleet.yaml at the top: only its layers are read, intake/fleetread.py)."""
     with progress.step(f"reading manifests from {display_root(root)}"), no_cyclic_gc():
         if is_stdin(root):  # read once, nothing to key a cache on
-            return inventory_from_load(load_stdin(), strict=strict, fields=fields)
+            return read_stdin_inventory(identity=identity, strict=strict, fields=fields)
         fleet = fleet_walk(root, identity) if is_fleet_root(root) else None
         w = walk(root) if fleet is None else fleet.walk
         env = None if fleet is None else fleet.env
