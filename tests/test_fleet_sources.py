@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from gitsync import GitSync, push, remote
+from ociregistry import push_artifact, registry  # noqa: F401 (fixture)
 from reconciler.intake import Verifier, Verify, read_verified
 from reconciler.intake.fleet import Identity
 from test_cli_kernel import nftrec
@@ -284,3 +285,24 @@ def nftrec_bytes(*args: str, input: bytes, config: Path | None = None) -> subpro
     out = subprocess.CompletedProcess(p.args, p.returncode, p.stdout.decode(), p.stderr.decode())
     assert "Traceback" not in out.stderr, out.stderr
     return out
+
+
+@pytest.mark.kernel
+def test_oci_artifact_of_a_fleet_root_applies_the_nodes_site(registry, tmp_path, netns):  # noqa: F811
+    """A `flux push artifact`-shaped artifact whose tree has fleet.yaml at its top, applied
+    by a node whose labels pick Lyon: only Lyon's Services (and the base's) in the kernel."""
+    from test_cli_kernel import CONFIG, listing, ok
+    from test_cli_kernel import nftrec as cli
+
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    write_fleet(tree)
+    files = {p.relative_to(tree).as_posix(): p.read_bytes() for p in sorted(tree.rglob("*")) if p.is_file()}
+    push_artifact(registry.host, "fleet/edge", "v1", files)
+    cfg = tmp_path / "node.yaml"
+    cfg.write_text(CONFIG.read_text().replace("nodeName: edge-1", "nodeName: lyon-1\nnodeLabels: {site: lyon}")
+                   + "oci:\n  insecure: true\n")
+    state = tmp_path / "state"
+    ok(cli("apply", registry.ref("fleet/edge", "v1"), state=state, ns=netns, config=cfg))
+    rules = listing(netns)
+    assert "10.96.0.10" in rules and "10.96.1.10" in rules and "10.96.2.10" not in rules
