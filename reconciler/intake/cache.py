@@ -349,7 +349,7 @@ def read_all(paths: list[tuple[str, Path]], cache: Cache, env: Env | None = None
         return [read_cached(*p, cache, env) for p in paths]
     theirs = {p for i, p in enumerate(missing) if i % cores}  # this process keeps every cores-th
     with ProcessPoolExecutor(cores - 1, mp_context=get_context("fork")) as pool:
-        stored = pool.map(_fill, theirs, [cache] * len(theirs), [env] * len(theirs))
+        stored = pool.map(_fill, theirs, [cache] * len(theirs), *([[env] * len(theirs)] if env is not None else []))
         mine = {p: read_cached(*p, cache, env) for p in paths if p not in theirs}
         try:
             n = sum(stored)
@@ -366,5 +366,5 @@ def _missing(real: Path, cache: Cache, env: Env | None) -> bool:
     return raw is not None and not cache.path(_key(real, raw, env)).exists()
 
 
-def _fill(path: tuple[str, Path], cache: Cache, env: Env | None) -> int:
+def _fill(path: tuple[str, Path], cache: Cache, env: Env | None = None) -> int:
     return int(read_cached(*path, cache, env).key is not None)
