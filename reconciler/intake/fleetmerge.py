@@ -64,6 +64,23 @@ def _problem(doc: Document, path: tuple, message: str, severity: str = ERROR, *,
     return Problem(doc.file, line, col, kind, obj, field_path(path), message, severity)
 
 
+def uses_variables(doc: Document) -> bool:
+    """Whether a string scalar of `doc` holds `${` (a variable, or an escape): one that
+    holds none is checked alike for every node (check_fleet_document with any Env), so a
+    command projecting many nodes from one parse checks it once."""
+    stack = [doc.data]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, str):
+            if "${" in node:
+                return True
+        elif isinstance(node, dict):
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return False
+
+
 def substitute_document(doc: Document, env: Env) -> tuple[Document, dict[str, tuple[Substituted, ...]], list[Problem]]:
     """`doc` with `${...}` substituted in every string scalar (never in keys): a new
     Document when anything changed (unchanged containers shared), else `doc` itself; the
@@ -71,7 +88,7 @@ def substitute_document(doc: Document, env: Env) -> tuple[Document, dict[str, tu
     file:line:col (load.locate) for each undefined variable. A string with an undefined
     variable is left as written."""
     subs: dict[str, tuple[Substituted, ...]] = {}
-    problems: list[Problem] = []
+    undefined: list[tuple[tuple, str]] = []
 
     def walk(node, path: tuple):
         if isinstance(node, str):
@@ -80,9 +97,7 @@ def substitute_document(doc: Document, env: Env) -> tuple[Document, dict[str, tu
             try:
                 text, used = substitute_text(node, env)
             except Undefined as u:
-                problems.append(_problem(doc, path, undefined_message(
-                    u.name, env, "add the label to its node config (nodeLabels), or move this object to a layer "
-                    "whose selector requires the label")))
+                undefined.append((path, u.name))
                 return node
             if used:
                 subs[field_path(path)] = used
@@ -108,7 +123,9 @@ def substitute_document(doc: Document, env: Env) -> tuple[Document, dict[str, tu
         return node
 
     data = walk(doc.data, ())
-    return (doc if data is doc.data else replace(doc, data=data)), subs, problems
+    new = doc if data is doc.data else replace(doc, data=data)
+    advice = "add the label to its node config (nodeLabels), or move this object to a layer whose selector requires it"
+    return new, subs, [_problem(new, path, undefined_message(name, env, advice)) for path, name in undefined]
 
 
 def name_substitutions(problems: list[Problem], subs: dict[str, tuple[Substituted, ...]]) -> list[Problem]:
