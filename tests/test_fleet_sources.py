@@ -306,3 +306,40 @@ def test_oci_artifact_of_a_fleet_root_applies_the_nodes_site(registry, tmp_path,
     ok(cli("apply", registry.ref("fleet/edge", "v1"), state=state, ns=netns, config=cfg))
     rules = listing(netns)
     assert "10.96.0.10" in rules and "10.96.1.10" in rules and "10.96.2.10" not in rules
+
+
+@needs_ssh
+def test_watch_verified_fleet_reads_the_nodes_layers_of_each_signed_commit(tmp_path):
+    """The watch's gate (daemon/signed.py) and Intake on a fleet root under `verify`: the
+    signed commit's projection, never the worktree's edits; a new commit that changes only
+    another site's layer parses nothing for this node (held blobs); read_verified agrees."""
+    from reconciler.daemon.signed import SignatureGate
+    from reconciler.intake import Intake
+
+    fleet = SignedFleet(tmp_path)
+    fleet.gs.sync("main")
+    gate = SignatureGate()
+    assert gate.configure(fleet.verify)
+    intake = Intake(fleet.gs.current, identity=LYON)
+    snap = gate.read(intake, None, again=True)
+    assert snap.ok and {s.name for s in snap.inventory.services} == {"web", "dns-lyon"}, snap.problems
+    assert snap.revision == fleet.first and intake.parsed == 2
+    _, oracle = fleet.read()
+    assert snap.digest == oracle.digest
+    (fleet.gs.current / "fleet.yaml").write_text(FLEET.replace("sites/${labels.site}", "sites/paris"))
+    (fleet.gs.current / "sites" / "lyon" / "dns.yaml").write_text("kind: [broken\n")
+    snap = gate.read(intake, None, again=True)
+    assert snap.ok and {s.name for s in snap.inventory.services} == {"web", "dns-lyon"} and intake.parsed == 0
+    (fleet.src / "sites" / "paris" / "dns.yaml").write_text(SERVICE.format(name="dns-paris", ip="10.96.2.11"))
+    paris_only = fleet.commit("paris")
+    push(fleet.src, fleet.remote)
+    assert fleet.gs.sync("main") == paris_only
+    snap = gate.read(intake, None, again=False)
+    assert snap.ok and snap.revision == paris_only and intake.parsed == 0 and intake.looked == 0
+    (fleet.src / "sites" / "lyon" / "dns.yaml").write_text(SERVICE.format(name="dns-lyon", ip="10.96.1.11"))
+    lyon_edit = fleet.commit("lyon")
+    push(fleet.src, fleet.remote)
+    fleet.gs.sync("main")
+    snap = gate.read(intake, None, again=False)
+    assert snap.ok and snap.revision == lyon_edit and intake.parsed == 1
+    assert "10.96.1.11" in str([s for s in snap.inventory.services if s.name == "dns-lyon"])
