@@ -343,3 +343,41 @@ def test_watch_verified_fleet_reads_the_nodes_layers_of_each_signed_commit(tmp_p
     snap = gate.read(intake, None, again=False)
     assert snap.ok and snap.revision == lyon_edit and intake.parsed == 1
     assert "10.96.1.11" in str([s for s in snap.inventory.services if s.name == "dns-lyon"])
+
+
+@needs_ssh
+@pytest.mark.kernel
+def test_apply_verified_fleet_in_the_kernel(tmp_path, netns):
+    """`apply` under `verify` on git-sync's worktree of a fleet root, owned by git-sync's
+    user (65534) who edits fleet.yaml, a layer file and adds the node's layer: the kernel
+    gets the signed commit's projection for the node; an unsigned fleet.yaml moving the node
+    to Paris is refused and the kernel keeps Lyon."""
+    from test_cli_kernel import CONFIG, listing, ok
+    from test_cli_kernel import nftrec as cli
+
+    fleet = SignedFleet(tmp_path)
+    fleet.gs.sync("main")
+    cfg = tmp_path / "node.yaml"
+    cfg.write_text(CONFIG.read_text().replace("nodeName: edge-1", "nodeName: lyon-1\nnodeLabels: {site: lyon}")
+                   + f"verify:\n  mode: HEAD\n  keys: [{fleet.key}.pub]\n")
+    state = tmp_path / "state"
+    wt = fleet.gs.current
+    (wt / "fleet.yaml").write_text(FLEET.replace("sites/${labels.site}", "sites/paris"))
+    (wt / "sites" / "lyon" / "dns.yaml").write_text(SERVICE.format(name="dns-lyon", ip="10.96.9.9"))
+    (wt / "nodes" / "lyon-1").mkdir(parents=True)
+    (wt / "nodes" / "lyon-1" / "extra.yaml").write_text(SERVICE.format(name="extra", ip="10.96.9.10"))
+    subprocess.run(["chown", "-R", "65534:65534", str(fleet.gs.root)], check=True)
+    p = ok(cli("apply", str(wt), state=state, ns=netns, config=cfg))
+    assert f"revision {fleet.first[:12]} verified" in p.stdout + p.stderr
+    rules = listing(netns)
+    assert "10.96.0.10" in rules and "10.96.1.10" in rules
+    assert "10.96.2.10" not in rules and "10.96.9.9" not in rules and "10.96.9.10" not in rules
+    (fleet.src / "fleet.yaml").write_text(FLEET.replace("sites/${labels.site}", "sites/paris"))
+    unsigned = fleet.commit("move", sign=False)
+    push(fleet.src, fleet.remote)
+    subprocess.run(["chown", "-R", "0:0", str(fleet.gs.root)], check=True)
+    assert fleet.gs.sync("main") == unsigned
+    p = cli("apply", str(fleet.gs.current), state=state, ns=netns, config=cfg)
+    assert p.returncode == 1 and "refused (unsigned)" in p.stderr, p.stderr
+    rules = listing(netns)
+    assert "10.96.1.10" in rules and "10.96.2.10" not in rules
