@@ -218,7 +218,7 @@ def archive(tmp: Path, how: str) -> bytes:
 def test_stdin_tar_of_a_fleet_root_is_projected_for_the_node(tmp_path, how):
     import io
 
-    from reconciler.intake.sources import read_stdin_inventory
+    from reconciler.intake.inventory import read_stdin as read_stdin_inventory
 
     raw = archive(tmp_path, how)
     assert raw[257:262] == b"ustar"
