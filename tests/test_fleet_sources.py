@@ -146,6 +146,10 @@ def test_verified_fleet_lists_only_the_nodes_layers_and_keeps_held_blobs(tmp_pat
     (fleet.src / "sites" / "lyon" / "shared.yaml").symlink_to("../../shared/extra.yaml")
     (fleet.src / "shared").mkdir()
     (fleet.src / "shared" / "extra.yaml").write_text(SERVICE.format(name="shared", ip="10.96.3.10"))
+    (fleet.src / "own" / "lyon-1").mkdir(parents=True)  # the node's layer is a link to a directory
+    (fleet.src / "own" / "lyon-1" / "own.yaml").write_text(SERVICE.format(name="own", ip="10.96.4.10"))
+    (fleet.src / "nodes").mkdir()
+    (fleet.src / "nodes" / "lyon-1").symlink_to("../own/lyon-1")
     fleet.commit("link")
     push(fleet.src, fleet.remote)
     fleet.gs.sync("main")
@@ -161,11 +165,16 @@ def test_verified_fleet_lists_only_the_nodes_layers_and_keeps_held_blobs(tmp_pat
     from reconciler.intake.fleetlisting import listed_node
 
     node = listed_node(verdict.files, LYON)
-    assert sorted(asked) == ["base/web.yaml", "sites/lyon/dns.yaml", "sites/lyon/shared.yaml"]
+    assert sorted(asked) == ["base/web.yaml", "nodes/lyon-1/own.yaml", "sites/lyon/dns.yaml", "sites/lyon/shared.yaml"]
     assert [(f[0].rsplit("/", 3)[-3:], f[2] is None) for f in node.files] == [
         (["current", "base", "web.yaml"], True), (["sites", "lyon", "dns.yaml"], False),
-        (["sites", "lyon", "shared.yaml"], False)]
-    assert node.layers == (0, 1, 1) and not node.problems
+        (["sites", "lyon", "shared.yaml"], False), (["nodes", "lyon-1", "own.yaml"], False)]
+    assert node.layers == (0, 1, 1, 2) and not node.problems
+    from reconciler.intake import read_inventory
+
+    _, verified = fleet.read()
+    disk = read_inventory(fleet.gs.current, identity=LYON)  # the clean worktree read as a directory agrees
+    assert verified.ok and services(verified) == services(disk) == {"web", "dns-lyon", "shared", "own"}
 
 
 def test_git_revisions_of_a_fleet_root_one_read_many_nodes(tmp_path):
