@@ -135,6 +135,8 @@ variables: {dnsIP: 172.30.0.10, zone: "7"}
     ("layers:\n- path: ''\n", "root/fleet.yaml:4:9: Fleet: layers[0].path: '' has 0 characters; it must be at least 1"),
     ("layers:\n- path: a\n  optional: yes\n", "root/fleet.yaml:5:13: Fleet: layers[0].optional: 'yes' is a boolean only "
                                               "to YAML 1.1; write true"),
+    ("layers:\n- path: a\n  selector: no\n", "root/fleet.yaml:5:13: Fleet: layers[0].selector: must be a mapping, not a "
+                                             "string ('no')"),
     ("layers:\n- path: a\n  selector: {matchLabels: {site: 12}}\n",
      "root/fleet.yaml:5:34: Fleet: layers[0].selector.matchLabels.site: must be a string, not a whole number (12)"),
     ("layers:\n- path: a\n  selector: {matchLabels: {-bad: x}}\n",
@@ -153,6 +155,8 @@ variables: {dnsIP: 172.30.0.10, zone: "7"}
     ("layers:\n- path: a\n  selector:\n    matchExpressions:\n    - {operator: Exists}\n",
      "root/fleet.yaml:7:7: Fleet: layers[0].selector.matchExpressions[0].key: key is required but missing"),
     ("layers: [{path: a}]\nvariables: {1st: x}\n", "root/fleet.yaml:4:1: Fleet: variables: '1st' is not a variable name"),
+    ("layers: [{path: a}]\nvariables: {big: " + "x" * 254 + "}\n",
+     "root/fleet.yaml:4:18: Fleet: variables.big: 'xxxxxxxx"),
     ("layers: [{path: a}]\nvariables: {port: 8080}\n",
      "root/fleet.yaml:4:19: Fleet: variables.port: must be a string, not a whole number (8080)"),
 ])
@@ -218,7 +222,7 @@ def test_undefined_variable_in_a_layer_path_names_the_node_and_line():
     assert [str(x) for x in p.problems] == [
         "root/fleet.yaml:5:1: Fleet: layers[1].path: ${labels.site} is undefined for node edge-9 (it has no label "
         "'site'); add the label to its node config (nodeLabels), or give the layer a selector that requires it "
-        "(matchExpressions: [{key: ..., operator: Exists}])"]
+        "(matchExpressions: [{key: site, operator: Exists}])"]
     assert [x.rel for x in p.layers] == ["base", "nodes/edge-9"]  # the others still resolved, for the report
 
 
@@ -335,6 +339,10 @@ def test_substitute_document_defined_escaped_keys_and_non_strings_untouched(tmp_
     }
     # an escape alone substitutes nothing but still changes the text
     assert "metadata.annotations.note" not in subs
+    # a value is never substituted again
+    again, _, problems = substitute_document(doc, Env("${vars.dnsIP}", (("example.com/zone", "z"), ("site", "${nodeName}")),
+                                                          ENV.variables))
+    assert problems == [] and again.data["metadata"]["name"] == "dns-${nodeName}"
 
 
 def test_substitute_document_without_variables_is_the_same_document(tmp_path):
@@ -636,3 +644,39 @@ def test_property_effective_manifests_equal_a_from_scratch_merge():
         assert got == _expected(layers, [objs for _, objs in spec], node, labels)
 
     check()
+
+
+# --- schemas/nodeinventory.json (its loader and uniqueness check are validate --fleet's) --------
+
+
+@pytest.mark.parametrize("data, paths", [
+    ({"apiVersion": "nftrec/v1alpha1", "kind": "NodeInventory", "x-source": "cmdb",
+      "nodes": [{"name": "edge-001", "labels": {"site": "lyon", "example.com/ring": ""}}, {"name": "core.dc1"}]}, []),
+    ({"apiVersion": "nftrec/v1alpha1", "kind": "NodeInventory"}, [()]),
+    ({"apiVersion": "nftrec/v1alpha1", "kind": "Fleet", "nodes": []}, [("kind",)]),
+    ({"apiVersion": "nftrec/v1alpha1", "kind": "NodeInventory", "nodes": [{"labels": {}}]}, [("nodes", 0)]),
+    ({"apiVersion": "nftrec/v1alpha1", "kind": "NodeInventory", "nodes": [{"name": "Edge_1"}]}, [("nodes", 0, "name")]),
+    ({"apiVersion": "nftrec/v1alpha1", "kind": "NodeInventory", "nodes": [{"name": "e", "labels": {"site": "a b"}}]},
+     [("nodes", 0, "labels", "site")]),
+    ({"apiVersion": "nftrec/v1alpha1", "kind": "NodeInventory", "nodes": [{"name": "e", "labels": {"-x": "a"}}]},
+     [("nodes", 0, "labels")]),
+    ({"apiVersion": "nftrec/v1alpha1", "kind": "NodeInventory", "nodes": [{"name": "e", "zone": "z"}]}, [("nodes", 0)]),
+])
+def test_node_inventory_schema(data, paths):
+    from reconciler.intake.schemas import validator
+
+    assert [tuple(e.absolute_path) for e in validator("NodeInventory").iter_errors(data)] == paths
+
+
+def test_label_syntax_is_the_node_configs():
+    from reconciler.intake.schemas import load_schema
+
+    labels = load_schema("NodeConfig")["properties"]["nodeLabels"]
+    selector = load_schema("Fleet")["properties"]["layers"]["items"]["properties"]["selector"]
+    expression = selector["properties"]["matchExpressions"]["items"]["properties"]
+    inventory = load_schema("NodeInventory")["properties"]["nodes"]["items"]["properties"]["labels"]
+    for written in (selector["properties"]["matchLabels"], inventory):
+        assert (written["propertyNames"], written["additionalProperties"]) == (
+            labels["propertyNames"], labels["additionalProperties"])
+    assert expression["key"]["pattern"] == labels["propertyNames"]["pattern"]
+    assert expression["values"]["items"] == labels["additionalProperties"]

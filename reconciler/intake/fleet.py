@@ -206,7 +206,7 @@ def parse_fleet(display: str, raw: bytes) -> tuple[Fleet | None, list[Problem]]:
     rep = Report()
     o = Obj(doc, "Fleet", "", "")
     for err in validator("Fleet").iter_errors(doc.data):
-        if err.validator == "type" and isinstance(err.instance, Yaml11Bool):
+        if err.validator == "type" and isinstance(err.instance, Yaml11Bool) and err.validator_value == "boolean":
             word = "true" if err.instance.boolean else "false"
             rep.add(o, tuple(err.absolute_path), f"{show(str(err.instance))} is a boolean only to YAML 1.1; write {word}")
         else:
@@ -287,9 +287,10 @@ def node_layers(fleet: Fleet, identity: Identity) -> Projection:
         try:
             text, used = substitute_text(layer.path, env)
         except Undefined as u:
+            key = u.name.partition(".")[2]
             problems.append(Problem(fleet.file, layer.line, 0, "Fleet", "", where, undefined_message(
                 u.name, env, "add the label to its node config (nodeLabels), or give the layer a selector that requires "
-                "it (matchExpressions: [{key: ..., operator: Exists}])")))
+                f"it (matchExpressions: [{{key: {key}, operator: Exists}}])")))
             continue
         odd = next((u for u in used if not u.value or "//" in f"/{u.value}/"), None)
         if odd is not None:  # `sites/${labels.site}` with site "" would be all of sites/
