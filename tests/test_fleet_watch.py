@@ -197,7 +197,7 @@ def test_a_verified_commits_files_are_read_as_the_nodes(tmp_path):
     root only the node's layers' blobs, substituted and merged, equal to read_inventory of
     the same checkout; a commit changing another site looks at none of them."""
     from reconciler.intake import Intake
-    from reconciler.intake.gitobjects import Store, find_checkout, manifest_files
+    from reconciler.intake.gitobjects import Store, commit_files, find_checkout
 
     root = fleet_tree(tmp_path / "f")
     _git(root, "init", "-q")
@@ -209,8 +209,8 @@ def test_a_verified_commits_files_are_read_as_the_nodes(tmp_path):
     def read():
         co = find_checkout(root)
         with Store(co.common) as store:
-            files = manifest_files(store, co.commit, co.sub, f"{root}/", held=intake.holds)
-        snap = intake.read_files(files, root)
+            files = commit_files(store, co.commit, co.sub, f"{root}/", held=intake.holds)  # as Verifier.check
+        snap = intake.read_files(files, root)  # the node's layers' blobs read from the object store now
         from reconciler.intake import read_inventory
 
         ref = read_inventory(root, identity=who)

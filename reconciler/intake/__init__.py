@@ -14,7 +14,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "digests": ("InputDigest", "config_digest", "input_digest"),
     "git": ("GitError", "merge_base", "parse_range", "resolve_revision"),
     "fleet": ("FLEET_FILE", "REMOVE_ANNOTATION", "Fleet", "Identity", "Projection", "Selector", "project"),
-    "fleetread": ("FleetWalk", "fleet_of_files", "identity_of", "select_files", "walk_fleet"),
+    "fleetread": ("FleetWalk", "identity_of", "walk_fleet"),
     "gitobjects": ("Checkout", "find_checkout"),
     "healthchecks": ("parse_health_check", "split_host_port"),
     "incremental": ("Intake", "Snapshot"),

@@ -1,7 +1,7 @@
 """A fleet root read for one node: fleet.yaml's bytes projected (fleet.project), then the
 files of the node's layers, in layer order, and nothing else. `walk_fleet` lists them on
 disk (load.manifest_files per layer; a link may point anywhere inside the fleet root);
-`select_files` picks them from a listing of relative paths (a git commit, an archive).
+a commit's or an archive's listing is intake/fleetlisting.py's.
 
 Pipeline position: walk -> **the node's files** -> read each (intake/cache.py with the
 node's Env) -> fleetmerge.merge -> check_tree (intake/inventory.py's assemble).
@@ -12,10 +12,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable
 
 from reconciler.intake.fleet import FLEET_FILE, Identity, Projection, ResolvedLayer, project
-from reconciler.intake.load import Walk, chunk, display_prefix, is_fleet_root, manifest_files, read_bytes  # noqa: F401
+from reconciler.intake.load import Walk, chunk, display_prefix, manifest_files, read_bytes
 from reconciler.intake.problems import ERROR, Problem
 
 
@@ -105,44 +105,3 @@ def layer_files(resolved: Path, display_root: str, layer: ResolvedLayer, problem
         problems.append(missing_layer(display_root, layer, "is a link leading out of the fleet root"))
         return None
     return manifest_files(where, os.path.join(display_root, layer.rel), problems, inside=resolved)
-
-
-def fleet_of_files(files, identity: Identity | None) -> tuple[list, FleetWalk] | None:
-    """A verified commit's manifest files (gitobjects.ManifestFiles) when they are a fleet
-    root's: the node's entries (display, oid, bytes) in layer order and the FleetWalk for
-    inventory.assemble (its paths as sources.Blob); None when there is no fleet.yaml."""
-    from reconciler.intake.sources import Blob
-
-    shown = files.root + FLEET_FILE
-    head = next((f for f in files.files if f[0] == shown), None)
-    if head is None:
-        return None
-    raw = head[2] if isinstance(head[2], bytes) else None
-    display_root = files.root.rstrip("/") or files.root
-    projection, problems = project_fleet(display_root, raw, identity)
-    problems = list(files.problems) + problems
-    chosen, layers, scope = [], [], [shown]
-    if projection is not None and projection.ok:
-        by_rel = {f[0][len(files.root):]: f for f in files.files if f[0] != shown}
-        for rel, layer in select_files(display_root, projection, by_rel, problems):
-            chosen.append(by_rel[rel])
-            layers.append(layer)
-        scope += [os.path.join(display_root, layer.rel, "") for layer in projection.layers]
-    paths = [(display, Blob(display.rsplit("/", 1)[-1], data)) for display, _, data in chosen]
-    w = Walk(None, paths, tuple(problems), files.root, tuple(scope))
-    return chosen, FleetWalk(w, projection, chunk(shown, raw) if raw is not None else b"", tuple(layers))
-
-
-def select_files(display_root: str, projection: Projection, rels: Iterable[str], problems: list[Problem]
-                 ) -> list[tuple[str, int]]:
-    """From a listing of relative paths (a commit's or an archive's manifest files, links
-    already followed), the node's files in layer order, each with its layer's index in
-    fleet.yaml; a non-optional layer with no file is a problem."""
-    rels = sorted(rels)
-    out: list[tuple[str, int]] = []
-    for layer in projection.layers:
-        under = [r for r in rels if r.startswith(layer.rel + "/")]
-        if not under and not layer.optional:
-            problems.append(missing_layer(display_root, layer))
-        out.extend((r, layer.index) for r in under)
-    return out

@@ -43,10 +43,12 @@ from reconciler.intake import yamldocs
 from reconciler.intake.build import build_inventory, model_objects
 from reconciler.intake.fleet import FLEET_FILE, Identity
 from reconciler.intake.fleetmerge import check_fleet_document, merge
-from reconciler.intake.fleetread import fleet_of_files, is_fleet_root, project_fleet, walk_fleet
+from reconciler.intake.fleetlisting import listed_node
+from reconciler.intake.fleetread import project_fleet, walk_fleet
 from reconciler.intake.git import checkout_blobs, revision_of
 from reconciler.intake.gitobjects import blob_id
-from reconciler.intake.load import SUFFIXES, chunk, display_prefix, read_bytes, read_file, tree_digest, walk, walk_resolved
+from reconciler.intake.load import (SUFFIXES, chunk, display_prefix, is_fleet_root, read_bytes, read_file, tree_digest, walk,
+                                    walk_resolved)
 from reconciler.intake.model import Inventory
 from reconciler.intake.parse import MAX_FILE_BYTES, parse_yaml
 from reconciler.intake.problems import ERROR, Problem
@@ -299,14 +301,15 @@ class Intake:
         entries: list[_FileEntry] = []
         chunks: list[bytes] = []
         listed = files.files
-        fleet = fleet_of_files(files, self.identity)  # a fleet root's: the node's files only
-        if fleet is None or fleet[1].projection is not None:
-            self._settle(None if fleet is None else fleet[1].projection)
-        if fleet is not None:
-            listed, fw = fleet
-            problems = list(fw.walk.problems)
-            chunks.append(fw.head)
-            self._layer = dict(zip([display for display, _, _ in listed], fw.layers))
+        if files.fleet is not None:  # a fleet root: the node's layers of the commit (fleetlisting.listed_node)
+            node = listed_node(files, self.identity)
+            if node.projection is not None:
+                self._settle(node.projection)
+            listed, chunks = node.files, [node.head]
+            problems.extend(node.problems)
+            self._layer = dict(zip([f[0] for f in listed], node.layers))
+        else:
+            self._settle(None)
         for display, oid, raw in listed:
             e = self._files.get(display)
             if raw is not None and (e is None or e.blob != oid):
