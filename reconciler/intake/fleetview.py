@@ -19,8 +19,8 @@ from reconciler.heap import no_cyclic_gc
 from reconciler.intake import model
 from reconciler.intake.build import build_inventory, model_objects
 from reconciler.intake.cache import FileResult, parse_file
-from reconciler.intake.fleet import _VARIABLE, Fleet, Identity, Projection, ResolvedLayer, node_layers, parse_fleet
-from reconciler.intake.fleetmerge import check_fleet_document, is_removal, merge
+from reconciler.intake.fleet import _VARIABLE, REMOVE_ANNOTATION, Fleet, Identity, Projection, ResolvedLayer, node_layers, parse_fleet
+from reconciler.intake.fleetmerge import check_fleet_document, merge
 from reconciler.intake.fleetread import fleet_display, is_fleet_root, layer_files, select_files
 from reconciler.intake.git import revision_of
 from reconciler.intake.inventory import InventoryResult
@@ -58,6 +58,14 @@ def _variables(data, out: set) -> bool:
         elif isinstance(v, list):
             stack.extend(v)
     return found
+
+
+def _annotated(doc: Document) -> bool:
+    """Whether the document carries the removal annotation at all (any value: a bad one
+    is fleetmerge.check_fleet_document's to report)."""
+    meta = doc.data.get("metadata")
+    notes = meta.get("annotations") if isinstance(meta, dict) else None
+    return isinstance(notes, dict) and REMOVE_ANNOTATION in notes
 
 
 @dataclass
@@ -101,7 +109,7 @@ class FleetTree:
             used, names = [], set()
             for doc in res.docs:
                 got: set = set()
-                shared = not _variables(doc.data, got) and not (self.fleet_root and is_removal(doc))
+                shared = not _variables(doc.data, got) and not (self.fleet_root and _annotated(doc))
                 used.append(None if shared else tuple(sorted(got)))
                 names |= got
             f = self._parsed[display] = _File(res, used, frozenset(names))
@@ -131,9 +139,12 @@ class FleetTree:
         proj = self.projection(identity) if self.fleet_root else None
         key: tuple = ()
         if proj is not None:
-            names = frozenset().union(*(self._layer(la)[2] for la in proj.layers)) if proj.ok else frozenset()
+            # an optional layer that is not there reads nothing: it does not tell nodes apart
+            layers = tuple(la for la in proj.layers if self._layer(la)[0] is not None or self._layer(la)[1]) \
+                if proj.ok else ()
+            names = frozenset().union(*(self._layer(la)[2] for la in layers))
             env = proj.env
-            key = (proj.layers, proj.problems, tuple((n, env.lookup(n)) for n in sorted(names)) if env else ())
+            key = (layers, proj.problems, tuple((n, env.lookup(n)) for n in sorted(names)) if env else ())
         v = self.views.get(key)
         if v is None:
             with no_cyclic_gc():
