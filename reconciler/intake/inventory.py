@@ -21,11 +21,11 @@ from reconciler.intake.cache import FileResult, open_cache, parse_file, read_all
 from reconciler.intake.fleet import Identity
 from reconciler.intake.fleetmerge import merge
 from reconciler.intake.fleetread import FleetWalk, is_fleet_root, walk_fleet
-from reconciler.intake.git import load_revision, revision_of
+from reconciler.intake.git import load_listed, revision_files, revision_of
 from reconciler.intake.gitobjects import ManifestFiles
 from reconciler.intake.load import Document, LoadResult, Walk, read_file, tree_digest, walk
 from reconciler.intake.problems import Problem
-from reconciler.intake.sources import Blob, display_root, is_stdin, load_stdin
+from reconciler.intake.sources import Blob, display_root, is_stdin
 from reconciler.intake.validate import DocumentCheck, check, check_tree
 
 
@@ -73,7 +73,7 @@ def read_inventory(root: str | Path, *, strict: bool = False, fields: str = "str
     fleet root (fleet.yaml at the top: only its layers are read, intake/fleetread.py)."""
     with progress.step(f"reading manifests from {display_root(root)}"), no_cyclic_gc():
         if is_stdin(root):  # read once, nothing to key a cache on
-            return inventory_from_load(load_stdin(), strict=strict, fields=fields)
+            return read_stdin(identity=identity, strict=strict, fields=fields)
         fleet = fleet_walk(root, identity) if is_fleet_root(root) else None
         w = walk(root) if fleet is None else fleet.walk
         env = None if fleet is None else fleet.env
@@ -109,23 +109,52 @@ def read_documents(root: str | Path, identity: Identity | None = None) -> list[D
 
 
 def read_revision(directory: Path, rev: str, commit: str | None = None, *, strict: bool = False,
-                  fields: str = "strict") -> InventoryResult:
+                  fields: str = "strict", identity: Identity | None = None) -> InventoryResult:
     """The manifests under `directory` as revision `rev` has them, validated: like
-    read_inventory on a checkout of `rev`. The inventory's revision is the commit."""
-    return inventory_from_load(load_revision(directory, rev, commit), strict=strict, fields=fields)
+    read_inventory on a checkout of `rev` (a fleet root: `identity`'s projection of it).
+    The inventory's revision is the commit."""
+    listed = revision_files(directory, rev, commit)
+    if listed.fleet is not None:
+        return read_verified(listed, strict=strict, fields=fields, identity=identity)
+    return inventory_from_load(load_listed(listed), strict=strict, fields=fields)
 
 
-def read_verified(files: ManifestFiles, *, strict: bool = False, fields: str = "strict", cache_dir: Path | str | None = None) -> InventoryResult:
+def read_stdin(stream=None, *, identity: Identity | None = None, strict: bool = False, fields: str = "strict"
+               ) -> InventoryResult:
+    """read_inventory of `-` (intake/stdin.py): a YAML stream, or an archive read as a
+    plain tree or, of a fleet root, as `identity`'s projection (read_verified's listed
+    path). An archive's revision is `sha256:<digest>` of the files read."""
+    from reconciler.intake.stdin import stdin_source  # (tarfile and the unpack checks: only for `-`)
+
+    got = stdin_source(stream)
+    if isinstance(got, LoadResult):
+        return inventory_from_load(got, strict=strict, fields=fields)
+    result = read_verified(got, identity=identity, strict=strict, fields=fields)
+    return replace(result, inventory=replace(result.inventory, revision=f"sha256:{result.digest}"))
+
+
+def read_verified(files: ManifestFiles, *, strict: bool = False, fields: str = "strict", cache_dir: Path | str | None = None,
+                  identity: Identity | None = None) -> InventoryResult:
     """read_inventory of a verified commit's manifest files (signatures.Verdict.files):
     exactly the bytes read from the object store, never the worktree's; the inventory's
-    revision is the commit."""
-    with progress.step(f"reading manifests of revision {files.revision[:12]}"), no_cyclic_gc():
-        paths = [(display, Blob(display.rsplit("/", 1)[-1], raw)) for display, _oid, raw in files.files]
-        w = Walk(None, paths, files.problems, files.root)
+    revision is the commit. A fleet root (files.fleet): fleet.yaml and the layers of
+    `identity`'s projection, read from the commit (intake/fleetlisting.py)."""
+    from reconciler.intake.fleetlisting import fleet_walk, listed_node
+
+    what = f"revision {files.revision[:12]}" if files.revision else files.root  # (an archive on stdin: no revision)
+    with progress.step(f"reading manifests of {what}"), no_cyclic_gc():
+        node = listed_node(files, identity) if files.fleet is not None else None
+        listed = files.files if node is None else node.files
+        paths = [(display, Blob(display.rsplit("/", 1)[-1], raw)) for display, _oid, raw in listed]
+        fleet = None if node is None else fleet_walk(node, files.root, paths)
+        w = Walk(None, paths, files.problems, files.root) if fleet is None else fleet.walk
+        env = None if fleet is None else fleet.env
         if cache_dir is None:
-            return assemble(w, [parse_file(*p) for p in paths], strict=strict, fields=fields, revision=files.revision)
+            return assemble(w, [parse_file(*p, env) for p in paths], strict=strict, fields=fields,
+                            revision=files.revision, fleet=fleet)
         cache = open_cache(cache_dir)
-        result = assemble(w, read_all(paths, cache), strict=strict, fields=fields, revision=files.revision)
+        result = assemble(w, read_all(paths, cache, env), strict=strict, fields=fields, revision=files.revision,
+                          fleet=fleet)
         cache.finish(len(paths))
         return result
 
