@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 from reconciler.engine.fleetreview import compress, run_diff_fleet, run_validate_fleet
 from reconciler.intake import cache as cache_module
 from reconciler.intake.fleet import Identity
-from reconciler.intake.fleetview import read_tree
-from reconciler.intake.inventory import read_inventory
+from reconciler.intake.fleetview import read_git, read_tree
+from reconciler.intake.inventory import read_inventory, read_revision
 from reconciler.intake.nodeinventory import load_node_inventory
 
 FLEET = """\
@@ -442,6 +442,15 @@ def test_cli_validate_fleet_and_diff_fleet_git_range(tmp_path):
     git(repo, "commit", "-q", "-m", "one")
     change(repo / "fleet")
     git(repo, "commit", "-q", "-am", "two")
+    for rev in ("HEAD~1", "HEAD"):  # read from git, each node as read_revision reads it
+        commit = git(repo, "rev-parse", rev).strip()
+        tree = read_git(repo / "fleet", rev, commit)
+        for n in NODES:
+            mine, theirs = tree.view(n).result, read_revision(repo / "fleet", rev, commit, identity=n)
+            if theirs.ok:
+                same_read(mine, theirs)
+            else:  # an invalid node: read_revision stops at a missing layer; the problems agree
+                assert mine.problems == theirs.problems
     inv = tmp_path / "inv.yaml"
     inv.write_text(inventory_text(OK_NODES))
     r = nftrec("validate", "--fleet", str(inv), str(repo / "fleet"))
