@@ -131,6 +131,25 @@ def test_missing_layers_and_links_inside_the_fleet_root(tmp_path):
     assert not res.ok and "outside the manifest tree" in res.errors[0].message
 
 
+def test_a_fleet_yaml_that_is_not_a_file_is_refused(tmp_path):
+    """A fleet.yaml that is a link (inside the tree or not) or a directory makes the
+    revision invalid, as from git: read as a plain tree, every node would apply every
+    layer. The watch's reader refuses it alike."""
+    from reconciler.intake import Intake
+
+    root = fleet_tree(tmp_path / "f")
+    (root / "real.fleet").write_bytes((root / "fleet.yaml").read_bytes())
+    (root / "fleet.yaml").unlink()
+    (root / "fleet.yaml").symlink_to("real.fleet")
+    for res in (read(root, ident()), Intake(root, identity=ident()).read()):
+        assert not res.ok and not res.inventory.services
+        assert any(p.file == f"{root}/fleet.yaml" and "not a regular file" in p.message for p in res.problems)
+    (root / "fleet.yaml").unlink()
+    (root / "fleet.yaml").mkdir()
+    res = read(root, ident())
+    assert not res.ok and not res.inventory.services
+
+
 def test_the_intake_cache_is_keyed_by_the_nodes_variables(tmp_path):
     """The same bytes (base/dns.yaml) read for two sites: each node gets its own
     substitution from a warm cache, and a warm read equals a cold one."""

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from reconciler.intake.fleet import FLEET_FILE, Identity, Projection, ResolvedLayer, project
-from reconciler.intake.load import Walk, chunk, display_prefix, manifest_files, read_bytes
+from reconciler.intake.load import Walk, chunk, display_prefix, manifest_files, read_fleet_bytes
 from reconciler.intake.problems import ERROR, Problem
 
 
@@ -54,8 +54,9 @@ def project_fleet(display_root: str, raw: bytes | None, identity: Identity | Non
     """fleet.yaml's bytes projected for `identity`; (None, the problem) when it cannot be."""
     shown = fleet_display(display_root)
     if raw is None:
-        return None, [Problem(shown, 0, 0, "", "", "", "cannot read this file (unreadable, or over the size "
-                              "limit); check its permissions", ERROR)]
+        return None, [Problem(shown, 0, 0, "", "", "", "cannot read this file: it is not a regular file "
+                              "(a symlink, a directory), is unreadable, or is over the size limit; commit the "
+                              "file itself, readable", ERROR)]
     if identity is None:
         return None, [needs_identity(display_root)]
     p = project(shown, raw, identity)
@@ -73,7 +74,7 @@ def walk_fleet(resolved: Path, display_root: str, identity: Identity | None, raw
     unless its bytes are given (`raw`); `projector`: project_fleet or a stand-in with its
     signature (the no-op check's, which loads no schema)."""
     if raw is None:
-        raw = read_bytes(resolved / FLEET_FILE)
+        raw = read_fleet_bytes(resolved / FLEET_FILE)
     projection, problems = projector(display_root, raw, identity)
     head = chunk(fleet_display(display_root), raw) if raw is not None else b""
     paths, layers, scope = [], [], [fleet_display(display_root)]

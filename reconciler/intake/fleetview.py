@@ -24,7 +24,7 @@ from reconciler.intake.fleetmerge import check_fleet_document, merge
 from reconciler.intake.fleetread import fleet_display, layer_files, missing_layer
 from reconciler.intake.git import revision_of
 from reconciler.intake.inventory import InventoryResult
-from reconciler.intake.load import Document, chunk, display_prefix, is_fleet_root, read_bytes, tree_digest, walk
+from reconciler.intake.load import Document, chunk, display_prefix, is_fleet_root, read_fleet_bytes, tree_digest, walk
 from reconciler.intake.problems import Problem
 from reconciler.intake.validate import DocumentCheck, check_tree
 
@@ -219,7 +219,7 @@ def read_tree(root: str | Path, *, strict: bool = False, fields: str = "strict")
                          files=w.paths, problems=w.problems, strict=strict, fields=fields)
     resolved = Path(root).resolve(strict=True)
     return FleetTree(shown, resolved, display_prefix(shown, resolved), fleet_root=True,
-                     head=read_bytes(resolved / "fleet.yaml"), lister=lambda la, p: layer_files(resolved, shown, la, p),
+                     head=read_fleet_bytes(resolved / FLEET_FILE), lister=lambda la, p: layer_files(resolved, shown, la, p),
                      files=[], strict=strict, fields=fields)
 
 

@@ -47,7 +47,7 @@ from reconciler.intake.fleetlisting import listed_node
 from reconciler.intake.fleetread import project_fleet, walk_fleet
 from reconciler.intake.git import checkout_blobs, revision_of
 from reconciler.intake.gitobjects import blob_id
-from reconciler.intake.load import (SUFFIXES, chunk, display_prefix, is_fleet_root, read_bytes, read_file, tree_digest, walk,
+from reconciler.intake.load import (SUFFIXES, chunk, display_prefix, is_fleet_root, read_fleet_bytes, read_file, tree_digest, walk,
                                     walk_resolved)
 from reconciler.intake.model import Inventory
 from reconciler.intake.parse import MAX_FILE_BYTES, parse_yaml
@@ -443,7 +443,7 @@ class Intake:
         same = old is not None and old.identity == self.identity
         if same and key and old.key == key and not old.racy:
             return old
-        raw = read_bytes(path)
+        raw = read_fleet_bytes(path)
         if same and raw is not None and raw == old.raw:
             old.key, old.racy = key, racy
             return old

@@ -93,12 +93,22 @@ def walk(root: str | Path) -> Walk:
 
 
 def is_fleet_root(root: str | Path) -> bool:
-    """Whether `root` is a directory holding fleet.yaml as a regular file (one lstat): a
-    fleet repository (intake/fleet.py), read per node (intake/fleetread.py)."""
+    """Whether `root` is a directory holding fleet.yaml (one lstat): a fleet repository
+    (intake/fleet.py), read per node (intake/fleetread.py). A fleet.yaml that is a link or
+    not a file still makes one, refused when read (read_fleet_bytes): read as a plain tree,
+    the root would give every node every layer."""
+    return os.path.lexists(os.path.join(root, FLEET_FILE))
+
+
+def read_fleet_bytes(path: Path) -> bytes | None:
+    """fleet.yaml's bytes, or None when it is not a regular file (a link included), is
+    unreadable or over the size limit."""
     try:
-        return stat.S_ISREG(os.lstat(os.path.join(root, FLEET_FILE)).st_mode)
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return None
     except OSError:
-        return False
+        return None
+    return read_bytes(path)
 
 
 def display_prefix(display_root: str, resolved: Path) -> str:
