@@ -150,6 +150,16 @@ def test_a_fleet_yaml_that_is_not_a_file_is_refused(tmp_path):
     assert not res.ok and not res.inventory.services
 
 
+def test_a_fleet_below_the_root_read_is_an_error(tmp_path):
+    """nftrec pointed at the directory above a fleet root (the repository's top, the fleet
+    in a subdirectory) would read every layer as one plain tree: the Fleet document makes
+    it an error naming the directory to use."""
+    fleet_tree(tmp_path / "repo" / "fleet")
+    res = read(tmp_path / "repo", ident())
+    [err] = [p for p in res.errors if p.kind == "Fleet"]
+    assert err.file == f"{tmp_path}/repo/fleet/fleet.yaml" and f"{tmp_path}/repo/fleet is a fleet repository" in err.message
+
+
 def test_the_intake_cache_is_keyed_by_the_nodes_variables(tmp_path):
     """The same bytes (base/dns.yaml) read for two sites: each node gets its own
     substitution from a warm cache, and a warm read equals a cold one."""

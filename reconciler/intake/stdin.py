@@ -47,12 +47,7 @@ def stdin_source(stream: BinaryIO | None = None) -> LoadResult | ManifestFiles:
         return _tar_files(_Rest(head, stream))
     loaded = load_blobs([(STDIN_DISPLAY, head + stream.read(MAX_FILE_BYTES + 1 - len(head)))], revision=None,
                         root=STDIN_DISPLAY)
-    fleet = next((d for d in loaded.documents if d.kind == "Fleet"), None)
-    if fleet is not None:
-        loaded.problems.append(Problem(STDIN_DISPLAY, fleet.source.line, fleet.source.col, "Fleet", "", "",
-                                       "a fleet needs its directory tree: pipe a tar archive, e.g. `git archive HEAD | "
-                                       "nftrec validate -`", ERROR))
-    return loaded
+    return loaded  # a Fleet in it is validate.check_tree's error
 
 
 def _tar_files(stream) -> ManifestFiles:

@@ -7,6 +7,7 @@ Pipeline position: load -> **validate** -> model -> compile -> ...
 
 from __future__ import annotations
 
+import os
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
@@ -18,6 +19,7 @@ from reconciler.intake.probes import annotation_text as probe_annotation_text, c
 from reconciler.intake.problems import ERROR, FIELD_VALIDATION, NOTICE, UNKNOWN_FIELD, WARNING, Problem, field_path, safe_name, show
 from reconciler.intake.schema_errors import SERVICE_NAME_LABEL, Obj, Report, ip_message, schema_problem
 from reconciler.intake.schemas import parse_cidr, parse_ip, special_ip, validator
+from reconciler.intake.sources import STDIN_DISPLAY
 
 ACCEPTED = ("Service", "EndpointSlice", "Endpoints", "ServiceCIDR")
 
@@ -452,7 +454,9 @@ def check_tree(load_problems: list[Problem], documents: list[Document], results:
     seen: dict[tuple, Obj] = {}
     for doc, res in zip(documents, results):
         rep.problems.extend(res.problems)
-        if res.unknown_kind is not None:
+        if res.unknown_kind == "Fleet":
+            rep.problems.append(_misplaced_fleet(doc))
+        elif res.unknown_kind is not None:
             unknown.setdefault(res.unknown_kind, []).append(doc)
         if res.obj is None:
             continue
@@ -482,6 +486,17 @@ def check_tree(load_problems: list[Problem], documents: list[Document], results:
     _cross(rep, objs)
     problems = sorted(settle(rep.problems, fields=fields, strict=strict), key=lambda p: (p.file, p.line, p.col))
     return Checked(problems, objs, len(documents))
+
+
+def _misplaced_fleet(doc: Document) -> Problem:
+    """A Fleet read as a manifest: its directory is a fleet root below the one read, and
+    read as a plain tree it would give this node every layer. An error, never a notice."""
+    if doc.file == STDIN_DISPLAY:
+        where = "a fleet needs its directory tree: pipe a tar archive, e.g. `git archive HEAD | nftrec validate -`"
+    else:
+        where = (f"its directory {os.path.dirname(doc.file) or '.'} is a fleet repository below the "
+                 "manifest root: point nftrec at that directory, so that each node reads only its own layers")
+    return Problem(doc.file, doc.source.line, doc.source.col, "Fleet", "", "", where, ERROR)
 
 
 def check(loaded: LoadResult, *, strict: bool = False, fields: str = "strict") -> Checked:
