@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from reconciler.intake.problems import Problem
+from reconciler.intake.problems import Problem, safe_name, show
 
 FLEET_FILE = "fleet.yaml"
 REMOVE_ANNOTATION = "fleet.nftrec.io/remove"
@@ -187,15 +187,147 @@ class Projection:
 def parse_fleet(display: str, raw: bytes) -> tuple[Fleet | None, list[Problem]]:
     """fleet.yaml's bytes -> Fleet, checked against schemas/fleet.json (unknown keys are
     errors, `x-` keys ignored, as the node config's), or None and the problems."""
-    raise NotImplementedError
+    from reconciler.intake.load import Document, locate, read_file
+    from reconciler.intake.parse import Yaml11Bool
+    from reconciler.intake.schema_errors import Obj, Report, schema_problem
+    from reconciler.intake.schemas import validator
+    from reconciler.intake.sources import Blob
+
+    problems: list[Problem] = []
+    docs: list[Document] = []
+    read_file(display, Blob(FLEET_FILE, raw), problems, docs)  # type: ignore[arg-type]
+    if not problems and len(docs) != 1 or any(d.path for d in docs):
+        what = "is empty" if not docs else "is a List" if any(d.path for d in docs) else f"holds {len(docs)} YAML documents"
+        problems.append(Problem(display, 0, 0, "", "", "", f"{what}; fleet.yaml is one mapping with apiVersion: "
+                                "nftrec/v1alpha1, kind: Fleet and layers"))
+    if problems:
+        return None, [_fleet_problem(p) for p in problems]
+    doc = docs[0]
+    rep = Report()
+    o = Obj(doc, "Fleet", "", "")
+    for err in validator("Fleet").iter_errors(doc.data):
+        if err.validator == "type" and isinstance(err.instance, Yaml11Bool):
+            word = "true" if err.instance.boolean else "false"
+            rep.add(o, tuple(err.absolute_path), f"{show(str(err.instance))} is a boolean only to YAML 1.1; write {word}")
+        else:
+            schema_problem(rep, o, err, own=True)
+    _check_requirements(rep, o)
+    if rep.problems:
+        return None, sorted((_fleet_problem(p) for p in rep.problems), key=lambda p: (p.line, p.col))
+    layers = []
+    for i, item in enumerate(doc.data["layers"]):
+        line, _ = locate(doc, ("layers", i))
+        sel = item.get("selector")
+        layers.append(Layer(str(item["path"]), None if sel is None else _selector(sel), item.get("optional", False), line))
+    variables = tuple(sorted((str(k), str(v)) for k, v in (doc.data.get("variables") or {}).items()))
+    return Fleet(display, tuple(layers), variables), []
+
+
+def _fleet_problem(p: Problem) -> Problem:
+    return Problem(p.file, p.line, p.col, "Fleet", "", p.field, p.message, p.severity)
+
+
+def _selector(sel: dict) -> Selector:
+    labels = tuple(sorted((str(k), str(v)) for k, v in (sel.get("matchLabels") or {}).items()))
+    exprs = tuple(Requirement(str(e["key"]), e["operator"], tuple(str(v) for v in e.get("values") or ()))
+                  for e in sel.get("matchExpressions") or ())
+    return Selector(labels, exprs)
+
+
+def _check_requirements(rep, o) -> None:
+    """In and NotIn need values, Exists and DoesNotExist take none: Kubernetes'
+    ValidateLabelSelectorRequirement, which a JSON Schema could say only obscurely. Runs
+    beside the schema (so every problem is reported at once): tolerates any shape."""
+    layers = o.doc.data.get("layers")
+    for i, layer in enumerate(layers if isinstance(layers, list) else ()):
+        sel = layer.get("selector") if isinstance(layer, dict) else None
+        exprs = sel.get("matchExpressions") if isinstance(sel, dict) else None
+        for j, e in enumerate(exprs if isinstance(exprs, list) else ()):
+            if not isinstance(e, dict):
+                continue
+            path = ("layers", i, "selector", "matchExpressions", j)
+            op, values = e.get("operator"), e.get("values")
+            if op in ("In", "NotIn") and not values:
+                rep.add(o, path, f"operator {op} needs at least one value (as in Kubernetes); list them under values, "
+                        f"or use {'Exists' if op == 'In' else 'DoesNotExist'} to test the key alone")
+            elif op in ("Exists", "DoesNotExist") and values:
+                rep.add(o, path + ("values",), f"operator {op} takes no values (as in Kubernetes); remove values, "
+                        f"or use {'In' if op == 'Exists' else 'NotIn'} to test them")
+
+
+def undefined_message(name: str, env: Env, advice: str) -> str:
+    """Why `${name}` has no value for env's node, and what to do; `advice` is what to do
+    about a missing label (it depends on where the variable is written)."""
+    node = safe_name(env.node)
+    scope, _, key = name.partition(".")
+    if scope == "labels" and key:
+        why, do = f"it has no label {show(key)}", advice
+    elif scope == "vars" and key:
+        why, do = f"fleet.yaml has no variable {show(key)}", "add it under variables in fleet.yaml"
+    else:
+        why, do = "no such variable", "use ${nodeName}, ${labels.KEY} or ${vars.NAME} (write $${ for a literal ${)"
+    return f"${{{show(name)[1:-1]}}} is undefined for node {node} ({why}); {do}"
 
 
 def node_layers(fleet: Fleet, identity: Identity) -> Projection:
     """The layers `identity` takes, in order: selectors matched against its labels, paths
     substituted and checked (inside the root, no hidden component, no two layers nested or
     equal). Existence is the caller's to check (a listing): a missing non-optional layer is
-    an error, a missing optional one is skipped."""
-    raise NotImplementedError
+    an error, a missing optional one is skipped. A value with `/` may add directory levels
+    (`sites/${vars.region}` with region `eu/west`) as long as the result is clean."""
+    env = env_for(fleet, identity)
+    labels = identity.label_map
+    problems: list[Problem] = []
+    layers: list[ResolvedLayer] = []
+    for i, layer in enumerate(fleet.layers):
+        if layer.selector is not None and not layer.selector.matches(labels):
+            continue
+        where = f"layers[{i}].path"
+        try:
+            text, _ = substitute_text(layer.path, env)
+        except Undefined as u:
+            problems.append(Problem(fleet.file, layer.line, 0, "Fleet", "", where, undefined_message(
+                u.name, env, "add the label to its node config (nodeLabels), or give the layer a selector that requires "
+                "it (matchExpressions: [{key: ..., operator: Exists}])")))
+            continue
+        rel, why = _clean(text)
+        if why:
+            came = "" if text == layer.path else f" ({show(layer.path)} for node {safe_name(identity.name)})"
+            problems.append(Problem(fleet.file, layer.line, 0, "Fleet", "", where, f"{show(text)}{came} {why}"))
+            continue
+        clash = next((other for other in layers if _nested(other.rel, rel)), None)
+        if clash is not None:
+            how = "is the same directory as" if clash.rel == rel else "is nested with"
+            problems.append(Problem(fleet.file, layer.line, 0, "Fleet", "", where,
+                                    f"{show(rel)} {how} layers[{clash.index}] ({show(clash.rel)}, line {clash.line}) for "
+                                    f"node {safe_name(identity.name)}; a file may belong to one layer only: move one of "
+                                    "the directories beside the other"))
+            continue
+        layers.append(ResolvedLayer(i, rel, layer.optional, layer.line))
+    return Projection(fleet, tuple(layers), env, tuple(problems))
+
+
+def _clean(path: str) -> tuple[str, str]:
+    """(the path normalized, "") or ("", why it is refused). Empty components (`a//b`, a
+    trailing `/`) are dropped; an absolute path, `.` and `..`, hidden components and
+    control characters are refused: a layer is a visible directory under the root."""
+    if path.startswith("/"):
+        return "", "is an absolute path; a layer's path is relative to the fleet root (drop the leading /)"
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in path):
+        return "", "contains a control character; name the directory plainly"
+    parts = [p for p in path.split("/") if p]
+    if not parts:
+        return "", "names no directory; give a directory under the fleet root"
+    if any(p == ".." for p in parts):
+        return "", "leaves its directory with '..'; a layer is a directory under the fleet root"
+    if any(p.startswith(".") for p in parts):
+        return "", ("has a component starting with '.', which the manifest walk skips as hidden; "
+                    "rename the directory (and write no '.' component)")
+    return "/".join(parts), ""
+
+
+def _nested(a: str, b: str) -> bool:
+    return a == b or b.startswith(a + "/") or a.startswith(b + "/")
 
 
 def project(display: str, raw: bytes, identity: Identity) -> Projection:

@@ -22,6 +22,8 @@ KINDS = {
     "Endpoints": "endpoints.json",
     "ServiceCIDR": "servicecidr.json",
     "NodeConfig": "nodeconfig.json",
+    "Fleet": "fleet.json",
+    "NodeInventory": "nodeinventory.json",
 }
 
 
