@@ -26,6 +26,8 @@ from pathlib import Path
 from reconciler import logs
 from reconciler.intake import model
 from reconciler.intake.build import model_objects
+from reconciler.intake.fleet import Env
+from reconciler.intake.fleetmerge import is_removal
 from reconciler.intake.load import Document, SourceFile, chunk, read_bytes, read_file
 from reconciler.intake.problems import Problem
 from reconciler.intake.schema_errors import Obj
@@ -187,9 +189,11 @@ def _model_in(v: list, display: str, at: model.Source | None = None):
     return obj
 
 
-def _summary(res: FileResult, display: str) -> list | None:
+def _summary(res: FileResult, display: str, fleet: bool = False) -> list | None:
     """Per document [kind, namespace, name, cross view, model objects, line, col, index,
-    path] when the file is clean (see the module doc), else None."""
+    path] when the file is clean (see the module doc), else None. `fleet`: the view holds
+    the object's kind and metadata too (fleetmerge.merge identifies objects by them), and
+    a removal stub makes the file not clean."""
     if res.problems:
         return None
     out = []
@@ -200,14 +204,19 @@ def _summary(res: FileResult, display: str) -> list | None:
         view = cross_view(o.kind, doc.data)
         if view is None:
             return None
+        if fleet:
+            if is_removal(doc):
+                return None
+            view = dict(view, apiVersion=doc.data.get("apiVersion"), kind=doc.data.get("kind"),
+                        metadata=dict(doc.data.get("metadata") or {}, **(view.get("metadata") or {})))
         out.append([o.kind, o.namespace, o.name, view, [_model_out(m, display) for m in models],
                     doc.source.line, doc.source.col, doc.index, list(doc.path)])
     return out
 
 
-def _encode(res: FileResult, display: str) -> list:
+def _encode(res: FileResult, display: str, fleet: bool = False) -> list:
     """The entry's body: [summary, payload]; the payload is null when there is a summary."""
-    summary = _summary(res, display)
+    summary = _summary(res, display, fleet)
     if summary is not None:
         return [summary, None]
     docs = []
@@ -270,24 +279,37 @@ def _decode(body: list[bytes], display: str, real: Path, raw: bytes) -> FileResu
 # --- one file ----------------------------------------------------------------------------------
 
 
-def parse_file(display: str, real: Path) -> FileResult:
-    """One file read, checked and modelled, without the cache."""
+def parse_file(display: str, real: Path, env: Env | None = None) -> FileResult:
+    """One file read, checked and modelled, without the cache. `env`: a fleet node's (each
+    document substituted and checked by fleetmerge.check_fleet_document)."""
     problems: list[Problem] = []
     docs: list[Document] = []
     read = read_file(display, real, problems, docs)
-    checks = [check_document(d) for d in docs]
+    if env is None:
+        checks = [check_document(d) for d in docs]
+    else:
+        from reconciler.intake.fleetmerge import check_fleet_document  # substitutes, then checks
+
+        pairs = [check_fleet_document(d, env) for d in docs]
+        docs, checks = [d for d, _ in pairs], [c for _, c in pairs]
     models = [model_objects(c.obj) if c.obj is not None and c.obj.valid else None for c in checks]
     return FileResult(read, problems, docs, checks, models)
 
 
-def read_cached(display: str, real: Path, cache: Cache) -> FileResult:
-    """parse_file's result, from the cache when the entry of the file's bytes is there;
-    stored there when it was parsed from exactly those bytes (the file may change
-    between this read and load's)."""
+def _key(real: Path, raw: bytes, env: Env | None) -> str:
+    """The entry of these bytes, read as the file's suffix says, for `env` (a fleet node's)."""
+    kind = "json" if real.name.endswith(".json") else "yaml"
+    return entry_key(kind if env is None else f"fleet-{kind}-{env.digest}", raw)
+
+
+def read_cached(display: str, real: Path, cache: Cache, env: Env | None = None) -> FileResult:
+    """parse_file's result, from the cache when the entry of the file's bytes (and `env`)
+    is there; stored there when it was parsed from exactly those bytes (the file may
+    change between this read and load's)."""
     raw = read_bytes(real)
     if raw is None:  # unreadable or too big: load reports it
-        return parse_file(display, real)
-    key = entry_key("json" if real.name.endswith(".json") else "yaml", raw)
+        return parse_file(display, real, env)
+    key = _key(real, raw, env)
     body = cache.get(key)
     if body is not None:
         try:
@@ -301,19 +323,19 @@ def read_cached(display: str, real: Path, cache: Cache) -> FileResult:
             res.key = key
             return res
     cache.misses += 1
-    res = parse_file(display, real)
+    res = parse_file(display, real, env)
     if res.chunk != chunk(display, raw):
         return res
     res.key = key
     try:
-        cache.put(key, _encode(res, display))
+        cache.put(key, _encode(res, display, env is not None))
     except _Unfit:
         logs.log.debug(f"intake cache: {display}: its result names its path; not cached")
     return res
 
 
-def read_all(paths: list[tuple[str, Path]], cache: Cache) -> list[FileResult]:
-    """read_cached for every file, in order. Cache misses are shared with a pool of forked
+def read_all(paths: list[tuple[str, Path]], cache: Cache, env: Env | None = None) -> list[FileResult]:
+    """read_cached for every file, in order (`env`: a fleet node's). Cache misses are shared with a pool of forked
     workers (one per further core), which store their entries for this process to read;
     a fork starts with the parser and validators loaded, a spawned worker would import
     them first. Only with enough misses, not in a daemonic process (which may not have
@@ -322,27 +344,27 @@ def read_all(paths: list[tuple[str, Path]], cache: Cache) -> list[FileResult]:
     cores = len(os.sched_getaffinity(0))
     others = [t for t in threading.enumerate() if t is not threading.main_thread() and t.name != "nftrec-progress"]
     forkable = cores > 1 and not others and not current_process().daemon
-    missing = [p for p in paths if _missing(p[1], cache)] if forkable else []
+    missing = [p for p in paths if _missing(p[1], cache, env)] if forkable else []
     if len(missing) < MIN_PARALLEL:
-        return [read_cached(*p, cache) for p in paths]
+        return [read_cached(*p, cache, env) for p in paths]
     theirs = {p for i, p in enumerate(missing) if i % cores}  # this process keeps every cores-th
     with ProcessPoolExecutor(cores - 1, mp_context=get_context("fork")) as pool:
-        stored = pool.map(_fill, theirs, [cache] * len(theirs))
-        mine = {p: read_cached(*p, cache) for p in paths if p not in theirs}
+        stored = pool.map(_fill, theirs, [cache] * len(theirs), [env] * len(theirs))
+        mine = {p: read_cached(*p, cache, env) for p in paths if p not in theirs}
         try:
             n = sum(stored)
         except BrokenProcessPool:  # a worker died (OOM killer): what it did not store is parsed below
             n = 0
-    results = [mine[p] if p in mine else read_cached(*p, cache) for p in paths]
+    results = [mine[p] if p in mine else read_cached(*p, cache, env) for p in paths]
     cache.misses += n
     cache.hits -= n  # counted again by the read that found what a worker stored
     return results
 
 
-def _missing(real: Path, cache: Cache) -> bool:
+def _missing(real: Path, cache: Cache, env: Env | None) -> bool:
     raw = read_bytes(real)
-    return raw is not None and not cache.path(entry_key("json" if real.name.endswith(".json") else "yaml", raw)).exists()
+    return raw is not None and not cache.path(_key(real, raw, env)).exists()
 
 
-def _fill(path: tuple[str, Path], cache: Cache) -> int:
-    return int(read_cached(*path, cache).key is not None)
+def _fill(path: tuple[str, Path], cache: Cache, env: Env | None) -> int:
+    return int(read_cached(*path, cache, env).key is not None)

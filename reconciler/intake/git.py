@@ -41,7 +41,8 @@ def _checkout_of(root: Path) -> tuple[str | None, Checkout | None]:
 
 
 def revision_of(resolved: Path | None, digest: str, chunks: Sequence[bytes] = (), prefix: str = "",
-                memo: dict | None = None, recorded: tuple[str | None, str | None] = (None, None)) -> str:
+                memo: dict | None = None, recorded: tuple[str | None, str | None] = (None, None),
+                scope: tuple[str, ...] = ()) -> str:
     """A manifest tree's revision: the name of the OCI artifact it is, when it lies in a
     store this process opened as an `oci://` source (checked first: the state directory
     may sit in a git checkout), else the commit of the checkout it is (`<commit>+dirty:
@@ -50,7 +51,8 @@ def revision_of(resolved: Path | None, digest: str, chunks: Sequence[bytes] = ()
     makes it an artifact. `recorded`: (digest, revision) of an earlier read (the last
     apply's), whose name stands for the same files in a checkout of the same commit (it
     would differ only for those files at another directory of that commit): the no-op
-    plan then opens no object store."""
+    plan then opens no object store. `scope`: a fleet node's read (load.Walk.scope): only
+    those of the commit's files count."""
     if resolved is None:
         return ""
     if any(p.name.startswith("sha256-") for p in (resolved, *resolved.parents)):  # (links already resolved)
@@ -66,10 +68,11 @@ def revision_of(resolved: Path | None, digest: str, chunks: Sequence[bytes] = ()
         return f"sha256:{digest}"
     if recorded[0] == digest and recorded[1] is not None and recorded[1].split("+dirty:")[0] == co.commit:
         return recorded[1]
-    return f"{co.commit}+dirty:sha256:{digest}" if dirty(co, resolved, chunks, prefix, memo) else co.commit
+    return f"{co.commit}+dirty:sha256:{digest}" if dirty(co, resolved, chunks, prefix, memo, scope) else co.commit
 
 
-def dirty(co: Checkout, resolved: Path, chunks: Sequence[bytes], prefix: str, memo: dict | None = None) -> bool:
+def dirty(co: Checkout, resolved: Path, chunks: Sequence[bytes], prefix: str, memo: dict | None = None,
+          scope: tuple[str, ...] = ()) -> bool:
     """Whether the manifest files read under `resolved` (`chunks`, display paths under
     `prefix`) differ from what the checkout's commit holds there, read with the rules of a
     directory (gitobjects.manifest_files): a file added, removed or changed. Each file's
@@ -86,6 +89,9 @@ def dirty(co: Checkout, resolved: Path, chunks: Sequence[bytes], prefix: str, me
                 want = {prefix: entry[1]} if entry is not None and entry[0] != "120000" else {}
     except (ObjectError, OSError):
         return False
+    if scope:
+        dirs = tuple(s for s in scope if s.endswith("/"))
+        want = {d: oid for d, oid in want.items() if d in scope or d.startswith(dirs)}
     memo = memo if memo is not None else {}
     have = 0
     for c in chunks:

@@ -18,6 +18,9 @@ from reconciler.heap import no_cyclic_gc
 from reconciler.intake import model
 from reconciler.intake.build import build_inventory
 from reconciler.intake.cache import FileResult, open_cache, parse_file, read_all
+from reconciler.intake.fleet import Identity
+from reconciler.intake.fleetmerge import merge
+from reconciler.intake.fleetread import FleetWalk, is_fleet_root, walk_fleet
 from reconciler.intake.git import load_revision, revision_of
 from reconciler.intake.gitobjects import ManifestFiles
 from reconciler.intake.load import Document, LoadResult, Walk, read_file, tree_digest, walk
@@ -60,22 +63,35 @@ def load_manifests(root: str | Path) -> LoadResult:
                       str(w.resolved) if w.resolved is not None else str(root))
 
 
-def read_inventory(root: str | Path, *, strict: bool = False, fields: str = "strict", cache_dir: Path | str | None = None) -> InventoryResult:
+def read_inventory(root: str | Path, *, strict: bool = False, fields: str = "strict", cache_dir: Path | str | None = None,
+                   identity: Identity | None = None) -> InventoryResult:
     """load -> validate -> model for one manifest directory. Never raises for bad input:
     check `.ok` and `.problems`; `.inventory` holds only the objects that were valid.
     `-` reads standard input (intake/sources.py). `cache_dir`: the intake cache
     (intake/cache.py); the result is the same with or without it. `strict`, `fields`:
-    --strict and the field validation (validate.settle)."""
+    --strict and the field validation (validate.settle). `identity`: the node's, for a
+    fleet root (fleet.yaml at the top: only its layers are read, intake/fleetread.py)."""
     with progress.step(f"reading manifests from {display_root(root)}"), no_cyclic_gc():
         if is_stdin(root):  # read once, nothing to key a cache on
             return inventory_from_load(load_stdin(), strict=strict, fields=fields)
-        w = walk(root)
+        fleet = fleet_walk(root, identity) if is_fleet_root(root) else None
+        w = walk(root) if fleet is None else fleet.walk
+        env = None if fleet is None else fleet.env
         if cache_dir is None:
-            return assemble(w, [parse_file(*p) for p in w.paths], strict=strict, fields=fields)
+            return assemble(w, [parse_file(*p, env) for p in w.paths], strict=strict, fields=fields, fleet=fleet)
         cache = open_cache(cache_dir)
-        result = assemble(w, read_all(w.paths, cache), strict=strict, fields=fields)
+        result = assemble(w, read_all(w.paths, cache, env), strict=strict, fields=fields, fleet=fleet)
         cache.finish(len(w.paths))
         return result
+
+
+def fleet_walk(root: str | Path, identity: Identity | None) -> FleetWalk | None:
+    """walk_fleet of a fleet root named `root`; None when it is not one (any more)."""
+    try:
+        resolved = Path(root).resolve(strict=True)
+    except (OSError, RuntimeError):
+        return None
+    return walk_fleet(resolved, str(root), identity) if is_fleet_root(resolved) else None
 
 
 def read_revision(directory: Path, rev: str, commit: str | None = None, *, strict: bool = False,
@@ -100,18 +116,24 @@ def read_verified(files: ManifestFiles, *, strict: bool = False, fields: str = "
         return result
 
 
-def assemble(w: Walk, results: list[FileResult], *, strict: bool, fields: str = "strict", revision: str | None = None) -> InventoryResult:
+def assemble(w: Walk, results: list[FileResult], *, strict: bool, fields: str = "strict", revision: str | None = None,
+             fleet: FleetWalk | None = None) -> InventoryResult:
     """The per-file results in path order -> the tree's digest, checks and inventory
-    (`revision`: the commit they were read from, else the walk's)."""
+    (`revision`: the commit they were read from, else the walk's). `fleet`: a fleet
+    node's read (intake/fleetread.py): fleet.yaml's chunk leads the digest and the
+    documents are merged by layer (fleetmerge.merge) before the checks across them."""
     problems = list(w.problems)
     docs: list[Document] = []
     checks: list[DocumentCheck] = []
+    layers: list[int] = []
     models: dict[int, list] = {}
     origins: dict[int, tuple] = {}  # model.Inventory.origins
-    for res in results:
+    for n, res in enumerate(results):
         problems.extend(res.problems)
         docs.extend(res.docs)
         checks.extend(res.checks)
+        if fleet is not None:
+            layers.extend([fleet.layers[n]] * len(res.docs))
         for i, (doc, m) in enumerate(zip(res.docs, res.models)):
             if m is not None:
                 models[id(doc)] = m
@@ -119,9 +141,14 @@ def assemble(w: Walk, results: list[FileResult], *, strict: bool, fields: str = 
                     for j, obj in enumerate(m):
                         origins[id(obj)] = (obj, res.key, i, j)  # the file's key shared, not copied
     chunks = [res.chunk for res in results]
+    if fleet is not None:
+        chunks.insert(0, fleet.head)
+        docs, checks, merged = merge(docs, checks, layers)
+        problems.extend(merged)
     digest = tree_digest(chunks, prefix=w.prefix)
     checked = check_tree(problems, docs, checks, strict=strict, fields=fields)
-    inventory = build_inventory(checked.objects, revision or revision_of(w.resolved, digest, chunks, w.prefix),
+    inventory = build_inventory(checked.objects, revision or revision_of(w.resolved, digest, chunks, w.prefix,
+                                                                         scope=w.scope),
                                 make=lambda o: models[id(o.doc)])
     if origins:
         inventory = replace(inventory, origins=origins)

@@ -73,6 +73,7 @@ class Walk:
     paths: list[tuple[str, Path]]  # (display path, real path), sorted by display path
     problems: tuple[Problem, ...]  # links leaving the tree, unreadable directories, ...
     prefix: str = ""  # what every display path starts with (display_prefix), for tree_digest
+    scope: tuple[str, ...] = ()  # a fleet node's: the display paths read (a `/` end: a directory's files); () all
 
 
 def walk(root: str | Path) -> Walk:
@@ -163,14 +164,17 @@ def read_bytes(real: Path) -> bytes | None:
     return raw if len(raw) <= MAX_FILE_BYTES else None
 
 
-def manifest_files(root: Path, display_root: str, problems: list[Problem]) -> list[tuple[str, Path]]:
+def manifest_files(root: Path, display_root: str, problems: list[Problem], inside: Path | None = None
+                   ) -> list[tuple[str, Path]]:
     """Manifest files under root as (display path, real path), sorted by display path.
 
     Symlinks are followed (git-sync publishes revisions as links) but must stay inside
-    root; hidden entries are skipped.
+    `inside` (default root: a fleet's layer may link anywhere in the fleet root); hidden
+    entries are skipped.
     """
+    inside = inside or root
     out: list[tuple[str, Path]] = []
-    seen_dirs = {root}
+    seen_dirs = {root, inside}  # a link to the fleet root would read it whole (fleet.yaml, every layer)
     seen_files: set[Path] = set()
     stack: list[tuple[Path, str]] = [(root, display_root)]
     while stack:
@@ -191,7 +195,7 @@ def manifest_files(root: Path, display_root: str, problems: list[Problem]) -> li
                 except (OSError, RuntimeError):
                     problems.append(_file_problem(shown, "this symlink is dangling or loops; fix or remove it"))
                     continue
-                if not target.is_relative_to(root):
+                if not target.is_relative_to(inside):
                     problems.append(_file_problem(
                         shown, f"this symlink points outside the manifest tree (to {show(str(target))}); "
                         "nftrec refuses it: copy the file into the tree or remove the link"))
