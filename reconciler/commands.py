@@ -13,7 +13,7 @@ from typing import List, Optional
 
 import typer
 
-from reconciler.options import confirm_spec, field_validation
+from reconciler.options import LABELS_OPT, NODE_OPT, confirm_spec, field_validation, node_identity
 
 EXIT_OK, EXIT_ERROR, EXIT_CHANGES, EXIT_USAGE = 0, 1, 2, 64
 
@@ -91,15 +91,18 @@ def validate(
     fields: Optional[str] = FIELDS_OPT,
     output: str = _output_opt(),
     allow_empty: bool = EMPTY_OPT,
+    node: Optional[str] = NODE_OPT,
+    labels: Optional[str] = LABELS_OPT,
 ) -> None:
     """Check manifests and the node config: schema and cross-document checks. No root,
     no nft, no kernel needed."""
     _check_output(output)
     from reconciler.intake import run_validate
 
+    identity = node_identity(node, labels)
     root = _root(directory, config).root
     raise typer.Exit(run_validate(root, config_path=config, strict=strict, fields=fields, output=output,
-                                  allow_empty=allow_empty,
+                                  allow_empty=allow_empty, identity=identity,
                                   cache_dir=_cache_dir() if root == Path(directory) else None))
 
 
@@ -109,9 +112,20 @@ def render(
     config: Optional[Path] = CONFIG_OPT,
     strict: bool = STRICT_OPT,
     fields: Optional[str] = FIELDS_OPT,
+    node: Optional[str] = NODE_OPT,
+    labels: Optional[str] = LABELS_OPT,
+    manifests: bool = typer.Option(False, "--manifests", help="Print the node's effective manifests (a fleet "
+                                   "repository's layers merged, variables substituted) instead of the ruleset."),
 ) -> None:
     """Print the whole desired ruleset as an `nft -f` script from scratch."""
-    desired = _desired(_root(directory, config).root, config, None, strict, fields, interfaces=False)
+    root = _root(directory, config).root
+    desired = _desired(root, config, None, strict, fields, interfaces=False, compile=not manifests,
+                       identity=node_identity(node, labels))
+    if manifests:
+        from reconciler.engine.effective import effective_documents, write_manifests
+        from reconciler.intake.fleetread import identity_of
+
+        raise typer.Exit(write_manifests(effective_documents(root, identity_of(desired.config)), sys.stdout) or 0)
     from reconciler.compile import render_header, render_script
 
     sys.stdout.write(render_header(desired.config) + render_script(desired.ruleset))
@@ -245,7 +259,7 @@ def _root(argument: str, config: Optional[Path], target=None):
 
 def _desired(directory: Path, config: Optional[Path], netns: Optional[str], strict: bool, fields: Optional[str],
              target=None, interfaces: bool = True, compile: bool = True, signed_by=None, allow_rollback: bool = False,
-             source=None, refuse_empty: bool = False):
+             source=None, refuse_empty: bool = False, identity=None):
     """The validated, compiled input; invalid input exits 1 (and, for apply, is recorded
     as a failed attempt: status then shows lastAttemptedRevision != lastAppliedRevision).
     compile=False: plan and apply compile it themselves, only what changed.
@@ -261,7 +275,7 @@ def _desired(directory: Path, config: Optional[Path], netns: Optional[str], stri
             signed = (rollback_baseline(signed_by.store()), allow_rollback)
         return load_desired(directory, config, strict=strict, fields=fields, netns=netns, interfaces=interfaces,
                             cache_dir=_cache_dir(), compile=compile, config_cache=config_cache_dir(_state_root()),
-                            signed=signed, source=source, refuse_empty=refuse_empty)
+                            signed=signed, source=source, refuse_empty=refuse_empty, identity=identity)
     except InvalidInput as e:
         logs.log.error(str(e))
         if target is not None and e.record:
@@ -470,7 +484,7 @@ def trace(
                                 output=output, directory=None if directory in (None, Path("-")) else directory))
     if live:
         target = _target(config, netns)
-        raise typer.Exit(_guard(run_trace, packet, live_target=target, local_addresses=local_address,
+        raise typer.Exit(_guard(run_trace, packet, live_target=target, local_addresses=local_address, node=_node_config(config),
                                 directory=None if directory in (None, Path("-")) else directory, output=output))
     desired = _desired(directory, config, netns, strict, fields, interfaces=netns is not None)
     raise typer.Exit(_guard(run_trace, packet, desired=desired, local_addresses=local_address, output=output))

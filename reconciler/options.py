@@ -49,3 +49,19 @@ def confirm_spec(timeout: Optional[str], cmds: List[str], urls: List[str], tcps:
         raise typer.BadParameter(f"{timeout!r} is not a duration between 1ms and 24h (e.g. 60s, 5m)",
                                  param_hint="--confirm-timeout")
     return ConfirmSpec(seconds, tuple(checks))
+
+
+NODE_OPT = typer.Option(None, "--node", metavar="NAME", help="Read a fleet repository as node NAME (overrides "
+                        "the node config's nodeName).")
+LABELS_OPT = typer.Option(None, "--labels", metavar="K=V,...", help="Read a fleet repository with these node "
+                          "labels (replace the node config's nodeLabels).")
+
+
+def node_identity(node: Optional[str], labels: Optional[str]):
+    """--node and --labels as a function of the node config (engine/nodeidentity.py), or None."""
+    from reconciler.engine.nodeidentity import identity_override
+
+    try:
+        return identity_override(node, labels)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from reconciler import logs, progress
 from reconciler.intake import Inventory, NodeConfig
@@ -319,7 +319,8 @@ def check_signed(config: NodeConfig, source: ManifestSource, baseline, allow_rol
 def load_desired(directory: Path, config_path: Path | None, *, strict: bool = False, fields: str | None = None,
                  netns: str | None = None, interfaces: bool = True, cache_dir: Path | None = None,
                  compile: bool = True, config_cache: Path | None = None, signed: tuple | None = None,
-                 source: ManifestSource | None = None, refuse_empty: bool = False) -> Desired:
+                 source: ManifestSource | None = None, refuse_empty: bool = False,
+                 identity: Callable | None = None) -> Desired:
     """Read, validate and compile, logging every problem. Raises InvalidInput when the
     input has errors: invalid input is never applied. interfaces=False (render): the
     node's interface addresses are not listed; nodeIPs stand in for them. `cache_dir`:
@@ -329,12 +330,17 @@ def load_desired(directory: Path, config_path: Path | None, *, strict: bool = Fa
     allow rollback) for check_signed on `source` (default: `directory` as a directory
     argument), run before the manifests are read: with a git checkout, what is parsed is
     then the verified commit's files (Verdict.files). `refuse_empty` (plan, apply): no
-    Service at all is an error unless the node config sets allowEmpty (intake.no_services)."""
+    Service at all is an error unless the node config sets allowEmpty (intake.no_services).
+    `identity` (render: --node, --labels): a function of the node config that sets who
+    the node is (engine/nodeidentity.py); a fleet root is read as that node's."""
     from reconciler.compile import compile_ruleset
     from reconciler.intake import ManifestSource, config_digest, display_root, no_services, read_inventory, read_verified
+    from reconciler.intake.fleetread import identity_of
 
     config, config_problems = load_config(config_path, netns, interfaces=interfaces, cache_dir=config_cache,
                                           fields=fields)
+    if identity is not None:
+        config = identity(config)
     verdict = trust = None
     source = source or ManifestSource(str(directory), Path(directory))
     if signed is not None and not any(p.is_error for p in config_problems):
@@ -343,7 +349,8 @@ def load_desired(directory: Path, config_path: Path | None, *, strict: bool = Fa
     if verdict is not None and verdict.files is not None:  # exactly the verified commit's bytes
         result = read_verified(verdict.files, strict=strict, fields=config.field_validation, cache_dir=cache_dir)
     else:
-        result = read_inventory(directory, strict=strict, fields=config.field_validation, cache_dir=cache_dir)
+        result = read_inventory(directory, strict=strict, fields=config.field_validation, cache_dir=cache_dir,
+                                identity=identity_of(config))
     if verdict is not None and result.inventory.revision != verdict.revision:  # git-sync swapped in between
         raise Unverified(result.inventory.revision, f"revision {result.inventory.revision[:12]} was published while "
                          f"revision {verdict.revision[:12]} was verified; it was not applied: run again")

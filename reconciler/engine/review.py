@@ -61,6 +61,7 @@ def run_diff(old: str, new: str, *, git: Path | None = None, merge_base: bool = 
     from reconciler.compile import derived_topology_hints, relocate
     from reconciler.intake import GitError, display_root, load_node_config, read_inventory, read_revision, resolve_revision
     from reconciler.intake import merge_base as git_merge_base
+    from reconciler.intake.fleetread import identity_of
     from reconciler.kernel import canonical
 
     out_stream = out_stream or sys.stdout
@@ -78,7 +79,9 @@ def run_diff(old: str, new: str, *, git: Path | None = None, merge_base: bool = 
                 _load(new, lambda: read_revision(git, new, new_commit, strict=strict, fields=fields), config),
             ]
         else:
-            sides = [_load(display_root(d), lambda d=d: read_inventory(d, strict=strict, fields=fields), config)
+            identity = identity_of(config)  # a fleet root is read as this node's
+            sides = [_load(display_root(d), lambda d=d: read_inventory(d, strict=strict, fields=fields,
+                                                                       identity=identity), config)
                      for d in (old, new)]
     except GitError as e:
         raise CommandError(str(e)) from None

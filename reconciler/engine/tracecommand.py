@@ -21,13 +21,15 @@ def service_sources(inventory) -> dict[str, str]:
     return out
 
 
-def manifest_sources(directory: Path | None) -> dict[str, str]:
-    """"ns/name" -> "file:line" of the Services in `directory` (none when None)."""
+def manifest_sources(directory: Path | None, node=None) -> dict[str, str]:
+    """"ns/name" -> "file:line" of the Services in `directory` (none when None); a fleet
+    root is read as `node`'s (a NodeConfig)."""
     if directory is None:
         return {}
     from reconciler.intake import read_inventory
+    from reconciler.intake.fleetread import identity_of
 
-    return service_sources(read_inventory(directory).inventory)
+    return service_sources(read_inventory(directory, identity=None if node is None else identity_of(node)).inventory)
 
 
 def applied_ruleset(target):
@@ -81,7 +83,7 @@ def run_trace(packet: Packet, *, desired=None, live_target=None, applied_target=
             raise CommandError(f"no table {live_target.table} in {live_target.where}: nothing to trace "
                                f"(apply first, or trace the desired ruleset without --live)")
         local |= _node_addresses(live_target.netns)
-        sources = manifest_sources(directory)
+        sources = manifest_sources(directory, node)
     try:
         tr = trace_packet(ruleset, packet, local, ruleset_kind=kind, sources=sources)
     except (UnknownExpression, TraceError) as e:
