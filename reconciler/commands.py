@@ -13,7 +13,7 @@ from typing import List, Optional
 
 import typer
 
-from reconciler.options import LABELS_OPT, NODE_OPT, confirm_spec, field_validation, node_identity
+from reconciler.options import FLEET_OPT, LABELS_OPT, NODE_OPT, confirm_spec, field_validation, node_identity
 
 EXIT_OK, EXIT_ERROR, EXIT_CHANGES, EXIT_USAGE = 0, 1, 2, 64
 
@@ -93,10 +93,16 @@ def validate(
     allow_empty: bool = EMPTY_OPT,
     node: Optional[str] = NODE_OPT,
     labels: Optional[str] = LABELS_OPT,
+    fleet: Optional[Path] = FLEET_OPT,
 ) -> None:
     """Check manifests and the node config: schema and cross-document checks. No root,
     no nft, no kernel needed."""
     _check_output(output)
+    if fleet is not None:
+        from reconciler.engine.fleetreview import run_validate_fleet
+
+        raise typer.Exit(_guard(run_validate_fleet, fleet, _root(directory, config).root, config_path=config,
+                                strict=strict, fields=fields, output=output, allow_empty=allow_empty))
     from reconciler.intake import run_validate
 
     identity = node_identity(node, labels)
@@ -146,6 +152,7 @@ def diff(
     output: str = typer.Option("text", "-o", "--output", help="text, json or markdown (a pull-request comment)"),
     detailed_exitcode: bool = typer.Option(False, "--detailed-exitcode",
                                            help="Exit 0 when nothing changes, 2 when something does."),
+    fleet: Optional[Path] = FLEET_OPT,
 ) -> None:
     """Offline per-Service plan between two manifest trees or git revisions, for review:
     no root, no kernel; node IPs come from --config only."""
@@ -173,8 +180,13 @@ def diff(
 
     if git is None:
         old, new = (str(_root(side, config).root) if side != "-" else side for side in (old, new))
-    raise typer.Exit(_guard(run_diff, old, new, git=git, merge_base=merge_base, config_path=config,
-                            strict=strict, fields=fields, output=output, detailed=detailed_exitcode, verbose=verbose))
+    kw = dict(git=git, merge_base=merge_base, config_path=config, strict=strict, fields=fields, output=output,
+              detailed=detailed_exitcode, verbose=verbose)
+    if fleet is not None:
+        from reconciler.engine.fleetreview import run_diff_fleet
+
+        raise typer.Exit(_guard(run_diff_fleet, old, new, fleet, **kw))
+    raise typer.Exit(_guard(run_diff, old, new, **kw))
 
 
 NETNS_OPT = typer.Option(None, "--netns", help="Act inside this named network namespace "

@@ -10,6 +10,9 @@ from typing import List, Optional
 
 import typer
 
+FLEET_OPT = typer.Option(None, "--fleet", metavar="INVENTORY", help="Every node of this NodeInventory (names and "
+                         "labels) on a fleet root: each problem or plan once, with the nodes it concerns.")
+
 
 def field_validation(value: Optional[str]) -> Optional[str]:
     """--field-validation, as kubectl spells its values (any case): strict, warn or ignore."""

@@ -155,11 +155,16 @@ def _footer(old: Side, new: Side) -> str:
 
 
 def format_markdown(plan: Plan, old: Side, new: Side) -> str:
-    """A pull-request comment: title, the summary line, one table row per Service, the
-    shared objects, and the exact transaction collapsed in <details>."""
+    """A pull-request comment: title, the plan (markdown_plan), footer."""
+    return "\n".join([MARKER, _title(old, new), "", *markdown_plan(plan), _footer(old, new)]) + "\n"
+
+
+def markdown_plan(plan: Plan, max_ops: int = MAX_MARKDOWN_OPS) -> list[str]:
+    """A plan's lines of a comment: the summary line, one table row per Service, the
+    shared objects, and the exact transaction (at most `max_ops` lines) in <details>."""
     text = format_text(plan, no_changes=NO_CHANGES).splitlines()
     summary = text[-1] if text else NO_CHANGES
-    out = [MARKER, _title(old, new), "", f"**{_cell(summary)}**", ""]
+    out = [f"**{_cell(summary)}**", ""]
     if plan.services:
         out += ["| | Service | Change |", "|:-:|---|---|"]
         for sc in plan.services:
@@ -177,7 +182,7 @@ def format_markdown(plan: Plan, old: Side, new: Side) -> str:
     out += [f"> {_cell(n)}" for n in notes] + ([""] if notes else [])
     if not plan.empty:
         ops = [str(op) for op in plan.transaction]
-        shown = ops[:MAX_MARKDOWN_OPS]
+        shown = ops[:max_ops]
         if len(ops) > len(shown):
             shown.append(f"# ... and {len(ops) - len(shown)} more; run `nftrec diff` locally with -v for all")
         n = len(ops)
@@ -185,8 +190,7 @@ def format_markdown(plan: Plan, old: Side, new: Side) -> str:
                 "commit on each node</summary>", ""]
         out += _code_block([logs.escape(op) for op in shown])
         out += ["", "</details>", ""]
-    out.append(_footer(old, new))
-    return "\n".join(out) + "\n"
+    return out
 
 
 def _write_invalid(stream: TextIO, output: str, old: Side, new: Side, problems: list[Problem]) -> None:
