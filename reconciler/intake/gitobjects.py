@@ -20,10 +20,11 @@ import posixpath
 import re
 import stat
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from reconciler.intake.fleet import FLEET_FILE
 from reconciler.intake.load import SUFFIXES
 from reconciler.intake.parse import MAX_FILE_BYTES
 from reconciler.intake.problems import ERROR, WARNING, Problem, show
@@ -300,11 +301,26 @@ class Store:
 class ManifestFiles:
     """A commit's manifest files below a directory, as load_blobs takes them: (display
     path, object id, bytes; the size for a blob over the size limit; None for a blob the
-    caller said it holds), in display order, and the problems of the listing."""
+    caller said it holds), in display order, and the problems of the listing. A fleet
+    root's (`fleet` set) holds no files: its layers are listed per node (layer_files)."""
     revision: str
     root: str
     files: tuple
     problems: tuple
+    fleet: FleetRoot | None = None
+
+
+@dataclass(frozen=True)
+class FleetRoot:
+    """A commit's fleet root: fleet.yaml's blob (display, object id, bytes or size), every
+    directory below the root (relative paths, for a missing layer), and where the layers'
+    blobs are read from when a node's projection names them (layer_files)."""
+    common: Path
+    sub: str
+    file: tuple
+    dirs: frozenset
+    held: Callable[[str, str], bool] | None = field(default=None, compare=False)
+    trees: dict | None = field(default=None, compare=False, repr=False)
 
 
 def blob_id(raw, hexlen: int) -> str:
@@ -321,10 +337,13 @@ def _hidden(rel: str) -> bool:
 
 
 def manifest_files(store: Store, commit: str, sub: str, root: str,
-                   held: Callable[[str, str], bool] | None = None) -> ManifestFiles:
+                   held: Callable[[str, str], bool] | None = None, within: tuple[str, ...] | None = None
+                   ) -> ManifestFiles:
     """The manifest files of `commit` below `sub`, displayed as `root` + their path there,
     read with the rules of a directory on disk (module comment). `held(display, oid)`:
-    True when the caller holds that blob's bytes already (they are not read)."""
+    True when the caller holds that blob's bytes already (they are not read). `within`:
+    only the paths starting with one of these (`dir/`) are listed (a fleet node's layers);
+    symlinks still resolve anywhere below `sub`, as on disk."""
     entries = store.listing(commit, sub)
     problems: list[Problem] = []
     if entries is None:
@@ -336,7 +355,7 @@ def manifest_files(store: Store, commit: str, sub: str, root: str,
     read_once: set[str] = set()
     for rel in sorted(entries):
         mode, oid = entries[rel]
-        if _hidden(rel):
+        if _hidden(rel) or (within is not None and not rel.startswith(within)):
             continue
         if mode == "160000":
             problems.append(Problem(shown(rel), 0, 0, "", "", "", "this is a git submodule; nftrec does not read "
@@ -375,3 +394,45 @@ def manifest_files(store: Store, commit: str, sub: str, root: str,
         raw = store.raw(oid, "blob")
         files.append((display, oid, raw if len(raw) <= MAX_FILE_BYTES else len(raw)))
     return ManifestFiles(commit, root, tuple(files), tuple(problems))
+
+
+def commit_files(store: Store, commit: str, sub: str, root: str,
+                 held: Callable[[str, str], bool] | None = None) -> ManifestFiles:
+    """manifest_files of `commit` below `sub`; for a fleet root (fleet.yaml at its top) only
+    fleet.yaml's blob is read, the layers wait for a node's projection (layer_files).
+    fleet.yaml that is not a regular file (a link, a submodule) is an error."""
+    entries = store.listing(commit, sub)
+    found = entries.get(FLEET_FILE) if entries is not None else None
+    if found is None:
+        return manifest_files(store, commit, sub, root, held)
+    mode, oid = found
+    display = root + FLEET_FILE
+    if mode not in ("100644", "100755"):
+        return ManifestFiles(commit, root, (), (Problem(display, 0, 0, "", "", "", "fleet.yaml is not a regular file "
+                                                        "in this revision (a symlink or a submodule); commit the "
+                                                        "file itself", ERROR),))
+    raw = store.raw(oid, "blob")
+    dirs = frozenset(posixpath.dirname(rel) for rel in entries)
+    dirs = frozenset(d for rel in dirs for d in _parents(rel))
+    fleet = FleetRoot(store.common, sub, (display, oid, raw if len(raw) <= MAX_FILE_BYTES else len(raw)), dirs, held,
+                      store._trees)
+    return ManifestFiles(commit, root, (), (), fleet)
+
+
+def _parents(rel: str) -> list[str]:
+    """`a/b/c` -> [a, a/b, a/b/c]; "" -> []."""
+    parts = rel.split("/") if rel else []
+    return ["/".join(parts[:i]) for i in range(1, len(parts) + 1)]
+
+
+def layer_files(files: ManifestFiles, layers: tuple[str, ...]) -> ManifestFiles:
+    """The manifest files of a fleet root's (commit_files) directories `layers` (relative
+    to the root; existing ones, FleetRoot.dirs), read from the object store with the rules
+    of manifest_files: symlinks may point anywhere in the fleet root. ObjectError when an
+    object is missing or damaged."""
+    fleet = files.fleet
+    if not layers:
+        return ManifestFiles(files.revision, files.root, (), ())
+    with Store(fleet.common, fleet.trees) as store:
+        return manifest_files(store, files.revision, fleet.sub, files.root, fleet.held,
+                              within=tuple(rel + "/" for rel in layers))

@@ -101,17 +101,27 @@ def read_revision(directory: Path, rev: str, commit: str | None = None, *, stric
     return inventory_from_load(load_revision(directory, rev, commit), strict=strict, fields=fields)
 
 
-def read_verified(files: ManifestFiles, *, strict: bool = False, fields: str = "strict", cache_dir: Path | str | None = None) -> InventoryResult:
+def read_verified(files: ManifestFiles, *, strict: bool = False, fields: str = "strict", cache_dir: Path | str | None = None,
+                  identity: Identity | None = None) -> InventoryResult:
     """read_inventory of a verified commit's manifest files (signatures.Verdict.files):
     exactly the bytes read from the object store, never the worktree's; the inventory's
-    revision is the commit."""
+    revision is the commit. A fleet root (files.fleet): fleet.yaml and the layers of
+    `identity`'s projection, read from the commit (intake/fleetlisting.py)."""
+    from reconciler.intake.fleetlisting import fleet_walk, verified_node
+
     with progress.step(f"reading manifests of revision {files.revision[:12]}"), no_cyclic_gc():
-        paths = [(display, Blob(display.rsplit("/", 1)[-1], raw)) for display, _oid, raw in files.files]
-        w = Walk(None, paths, files.problems, files.root)
+        node = verified_node(files, identity) if files.fleet is not None else None
+        listed = files.files if node is None else node.files
+        paths = [(display, Blob(display.rsplit("/", 1)[-1], raw)) for display, _oid, raw in listed]
+        fleet = None if node is None else fleet_walk(node, files.root, paths)
+        w = Walk(None, paths, files.problems, files.root) if fleet is None else fleet.walk
+        env = None if fleet is None else fleet.env
         if cache_dir is None:
-            return assemble(w, [parse_file(*p) for p in paths], strict=strict, fields=fields, revision=files.revision)
+            return assemble(w, [parse_file(*p, env) for p in paths], strict=strict, fields=fields,
+                            revision=files.revision, fleet=fleet)
         cache = open_cache(cache_dir)
-        result = assemble(w, read_all(paths, cache), strict=strict, fields=fields, revision=files.revision)
+        result = assemble(w, read_all(paths, cache, env), strict=strict, fields=fields, revision=files.revision,
+                          fleet=fleet)
         cache.finish(len(paths))
         return result
 

@@ -1,7 +1,8 @@
 """Signed revisions: a git checkout's commit is applied only when a key of the node
 config's `verify.keys` signed it (or, in Tag modes, an annotated tag of it), and (unless
 rollback is allowed) it does not roll back from the last applied revision. What is then
-parsed is the commit's own tree, read from the object store: never the worktree's files.
+parsed is the commit's own tree, read from the object store: never the worktree's files
+(of a fleet root: its fleet.yaml, then the layers a node's projection names, gitobjects.layer_files).
 
 `Verifier(spec)` reads the keys once (a TrustError when they cannot be used);
 `check(directory, baseline)` gives a Verdict carrying the verified manifest files.
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from reconciler.intake.gitsign import TrustError
-from reconciler.intake.gitobjects import Checkout, ManifestFiles, ObjectError, Store, find_checkout, manifest_files, tag_refs
+from reconciler.intake.gitobjects import Checkout, ManifestFiles, ObjectError, Store, commit_files, find_checkout, tag_refs
 from reconciler.intake.model import Verify
 from reconciler.intake.problems import show
 
@@ -159,7 +160,7 @@ class Verifier:
                     return Verdict(co.commit, False, "rollback", f"{rule}; `nftrec apply --allow-rollback` applies it "
                                    "once", verdict.signer, verdict.key, time=commit.commit_time)
         try:
-            files = manifest_files(store, co.commit, co.sub, os.path.join(str(directory), ""), held)
+            files = commit_files(store, co.commit, co.sub, os.path.join(str(directory), ""), held)
         except ObjectError as e:
             return Verdict(co.commit, False, "bad-object", f"the commit's tree cannot be read: {e}", verdict.signer,
                            verdict.key, time=commit.commit_time)

@@ -1,0 +1,164 @@
+"""A fleet root from every source that is not a plain directory: a verified git commit
+(`verify`: fleet.yaml and the node's layers are the signed commit's blobs, whatever the
+worktree's user writes), a `diff --git` revision, a tar archive on standard input, and an
+OCI artifact.
+
+Real git and git-sync's defaults (tests/gitsync.py), real SSH keys, real `git archive` and
+`tar`, nftrec as a subprocess.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gitsync import GitSync, push, remote
+from reconciler.intake import Verifier, Verify, read_verified
+from reconciler.intake.fleet import Identity
+from test_cli_kernel import nftrec
+from test_verify_signed import git, needs_ssh, sign_head, ssh_key, SSH_BY_HAND
+
+FLEET = """apiVersion: nftrec/v1alpha1
+kind: Fleet
+layers:
+- path: base
+- path: sites/${labels.site}
+- path: nodes/${nodeName}
+  optional: true
+"""
+
+SERVICE = """apiVersion: v1
+kind: Service
+metadata: {{name: {name}, namespace: default}}
+spec:
+  clusterIP: {ip}
+  ports: [{{port: 80, protocol: TCP}}]
+"""
+
+LYON = Identity("lyon-1", (("site", "lyon"),))
+
+
+def write_fleet(root: Path) -> None:
+    """base (web), sites/lyon (dns-lyon), sites/paris (dns-paris, and a file no node of
+    Lyon may read: invalid YAML)."""
+    (root / "fleet.yaml").write_text(FLEET)
+    for rel, text in {"base/web.yaml": SERVICE.format(name="web", ip="10.96.0.10"),
+                      "sites/lyon/dns.yaml": SERVICE.format(name="dns-lyon", ip="10.96.1.10"),
+                      "sites/paris/dns.yaml": SERVICE.format(name="dns-paris", ip="10.96.2.10"),
+                      "sites/paris/broken.yaml": "kind: [unclosed\n"}.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+
+
+def services(result) -> set[str]:
+    return {s.name for s in result.inventory.services}
+
+
+class SignedFleet:
+    """A fleet repository signed with ops's SSH key, synced by git-sync with its defaults."""
+
+    def __init__(self, tmp: Path):
+        self.key = ssh_key(tmp / "keys", "ops")
+        self.src = tmp / "src"
+        self.src.mkdir()
+        git(self.src, "init", "-q")
+        if not SSH_BY_HAND:
+            git(self.src, "config", "gpg.format", "ssh")
+            git(self.src, "config", "user.signingkey", str(self.key))
+        write_fleet(self.src)
+        self.first = self.commit("fleet")
+        self.remote = remote(tmp, self.src)
+        self.gs = GitSync(tmp / "git-sync", self.remote)
+        self.verify = Verify("HEAD", (f"{self.key}.pub",))
+
+    def commit(self, message: str, *, sign: bool = True) -> str:
+        git(self.src, "add", "-A")
+        by_git = sign and not SSH_BY_HAND
+        git(self.src, "commit", "-q", "--allow-empty", "-m", message, *(["-S"] if by_git else []))
+        return sign_head(self.src, self.key) if sign and not by_git else git(self.src, "rev-parse", "HEAD")
+
+    def read(self, identity: Identity | None = LYON):
+        """(verdict, read_verified of it for `identity`) of git-sync's current worktree."""
+        with Verifier(self.verify) as v:
+            verdict = v.check(self.gs.current, None)
+        if not verdict.ok:
+            return verdict, None
+        return verdict, read_verified(verdict.files, identity=identity)
+
+
+@needs_ssh
+def test_verified_fleet_reads_the_signed_commits_projection(tmp_path):
+    fleet = SignedFleet(tmp_path)
+    assert fleet.gs.sync("main") == fleet.first
+    verdict, result = fleet.read()
+    assert verdict.ok and result.ok, [str(p) for p in result.problems]
+    assert services(result) == {"web", "dns-lyon"}  # sites/paris (with its broken file) never parsed
+    assert result.inventory.revision == fleet.first
+    _, paris = fleet.read(Identity("paris-1", (("site", "paris"),)))
+    assert not paris.ok and any("broken.yaml" in p.file for p in paris.problems)
+    _, nobody = fleet.read(None)
+    assert not nobody.ok and "fleet repository" in nobody.errors[0].message
+
+
+@needs_ssh
+def test_verified_fleet_ignores_what_the_worktrees_user_writes(tmp_path):
+    """git-sync's user owns the worktree: it moves the node to another site in fleet.yaml,
+    edits a layer file, adds the node's optional layer: none of it is read."""
+    fleet = SignedFleet(tmp_path)
+    fleet.gs.sync("main")
+    wt = fleet.gs.current
+    (wt / "fleet.yaml").write_text(FLEET.replace("sites/${labels.site}", "sites/paris"))
+    (wt / "sites" / "lyon" / "dns.yaml").write_text(SERVICE.format(name="dns-lyon", ip="10.96.9.9"))
+    (wt / "nodes" / "lyon-1").mkdir(parents=True)
+    (wt / "nodes" / "lyon-1" / "extra.yaml").write_text(SERVICE.format(name="extra", ip="10.96.9.10"))
+    (wt / "sites" / "lyon" / "added.yaml").write_text(SERVICE.format(name="added", ip="10.96.9.11"))
+    verdict, result = fleet.read()
+    assert verdict.ok and result.ok, [str(p) for p in result.problems]
+    assert services(result) == {"web", "dns-lyon"}
+    lyon = next(s for s in result.inventory.services if s.name == "dns-lyon")
+    assert "10.96.1.10" in str(lyon) and "10.96.9.9" not in str(lyon)
+
+
+@needs_ssh
+def test_verified_fleet_unsigned_fleet_yaml_is_refused(tmp_path):
+    """A pusher without a key moves every node to Paris: git-sync syncs it, verify refuses it."""
+    fleet = SignedFleet(tmp_path)
+    (fleet.src / "fleet.yaml").write_text(FLEET.replace("sites/${labels.site}", "sites/paris"))
+    unsigned = fleet.commit("move", sign=False)
+    push(fleet.src, fleet.remote)
+    assert fleet.gs.sync("main") == unsigned
+    verdict, result = fleet.read()
+    assert not verdict.ok and verdict.reason == "unsigned" and result is None
+
+
+@needs_ssh
+def test_verified_fleet_lists_only_the_nodes_layers_and_keeps_held_blobs(tmp_path):
+    """`held` (the watch's blobs already parsed) is asked about the node's files only, and
+    a held blob is not read; a layer's symlink may point anywhere in the fleet root."""
+    fleet = SignedFleet(tmp_path)
+    (fleet.src / "sites" / "lyon" / "shared.yaml").symlink_to("../../shared/extra.yaml")
+    (fleet.src / "shared").mkdir()
+    (fleet.src / "shared" / "extra.yaml").write_text(SERVICE.format(name="shared", ip="10.96.3.10"))
+    fleet.commit("link")
+    push(fleet.src, fleet.remote)
+    fleet.gs.sync("main")
+    asked: list[str] = []
+
+    def held(display: str, oid: str) -> bool:
+        asked.append(display[len(str(fleet.gs.current)) + 1:])
+        return display.endswith("base/web.yaml")
+
+    with Verifier(fleet.verify) as v:
+        verdict = v.check(fleet.gs.current, None, held=held)
+    assert asked == []  # fleet.yaml only, until the node's projection names the layers
+    from reconciler.intake.fleetlisting import verified_node
+
+    node = verified_node(verdict.files, LYON)
+    assert sorted(asked) == ["base/web.yaml", "sites/lyon/dns.yaml", "sites/lyon/shared.yaml"]
+    assert [(f[0].rsplit("/", 3)[-3:], f[2] is None) for f in node.files] == [
+        (["current", "base", "web.yaml"], True), (["sites", "lyon", "dns.yaml"], False),
+        (["sites", "lyon", "shared.yaml"], False)]
+    assert node.layers == (0, 1, 1) and not node.problems
