@@ -71,7 +71,7 @@ def substitute_document(doc: Document, env: Env) -> tuple[Document, dict[str, tu
     file:line:col (load.locate) for each undefined variable. A string with an undefined
     variable is left as written."""
     subs: dict[str, tuple[Substituted, ...]] = {}
-    problems: list[Problem] = []
+    undefined: list[tuple[tuple, str]] = []
 
     def walk(node, path: tuple):
         if isinstance(node, str):
@@ -80,9 +80,7 @@ def substitute_document(doc: Document, env: Env) -> tuple[Document, dict[str, tu
             try:
                 text, used = substitute_text(node, env)
             except Undefined as u:
-                problems.append(_problem(doc, path, undefined_message(
-                    u.name, env, "add the label to its node config (nodeLabels), or move this object to a layer "
-                    "whose selector requires the label")))
+                undefined.append((path, u.name))
                 return node
             if used:
                 subs[field_path(path)] = used
@@ -108,7 +106,9 @@ def substitute_document(doc: Document, env: Env) -> tuple[Document, dict[str, tu
         return node
 
     data = walk(doc.data, ())
-    return (doc if data is doc.data else replace(doc, data=data)), subs, problems
+    new = doc if data is doc.data else replace(doc, data=data)
+    advice = "add the label to its node config (nodeLabels), or move this object to a layer whose selector requires it"
+    return new, subs, [_problem(new, path, undefined_message(name, env, advice)) for path, name in undefined]
 
 
 def name_substitutions(problems: list[Problem], subs: dict[str, tuple[Substituted, ...]]) -> list[Problem]:
