@@ -29,7 +29,8 @@ MARKDOWN_LIMIT = 60000  # GitHub caps a comment at 65,536 characters; room for t
 
 
 def _natural(name: str) -> tuple:
-    return tuple((0, int(t), len(t)) if t.isdigit() else (1, t, 0) for t in re.split(r"(\d+)", name) if t)
+    """Natural order, numbers by width then value: edge-2, edge-001, edge-002, edge-100."""
+    return tuple((0, len(t), int(t)) if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", name) if t)
 
 
 def compress(names) -> str:
