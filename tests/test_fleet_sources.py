@@ -154,11 +154,46 @@ def test_verified_fleet_lists_only_the_nodes_layers_and_keeps_held_blobs(tmp_pat
     with Verifier(fleet.verify) as v:
         verdict = v.check(fleet.gs.current, None, held=held)
     assert asked == []  # fleet.yaml only, until the node's projection names the layers
-    from reconciler.intake.fleetlisting import verified_node
+    from reconciler.intake.fleetlisting import listed_node
 
-    node = verified_node(verdict.files, LYON)
+    node = listed_node(verdict.files, LYON)
     assert sorted(asked) == ["base/web.yaml", "sites/lyon/dns.yaml", "sites/lyon/shared.yaml"]
     assert [(f[0].rsplit("/", 3)[-3:], f[2] is None) for f in node.files] == [
         (["current", "base", "web.yaml"], True), (["sites", "lyon", "dns.yaml"], False),
         (["sites", "lyon", "shared.yaml"], False)]
     assert node.layers == (0, 1, 1) and not node.problems
+
+
+def test_git_revisions_of_a_fleet_root_one_read_many_nodes(tmp_path):
+    """`diff --git`'s reader: each revision's fleet.yaml and files read once from git's
+    objects (revision_files), projected per node (listed_node, read_revision identity=)."""
+    from reconciler.intake import read_revision
+    from reconciler.intake.fleetlisting import listed_node
+    from reconciler.intake.git import revision_files
+
+    src = tmp_path / "repo"
+    (src / "fleet").mkdir(parents=True)
+    git(src, "init", "-q")
+    write_fleet(src / "fleet")
+    git(src, "add", "-A")
+    git(src, "commit", "-q", "-m", "one")
+    (src / "fleet" / "sites" / "lyon" / "dns.yaml").write_text(SERVICE.format(name="dns-lyon", ip="10.96.1.11"))
+    (src / "fleet" / "nodes" / "lyon-1").mkdir(parents=True)
+    (src / "fleet" / "nodes" / "lyon-1" / "own.yaml").write_text(SERVICE.format(name="own", ip="10.96.4.10"))
+    git(src, "add", "-A")
+    git(src, "commit", "-q", "-m", "two")
+    (src / "fleet" / "fleet.yaml").write_text("kind: [broken\n")  # the worktree is not the revision
+    old = read_revision(src / "fleet", "HEAD~1", identity=LYON)
+    new = read_revision(src / "fleet", "HEAD", identity=LYON)
+    assert old.ok and new.ok, [str(p) for p in old.problems + new.problems]
+    assert services(old) == {"web", "dns-lyon"} and services(new) == {"web", "dns-lyon", "own"}
+    assert {p.file for p in new.problems} <= {"HEAD:fleet/fleet.yaml"}
+    listed = revision_files(src / "fleet", "HEAD")
+    assert listed.fleet.file[0] == "HEAD:fleet/fleet.yaml" and b"kind: Fleet" in listed.fleet.file[2]
+    assert "HEAD:fleet/sites/paris/broken.yaml" in [f[0] for f in listed.files]
+    paris = listed_node(listed, Identity("paris-1", (("site", "paris"),)))
+    assert [f[0] for f in paris.files] == ["HEAD:fleet/base/web.yaml", "HEAD:fleet/sites/paris/broken.yaml",
+                                          "HEAD:fleet/sites/paris/dns.yaml"] and paris.layers == (0, 1, 1)
+    nowhere = listed_node(listed, Identity("x", (("site", "nice"),)))
+    assert not nowhere.files and "layer sites/nice does not exist" in nowhere.problems[0].message
+    assert nowhere.problems[0].file == "HEAD:fleet/fleet.yaml" and nowhere.problems[0].line == 5

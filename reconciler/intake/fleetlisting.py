@@ -77,11 +77,14 @@ def in_memory(files: Sequence[tuple], root: str) -> Callable[[tuple[str, ...]], 
     return lambda rels: (tuple(f for f in files if f[0].startswith(tuple(root + rel + "/" for rel in rels))), ())
 
 
-def verified_node(files: ManifestFiles, identity: Identity | None) -> NodeFiles:
-    """node_files of a verified commit's fleet root (gitobjects.commit_files): the layers'
-    blobs read from the object store, by the ids of the commit's trees; the caller's held
-    blobs (FleetRoot.held) come as None."""
+def listed_node(files: ManifestFiles, identity: Identity | None) -> NodeFiles:
+    """node_files of a listed fleet root (files.fleet): a verified commit's, whose layers'
+    blobs are read now from the object store, by the ids of the commit's trees (the
+    caller's held blobs come as None); or one whose files are all in memory (a revision
+    read whole, an archive)."""
     fleet = files.fleet
+    if fleet.common is None:
+        return node_files(files.root, fleet.file[2], fleet.dirs, identity, in_memory(files.files, files.root))
 
     def read(rels: tuple[str, ...]) -> tuple[tuple, tuple]:
         try:

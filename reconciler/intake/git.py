@@ -1,11 +1,11 @@
 """What nftrec reads of git: the commit a checkout is (`revision_of`, from the files under
 `.git`; `+dirty` when its manifest files are not the commit's), what a checkout's commit
-holds (`checkout_blobs`, for the watch on git-sync's worktrees), and the manifests of one revision (`load_revision`, `nftrec diff --git DIR
+holds (`checkout_blobs`, for the watch on git-sync's worktrees), and the manifests of one revision (`revision_files`, `nftrec diff --git DIR
 A..B`: no checkout). Objects are read in-process (intake/gitobjects.py); a git process runs
 only to resolve revision names for `diff --git`, and only in the caller's own repository.
 """
 
-# load_revision reads the revision's copy of DIR with the rules of a directory on disk
+# revision_files reads the revision's copy of DIR with the rules of a directory on disk
 # (gitobjects.manifest_files). Positions are git's object names, `REV:path/in/repo.yaml:12:3`,
 # so `git show REV:path/in/repo.yaml` opens the file. git (rev-parse, merge-base) runs under
 # the repository's own config: only where the repository (worktree, git directory, common
@@ -20,7 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from reconciler.intake.gitobjects import Checkout, ObjectError, Store, blob_id, find_checkout, manifest_files
+from reconciler.intake.gitobjects import (
+    Checkout, ManifestFiles, ObjectError, Store, blob_id, commit_files, find_checkout, manifest_files,
+)
 from reconciler.intake.load import LoadResult
 from reconciler.intake.problems import WARNING, Problem, show
 from reconciler.intake.sources import load_blobs
@@ -203,22 +205,29 @@ def merge_base(directory: Path, a: str, b: str) -> str:
                        "(a shallow clone? fetch with more depth, or use OLD..NEW)") from None
 
 
-def load_revision(directory: Path, rev: str, commit: str | None = None) -> LoadResult:
-    """The manifests under `directory` as revision `rev` has them, loaded as load_manifests
-    loads a checkout of `rev`. The result's revision is the commit."""
+def revision_files(directory: Path, rev: str, commit: str | None = None) -> ManifestFiles:
+    """The manifest files under `directory` as revision `rev` has them (no checkout), read
+    whole from the object store; displayed `REV:path/in/repo.yaml`. Of a fleet root,
+    fleet.yaml apart (ManifestFiles.fleet) and every layer's files: one read of the
+    revision, from which fleetlisting.listed_node picks each node's files."""
     commit = commit or resolve_revision(directory, rev)
     co = find_checkout(Path(directory).resolve())
     if co is None:
         raise GitError(f"{directory} is not inside a git working tree; give `--git` the manifest "
                        "directory of a clone")
     prefix = "" if co.sub == "." else co.sub + "/"
-    root = f"{rev}:{prefix}"
     try:
         with Store(co.common) as store:
-            listed = manifest_files(store, commit, co.sub, root)
+            return commit_files(store, commit, co.sub, f"{rev}:{prefix}", whole=True)
     except ObjectError as e:
         raise GitError(f"cannot read revision {show(rev)} in the repository of {directory}: {e}") from None
-    loaded = load_blobs([(display, raw) for display, _oid, raw in listed.files], revision=commit, root=root,
+
+
+def load_listed(listed: ManifestFiles) -> LoadResult:
+    """A plain tree's revision_files, loaded as load_manifests loads a checkout of it. The
+    result's revision is the commit."""
+    root = listed.root
+    loaded = load_blobs([(display, raw) for display, _oid, raw in listed.files], revision=listed.revision, root=root,
                         problems=list(listed.problems))
     if not listed.files and not listed.problems:
         loaded.problems.append(Problem(root, 0, 0, "", "", "", "no manifest files here in this "

@@ -312,10 +312,11 @@ class ManifestFiles:
 
 @dataclass(frozen=True)
 class FleetRoot:
-    """A commit's fleet root: fleet.yaml's blob (display, object id, bytes or size), every
-    directory below the root (relative paths, for a missing layer), and where the layers'
-    blobs are read from when a node's projection names them (layer_files)."""
-    common: Path
+    """A fleet root listed from a commit or an archive: fleet.yaml (display, object id,
+    bytes or size), every directory below the root (relative paths, for a missing layer),
+    and the repository the layers' blobs are read from when a node's projection names them
+    (layer_files); None: every manifest file is in ManifestFiles.files already."""
+    common: Path | None
     sub: str
     file: tuple
     dirs: frozenset
@@ -397,10 +398,12 @@ def manifest_files(store: Store, commit: str, sub: str, root: str,
 
 
 def commit_files(store: Store, commit: str, sub: str, root: str,
-                 held: Callable[[str, str], bool] | None = None) -> ManifestFiles:
+                 held: Callable[[str, str], bool] | None = None, whole: bool = False) -> ManifestFiles:
     """manifest_files of `commit` below `sub`; for a fleet root (fleet.yaml at its top) only
-    fleet.yaml's blob is read, the layers wait for a node's projection (layer_files).
-    fleet.yaml that is not a regular file (a link, a submodule) is an error."""
+    fleet.yaml's blob is read, the layers wait for a node's projection (layer_files), or
+    with `whole` every manifest file but fleet.yaml is read now (many nodes' projections
+    of one revision: `diff --git --fleet`). fleet.yaml that is not a regular file (a link,
+    a submodule) is an error."""
     entries = store.listing(commit, sub)
     found = entries.get(FLEET_FILE) if entries is not None else None
     if found is None:
@@ -412,11 +415,13 @@ def commit_files(store: Store, commit: str, sub: str, root: str,
                                                         "in this revision (a symlink or a submodule); commit the "
                                                         "file itself", ERROR),))
     raw = store.raw(oid, "blob")
-    dirs = frozenset(posixpath.dirname(rel) for rel in entries)
-    dirs = frozenset(d for rel in dirs for d in _parents(rel))
-    fleet = FleetRoot(store.common, sub, (display, oid, raw if len(raw) <= MAX_FILE_BYTES else len(raw)), dirs, held,
-                      store._trees)
-    return ManifestFiles(commit, root, (), (), fleet)
+    dirs = frozenset(d for rel in entries for d in _parents(posixpath.dirname(rel)))
+    fleet = FleetRoot(None if whole else store.common, sub, (display, oid, raw if len(raw) <= MAX_FILE_BYTES else len(raw)),
+                      dirs, held, store._trees)
+    if not whole:
+        return ManifestFiles(commit, root, (), (), fleet)
+    listed = manifest_files(store, commit, sub, root, held)
+    return ManifestFiles(commit, root, tuple(f for f in listed.files if f[0] != display), listed.problems, fleet)
 
 
 def _parents(rel: str) -> list[str]:

@@ -21,7 +21,7 @@ from reconciler.intake.cache import FileResult, open_cache, parse_file, read_all
 from reconciler.intake.fleet import Identity
 from reconciler.intake.fleetmerge import merge
 from reconciler.intake.fleetread import FleetWalk, is_fleet_root, walk_fleet
-from reconciler.intake.git import load_revision, revision_of
+from reconciler.intake.git import load_listed, revision_files, revision_of
 from reconciler.intake.gitobjects import ManifestFiles
 from reconciler.intake.load import Document, LoadResult, Walk, read_file, tree_digest, walk
 from reconciler.intake.problems import Problem
@@ -95,10 +95,14 @@ def fleet_walk(root: str | Path, identity: Identity | None) -> FleetWalk | None:
 
 
 def read_revision(directory: Path, rev: str, commit: str | None = None, *, strict: bool = False,
-                  fields: str = "strict") -> InventoryResult:
+                  fields: str = "strict", identity: Identity | None = None) -> InventoryResult:
     """The manifests under `directory` as revision `rev` has them, validated: like
-    read_inventory on a checkout of `rev`. The inventory's revision is the commit."""
-    return inventory_from_load(load_revision(directory, rev, commit), strict=strict, fields=fields)
+    read_inventory on a checkout of `rev` (a fleet root: `identity`'s projection of it).
+    The inventory's revision is the commit."""
+    listed = revision_files(directory, rev, commit)
+    if listed.fleet is not None:
+        return read_verified(listed, strict=strict, fields=fields, identity=identity)
+    return inventory_from_load(load_listed(listed), strict=strict, fields=fields)
 
 
 def read_verified(files: ManifestFiles, *, strict: bool = False, fields: str = "strict", cache_dir: Path | str | None = None,
@@ -107,10 +111,10 @@ def read_verified(files: ManifestFiles, *, strict: bool = False, fields: str = "
     exactly the bytes read from the object store, never the worktree's; the inventory's
     revision is the commit. A fleet root (files.fleet): fleet.yaml and the layers of
     `identity`'s projection, read from the commit (intake/fleetlisting.py)."""
-    from reconciler.intake.fleetlisting import fleet_walk, verified_node
+    from reconciler.intake.fleetlisting import fleet_walk, listed_node
 
     with progress.step(f"reading manifests of revision {files.revision[:12]}"), no_cyclic_gc():
-        node = verified_node(files, identity) if files.fleet is not None else None
+        node = listed_node(files, identity) if files.fleet is not None else None
         listed = files.files if node is None else node.files
         paths = [(display, Blob(display.rsplit("/", 1)[-1], raw)) for display, _oid, raw in listed]
         fleet = None if node is None else fleet_walk(node, files.root, paths)
