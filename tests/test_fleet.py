@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from reconciler.intake.fleet import Env, Identity, Requirement, Selector, node_layers, parse_fleet, project
-from reconciler.intake.fleetmerge import check_fleet_document, is_removal, merge, substitute_document
+from reconciler.intake.fleetmerge import check_fleet_document, is_removal, merge, substitute_document, uses_variables
 from reconciler.intake.load import Document, read_file
 from reconciler.intake.model import Source
 from reconciler.intake.validate import check_tree
@@ -135,6 +135,8 @@ variables: {dnsIP: 172.30.0.10, zone: "7"}
     ("layers:\n- path: ''\n", "root/fleet.yaml:4:9: Fleet: layers[0].path: '' has 0 characters; it must be at least 1"),
     ("layers:\n- path: a\n  optional: yes\n", "root/fleet.yaml:5:13: Fleet: layers[0].optional: 'yes' is a boolean only "
                                               "to YAML 1.1; write true"),
+    ("layers:\n- path: a\n  selector: no\n", "root/fleet.yaml:5:13: Fleet: layers[0].selector: must be a mapping, not a "
+                                             "string ('no')"),
     ("layers:\n- path: a\n  selector: {matchLabels: {site: 12}}\n",
      "root/fleet.yaml:5:34: Fleet: layers[0].selector.matchLabels.site: must be a string, not a whole number (12)"),
     ("layers:\n- path: a\n  selector: {matchLabels: {-bad: x}}\n",
@@ -153,6 +155,8 @@ variables: {dnsIP: 172.30.0.10, zone: "7"}
     ("layers:\n- path: a\n  selector:\n    matchExpressions:\n    - {operator: Exists}\n",
      "root/fleet.yaml:7:7: Fleet: layers[0].selector.matchExpressions[0].key: key is required but missing"),
     ("layers: [{path: a}]\nvariables: {1st: x}\n", "root/fleet.yaml:4:1: Fleet: variables: '1st' is not a variable name"),
+    ("layers: [{path: a}]\nvariables: {big: " + "x" * 254 + "}\n",
+     "root/fleet.yaml:4:18: Fleet: variables.big: 'xxxxxxxx"),
     ("layers: [{path: a}]\nvariables: {port: 8080}\n",
      "root/fleet.yaml:4:19: Fleet: variables.port: must be a string, not a whole number (8080)"),
 ])
@@ -218,7 +222,7 @@ def test_undefined_variable_in_a_layer_path_names_the_node_and_line():
     assert [str(x) for x in p.problems] == [
         "root/fleet.yaml:5:1: Fleet: layers[1].path: ${labels.site} is undefined for node edge-9 (it has no label "
         "'site'); add the label to its node config (nodeLabels), or give the layer a selector that requires it "
-        "(matchExpressions: [{key: ..., operator: Exists}])"]
+        "(matchExpressions: [{key: site, operator: Exists}])"]
     assert [x.rel for x in p.layers] == ["base", "nodes/edge-9"]  # the others still resolved, for the report
 
 
@@ -233,12 +237,17 @@ def test_undefined_variable_in_a_layer_path_names_the_node_and_line():
     ("x/${vars.hidden}", "'x/.git' ('x/${vars.hidden}' for node n1) has a component starting with '.'"),
     ("./base", "'./base' has a component starting with '.'"),
     ("//", "'//' is an absolute path"),
-    ("${vars.none}", "'' ('${vars.none}' for node n1) names no directory"),
+    ("x/${vars.none}", "${vars.none} is '' for node n1 (fleet.yaml's variable none); a value in a layer path must name a "
+                       "directory"),
+    ("x/${vars.edge}", "${vars.edge} is 'a/' for node n1"),
+    ("x${vars.root}", "${vars.root} is '/' for node n1"),
+    ("x/${labels.site}", "${labels.site} is '' for node n1 (the node's label site)"),
+    ("${vars.dots}", "'..' ('${vars.dots}' for node n1) leaves its directory"),
     ('"a\\tb"', "'a\\tb' contains a control character"),
 ])
 def test_layer_paths_refused(path, why):
-    p = node_layers(fleet_of(HEAD + f"layers:\n- path: base\n- path: {path}\nvariables: {{up: '../etc', hidden: .git, none: ''}}\n"),
-                    Identity("n1"))
+    p = node_layers(fleet_of(HEAD + f"layers:\n- path: base\n- path: {path}\nvariables: {{up: '../etc', hidden: .git, none: '', edge: a/, root: /, dots: '..'}}\n"),
+                    Identity("n1", (("site", ""),)))
     assert [x.rel for x in p.layers] == ["base"]
     assert len(p.problems) == 1 and p.problems[0].field == "layers[1].path" and p.problems[0].line == 5
     assert p.problems[0].message.startswith(why), p.problems[0].message
@@ -330,13 +339,20 @@ def test_substitute_document_defined_escaped_keys_and_non_strings_untouched(tmp_
     }
     # an escape alone substitutes nothing but still changes the text
     assert "metadata.annotations.note" not in subs
+    # a value is never substituted again
+    again, _, problems = substitute_document(doc, Env("${vars.dnsIP}", (("example.com/zone", "z"), ("site", "${nodeName}")),
+                                                          ENV.variables))
+    assert problems == [] and again.data["metadata"]["name"] == "dns-${nodeName}"
 
 
 def test_substitute_document_without_variables_is_the_same_document(tmp_path):
-    doc, = read_docs(tmp_path, "apiVersion: v1\nkind: Service\nmetadata: {name: a}\nspec: {clusterIP: 10.96.0.1, "
-                     "ports: [{port: 80, targetPort: 8080}]}\n")
+    doc, = read_docs(tmp_path, "apiVersion: v1\nkind: Service\nmetadata: {name: a, labels: {'${x}': y}}\n"
+                     "spec: {clusterIP: 10.96.0.1, ports: [{port: 80, targetPort: 8080}]}\n")
     new, subs, problems = substitute_document(doc, ENV)
     assert new is doc and subs == {} and problems == []
+    assert not uses_variables(doc)
+    assert uses_variables(read_docs(tmp_path, SUBSTITUTED)[0])
+    assert uses_variables(read_docs(tmp_path, "kind: Service\nspec: {ports: [{name: '$${x}'}]}\n")[0])
 
 
 def test_undefined_variable_in_a_document_has_file_line_col(tmp_path):
@@ -628,3 +644,39 @@ def test_property_effective_manifests_equal_a_from_scratch_merge():
         assert got == _expected(layers, [objs for _, objs in spec], node, labels)
 
     check()
+
+
+# --- schemas/nodeinventory.json (its loader and uniqueness check are validate --fleet's) --------
+
+
+@pytest.mark.parametrize("data, paths", [
+    ({"apiVersion": "nftrec/v1alpha1", "kind": "NodeInventory", "x-source": "cmdb",
+      "nodes": [{"name": "edge-001", "labels": {"site": "lyon", "example.com/ring": ""}}, {"name": "core.dc1"}]}, []),
+    ({"apiVersion": "nftrec/v1alpha1", "kind": "NodeInventory"}, [()]),
+    ({"apiVersion": "nftrec/v1alpha1", "kind": "Fleet", "nodes": []}, [("kind",)]),
+    ({"apiVersion": "nftrec/v1alpha1", "kind": "NodeInventory", "nodes": [{"labels": {}}]}, [("nodes", 0)]),
+    ({"apiVersion": "nftrec/v1alpha1", "kind": "NodeInventory", "nodes": [{"name": "Edge_1"}]}, [("nodes", 0, "name")]),
+    ({"apiVersion": "nftrec/v1alpha1", "kind": "NodeInventory", "nodes": [{"name": "e", "labels": {"site": "a b"}}]},
+     [("nodes", 0, "labels", "site")]),
+    ({"apiVersion": "nftrec/v1alpha1", "kind": "NodeInventory", "nodes": [{"name": "e", "labels": {"-x": "a"}}]},
+     [("nodes", 0, "labels")]),
+    ({"apiVersion": "nftrec/v1alpha1", "kind": "NodeInventory", "nodes": [{"name": "e", "zone": "z"}]}, [("nodes", 0)]),
+])
+def test_node_inventory_schema(data, paths):
+    from reconciler.intake.schemas import validator
+
+    assert [tuple(e.absolute_path) for e in validator("NodeInventory").iter_errors(data)] == paths
+
+
+def test_label_syntax_is_the_node_configs():
+    from reconciler.intake.schemas import load_schema
+
+    labels = load_schema("NodeConfig")["properties"]["nodeLabels"]
+    selector = load_schema("Fleet")["properties"]["layers"]["items"]["properties"]["selector"]
+    expression = selector["properties"]["matchExpressions"]["items"]["properties"]
+    inventory = load_schema("NodeInventory")["properties"]["nodes"]["items"]["properties"]["labels"]
+    for written in (selector["properties"]["matchLabels"], inventory):
+        assert (written["propertyNames"], written["additionalProperties"]) == (
+            labels["propertyNames"], labels["additionalProperties"])
+    assert expression["key"]["pattern"] == labels["propertyNames"]["pattern"]
+    assert expression["values"]["items"] == labels["additionalProperties"]

@@ -206,7 +206,7 @@ def parse_fleet(display: str, raw: bytes) -> tuple[Fleet | None, list[Problem]]:
     rep = Report()
     o = Obj(doc, "Fleet", "", "")
     for err in validator("Fleet").iter_errors(doc.data):
-        if err.validator == "type" and isinstance(err.instance, Yaml11Bool):
+        if err.validator == "type" and isinstance(err.instance, Yaml11Bool) and err.validator_value == "boolean":
             word = "true" if err.instance.boolean else "false"
             rep.add(o, tuple(err.absolute_path), f"{show(str(err.instance))} is a boolean only to YAML 1.1; write {word}")
         else:
@@ -274,7 +274,8 @@ def node_layers(fleet: Fleet, identity: Identity) -> Projection:
     substituted and checked (inside the root, no hidden component, no two layers nested or
     equal). Existence is the caller's to check (a listing): a missing non-optional layer is
     an error, a missing optional one is skipped. A value with `/` may add directory levels
-    (`sites/${vars.region}` with region `eu/west`) as long as the result is clean."""
+    (`sites/${vars.region}` with region `eu/west`) as long as the result is clean; an empty
+    value is refused (it would widen the layer to its parent directory)."""
     env = env_for(fleet, identity)
     labels = identity.label_map
     problems: list[Problem] = []
@@ -284,11 +285,18 @@ def node_layers(fleet: Fleet, identity: Identity) -> Projection:
             continue
         where = f"layers[{i}].path"
         try:
-            text, _ = substitute_text(layer.path, env)
+            text, used = substitute_text(layer.path, env)
         except Undefined as u:
+            key = u.name.partition(".")[2]
             problems.append(Problem(fleet.file, layer.line, 0, "Fleet", "", where, undefined_message(
                 u.name, env, "add the label to its node config (nodeLabels), or give the layer a selector that requires "
-                "it (matchExpressions: [{key: ..., operator: Exists}])")))
+                f"it (matchExpressions: [{{key: {key}, operator: Exists}}])")))
+            continue
+        odd = next((u for u in used if not u.value or "//" in f"/{u.value}/"), None)
+        if odd is not None:  # `sites/${labels.site}` with site "" would be all of sites/
+            problems.append(Problem(fleet.file, layer.line, 0, "Fleet", "", where, (
+                f"${{{odd.variable}}} is {show(odd.value)} for node {safe_name(identity.name)} ({odd.what}); a value "
+                "in a layer path must name a directory: not empty, no leading, trailing or double '/'")))
             continue
         rel, why = _clean(text)
         if why:

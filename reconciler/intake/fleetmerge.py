@@ -13,6 +13,7 @@ from dataclasses import replace
 from reconciler.intake.fleet import REMOVE_ANNOTATION, Env, Substituted, Undefined, substitute_text, undefined_message
 from reconciler.intake.load import Document, locate
 from reconciler.intake.problems import ERROR, WARNING, Problem, field_path, safe_name, show
+from reconciler.intake.schema_errors import Obj
 from reconciler.intake.validate import ACCEPTED, DocumentCheck, check_document
 
 
@@ -28,34 +29,32 @@ def is_removal(doc: Document) -> bool:
     return _annotation(doc) == "true"
 
 
+def _names(doc: Document) -> tuple[object, object, object]:
+    """kind, namespace ("default" when unset, as kubectl has it) and name, as written."""
+    meta = doc.data.get("metadata") if isinstance(doc.data.get("metadata"), dict) else {}
+    return doc.data.get("kind"), meta.get("namespace") or "default", meta.get("name")
+
+
 def identity(doc: Document) -> tuple[str, str, str] | None:
     """(kind, namespace, name) as validate's Obj has it: namespace "default" when unset,
     "" for the cluster-scoped ServiceCIDR; None without an accepted kind and a name."""
-    data = doc.data
-    kind = data.get("kind")
-    meta = data.get("metadata") if isinstance(data.get("metadata"), dict) else {}
-    name, ns = meta.get("name"), meta.get("namespace") or "default"
+    kind, ns, name = _names(doc)
     if kind not in ACCEPTED or not isinstance(name, str) or not name or not isinstance(ns, str):
         return None
-    return kind, "" if kind == "ServiceCIDR" else ns, name
+    return str(kind), "" if kind == "ServiceCIDR" else ns, name
 
 
 def _label(ident: tuple[str, str, str]) -> str:
-    kind, ns, name = ident
-    return safe_name(name) if kind == "ServiceCIDR" else f"{safe_name(ns)}/{safe_name(name)}"
+    return Obj(None, *ident).label  # type: ignore[arg-type]
 
 
 def _who(doc: Document) -> tuple[str, str]:
     """(kind, object) of a document for a Problem, as far as it can be told."""
-    data = doc.data
-    kind = data.get("kind")
-    meta = data.get("metadata") if isinstance(data.get("metadata"), dict) else {}
-    name, ns = meta.get("name"), meta.get("namespace") or "default"
+    kind, ns, name = _names(doc)
+    kind = safe_name(kind) if isinstance(kind, str) and kind else ""
     if not isinstance(name, str) or not name:
-        return safe_name(kind) if isinstance(kind, str) and kind else "", ""
-    if kind == "ServiceCIDR":
-        return kind, safe_name(name)
-    return (safe_name(kind) if isinstance(kind, str) and kind else ""), f"{safe_name(str(ns))}/{safe_name(name)}"
+        return kind, ""
+    return kind, Obj(doc, kind, str(ns), name).label
 
 
 def _problem(doc: Document, path: tuple, message: str, severity: str = ERROR, *, key: bool = False) -> Problem:
@@ -64,12 +63,31 @@ def _problem(doc: Document, path: tuple, message: str, severity: str = ERROR, *,
     return Problem(doc.file, line, col, kind, obj, field_path(path), message, severity)
 
 
+def uses_variables(doc: Document) -> bool:
+    """Whether a string scalar of `doc` holds `${` (a variable, or an escape): one that
+    holds none is checked alike for every node (check_fleet_document with any Env), so a
+    command projecting many nodes from one parse checks it once."""
+    stack = [doc.data]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, str):
+            if "${" in node:
+                return True
+        elif isinstance(node, dict):
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return False
+
+
 def substitute_document(doc: Document, env: Env) -> tuple[Document, dict[str, tuple[Substituted, ...]], list[Problem]]:
     """`doc` with `${...}` substituted in every string scalar (never in keys): a new
     Document when anything changed (unchanged containers shared), else `doc` itself; the
     substitutions by field path (problems.field_path's spelling); an error at
     file:line:col (load.locate) for each undefined variable. A string with an undefined
     variable is left as written."""
+    if not uses_variables(doc):  # most documents: no path is built for them
+        return doc, {}, []
     subs: dict[str, tuple[Substituted, ...]] = {}
     undefined: list[tuple[tuple, str]] = []
 
