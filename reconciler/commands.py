@@ -128,10 +128,10 @@ def render(
     desired = _desired(root, config, None, strict, fields, interfaces=False, compile=not manifests,
                        identity=node_identity(node, labels))
     if manifests:
-        from reconciler.engine.effective import effective_documents, write_manifests
-        from reconciler.intake.fleetread import identity_of
+        from reconciler.engine import write_manifests
+        from reconciler.intake import identity_of, read_documents
 
-        raise typer.Exit(write_manifests(effective_documents(root, identity_of(desired.config)), sys.stdout) or 0)
+        raise typer.Exit(write_manifests(read_documents(root, identity_of(desired.config)), sys.stdout) or 0)
     from reconciler.compile import render_header, render_script
 
     sys.stdout.write(render_header(desired.config) + render_script(desired.ruleset))

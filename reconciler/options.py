@@ -61,8 +61,8 @@ LABELS_OPT = typer.Option(None, "--labels", metavar="K=V,...", help="Read a flee
 
 
 def node_identity(node: Optional[str], labels: Optional[str]):
-    """--node and --labels as a function of the node config (engine/nodeidentity.py), or None."""
-    from reconciler.engine.nodeidentity import identity_override
+    """--node and --labels as a function of the node config (intake/nodeidentity.py), or None."""
+    from reconciler.intake import identity_override
 
     try:
         return identity_override(node, labels)

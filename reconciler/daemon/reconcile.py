@@ -31,7 +31,7 @@ from reconciler.daemon import health
 from reconciler.daemon.refusals import WHY, check_revision
 from reconciler.daemon.signed import SignatureGate
 from reconciler.intake import (Intake, Inventory, NodeConfig, Snapshot, discover_host_addresses, discover_node_ips,
-                               load_node_config)
+                               identity_of, load_node_config)
 from reconciler.kernel import Interface, MayHaveCommitted, NftError, Spellings, canonical, fingerprint, kernel_token, read_live
 
 
@@ -161,7 +161,7 @@ class Daemon:
             return False
         if not self.gate.configure(cfg.verify):
             return False
-        self.config, self.intake.fields = cfg, cfg.field_validation
+        self.config, self.intake.fields, self.intake.identity = cfg, cfg.field_validation, identity_of(cfg)
         return True
 
     # -- node addresses

@@ -10,7 +10,7 @@ apply's window and its rollback; `teardown` is cleanup; `doctor` checks the host
 `planfile` is a saved plan; `target` says where a command acts; `review` is `nftrec diff`
 (two manifest trees or git revisions, planned against each other without a kernel);
 `trace` explains one packet with the desired or the live ruleset, `kerneltrace` traces a
-real one with the kernel's `meta nftrace`. `source` turns an `oci://` argument into the
+real one with the kernel's `meta nftrace`; `effective` prints a node's effective manifests. `source` turns an `oci://` argument into the
 tree a command reads; `sourcestate` is `watch oci://`'s source for `status`.
 """
 
@@ -24,6 +24,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
                 "pending_path", "record_confirmed", "recover_locked", "recover_pending", "roll_back", "run_confirm"),
     "desired": ("Desired", "InvalidInput", "Unverified", "check_signed", "judge", "load_desired", "trust_of", "node_address_discovery", "node_ip_discovery"),
     "doctor": ("run_doctor",),
+    "effective": ("write_manifests",),
     "entry": ("guard", "intake_cache_dir", "record_invalid"),
     "guards": ("applied_services", "removal_refusal"),
     "lock": ("LockHeld",),

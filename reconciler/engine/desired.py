@@ -332,10 +332,10 @@ def load_desired(directory: Path, config_path: Path | None, *, strict: bool = Fa
     then the verified commit's files (Verdict.files). `refuse_empty` (plan, apply): no
     Service at all is an error unless the node config sets allowEmpty (intake.no_services).
     `identity` (render: --node, --labels): a function of the node config that sets who
-    the node is (engine/nodeidentity.py); a fleet root is read as that node's."""
+    the node is (intake/nodeidentity.py); a fleet root is read as that node's."""
     from reconciler.compile import compile_ruleset
-    from reconciler.intake import ManifestSource, config_digest, display_root, no_services, read_inventory, read_verified
-    from reconciler.intake.fleetread import identity_of
+    from reconciler.intake import (ManifestSource, config_digest, display_root, identity_of, no_services, read_inventory,
+                                   read_verified)
 
     config, config_problems = load_config(config_path, netns, interfaces=interfaces, cache_dir=config_cache,
                                           fields=fields)

@@ -37,7 +37,7 @@ def config_cache_dir(state_root: Path) -> Path | None:
 def _why_not(target: Target, directory: Path, config_path: Path | None, *, strict: bool,
              fields: str | None) -> tuple[Noop | None, str]:
     from reconciler.engine.desired import load_config
-    from reconciler.intake import config_digest, input_digest, is_stdin
+    from reconciler.intake import config_digest, identity_of, input_digest, is_fleet_root, is_stdin
 
     if is_stdin(directory):
         return None, "the manifests come from standard input"
@@ -49,13 +49,20 @@ def _why_not(target: Target, directory: Path, config_path: Path | None, *, stric
     try:
         if kernel_token(nft) != st.kernel_generation:
             return None, "the kernel's ruleset generation changed since the last apply"
-        d = input_digest(directory, (st.input_digest, st.last_applied_revision))
+        config = None  # a fleet root's files depend on the node's identity: the config first
+
+        def load() -> tuple:
+            return load_config(config_path, target.netns,  # as load_desired reads it
+                               cache_dir=config_cache_dir(target.state_root), nft=nft, fields=fields)
+        if is_fleet_root(directory):
+            config = load()
+        d = input_digest(directory, (st.input_digest, st.last_applied_revision),
+                         None if config is None else identity_of(config[0]))
         if d.problems:
             return None, "reading the manifest directory found problems"
         if d.digest != st.input_digest:
             return None, "the manifests changed since the last apply"
-        cfg, problems = load_config(config_path, target.netns,  # as load_desired reads it
-                                    cache_dir=config_cache_dir(target.state_root), nft=nft, fields=fields)
+        cfg, problems = config or load()
         if problems:
             return None, "the node config has problems"
         if cfg.verify is not None:

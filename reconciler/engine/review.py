@@ -60,8 +60,8 @@ def run_diff(old: str, new: str, *, git: Path | None = None, merge_base: bool = 
     when something changes; 1 when either side (or the node config) is invalid."""
     from reconciler.compile import derived_topology_hints, relocate
     from reconciler.intake import GitError, display_root, load_node_config, read_inventory, read_revision, resolve_revision
+    from reconciler.intake import identity_of
     from reconciler.intake import merge_base as git_merge_base
-    from reconciler.intake.fleetread import identity_of
     from reconciler.kernel import canonical
 
     out_stream = out_stream or sys.stdout

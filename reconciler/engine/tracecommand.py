@@ -26,8 +26,7 @@ def manifest_sources(directory: Path | None, node=None) -> dict[str, str]:
     root is read as `node`'s (a NodeConfig)."""
     if directory is None:
         return {}
-    from reconciler.intake import read_inventory
-    from reconciler.intake.fleetread import identity_of
+    from reconciler.intake import identity_of, read_inventory
 
     return service_sources(read_inventory(directory, identity=None if node is None else identity_of(node)).inventory)
 

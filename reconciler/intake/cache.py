@@ -27,7 +27,6 @@ from reconciler import logs
 from reconciler.intake import model
 from reconciler.intake.build import model_objects
 from reconciler.intake.fleet import Env
-from reconciler.intake.fleetmerge import is_removal
 from reconciler.intake.load import Document, SourceFile, chunk, read_bytes, read_file
 from reconciler.intake.problems import Problem
 from reconciler.intake.schema_errors import Obj
@@ -189,11 +188,11 @@ def _model_in(v: list, display: str, at: model.Source | None = None):
     return obj
 
 
-def _summary(res: FileResult, display: str, fleet: bool = False) -> list | None:
+def _summary(res: FileResult, display: str) -> list | None:
     """Per document [kind, namespace, name, cross view, model objects, line, col, index,
-    path] when the file is clean (see the module doc), else None. `fleet`: the view holds
-    the object's kind and metadata too (fleetmerge.merge identifies objects by them), and
-    a removal stub makes the file not clean."""
+    path] when the file is clean (see the module doc), else None. (A fleet's removal stub
+    has no object: its file is never clean; fleetmerge.merge identifies the others by
+    their object, which the summary keeps.)"""
     if res.problems:
         return None
     out = []
@@ -204,19 +203,14 @@ def _summary(res: FileResult, display: str, fleet: bool = False) -> list | None:
         view = cross_view(o.kind, doc.data)
         if view is None:
             return None
-        if fleet:
-            if is_removal(doc):
-                return None
-            view = dict(view, apiVersion=doc.data.get("apiVersion"), kind=doc.data.get("kind"),
-                        metadata=dict(doc.data.get("metadata") or {}, **(view.get("metadata") or {})))
         out.append([o.kind, o.namespace, o.name, view, [_model_out(m, display) for m in models],
                     doc.source.line, doc.source.col, doc.index, list(doc.path)])
     return out
 
 
-def _encode(res: FileResult, display: str, fleet: bool = False) -> list:
+def _encode(res: FileResult, display: str) -> list:
     """The entry's body: [summary, payload]; the payload is null when there is a summary."""
-    summary = _summary(res, display, fleet)
+    summary = _summary(res, display)
     if summary is not None:
         return [summary, None]
     docs = []
@@ -328,7 +322,7 @@ def read_cached(display: str, real: Path, cache: Cache, env: Env | None = None) 
         return res
     res.key = key
     try:
-        cache.put(key, _encode(res, display, env is not None))
+        cache.put(key, _encode(res, display))
     except _Unfit:
         logs.log.debug(f"intake cache: {display}: its result names its path; not cached")
     return res
@@ -349,7 +343,7 @@ def read_all(paths: list[tuple[str, Path]], cache: Cache, env: Env | None = None
         return [read_cached(*p, cache, env) for p in paths]
     theirs = {p for i, p in enumerate(missing) if i % cores}  # this process keeps every cores-th
     with ProcessPoolExecutor(cores - 1, mp_context=get_context("fork")) as pool:
-        stored = pool.map(_fill, theirs, [cache] * len(theirs), [env] * len(theirs))
+        stored = pool.map(_fill, theirs, [cache] * len(theirs), *([[env] * len(theirs)] if env is not None else []))
         mine = {p: read_cached(*p, cache, env) for p in paths if p not in theirs}
         try:
             n = sum(stored)
@@ -366,5 +360,5 @@ def _missing(real: Path, cache: Cache, env: Env | None) -> bool:
     return raw is not None and not cache.path(_key(real, raw, env)).exists()
 
 
-def _fill(path: tuple[str, Path], cache: Cache, env: Env | None) -> int:
+def _fill(path: tuple[str, Path], cache: Cache, env: Env | None = None) -> int:
     return int(read_cached(*path, cache, env).key is not None)

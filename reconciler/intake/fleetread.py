@@ -13,7 +13,7 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 from reconciler.intake.fleet import FLEET_FILE, Identity, Projection, ResolvedLayer, project
 from reconciler.intake.load import Walk, chunk, display_prefix, manifest_files, read_bytes
@@ -76,12 +76,14 @@ def missing_layer(display_root: str, layer: ResolvedLayer, why: str = "does not 
                    f"layer {layer.rel} {why} in this revision; create it or mark the layer `optional: true`", ERROR)
 
 
-def walk_fleet(resolved: Path, display_root: str, identity: Identity | None, raw: bytes | None = None) -> FleetWalk:
+def walk_fleet(resolved: Path, display_root: str, identity: Identity | None, raw: bytes | None = None,
+               projector: Callable = project_fleet) -> FleetWalk:
     """The node's files of the fleet root `resolved` (links resolved), fleet.yaml read
-    unless its bytes are given (`raw`)."""
+    unless its bytes are given (`raw`); `projector`: project_fleet or a stand-in with its
+    signature (the no-op check's, which loads no schema)."""
     if raw is None:
         raw = read_bytes(resolved / FLEET_FILE)
-    projection, problems = project_fleet(display_root, raw, identity)
+    projection, problems = projector(display_root, raw, identity)
     head = chunk(fleet_display(display_root), raw) if raw is not None else b""
     paths, layers, scope = [], [], [fleet_display(display_root)]
     if projection is not None and projection.ok:

@@ -36,9 +36,12 @@ from pathlib import Path
 from reconciler.compat import SLOTS
 from reconciler.intake import yamldocs
 from reconciler.intake.build import build_inventory, model_objects
+from reconciler.intake.fleet import FLEET_FILE, Identity
+from reconciler.intake.fleetmerge import check_fleet_document, merge
+from reconciler.intake.fleetread import is_fleet_root, project_fleet, walk_fleet
 from reconciler.intake.git import checkout_blobs, revision_of
 from reconciler.intake.gitobjects import blob_id
-from reconciler.intake.load import SUFFIXES, chunk, display_prefix, read_file, tree_digest, walk, walk_resolved
+from reconciler.intake.load import SUFFIXES, chunk, display_prefix, read_bytes, read_file, tree_digest, walk, walk_resolved
 from reconciler.intake.model import Inventory
 from reconciler.intake.parse import MAX_FILE_BYTES, parse_yaml
 from reconciler.intake.problems import ERROR, Problem
@@ -56,16 +59,18 @@ def _relative(real: Path, root: Path) -> str | None:
     return text[len(prefix):] if text.startswith(prefix) and len(text) > len(prefix) else None
 
 
-def _same_files(paths: list[tuple[str, Path]], old: Path, new: Path, blobs: dict) -> list[tuple[str, Path]] | None:
+def _same_files(paths: list[tuple[str, Path]], old: Path, new: Path, blobs: dict, under: tuple[str, ...] = ()
+                ) -> list[tuple[str, Path]] | None:
     """The walk of `old` as the walk of `new` gives it, when the new checkout's commit
     (`blobs`, git.checkout_blobs) has exactly the same manifest files and no links or
-    submodules (those need the walk's rules); None: walk."""
+    submodules (those need the walk's rules); None: walk. `under`: a fleet node's layer
+    directories (`base/`): only the commit's files there count."""
     rel = [_relative(real, old) for _, real in paths]
     if None in rel:
         return None
     listed = set()
     for path, (mode, _) in blobs.items():
-        if any(part.startswith(".") for part in path.split("/")):
+        if any(part.startswith(".") for part in path.split("/")) or under and not path.startswith(under):
             continue
         if mode not in ("100644", "100755"):
             return None
@@ -148,6 +153,21 @@ class _FileEntry:
 
 
 @dataclass
+class _FleetState:
+    """fleet.yaml as the last read found it, and its projection for the identity."""
+
+    identity: Identity | None
+    key: tuple  # stat key, as _FileEntry.stat
+    racy: bool
+    raw: bytes | None
+    head: bytes  # its chunk of the tree digest (the first)
+    projection: object  # fleet.Projection, or None when it could not be projected
+    problems: tuple
+    under: tuple[str, ...]  # the node's layer directories, relative (`base/`)
+    scope: tuple[str, ...]  # load.Walk.scope: fleet.yaml and the layer directories, displayed
+
+
+@dataclass
 class Snapshot:
     """One complete read of the manifest directory, validated and modelled."""
 
@@ -171,8 +191,10 @@ class Intake:
     """Reads the manifest directory like `inventory.read_inventory`, with caches (module doc).
     `read()` returns what read_inventory would: the oracle in tests/test_watch.py."""
 
-    def __init__(self, directory: Path | str, *, strict: bool = False):
+    def __init__(self, directory: Path | str, *, strict: bool = False, identity: Identity | None = None):
         self.shown = str(directory)
+        self.identity = identity  # a fleet root's node (watch sets the node config's)
+        self._fleet: _FleetState | None = None  # fleet.yaml as last read and projected
         self.path = Path(os.path.abspath(directory))
         self.strict = strict
         self.fields = "strict"  # validate.settle's field validation (watch sets the node config's)
@@ -181,7 +203,9 @@ class Intake:
         self._hashed: list = []  # load.tree_digest's memo
         self._blob_ids: dict = {}  # git.dirty's memo
         self._tree: _Tree | None = None
-        self._walked: tuple | None = None  # (resolved dir, [(display, real)], walk problems) of the last walk
+        self._walked: tuple | None = None  # (resolved dir, [(display, real)], walk problems, fleet layers) of the last walk
+        self._layer: dict[str, int] = {}  # a fleet node's: display path -> its layer's index
+        self._env = None  # a fleet node's Env the file entries were checked with (None: a plain root)
         self.looked = 0  # files stat'ed or read by the last read (for tests)
         self.cross = False  # the last read re-ran the checks across documents (for logs and tests)
         self.parsed = 0  # files parsed by the last read (for logs and tests)
@@ -324,21 +348,33 @@ class Intake:
         self.cross = self.git = False
         problems: list[Problem] = []
         walked = self._walked
+        fleet = self._project(resolved) if is_fleet_root(resolved) else None
+        if fleet is None and self._env is not None:  # no longer a fleet root: read as a directory
+            self._files.clear()
+            self._tree = self._env = self._fleet = None
+        raw = None if fleet is None else fleet.raw  # the walk stands while fleet.yaml does
         blobs = None  # a swap to a git checkout: what its commit holds (module doc)
         if changed is None and walked is not None and walked[0] != resolved and resolved.is_dir():
             blobs = checkout_blobs(resolved)
             self.git = blobs is not None
-        if changed is not None and walked is not None and walked[0] == resolved:
+        if changed is not None and walked is not None and walked[0] == resolved and walked[3] == raw:
             paths = walked[1]
             problems.extend(walked[2])
-        elif blobs is not None and (paths := _same_files(walked[1], walked[0], resolved, blobs)):
+        elif blobs is not None and walked[3] == raw and (
+                paths := _same_files(walked[1], walked[0], resolved, blobs, () if fleet is None else fleet.under)):
             problems.extend(walked[2])  # the same files in the new checkout: no walk
-            self._walked = (resolved, paths, walked[2])
+            self._walked = (resolved, paths, walked[2], raw)
+        elif fleet is not None:  # the node's layers only (fleetread.walk_fleet)
+            fw = walk_fleet(resolved, self.shown, self.identity, raw, lambda *_: (fleet.projection, list(fleet.problems)))
+            paths = fw.walk.paths
+            problems.extend(fw.walk.problems)
+            self._layer = dict(zip([display for display, _ in paths], fw.layers))
+            self._walked = (resolved, paths, tuple(problems), raw)
         else:
             paths = walk_resolved(resolved, self.shown, problems)
-            self._walked = (resolved, paths, tuple(problems))
+            self._walked = (resolved, paths, tuple(problems), None)
         entries: list[_FileEntry] = []
-        chunks: list[bytes] = []
+        chunks: list[bytes] = [] if fleet is None else [fleet.head]
         seen: set[str] = set()
         for display, real in paths:
             e = self._files.get(display)
@@ -356,9 +392,39 @@ class Intake:
             del self._files[gone]
         prefix = display_prefix(self.shown, resolved)
         digest = tree_digest(chunks, self._hashed, prefix)
-        revision = revision_of(resolved, digest, chunks, prefix, self._blob_ids)
+        revision = revision_of(resolved, digest, chunks, prefix, self._blob_ids, scope=() if fleet is None else fleet.scope)
         checked_problems, inventory = self._check(problems, entries, revision)
         return Snapshot(inventory, checked_problems, revision, digest, len(paths), str(resolved))
+
+    def _project(self, resolved: Path) -> _FleetState:
+        """fleet.yaml of the fleet root `resolved`, projected for the identity: the last
+        projection while its stat (else its bytes) is unchanged. A new Env (variables,
+        the identity) checks every file again; an invalid fleet.yaml keeps the entries."""
+        path = resolved / FLEET_FILE
+        old = self._fleet
+        try:
+            st = path.stat()
+            key: tuple = (str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+            racy = self._racy(st)
+        except OSError:
+            key, racy = (), True
+        same = old is not None and old.identity == self.identity
+        if same and key and old.key == key and not old.racy:
+            return old
+        raw = read_bytes(path)
+        if same and raw is not None and raw == old.raw:
+            old.key, old.racy = key, racy
+            return old
+        projection, problems = project_fleet(self.shown, raw, self.identity)
+        env = None if projection is None else projection.env
+        if env is not None and (self._env is None or self._env.digest != env.digest):
+            self._files.clear()  # each document's substitution depends on the Env
+            self._tree, self._env = None, env
+        under = () if projection is None else tuple(layer.rel + "/" for layer in projection.layers)
+        scope = (os.path.join(self.shown, FLEET_FILE),) + tuple(os.path.join(self.shown, u) for u in under)
+        self._fleet = _FleetState(self.identity, key, racy, raw, chunk(scope[0], raw) if raw is not None else b"",
+                                  projection, tuple(problems), under, scope)
+        return self._fleet
 
     def _check(self, load_problems: list[Problem], entries: list[_FileEntry], revision: str) -> tuple[list[Problem], Inventory]:
         """validate.check and the inventory, with check_document's results cached per file
@@ -375,10 +441,16 @@ class Intake:
             return fast
         documents: list = []
         results: list = []
+        layers: list = []
         for e in entries:
             documents.extend(e.docs)
             results.extend(e.checks)
-        checked = check_tree(load_problems, documents, results, strict=self.strict, fields=self.fields)
+            if self._env is not None:
+                layers.extend([self._layer[e.display]] * len(e.docs))
+        merged: list = []
+        if self._env is not None:  # a fleet node: its layers merged (fleetmerge.merge)
+            documents, results, merged = merge(documents, results, layers)
+        checked = check_tree(load_problems + merged, documents, results, strict=self.strict, fields=self.fields)
         position: dict[int, int] = {}
         for i, o in enumerate(checked.objects):
             position[id(o.doc)] = i
@@ -397,7 +469,7 @@ class Intake:
             at = {(d.index, d.path): (d, c) for d, c in zip(prev.docs, prev.checks) if _clean(c)}
         kept = {id(d): c for d, c in zip(prev.docs, prev.checks)} if prev is not None else {}
         out = []
-        for doc in e.docs:
+        for n, doc in enumerate(e.docs):
             res = kept.get(id(doc))
             if res is not None and res.obj is not None and res.obj.doc is doc:
                 out.append(res)  # the same Document (_keep_unchanged): its result stands
@@ -409,7 +481,7 @@ class Intake:
                 hit = None
             if hit is None:
                 self.checked += 1
-                out.append(check_document(doc))
+                out.append(self._check_document(e, n, doc))
                 continue
             before, res = hit
             out.append(DocumentCheck(replace(res.obj, doc=doc), (), None))
@@ -417,6 +489,14 @@ class Intake:
             if models is not None and models[0] is before:
                 self._models[id(doc)] = (doc, models[1])
         return out
+
+    def _check_document(self, e: _FileEntry, n: int, doc) -> DocumentCheck:
+        """check_document; a fleet node's document is substituted first, the substituted
+        Document taking its place in the entry (fleetmerge.check_fleet_document)."""
+        if self._env is None:
+            return check_document(doc)
+        e.docs[n], res = check_fleet_document(doc, self._env)
+        return res
 
     def _endpoints_only(self, load_problems: list[Problem], entries: list[_FileEntry], revision: str):
         """check_tree's result and the inventory without running check_tree or building

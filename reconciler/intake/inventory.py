@@ -94,6 +94,20 @@ def fleet_walk(root: str | Path, identity: Identity | None) -> FleetWalk | None:
     return walk_fleet(resolved, str(root), identity) if is_fleet_root(resolved) else None
 
 
+def read_documents(root: str | Path, identity: Identity | None = None) -> list[Document]:
+    """The documents read_inventory checks, after a fleet node's substitution and merge
+    (`render --manifests`; the caller has validated the tree)."""
+    fleet = fleet_walk(root, identity)
+    w = walk(root) if fleet is None else fleet.walk
+    docs, checks, layers = [], [], []
+    for n, res in enumerate(parse_file(*p, None if fleet is None else fleet.env) for p in w.paths):
+        docs.extend(res.docs)
+        checks.extend(res.checks)
+        if fleet is not None:
+            layers.extend([fleet.layers[n]] * len(res.docs))
+    return docs if fleet is None else merge(docs, checks, layers)[0]
+
+
 def read_revision(directory: Path, rev: str, commit: str | None = None, *, strict: bool = False,
                   fields: str = "strict", identity: Identity | None = None) -> InventoryResult:
     """The manifests under `directory` as revision `rev` has them, validated: like

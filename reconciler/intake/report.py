@@ -32,7 +32,7 @@ def run_validate(root, *, config_path=None, strict: bool = False, fields: str | 
     `fields`: --field-validation; None: the node config's fieldValidation (default strict).
     No Service at all is an error (validate.no_services) unless `allow_empty` or allowEmpty.
     A fleet root is read as the node config's node, or as `identity` (--node, --labels:
-    a function of the node config, engine/nodeidentity.py) makes it.
+    a function of the node config, intake/nodeidentity.py) makes it.
     """
     from reconciler.intake.sources import display_root
     from reconciler.intake.validate import no_services
