@@ -70,7 +70,8 @@ def example(root: Path) -> Path:
     return write(root, {
         "fleet.yaml": FLEET,
         "base/svc.yaml": service("web", "172.30.0.20", 80) + "---\n" + service("dns", "${vars.dnsIP}", 53, "kube-system"),
-        "sites/lyon/svc.yaml": service("edge", "172.30.1.1", 443, annotations='site: "${labels.site}"') + "---\n"
+        "sites/lyon/svc.yaml": service("edge", "172.30.1.1", 443, annotations='site: "${labels.site}"')
+        + "  internalTrafficPolicy: Local\n---\n"
         + slice_("edge-1", "edge", "10.0.0.1", 443, "lyon-1"),
         "sites/paris/svc.yaml": service("edge", "${labels.ip}", 443),
         "canary/web.yaml": service("web", "172.30.0.20", 8080),
@@ -265,11 +266,14 @@ OK_NODES = NODES[:6]
 
 
 def change(root: Path) -> None:
-    """One Service edited in base, one added to one site."""
+    """One Service edited in base, one added to one site, an endpoint on lyon-1 added
+    (edge's internalTrafficPolicy is Local: only lyon-1's plan shows it)."""
     svc = root / "base" / "svc.yaml"
     svc.write_text(svc.read_text().replace("port: 80,", "port: 81,"))
     site = root / "sites" / "lyon" / "svc.yaml"
-    site.write_text(site.read_text() + "---\n" + service("dns2", "172.30.1.2", 53))
+    text = site.read_text().replace("- addresses: [10.0.0.1]\n", "- addresses: [10.0.0.2]\n  nodeName: lyon-1\n"
+                                    "- addresses: [10.0.0.1]\n")
+    site.write_text(text + "---\n" + service("dns2", "172.30.1.2", 53))
 
 
 def one_node_plan(old: Path, new: Path, node: Identity) -> dict:
@@ -309,18 +313,18 @@ def test_diff_fleet_per_node_plan_is_the_one_node_diff(sides):
     for node in OK_NODES:
         got = {k: v for k, v in by_node[node.name].items() if k not in ("old", "new", "table")}
         assert got == one_node_plan(old, new, node), node.name
-    # lyon-1 names itself in an endpoint, so its compile is its own; its plan equals lyon-3's
-    assert [g["nodes"] for g in doc["groups"]] == [["lyon-1", "lyon-3"], ["lyon-2", "lyon-4"], ["paris-1", "paris-2"]]
+    # lyon-1 is named by edge's endpoints (internalTrafficPolicy Local): its compile is its own
+    assert [g["nodes"] for g in doc["groups"]] == [["lyon-1"], ["lyon-2", "lyon-4"], ["lyon-3"], ["paris-1", "paris-2"]]
 
 
 def test_diff_fleet_text_groups_and_detailed_exitcode(sides):
     old, new, inv = sides
     rc, text = run(run_diff_fleet, str(old), str(new), inv, detailed=True)
     assert rc == 2
-    assert text.splitlines()[0] == "lyon-1, lyon-3 (2 nodes):"
+    assert text.splitlines()[0] == "lyon-1 (1 node):" and "~ default/edge endpoints +10.0.0.2:443" in text
     assert "lyon-2, lyon-4 (2 nodes): + default/dns2 ClusterIP 172.30.1.2:53/TCP -> no endpoints (reject)" in text
     assert "paris-1, paris-2 (2 nodes): ~ default/web" in text
-    assert text.splitlines()[-1] == "Fleet: 6 nodes, 6 with changes in 3 groups."
+    assert text.splitlines()[-1] == "Fleet: 6 nodes, 6 with changes in 4 groups."
     rc, text = run(run_diff_fleet, str(old), str(old), inv, detailed=True)
     assert rc == 0 and text == ("No changes: lyon-1…lyon-4, paris-1, paris-2 (6 nodes)\n"
                                 "Fleet: 6 nodes, 0 with changes in 0 groups.\n")

@@ -149,24 +149,50 @@ def run_validate_fleet(inventory: Path, root, *, config_path=None, strict: bool 
 
 
 class _Plans:
-    """Compiles and plans, each computed once per distinct input."""
+    """Compiles and plans, each computed once per distinct input: a ruleset per (view,
+    node name when its endpoints name the node), as compile_ruleset makes it, from
+    fragments shared across views (a Service's fragment is a function of the Service, its
+    slices and the node name only where those name the node); a plan per pair."""
 
     def __init__(self, config):
         self.config = config
         self.rulesets: dict[tuple, object] = {}
+        self.fragments: dict[tuple, object] = {}
+        self.canonical: dict[tuple, object] = {}
         self.plans: dict[tuple, object] = {}
 
     def ruleset(self, view, node: str, label: str):
-        from reconciler.compile import NftSyntaxError, compile_ruleset
+        from reconciler.compile import NftSyntaxError
 
         key = (id(view), node if node in view.node_names else None)
         if key not in self.rulesets:
             try:
-                self.rulesets[key] = compile_ruleset(view.result.inventory, replace(self.config, node_name=node))
+                self.rulesets[key] = self._compile(view.result.inventory, replace(self.config, node_name=node))
             except NftSyntaxError as e:  # defence in depth: validation should have refused it
                 self.rulesets[key] = Problem(label, 0, 0, "", "", "", f"refusing input that would reach nft "
                                              f"unsafely: {e}", "error")
         return key, self.rulesets[key]
+
+    def _compile(self, inv, config):
+        """compile_ruleset(inv, config), each Service's fragment compiled once."""
+        from reconciler.compile import allocation_of, compile_static, slices_by_service
+        from reconciler.compile.assemble import assemble
+        from reconciler.compile.services import compile_service
+        from reconciler.compile.skeleton import FAMILIES, family_context
+
+        node = config.node_name
+        contexts = {f: family_context(config, f) for f in FAMILIES}
+        by_svc = slices_by_service(inv.endpoint_slices)
+        fragments = []
+        for svc in sorted(inv.services, key=lambda s: (s.namespace, s.name)):
+            slices = tuple(by_svc.get(svc.key, ()))
+            named = any(node == e.node_name or node in (e.hint_nodes or ()) for sl in slices for e in sl.endpoints)
+            key = (id(svc), tuple(map(id, slices)), node if named else None)  # the views keep them alive
+            frag = self.fragments.get(key)
+            if frag is None:
+                frag = self.fragments[key] = compile_service(svc, slices, config, contexts)
+            fragments.append(frag)
+        return assemble(compile_static(config, inv), fragments, allocation_of(None))[0]
 
     def plan(self, old, new, node: str, labels: tuple[str, str]):
         from reconciler.compile import derived_topology_hints, relocate
@@ -180,10 +206,12 @@ class _Plans:
                 return rs
         key = (ko, kn)
         if key not in self.plans:
+            if ko not in self.canonical:
+                self.canonical[ko] = canonical(old_rs)
             inv = new.result.inventory
             cfg = replace(self.config, node_name=node)
             hints = derived_topology_hints(inv.services, inv.endpoint_slices, cfg)
-            self.plans[key] = make_plan(relocate(new_rs, old_rs), canonical(old_rs), {s.key: s for s in inv.services},
+            self.plans[key] = make_plan(relocate(new_rs, old_rs), self.canonical[ko], {s.key: s for s in inv.services},
                                         hints)
         return self.plans[key]
 

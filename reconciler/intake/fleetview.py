@@ -19,7 +19,7 @@ from reconciler.heap import no_cyclic_gc
 from reconciler.intake import model
 from reconciler.intake.build import build_inventory, model_objects
 from reconciler.intake.cache import FileResult, parse_file
-from reconciler.intake.fleet import _VARIABLE, REMOVE_ANNOTATION, Fleet, Identity, Projection, ResolvedLayer, node_layers, parse_fleet
+from reconciler.intake.fleet import _VARIABLE, REMOVE_ANNOTATION, Env, Fleet, Identity, Projection, ResolvedLayer, node_layers, parse_fleet
 from reconciler.intake.fleetmerge import check_fleet_document, merge
 from reconciler.intake.fleetread import fleet_display, is_fleet_root, layer_files, select_files
 from reconciler.intake.git import revision_of
@@ -58,6 +58,12 @@ def _variables(data, out: set) -> bool:
         elif isinstance(v, list):
             stack.extend(v)
     return found
+
+
+def _values(env: Env, names) -> tuple:
+    """What a document using `names` reads from `env`: the values, and the node's name
+    for one undefined (the error names the node)."""
+    return tuple((n, env.lookup(n) or (None, env.node)) for n in names)
 
 
 def _annotated(doc: Document) -> bool:
@@ -144,7 +150,7 @@ class FleetTree:
                 if proj.ok else ()
             names = frozenset().union(*(self._layer(la)[2] for la in layers))
             env = proj.env
-            key = (layers, proj.problems, tuple((n, env.lookup(n)) for n in sorted(names)) if env else ())
+            key = (layers, proj.problems, _values(env, sorted(names)) if env else ())
         v = self.views.get(key)
         if v is None:
             with no_cyclic_gc():
@@ -181,7 +187,7 @@ class FleetTree:
             chunks.append(f.res.chunk)
             for doc, chk, m, used in zip(f.res.docs, f.res.checks, f.res.models, f.used):
                 if used is not None and env is not None:
-                    ck = (id(doc), tuple((n, env.lookup(n)) for n in used))
+                    ck = (id(doc), _values(env, used))
                     got = self._checks.get(ck)
                     if got is None:
                         got = self._checks[ck] = check_fleet_document(doc, env)

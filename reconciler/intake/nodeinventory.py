@@ -45,15 +45,16 @@ def load_node_inventory(path: str | Path) -> tuple[list[Identity], list[Problem]
     if any(p.is_error for p in problems):
         return [], sorted(problems, key=lambda p: (p.line, p.col))
     nodes: list[Identity] = []
-    first: dict[str, int] = {}
+    first: dict[str, int] = {}  # name -> index
     for i, node in enumerate(doc.data.get("nodes") or []):
         name = node["name"]
-        line, col = locate(doc, ("nodes", i, "name"))
-        if name in first:
+        if name in first:  # located only now: locate() parses the file again
+            line, col = locate(doc, ("nodes", i, "name"))
+            was, _ = locate(doc, ("nodes", first[name], "name"))
             problems.append(_problem(shown, line, col, f"nodes[{i}].name", f"node {safe_name(name)} is listed twice "
-                                     f"(lines {first[name]} and {line}); keep one"))
+                                     f"(lines {was} and {line}); keep one"))
             continue
-        first[name] = line
+        first[name] = i
         nodes.append(Identity(name, tuple(sorted((node.get("labels") or {}).items()))))
     if any(p.is_error for p in problems):
         return [], problems
