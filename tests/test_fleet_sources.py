@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from gitsync import GitSync, push, remote
+from ociregistry import push_artifact, registry  # noqa: F401 (fixture)
 from reconciler.intake import Verifier, Verify, read_verified
 from reconciler.intake.fleet import Identity
 from test_cli_kernel import nftrec
@@ -197,3 +198,186 @@ def test_git_revisions_of_a_fleet_root_one_read_many_nodes(tmp_path):
     nowhere = listed_node(listed, Identity("x", (("site", "nice"),)))
     assert not nowhere.files and "layer sites/nice does not exist" in nowhere.problems[0].message
     assert nowhere.problems[0].file == "HEAD:fleet/fleet.yaml" and nowhere.problems[0].line == 5
+
+
+def archive(tmp: Path, how: str) -> bytes:
+    """A fleet root as a tar archive, made by the real tool: `git archive HEAD` (pax, with
+    its global header) or GNU `tar -c` (directories and files)."""
+    src = tmp / "tree"
+    src.mkdir()
+    write_fleet(src)
+    if how == "git":
+        git(src, "init", "-q")
+        git(src, "add", "-A")
+        git(src, "commit", "-q", "-m", "fleet")
+        return subprocess.run(["git", "-C", str(src), "archive", "HEAD"], capture_output=True, check=True).stdout
+    return subprocess.run(["tar", "-c", "-C", str(src), "."], capture_output=True, check=True).stdout
+
+
+@pytest.mark.parametrize("how", ["git", "tar"])
+def test_stdin_tar_of_a_fleet_root_is_projected_for_the_node(tmp_path, how):
+    import io
+
+    from reconciler.intake.inventory import read_stdin as read_stdin_inventory
+
+    raw = archive(tmp_path, how)
+    assert raw[257:262] == b"ustar"
+    lyon = read_stdin_inventory(io.BytesIO(raw), identity=LYON)
+    assert lyon.ok, [str(p) for p in lyon.problems]
+    assert services(lyon) == {"web", "dns-lyon"} and lyon.files == 2  # Paris's broken file never parsed
+    assert lyon.inventory.revision == f"sha256:{lyon.digest}"
+    paris = read_stdin_inventory(io.BytesIO(raw), identity=Identity("paris-1", (("site", "paris"),)))
+    assert not paris.ok and any(p.file == "<stdin>/sites/paris/broken.yaml" for p in paris.errors)
+    unknown = read_stdin_inventory(io.BytesIO(raw))
+    assert not unknown.ok and "fleet repository" in unknown.errors[0].message
+
+
+def test_stdin_tar_of_a_plain_tree_and_a_fleet_stream(tmp_path):
+    """Through the command: a tar without fleet.yaml is a plain tree; a YAML stream holding
+    a Fleet says to pipe an archive."""
+    tree = tmp_path / "plain"
+    (tree / "a").mkdir(parents=True)
+    (tree / "a" / "web.yaml").write_text(SERVICE.format(name="web", ip="10.96.0.10"))
+    (tree / "a" / "README.md").write_text("not a manifest\n")
+    (tree / ".hidden.yaml").write_text("kind: [broken\n")
+    plain = subprocess.run(["tar", "-c", "-C", str(tree), "."], capture_output=True, check=True).stdout
+    p = nftrec_bytes("validate", "-", input=plain)
+    assert p.returncode == 0, p.stdout + p.stderr
+    p = nftrec_bytes("render", "-", input=plain)
+    assert p.returncode == 0 and "10.96.0.10" in p.stdout, p.stdout + p.stderr
+    p = nftrec_bytes("validate", "-", input=(FLEET + "---\n" + SERVICE.format(name="web", ip="10.96.0.10")).encode())
+    assert p.returncode == 1 and "a fleet needs its directory tree: pipe a tar archive" in p.stdout + p.stderr
+    assert "git archive HEAD | nftrec validate -" in p.stdout + p.stderr
+
+
+@pytest.mark.parametrize("case,why", [
+    ("symlink", "a symbolic link"), ("hardlink", "a hard link"), ("dotdot", "'..'"), ("absolute", "an absolute path"),
+    ("fifo", "a FIFO")])
+def test_stdin_tar_refusals_are_unpacks(tmp_path, case, why):
+    """The archive on standard input is refused as an artifact's layer is (intake/unpack.py)."""
+    import io
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        data = SERVICE.format(name="web", ip="10.96.0.10").encode()
+        info = tarfile.TarInfo("web.yaml")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+        bad = tarfile.TarInfo({"dotdot": "../x.yaml", "absolute": "/etc/x.yaml"}.get(case, "x.yaml"))
+        if case == "symlink":
+            bad.type, bad.linkname = tarfile.SYMTYPE, "/etc/passwd"
+        elif case == "hardlink":
+            bad.type, bad.linkname = tarfile.LNKTYPE, "web.yaml"
+        elif case == "fifo":
+            bad.type = tarfile.FIFOTYPE
+        tar.addfile(bad, io.BytesIO(b"") if bad.isreg() else None)
+    p = nftrec_bytes("validate", "-", input=buf.getvalue())
+    assert p.returncode == 1 and why in p.stdout + p.stderr and "<stdin>" in p.stdout + p.stderr, p.stdout + p.stderr
+
+
+def nftrec_bytes(*args: str, input: bytes, config: Path | None = None) -> subprocess.CompletedProcess:
+    import os
+    import sys
+
+    cmd = [sys.executable, "-m", "reconciler.cli", *args, *(["--config", str(config)] if config else [])]
+    p = subprocess.run(cmd, input=input, capture_output=True, timeout=120, env={**os.environ, "NO_COLOR": "1"})
+    out = subprocess.CompletedProcess(p.args, p.returncode, p.stdout.decode(), p.stderr.decode())
+    assert "Traceback" not in out.stderr, out.stderr
+    return out
+
+
+@pytest.mark.kernel
+def test_oci_artifact_of_a_fleet_root_applies_the_nodes_site(registry, tmp_path, netns):  # noqa: F811
+    """A `flux push artifact`-shaped artifact whose tree has fleet.yaml at its top, applied
+    by a node whose labels pick Lyon: only Lyon's Services (and the base's) in the kernel."""
+    from test_cli_kernel import CONFIG, listing, ok
+    from test_cli_kernel import nftrec as cli
+
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    write_fleet(tree)
+    files = {p.relative_to(tree).as_posix(): p.read_bytes() for p in sorted(tree.rglob("*")) if p.is_file()}
+    push_artifact(registry.host, "fleet/edge", "v1", files)
+    cfg = tmp_path / "node.yaml"
+    cfg.write_text(CONFIG.read_text().replace("nodeName: edge-1", "nodeName: lyon-1\nnodeLabels: {site: lyon}")
+                   + "oci:\n  insecure: true\n")
+    state = tmp_path / "state"
+    ok(cli("apply", registry.ref("fleet/edge", "v1"), state=state, ns=netns, config=cfg))
+    rules = listing(netns)
+    assert "10.96.0.10" in rules and "10.96.1.10" in rules and "10.96.2.10" not in rules
+
+
+@needs_ssh
+def test_watch_verified_fleet_reads_the_nodes_layers_of_each_signed_commit(tmp_path):
+    """The watch's gate (daemon/signed.py) and Intake on a fleet root under `verify`: the
+    signed commit's projection, never the worktree's edits; a new commit that changes only
+    another site's layer parses nothing for this node (held blobs); read_verified agrees."""
+    from reconciler.daemon.signed import SignatureGate
+    from reconciler.intake import Intake
+
+    fleet = SignedFleet(tmp_path)
+    fleet.gs.sync("main")
+    gate = SignatureGate()
+    assert gate.configure(fleet.verify)
+    intake = Intake(fleet.gs.current, identity=LYON)
+    snap = gate.read(intake, None, again=True)
+    assert snap.ok and {s.name for s in snap.inventory.services} == {"web", "dns-lyon"}, snap.problems
+    assert snap.revision == fleet.first and intake.parsed == 2
+    _, oracle = fleet.read()
+    assert snap.digest == oracle.digest
+    (fleet.gs.current / "fleet.yaml").write_text(FLEET.replace("sites/${labels.site}", "sites/paris"))
+    (fleet.gs.current / "sites" / "lyon" / "dns.yaml").write_text("kind: [broken\n")
+    snap = gate.read(intake, None, again=True)
+    assert snap.ok and {s.name for s in snap.inventory.services} == {"web", "dns-lyon"} and intake.parsed == 0
+    (fleet.src / "sites" / "paris" / "dns.yaml").write_text(SERVICE.format(name="dns-paris", ip="10.96.2.11"))
+    paris_only = fleet.commit("paris")
+    push(fleet.src, fleet.remote)
+    assert fleet.gs.sync("main") == paris_only
+    snap = gate.read(intake, None, again=False)
+    assert snap.ok and snap.revision == paris_only and intake.parsed == 0 and intake.looked == 0
+    (fleet.src / "sites" / "lyon" / "dns.yaml").write_text(SERVICE.format(name="dns-lyon", ip="10.96.1.11"))
+    lyon_edit = fleet.commit("lyon")
+    push(fleet.src, fleet.remote)
+    fleet.gs.sync("main")
+    snap = gate.read(intake, None, again=False)
+    assert snap.ok and snap.revision == lyon_edit and intake.parsed == 1
+    assert "10.96.1.11" in str([s for s in snap.inventory.services if s.name == "dns-lyon"])
+
+
+@needs_ssh
+@pytest.mark.kernel
+def test_apply_verified_fleet_in_the_kernel(tmp_path, netns):
+    """`apply` under `verify` on git-sync's worktree of a fleet root, owned by git-sync's
+    user (65534) who edits fleet.yaml, a layer file and adds the node's layer: the kernel
+    gets the signed commit's projection for the node; an unsigned fleet.yaml moving the node
+    to Paris is refused and the kernel keeps Lyon."""
+    from test_cli_kernel import CONFIG, listing, ok
+    from test_cli_kernel import nftrec as cli
+
+    fleet = SignedFleet(tmp_path)
+    fleet.gs.sync("main")
+    cfg = tmp_path / "node.yaml"
+    cfg.write_text(CONFIG.read_text().replace("nodeName: edge-1", "nodeName: lyon-1\nnodeLabels: {site: lyon}")
+                   + f"verify:\n  mode: HEAD\n  keys: [{fleet.key}.pub]\n")
+    state = tmp_path / "state"
+    wt = fleet.gs.current
+    (wt / "fleet.yaml").write_text(FLEET.replace("sites/${labels.site}", "sites/paris"))
+    (wt / "sites" / "lyon" / "dns.yaml").write_text(SERVICE.format(name="dns-lyon", ip="10.96.9.9"))
+    (wt / "nodes" / "lyon-1").mkdir(parents=True)
+    (wt / "nodes" / "lyon-1" / "extra.yaml").write_text(SERVICE.format(name="extra", ip="10.96.9.10"))
+    subprocess.run(["chown", "-R", "65534:65534", str(fleet.gs.root)], check=True)
+    p = ok(cli("apply", str(wt), state=state, ns=netns, config=cfg))
+    assert f"revision {fleet.first[:12]} verified" in p.stdout + p.stderr
+    rules = listing(netns)
+    assert "10.96.0.10" in rules and "10.96.1.10" in rules
+    assert "10.96.2.10" not in rules and "10.96.9.9" not in rules and "10.96.9.10" not in rules
+    (fleet.src / "fleet.yaml").write_text(FLEET.replace("sites/${labels.site}", "sites/paris"))
+    unsigned = fleet.commit("move", sign=False)
+    push(fleet.src, fleet.remote)
+    subprocess.run(["chown", "-R", "0:0", str(fleet.gs.root)], check=True)
+    assert fleet.gs.sync("main") == unsigned
+    p = cli("apply", str(fleet.gs.current), state=state, ns=netns, config=cfg)
+    assert p.returncode == 1 and "refused (unsigned)" in p.stderr, p.stderr
+    rules = listing(netns)
+    assert "10.96.1.10" in rules and "10.96.2.10" not in rules

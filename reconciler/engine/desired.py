@@ -347,7 +347,8 @@ def load_desired(directory: Path, config_path: Path | None, *, strict: bool = Fa
         verdict, trust = check_signed(config, source, *signed)
         after_verify(directory)
     if verdict is not None and verdict.files is not None:  # exactly the verified commit's bytes
-        result = read_verified(verdict.files, strict=strict, fields=config.field_validation, cache_dir=cache_dir)
+        result = read_verified(verdict.files, strict=strict, fields=config.field_validation, cache_dir=cache_dir,
+                               identity=identity_of(config))
     else:
         result = read_inventory(directory, strict=strict, fields=config.field_validation, cache_dir=cache_dir,
                                 identity=identity_of(config))

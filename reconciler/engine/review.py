@@ -67,6 +67,7 @@ def run_diff(old: str, new: str, *, git: Path | None = None, merge_base: bool = 
     out_stream = out_stream or sys.stdout
     config, config_problems = load_node_config(str(config_path) if config_path else None, discover=False)
     fields = fields or config.field_validation
+    identity = identity_of(config)  # a fleet root is read as this node's
     try:
         if git is not None:
             old_commit, new_commit = resolve_revision(git, old), resolve_revision(git, new)
@@ -75,11 +76,12 @@ def run_diff(old: str, new: str, *, git: Path | None = None, merge_base: bool = 
                 old_commit = git_merge_base(git, old_commit, new_commit)
                 old, label_old = old_commit[:12], f"merge-base({old}, {new})"
             sides = [
-                _load(label_old, lambda: read_revision(git, old, old_commit, strict=strict, fields=fields), config),
-                _load(new, lambda: read_revision(git, new, new_commit, strict=strict, fields=fields), config),
+                _load(label_old, lambda: read_revision(git, old, old_commit, strict=strict, fields=fields,
+                                                       identity=identity), config),
+                _load(new, lambda: read_revision(git, new, new_commit, strict=strict, fields=fields, identity=identity),
+                      config),
             ]
         else:
-            identity = identity_of(config)  # a fleet root is read as this node's
             sides = [_load(display_root(d), lambda d=d: read_inventory(d, strict=strict, fields=fields,
                                                                        identity=identity), config)
                      for d in (old, new)]

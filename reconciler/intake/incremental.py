@@ -38,6 +38,7 @@ from reconciler.intake import yamldocs
 from reconciler.intake.build import build_inventory, model_objects
 from reconciler.intake.fleet import FLEET_FILE, Identity
 from reconciler.intake.fleetmerge import check_fleet_document, merge
+from reconciler.intake.fleetlisting import listed_node
 from reconciler.intake.fleetread import is_fleet_root, project_fleet, walk_fleet
 from reconciler.intake.git import checkout_blobs, revision_of
 from reconciler.intake.gitobjects import blob_id
@@ -293,7 +294,20 @@ class Intake:
         problems: list[Problem] = list(files.problems)
         entries: list[_FileEntry] = []
         chunks: list[bytes] = []
-        for display, oid, raw in files.files:
+        listed = files.files
+        if files.fleet is not None:  # a fleet root: the node's layers of the commit (fleetlisting.listed_node)
+            node = listed_node(files, self.identity)
+            env = None if node.projection is None else node.projection.env
+            if env is not None and (self._env is None or self._env.digest != env.digest):
+                self._files.clear()  # each document's substitution depends on the Env
+                self._tree, self._env = None, env
+            listed, chunks = node.files, [node.head]
+            problems.extend(node.problems)
+            self._layer = dict(zip([f[0] for f in listed], node.layers))
+        elif self._env is not None:  # no longer a fleet root
+            self._files.clear()
+            self._tree = self._env = self._fleet = None
+        for display, oid, raw in listed:
             e = self._files.get(display)
             if raw is not None and (e is None or e.blob != oid):
                 self.looked += 1
@@ -304,7 +318,7 @@ class Intake:
             entries.append(e)
             chunks.append(e.chunk)
             problems.extend(e.problems)
-        seen = {display for display, _, _ in files.files}
+        seen = {display for display, _, _ in listed}
         for gone in set(self._files) - seen:
             del self._files[gone]
         digest = tree_digest(chunks, self._hashed, files.root)

@@ -25,7 +25,7 @@ from reconciler.intake.git import load_listed, revision_files, revision_of
 from reconciler.intake.gitobjects import ManifestFiles
 from reconciler.intake.load import Document, LoadResult, Walk, read_file, tree_digest, walk
 from reconciler.intake.problems import Problem
-from reconciler.intake.sources import Blob, display_root, is_stdin, load_stdin
+from reconciler.intake.sources import Blob, display_root, is_stdin
 from reconciler.intake.validate import DocumentCheck, check, check_tree
 
 
@@ -73,7 +73,7 @@ def read_inventory(root: str | Path, *, strict: bool = False, fields: str = "str
     fleet root (fleet.yaml at the top: only its layers are read, intake/fleetread.py)."""
     with progress.step(f"reading manifests from {display_root(root)}"), no_cyclic_gc():
         if is_stdin(root):  # read once, nothing to key a cache on
-            return inventory_from_load(load_stdin(), strict=strict, fields=fields)
+            return read_stdin(identity=identity, strict=strict, fields=fields)
         fleet = fleet_walk(root, identity) if is_fleet_root(root) else None
         w = walk(root) if fleet is None else fleet.walk
         env = None if fleet is None else fleet.env
@@ -117,6 +117,20 @@ def read_revision(directory: Path, rev: str, commit: str | None = None, *, stric
     if listed.fleet is not None:
         return read_verified(listed, strict=strict, fields=fields, identity=identity)
     return inventory_from_load(load_listed(listed), strict=strict, fields=fields)
+
+
+def read_stdin(stream=None, *, identity: Identity | None = None, strict: bool = False, fields: str = "strict"
+               ) -> InventoryResult:
+    """read_inventory of `-` (intake/stdin.py): a YAML stream, or an archive read as a
+    plain tree or, of a fleet root, as `identity`'s projection (read_verified's listed
+    path). An archive's revision is `sha256:<digest>` of the files read."""
+    from reconciler.intake.stdin import stdin_source  # (tarfile and the unpack checks: only for `-`)
+
+    got = stdin_source(stream)
+    if isinstance(got, LoadResult):
+        return inventory_from_load(got, strict=strict, fields=fields)
+    result = read_verified(got, identity=identity, strict=strict, fields=fields)
+    return replace(result, inventory=replace(result.inventory, revision=f"sha256:{result.digest}"))
 
 
 def read_verified(files: ManifestFiles, *, strict: bool = False, fields: str = "strict", cache_dir: Path | str | None = None,

@@ -1,18 +1,15 @@
 """Manifests that are not a directory on disk: standard input (`-`, as kubectl and
-kubeconform read it) and files held in memory (a git revision, see intake/git.py). They
-go through load.read_file, so the same bytes are refused or accepted exactly as in a file;
-only the display path differs (`<stdin>:12:3: ...`).
+kubeconform read it; intake/stdin.py) and files held in memory (a git revision, see
+intake/git.py). They go through load.read_file, so the same bytes are refused or accepted
+exactly as in a file; only the display path differs (`<stdin>:12:3: ...`).
 """
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
 
 from reconciler.intake.load import Document, LoadResult, read_file, tree_digest
-from reconciler.intake.parse import MAX_FILE_BYTES
 from reconciler.intake.problems import Problem
 
 STDIN = "-"
@@ -64,15 +61,3 @@ def load_blobs(files: list[tuple[str, bytes | int]], *, revision: str | None, ro
     digest = tree_digest([read_file(display, Blob(display.rsplit("/", 1)[-1], raw), problems, docs)  # type: ignore[arg-type]
                           for display, raw in sorted(files, key=lambda f: f[0])], prefix=root)
     return LoadResult(docs, problems, revision or f"sha256:{digest}", digest, len(files), root)
-
-
-def read_stdin(stream: BinaryIO | None = None) -> bytes:
-    """Standard input, at most one byte over the per-file limit (read_file refuses it)."""
-    stream = stream if stream is not None else sys.stdin.buffer
-    return stream.read(MAX_FILE_BYTES + 1)
-
-
-def load_stdin(stream: BinaryIO | None = None) -> LoadResult:
-    """Manifests from standard input: one stream of YAML documents (`---`), JSON, or a
-    `kind: List`; positions are `<stdin>:line:col`."""
-    return load_blobs([(STDIN_DISPLAY, read_stdin(stream))], revision=None, root=STDIN_DISPLAY)

@@ -1,4 +1,5 @@
-"""Safe extraction of an artifact's tar.gz layer: regular files and directories only, every
+"""Safe extraction of an artifact's tar.gz layer (or of a tar into memory: `read_tar` with
+`Memory`, standard input's archive): regular files and directories only, every
 name relative, without `..` and bounded in depth and length, bounded in entries (every
 directory created counts, parents too) and bytes (counted while writing, so a gzip bomb
 stops at the limit), into a fresh hidden directory that is renamed into place only when
@@ -94,47 +95,106 @@ class _Metered:
 
 
 def _extract(layer: Path, root: Path, what: str, max_entries: int, max_bytes: int) -> None:
+    try:
+        with gzip.open(layer, "rb") as gz:
+            read_tar(gz, _Disk(root, what), what, max_entries, max_bytes, "tar.gz")
+    except (zlib.error, EOFError, OSError) as e:  # (gzip.open's own; read_tar translates the rest)
+        raise SourceError("bad-artifact", f"{what} is not a readable tar.gz ({type(e).__name__}: {str(e)[:200]}): "
+                                          f"refused, nothing was unpacked") from None
+
+
+def read_tar(stream, sink, what: str, max_entries: int, max_bytes: int, kind: str = "tar") -> None:
+    """Every member of the tar read from `stream` (once, never seeking), checked (module
+    comment) and handed to `sink`: mkdirs(rel, member name, entries so far, limit) -> the
+    directories it created; write(tar, member, rel, bytes allowed) -> the bytes written.
+    SourceError on refusal."""
     entries = 0
     total = 0
     try:
-        with gzip.open(layer, "rb") as gz:
-            meter = _Metered(gz)
-            with tarfile.open(fileobj=meter, mode="r|") as tar:  # reads the meter in records, never seeks
-                while True:
-                    meter.room = HEADER_ROOM
-                    member = tar.next()
-                    if member is None:
-                        break
-                    entries += 1
-                    rel = _relative(member.name, what)
-                    if member.isdir():
-                        if rel is not None:
-                            entries += max(0, _mkdirs(root, rel, what, member.name, entries, max_entries) - 1)
-                        _check_entries(entries, max_entries, what)
-                        continue
+        meter = _Metered(stream)
+        with tarfile.open(fileobj=meter, mode="r|") as tar:  # reads the meter in records, never seeks
+            while True:
+                meter.room = HEADER_ROOM
+                member = tar.next()
+                if member is None:
+                    break
+                entries += 1
+                rel = _relative(member.name, what)
+                if member.isdir():
+                    if rel is not None:
+                        entries += max(0, sink.mkdirs(rel, member.name, entries, max_entries) - 1)
                     _check_entries(entries, max_entries, what)
-                    if member.issym() or member.islnk():
-                        raise _refuse(what, member.name, f"a {'symbolic' if member.issym() else 'hard'} link "
-                                                         f"(to {member.linkname[:200]!r}); an artifact holds files and directories only")
-                    if member.ischr() or member.isblk():
-                        raise _refuse(what, member.name, "a device node")
-                    if member.isfifo():
-                        raise _refuse(what, member.name, "a FIFO")
-                    if not member.isreg() or member.issparse():
-                        raise _refuse(what, member.name, f"an entry of type {member.type!r}; only files and directories are unpacked")
-                    if rel is None:
-                        raise _refuse(what, member.name, "a file without a name")
-                    if total + member.size > max_bytes:
-                        raise SourceError("too-large", f"{what} unpacks to more than {max_bytes} bytes "
-                                                       f"(at {member.name[:200]!r}): refused, nothing was unpacked")
-                    meter.room = member.size + HEADER_ROOM  # its data, block padding and tarfile's read-ahead
-                    entries += _mkdirs(root, rel.parent, what, member.name, entries, max_entries)
-                    total += _write(tar, member, root.joinpath(*rel.parts), max_bytes - total, what)
+                    continue
+                _check_entries(entries, max_entries, what)
+                if member.issym() or member.islnk():
+                    raise _refuse(what, member.name, f"a {'symbolic' if member.issym() else 'hard'} link "
+                                                     f"(to {member.linkname[:200]!r}); an artifact holds files and directories only")
+                if member.ischr() or member.isblk():
+                    raise _refuse(what, member.name, "a device node")
+                if member.isfifo():
+                    raise _refuse(what, member.name, "a FIFO")
+                if not member.isreg() or member.issparse():
+                    raise _refuse(what, member.name, f"an entry of type {member.type!r}; only files and directories are unpacked")
+                if rel is None:
+                    raise _refuse(what, member.name, "a file without a name")
+                if total + member.size > max_bytes:
+                    raise SourceError("too-large", f"{what} unpacks to more than {max_bytes} bytes "
+                                                   f"(at {member.name[:200]!r}): refused, nothing was unpacked")
+                meter.room = member.size + HEADER_ROOM  # its data, block padding and tarfile's read-ahead
+                entries += sink.mkdirs(rel.parent, member.name, entries, max_entries)
+                total += sink.write(tar, member, rel, max_bytes - total)
     except SourceError:
         raise
     except (tarfile.TarError, zlib.error, EOFError, OSError, UnicodeError) as e:
-        raise SourceError("bad-artifact", f"{what} is not a readable tar.gz ({type(e).__name__}: {str(e)[:200]}): "
+        raise SourceError("bad-artifact", f"{what} is not a readable {kind} ({type(e).__name__}: {str(e)[:200]}): "
                                           f"refused, nothing was unpacked") from None
+
+
+class _Disk:
+    """read_tar's sink that unpacks under `root`."""
+
+    def __init__(self, root: Path, what: str):
+        self.root, self.what = root, what
+
+    def mkdirs(self, rel: PurePosixPath, member: str, used: int, limit: int) -> int:
+        return _mkdirs(self.root, rel, self.what, member, used, limit)
+
+    def write(self, tar: tarfile.TarFile, member: tarfile.TarInfo, rel: PurePosixPath, room: int) -> int:
+        return _write(tar, member, self.root.joinpath(*rel.parts), room, self.what)
+
+
+class Memory:
+    """read_tar's sink that keeps the tree in memory: `files` {relative path: bytes} and
+    `dirs` (relative paths), with the refusals of the disk's (a directory where a file is,
+    a second entry for one path)."""
+
+    def __init__(self, what: str):
+        self.what = what
+        self.files: dict[str, bytes] = {}
+        self.dirs: set[str] = set()
+
+    def mkdirs(self, rel: PurePosixPath, member: str, used: int, limit: int) -> int:
+        created = 0
+        for i in range(1, len(rel.parts) + 1):
+            path = "/".join(rel.parts[:i])
+            if path in self.files:
+                raise _refuse(self.what, member, f"a directory where the file {rel.parts[i - 1]!r} is")
+            if path not in self.dirs:
+                self.dirs.add(path)
+                created += 1
+                _check_entries(used + created, limit, self.what)
+        return created
+
+    def write(self, tar: tarfile.TarFile, member: tarfile.TarInfo, rel: PurePosixPath, room: int) -> int:
+        path = rel.as_posix()
+        if path in self.files or path in self.dirs:
+            raise _refuse(self.what, member.name, "a second entry for one path")
+        raw = tar.extractfile(member).read(room + 1)
+        if len(raw) > room:
+            raise SourceError("too-large", f"{self.what} unpacks to more bytes than allowed (at {member.name[:200]!r}): "
+                                           f"refused, nothing was unpacked")
+        self.files[path] = raw
+        return len(raw)
 
 
 def _relative(name: str, what: str) -> PurePosixPath | None:
