@@ -27,6 +27,7 @@ NODES = {
     "core-1": {"tier": "core"},
 }
 PARIS_CACHE = "sites/paris/cache.yaml"
+DECIDED = ("sync", "invalid", "unverified")  # the log events that end a revision's sync
 
 
 def node_config(tmp: Path, name: str, labels: dict, n: int) -> Path:
@@ -52,11 +53,20 @@ class Node:
 def taken(node: Node, since: int, revision: str) -> dict:
     """The daemon's log line that decided `revision` (bounded poll): its sync, or a failure
     with the daemon's own words."""
-    line = node.watch.wait(lambda: next((x for x in node.watch.lines[since:] if x.get("revision") == revision
-                                         and x.get("event") in ("sync", "invalid", "unverified")), None),
+    line = node.watch.wait(lambda: next((x for x in node.watch.lines[since:] if x.get("event") in DECIDED
+                                         and str(x.get("revision")).split("+")[0] == revision), None),
                            timeout=30, what=f"{node.name} to take {revision[:12]}")
-    assert line["event"] == "sync" and line.get("ok", True), (node.name, "".join(node.watch.raw))
+    assert line["event"] == "sync" and line.get("ok", True) and line["revision"] == revision, (
+        node.name, "".join(node.watch.raw))
     return line
+
+
+def recorded(node: Node, revision: str) -> dict:
+    """The node's status once it recorded `revision` whole (the digest is written after
+    the sync's log line, daemon/statewriter.py)."""
+    st = node.watch.status(lambda st: st.get("lastAttemptedRevision") == revision and st.get("desiredDigest"), timeout=30)
+    assert st.get("lastError") is None and st.get("lastAppliedRevision") == revision, (node.name, st)
+    return st
 
 
 def commit(src: Path, message: str) -> str:
@@ -66,6 +76,10 @@ def commit(src: Path, message: str) -> str:
 
 
 def test_an_edit_in_one_sites_layer_changes_only_that_sites_node(tmp_path):
+    """Paris's cache backend moves in one commit: the Paris node's kernel follows, the Lyon
+    node and a node outside both sites take the revision with nothing to parse or change.
+    The kernel is polled with a bound (no sleep); SPEC §7's latency target is a ratio that
+    bench/ measures, not a timed test."""
     src = tmp_path / "src"
     shutil.copytree(EXAMPLES / "fleet", src)
     git(src, "init", "-q", "-b", "main")
@@ -90,7 +104,7 @@ def test_an_edit_in_one_sites_layer_changes_only_that_sites_node(tmp_path):
             assert "10.96.1.10" in listing(lyon.ns) and "10.244.2.30" in listing(lyon.ns)
             assert "10.244.1.30" not in listing(lyon.ns)
             assert "10.96.1.10" not in listing(core.ns) and "10.244.1.30" not in listing(core.ns)
-            before = {name: (listing(node.ns), node.watch.status()["desiredDigest"]) for name, node in nodes.items()}
+            before = {name: (listing(node.ns), recorded(node, first)) for name, node in nodes.items()}
             marks = {name: len(node.watch.lines) for name, node in nodes.items()}
 
             cache = src / PARIS_CACHE
@@ -104,17 +118,15 @@ def test_an_edit_in_one_sites_layer_changes_only_that_sites_node(tmp_path):
             assert "10.244.1.30" not in listing(paris.ns)
             line = taken(paris, marks[paris.name], second)
             assert line["servicesChanged"] == ["~default/cache"], line
-            paris.watch.status(lambda st: st.get("lastAppliedRevision") == second)
+            assert recorded(paris, second)["desiredDigest"] != before[paris.name][1]["desiredDigest"]
 
-            # the two others took the revision too (so "unchanged" is not vacuous) and
-            # nothing of it reached their kernels or their history
+            # the two others took the revision too (so "unchanged" is not vacuous): no file
+            # parsed, no Service changed, no nft operation; the same kernel, the same record
             for node in (lyon, core):
-                st = node.watch.status(lambda st: st.get("lastAttemptedRevision") == second, timeout=30)
-                assert st.get("lastError") is None, st
-                assert st["desiredDigest"] == before[node.name][1], (node.name, st)
+                line = taken(node, marks[node.name], second)
+                assert (line["servicesChanged"], line["operations"], line["filesParsed"]) == ([], 0, 0), (node.name, line)
                 assert listing(node.ns) == before[node.name][0], node.name
-                syncs = node.watch.events("sync", marks[node.name])
-                assert all(not x.get("servicesChanged") for x in syncs), (node.name, syncs)
+                assert recorded(node, second)["desiredDigest"] == before[node.name][1]["desiredDigest"], node.name
         finally:
             stopped = [stop(node) for node in nodes.values() if node.watch is not None]
         assert all(s == 0 for s in stopped), stopped
