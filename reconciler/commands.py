@@ -99,7 +99,9 @@ def validate(
     no nft, no kernel needed."""
     _check_output(output)
     if fleet is not None:
-        from reconciler.engine.fleetreview import run_validate_fleet
+        if node is not None or labels is not None:
+            raise typer.BadParameter("--fleet validates every node of the inventory; drop --node/--labels")
+        from reconciler.engine import run_validate_fleet
 
         raise typer.Exit(_guard(run_validate_fleet, fleet, _root(directory, config).root, config_path=config,
                                 strict=strict, fields=fields, output=output, allow_empty=allow_empty))
@@ -183,7 +185,7 @@ def diff(
     kw = dict(git=git, merge_base=merge_base, config_path=config, strict=strict, fields=fields, output=output,
               detailed=detailed_exitcode, verbose=verbose)
     if fleet is not None:
-        from reconciler.engine.fleetreview import run_diff_fleet
+        from reconciler.engine import run_diff_fleet
 
         raise typer.Exit(_guard(run_diff_fleet, old, new, fleet, **kw))
     raise typer.Exit(_guard(run_diff, old, new, **kw))

@@ -98,6 +98,9 @@ def test_verified_fleet_reads_the_signed_commits_projection(tmp_path):
     assert verdict.ok and result.ok, [str(p) for p in result.problems]
     assert services(result) == {"web", "dns-lyon"}  # sites/paris (with its broken file) never parsed
     assert result.inventory.revision == fleet.first
+    for _ in range(2):  # the intake cache (keyed with the node's Env) gives the same result
+        cached = read_verified(verdict.files, identity=LYON, cache_dir=tmp_path / "cache")
+        assert services(cached) == services(result) and cached.digest == result.digest and cached.ok
     _, paris = fleet.read(Identity("paris-1", (("site", "paris"),)))
     assert not paris.ok and any("broken.yaml" in p.file for p in paris.problems)
     _, nobody = fleet.read(None)
@@ -143,6 +146,10 @@ def test_verified_fleet_lists_only_the_nodes_layers_and_keeps_held_blobs(tmp_pat
     (fleet.src / "sites" / "lyon" / "shared.yaml").symlink_to("../../shared/extra.yaml")
     (fleet.src / "shared").mkdir()
     (fleet.src / "shared" / "extra.yaml").write_text(SERVICE.format(name="shared", ip="10.96.3.10"))
+    (fleet.src / "own" / "lyon-1").mkdir(parents=True)  # the node's layer is a link to a directory
+    (fleet.src / "own" / "lyon-1" / "own.yaml").write_text(SERVICE.format(name="own", ip="10.96.4.10"))
+    (fleet.src / "nodes").mkdir()
+    (fleet.src / "nodes" / "lyon-1").symlink_to("../own/lyon-1")
     fleet.commit("link")
     push(fleet.src, fleet.remote)
     fleet.gs.sync("main")
@@ -158,11 +165,16 @@ def test_verified_fleet_lists_only_the_nodes_layers_and_keeps_held_blobs(tmp_pat
     from reconciler.intake.fleetlisting import listed_node
 
     node = listed_node(verdict.files, LYON)
-    assert sorted(asked) == ["base/web.yaml", "sites/lyon/dns.yaml", "sites/lyon/shared.yaml"]
+    assert sorted(asked) == ["base/web.yaml", "nodes/lyon-1/own.yaml", "sites/lyon/dns.yaml", "sites/lyon/shared.yaml"]
     assert [(f[0].rsplit("/", 3)[-3:], f[2] is None) for f in node.files] == [
         (["current", "base", "web.yaml"], True), (["sites", "lyon", "dns.yaml"], False),
-        (["sites", "lyon", "shared.yaml"], False)]
-    assert node.layers == (0, 1, 1) and not node.problems
+        (["sites", "lyon", "shared.yaml"], False), (["nodes", "lyon-1", "own.yaml"], False)]
+    assert node.layers == (0, 1, 1, 2) and not node.problems
+    from reconciler.intake import read_inventory
+
+    _, verified = fleet.read()
+    disk = read_inventory(fleet.gs.current, identity=LYON)  # the clean worktree read as a directory agrees
+    assert verified.ok and services(verified) == services(disk) == {"web", "dns-lyon", "shared", "own"}
 
 
 def test_git_revisions_of_a_fleet_root_one_read_many_nodes(tmp_path):
@@ -381,3 +393,77 @@ def test_apply_verified_fleet_in_the_kernel(tmp_path, netns):
     assert p.returncode == 1 and "refused (unsigned)" in p.stderr, p.stderr
     rules = listing(netns)
     assert "10.96.1.10" in rules and "10.96.2.10" not in rules
+
+
+@pytest.mark.parametrize("how", ["git", "tar"])
+def test_stdin_fleet_archive_through_the_commands(tmp_path, how):
+    """`git archive HEAD | nftrec validate -` and `render -` project the archive for the
+    node config's identity, or --node/--labels'."""
+    raw = archive(tmp_path, how)
+    cfg = tmp_path / "node.yaml"
+    cfg.write_text("apiVersion: nftrec/v1alpha1\nkind: NodeConfig\nnodeName: lyon-1\nnodeLabels: {site: lyon}\n"
+                   "nodeIPs: [192.168.50.2]\n")
+    p = nftrec_bytes("validate", "-", input=raw, config=cfg)
+    assert p.returncode == 0, p.stdout + p.stderr
+    p = nftrec_bytes("render", "-", input=raw, config=cfg)
+    assert p.returncode == 0 and "10.96.1.10" in p.stdout and "10.96.2.10" not in p.stdout, p.stdout + p.stderr
+    p = nftrec_bytes("render", "--node", "paris-1", "--labels", "site=paris", "-", input=raw, config=cfg)
+    assert p.returncode == 1 and "<stdin>/sites/paris/broken.yaml" in p.stdout + p.stderr, p.stdout + p.stderr
+
+
+def test_diff_git_of_a_fleet_root_is_the_nodes(tmp_path):
+    """`nftrec diff --git DIR A..B` on a fleet root: each revision read from git's objects
+    and projected for the node config's identity."""
+    src = tmp_path / "repo"
+    src.mkdir()
+    git(src, "init", "-q")
+    write_fleet(src)
+    git(src, "add", "-A")
+    git(src, "commit", "-q", "-m", "one")
+    (src / "sites" / "lyon" / "dns.yaml").write_text(SERVICE.format(name="dns-lyon", ip="10.96.1.11"))
+    (src / "sites" / "paris" / "dns.yaml").write_text(SERVICE.format(name="dns-paris", ip="10.96.2.11"))
+    git(src, "add", "-A")
+    git(src, "commit", "-q", "-m", "two")
+    cfg = tmp_path / "node.yaml"
+    cfg.write_text("apiVersion: nftrec/v1alpha1\nkind: NodeConfig\nnodeName: lyon-1\nnodeLabels: {site: lyon}\n"
+                   "nodeIPs: [192.168.50.2]\n")
+    p = nftrec_bytes("diff", "--git", str(src), "HEAD~1..HEAD", input=b"", config=cfg)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "dns-lyon" in p.stdout and "dns-paris" not in p.stdout, p.stdout
+
+
+def test_memory_sink_limits_and_refusals():
+    """unpack.read_tar into memory keeps the disk's limits: entries (directories counted),
+    bytes, a second entry for one path, a directory where a file is."""
+    import io
+    import tarfile
+
+    from reconciler.intake.oci_reference import SourceError
+    from reconciler.intake.unpack import Memory, read_tar
+
+    def tar(*members: tuple[str, bytes | None]) -> io.BytesIO:
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as t:
+            for name, data in members:
+                info = tarfile.TarInfo(name)
+                if data is None:
+                    info.type = tarfile.DIRTYPE
+                    t.addfile(info)
+                else:
+                    info.size = len(data)
+                    t.addfile(info, io.BytesIO(data))
+        buf.seek(0)
+        return buf
+
+    mem = Memory("x")
+    read_tar(tar(("a/", None), ("a/b/c.yaml", b"1"), ("d.yaml", b"22")), mem, "x", 4, 3)
+    assert mem.files == {"a/b/c.yaml": b"1", "d.yaml": b"22"} and mem.dirs == {"a", "a/b"}
+    for members, limits, says in [
+        ((("a/b/c.yaml", b"1"), ("d.yaml", b"2")), (3, 10), "more than 3 entries"),
+        ((("a.yaml", b"12"), ("b.yaml", b"34")), (10, 3), "more than 3 bytes"),
+        ((("a.yaml", b"1"), ("a.yaml", b"2")), (10, 10), "a second entry for one path"),
+        ((("a", b"1"), ("a/b.yaml", b"2")), (10, 10), "a directory where the file 'a' is"),
+    ]:
+        with pytest.raises(SourceError) as e:
+            read_tar(tar(*members), Memory("x"), "x", *limits)
+        assert says in str(e.value), (members, str(e.value))

@@ -26,5 +26,5 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "serialize": ("SerializeError", "canonical_json", "digest", "digest_bytes", "digest_form", "digest_parts", "digest_pieces", "digest_json", "element_to_json", "form_parts", "parts_digest", "ruleset_from_json", "ruleset_to_json"),
     "topology": ("derived_topology_hints", "endpoints_for_port"),
     "skeleton": ("compile_static",),
-    "services": ("cluster_ip_for", "compile_ruleset", "ips_of_family", "slices_by_service"),
+    "services": ("cluster_ip_for", "compile_ruleset", "compile_service", "ips_of_family", "slices_by_service"),
 })

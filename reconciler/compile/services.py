@@ -310,12 +310,14 @@ def slices_by_service(slices: Iterable[EndpointSlice]) -> dict[str, list[Endpoin
     return out
 
 
-def compile_ruleset(inventory: Inventory, config: NodeConfig, previous: Ruleset | None = None) -> Ruleset:
+def compile_ruleset(inventory: Inventory, config: NodeConfig, previous: Ruleset | None = None,
+                    fragment=compile_service) -> Ruleset:
     """The whole desired ruleset: both tables, always (see docs for why). `previous`
     (layout "sharded"): a ruleset whose index ranges are kept where they fit, e.g. the
-    last applied one; None allocates from scratch (a pure function of the input)."""
+    last applied one; None allocates from scratch (a pure function of the input).
+    `fragment`: compile_service, or a memo of its results (the fleet review's)."""
     contexts = {f: family_context(config, f) for f in FAMILIES}
     by_svc = slices_by_service(inventory.endpoint_slices)
-    fragments = [compile_service(svc, by_svc.get(svc.key, ()), config, contexts)
+    fragments = [fragment(svc, by_svc.get(svc.key, ()), config, contexts)
                  for svc in sorted(inventory.services, key=lambda s: (s.namespace, s.name))]
     return assemble(compile_static(config, inventory), fragments, layout.allocation_of(previous))[0]

@@ -31,6 +31,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "noop": ("config_cache_dir", "run_apply_noop", "run_plan_noop"),
     "plan": ("make_plan",),
     "probes": ("probe_desired", "read_probe_state", "write_probe_state"),
+    "fleetreview": ("run_diff_fleet", "run_validate_fleet"),
     "review": ("run_diff",),
     "source": ("KEEP", "command_source", "is_source", "manifest_root", "open_source", "reference", "source_error"),
     "sourcestate": ("read_source_state", "source_status_json", "source_status_lines", "write_source_state"),

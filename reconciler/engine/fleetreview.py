@@ -20,7 +20,7 @@ from reconciler import logs, progress
 from reconciler.engine.review import (EXIT_CHANGES, EXIT_ERROR, EXIT_OK, MARKER, NO_CHANGES, Side, _cell, _code_block,
                                       _footer, _no_color, _title, markdown_plan)
 from reconciler.engine.target import CommandError
-from reconciler.intake.problems import ERROR, NOTICE, WARNING, Problem, count
+from reconciler.intake import ERROR, NOTICE, WARNING, Problem, count
 
 MARKDOWN_LIMIT = 60000  # GitHub caps a comment at 65,536 characters; room for the tail
 
@@ -67,7 +67,7 @@ def nodes_label(names) -> str:
 
 
 def _inventory(path: Path):
-    from reconciler.intake.nodeinventory import load_node_inventory
+    from reconciler.intake import load_node_inventory
 
     nodes, problems = load_node_inventory(path)
     for p in problems:
@@ -95,6 +95,12 @@ def _problems_json(found: dict[Problem, list[str]]) -> list[dict]:
     return [dict(p.to_json(), nodes=sorted(set(nodes), key=_natural)) for p, nodes in found.items()]
 
 
+def _no_stdin(*roots) -> None:
+    if any(str(r) == "-" for r in roots):
+        raise CommandError("--fleet reads a directory (or, for diff, --git revisions), not standard input; "
+                           "unpack it first (e.g. git archive HEAD | tar -x -C DIR)")
+
+
 def _read(label: str, read):
     with progress.step(f"reading {label}"):
         return read()
@@ -108,12 +114,10 @@ def run_validate_fleet(inventory: Path, root, *, config_path=None, strict: bool 
     """Every node of the inventory validated as `validate --node` would; each problem
     printed once with its nodes. JSON: {"valid", "nodes", "projections", "errors",
     "warnings", "notices", "problems": [{file, line, ..., "nodes": [...]}]}. 0 valid, 1 not."""
-    from reconciler.intake.config import DEFAULT_PATH, load_node_config
-    from reconciler.intake.fleetview import read_tree
-    from reconciler.intake.sources import display_root
-    from reconciler.intake.validate import no_services
+    from reconciler.intake import DEFAULT_PATH, display_root, load_node_config, no_services, read_tree
 
     stream = stream or sys.stdout
+    _no_stdin(root)
     nodes = _inventory(inventory)
     cfg_problems: list = []
     if config_path is not None or Path(DEFAULT_PATH).is_file():
@@ -162,37 +166,30 @@ class _Plans:
         self.plans: dict[tuple, object] = {}
 
     def ruleset(self, view, node: str, label: str):
-        from reconciler.compile import NftSyntaxError
+        from reconciler.compile import NftSyntaxError, compile_ruleset
 
         key = (id(view), node if node in view.node_names else None)
         if key not in self.rulesets:
             try:
-                self.rulesets[key] = self._compile(view.result.inventory, replace(self.config, node_name=node))
+                self.rulesets[key] = compile_ruleset(view.result.inventory, replace(self.config, node_name=node),
+                                                     fragment=self._fragment)
             except NftSyntaxError as e:  # defence in depth: validation should have refused it
                 self.rulesets[key] = Problem(label, 0, 0, "", "", "", f"refusing input that would reach nft "
                                              f"unsafely: {e}", "error")
         return key, self.rulesets[key]
 
-    def _compile(self, inv, config):
-        """compile_ruleset(inv, config), each Service's fragment compiled once."""
-        from reconciler.compile import allocation_of, compile_static, slices_by_service
-        from reconciler.compile.assemble import assemble
-        from reconciler.compile.services import compile_service
-        from reconciler.compile.skeleton import FAMILIES, family_context
+    def _fragment(self, svc, slices, config, contexts):
+        """compile_service's result, once per Service and slices objects (the views keep
+        them alive) and node name where the slices name the node."""
+        from reconciler.compile import compile_service
 
         node = config.node_name
-        contexts = {f: family_context(config, f) for f in FAMILIES}
-        by_svc = slices_by_service(inv.endpoint_slices)
-        fragments = []
-        for svc in sorted(inv.services, key=lambda s: (s.namespace, s.name)):
-            slices = tuple(by_svc.get(svc.key, ()))
-            named = any(node == e.node_name or node in (e.hint_nodes or ()) for sl in slices for e in sl.endpoints)
-            key = (id(svc), tuple(map(id, slices)), node if named else None)  # the views keep them alive
-            frag = self.fragments.get(key)
-            if frag is None:
-                frag = self.fragments[key] = compile_service(svc, slices, config, contexts)
-            fragments.append(frag)
-        return assemble(compile_static(config, inv), fragments, allocation_of(None))[0]
+        named = any(node == e.node_name or node in (e.hint_nodes or ()) for sl in slices for e in sl.endpoints)
+        key = (id(svc), tuple(map(id, slices)), node if named else None)
+        frag = self.fragments.get(key)
+        if frag is None:
+            frag = self.fragments[key] = compile_service(svc, slices, config, contexts)
+        return frag
 
     def plan(self, old, new, node: str, labels: tuple[str, str]):
         from reconciler.compile import derived_topology_hints, relocate
@@ -219,7 +216,7 @@ class _Plans:
 def _sides(old: str, new: str, git: Path | None, merge_base: bool, strict: bool, fields: str):
     from reconciler.intake import GitError, display_root, resolve_revision
     from reconciler.intake import merge_base as git_merge_base
-    from reconciler.intake.fleetview import read_git, read_tree
+    from reconciler.intake import read_git, read_tree
 
     try:
         if git is None:
@@ -247,6 +244,8 @@ def run_diff_fleet(old: str, new: str, inventory: Path, *, git: Path | None = No
     from reconciler.intake import load_node_config
 
     out = out_stream or sys.stdout
+    if git is None:
+        _no_stdin(old, new)
     nodes = _inventory(inventory)
     config, config_problems = load_node_config(str(config_path) if config_path else None, discover=False)
     for p in config_problems:
@@ -354,6 +353,14 @@ def _write_invalid(stream: TextIO, output: str, old: str, new: str, found: dict[
         return
     lines = _problem_lines(found) + [p.format_text() for p in config_problems]
     if output == "markdown":
+        kept, size = [], 0
+        for i, line in enumerate(lines):
+            size += len(line) + 1
+            if size > MARKDOWN_LIMIT:
+                kept.append(f"... and {len(lines) - i} more; run `nftrec validate --fleet` locally for all")
+                break
+            kept.append(line)
+        lines = kept
         o, n = Side(old), Side(new)
         out = [MARKER, _title(o, n) + ": invalid input", "",
                f"**{errors} error{'s' if errors != 1 else ''}**: nftrec refuses to apply this revision on the "

@@ -16,12 +16,11 @@ from pathlib import Path
 from typing import Callable
 
 from reconciler.heap import no_cyclic_gc
-from reconciler.intake import model
 from reconciler.intake.build import build_inventory, model_objects
 from reconciler.intake.cache import FileResult, parse_file
-from reconciler.intake.fleet import _VARIABLE, REMOVE_ANNOTATION, Env, Fleet, Identity, Projection, ResolvedLayer, node_layers, parse_fleet
+from reconciler.intake.fleet import _VARIABLE, FLEET_FILE, REMOVE_ANNOTATION, Env, Fleet, Identity, Projection, ResolvedLayer, node_layers, parse_fleet
 from reconciler.intake.fleetmerge import check_fleet_document, merge
-from reconciler.intake.fleetread import fleet_display, is_fleet_root, layer_files, select_files
+from reconciler.intake.fleetread import fleet_display, is_fleet_root, layer_files, missing_layer
 from reconciler.intake.git import revision_of
 from reconciler.intake.inventory import InventoryResult
 from reconciler.intake.load import Document, chunk, display_prefix, read_bytes, tree_digest, walk
@@ -225,38 +224,36 @@ def read_tree(root: str | Path, *, strict: bool = False, fields: str = "strict")
 
 def read_git(directory: Path, rev: str, commit: str, *, strict: bool = False, fields: str = "strict") -> FleetTree:
     """The fleet root (or plain root) under `directory` as revision `rev` has it, from
-    git's object store, no checkout (as git.load_revision lists it)."""
-    from reconciler.intake.git import GitError
-    from reconciler.intake.gitobjects import ObjectError, Store, find_checkout, manifest_files
+    git's object store, no checkout: git.revision_files read whole, each layer picked
+    from it as fleetlisting.node_files picks it."""
+    from dataclasses import replace
+
+    from reconciler.intake.fleetlisting import in_memory
+    from reconciler.intake.git import revision_files
     from reconciler.intake.sources import Blob
 
-    co = find_checkout(Path(directory).resolve())
-    if co is None:
-        raise GitError(f"{directory} is not inside a git working tree; give `--git` the manifest directory of a clone")
-    root = f"{rev}:{'' if co.sub == '.' else co.sub + '/'}"
-    try:
-        with Store(co.common) as store:
-            listed = manifest_files(store, commit, co.sub, root)
-    except ObjectError as e:
-        raise GitError(f"cannot read revision {show(rev)} in the repository of {directory}: {e}") from None
-    blobs = {d[len(root):]: Blob(d.rsplit("/", 1)[-1], raw) for d, _oid, raw in listed.files}
-    head = blobs.get("fleet.yaml")
-    if head is None:
+    listed = revision_files(directory, rev, commit)
+    root = listed.root
+
+    def blobs(files) -> list:
+        return [(d, Blob(d.rsplit("/", 1)[-1], raw)) for d, _oid, raw in files]
+
+    if listed.fleet is None:
         return FleetTree(root, None, root, fleet_root=False, head=None, lister=lambda la, p: None,
-                         files=[(root + r, b) for r, b in blobs.items()], problems=tuple(listed.problems),
-                         strict=strict, fields=fields, revision=commit)
-    rels = [r for r in blobs if r != "fleet.yaml"]
+                         files=blobs(listed.files), problems=tuple(listed.problems), strict=strict, fields=fields,
+                         revision=commit)
+    fleet = listed.fleet
+    read = in_memory(listed.files, root)
 
     def lister(layer: ResolvedLayer, problems: list) -> list | None:
-        found = select_files(root, Projection(None, (layer,)), rels, problems)
-        return [(root + r, blobs[r]) for r, _ in found] if found else None
+        if layer.rel not in fleet.dirs:
+            if not layer.optional:
+                problems.append(replace(missing_layer(root, layer), file=root + FLEET_FILE))
+            return None
+        found, listed_problems = read((layer.rel,))
+        problems.extend(listed_problems)
+        return blobs(found)
 
-    raw = head.read_bytes()
+    raw = fleet.file[2]
     return FleetTree(root, None, root, fleet_root=True, head=raw if isinstance(raw, bytes) else None, lister=lister,
                      files=[], problems=tuple(listed.problems), strict=strict, fields=fields, revision=commit)
-
-
-def invalid_view(problems: list[Problem], revision: str = "") -> NodeView:
-    """A side that could not be read at all (a git error): its problems for every node."""
-    return NodeView(InventoryResult(model.Inventory(revision=revision), list(problems)))
-

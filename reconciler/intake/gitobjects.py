@@ -333,6 +333,14 @@ def blob_id(raw, hexlen: int) -> str:
     return h.hexdigest()
 
 
+def _link(store: Store, rel: str, oid: str) -> tuple[str, str | None]:
+    """(target as written, path it names below the tree's top, None when outside) of the
+    symlink `rel`."""
+    target = store.raw(oid, "blob").decode("utf-8", "surrogateescape")
+    dest = posixpath.normpath(posixpath.join(posixpath.dirname(rel), target))
+    return target, None if target.startswith("/") or dest == ".." or dest.startswith("../") else dest
+
+
 def _hidden(rel: str) -> bool:
     return any(part.startswith(".") for part in rel.split("/"))
 
@@ -356,15 +364,14 @@ def manifest_files(store: Store, commit: str, sub: str, root: str,
     read_once: set[str] = set()
     for rel in sorted(entries):
         mode, oid = entries[rel]
-        if _hidden(rel) or (within is not None and not rel.startswith(within)):
+        if _hidden(rel) or (within is not None and not (rel + "/").startswith(within)):  # (a link may be a layer)
             continue
         if mode == "160000":
             problems.append(Problem(shown(rel), 0, 0, "", "", "", "this is a git submodule; nftrec does not read "
                                     "submodules, so its manifests were skipped", WARNING))
         elif mode == "120000":
-            target = store.raw(oid, "blob").decode("utf-8", "surrogateescape")
-            dest = posixpath.normpath(posixpath.join(posixpath.dirname(rel), target))
-            if target.startswith("/") or dest == ".." or dest.startswith("../"):
+            target, dest = _link(store, rel, oid)
+            if dest is None:
                 problems.append(Problem(shown(rel), 0, 0, "", "", "", f"this symlink points outside the manifest "
                                         f"tree (to {show(target)}); nftrec refuses it: copy the file into the tree "
                                         "or remove the link", ERROR))
@@ -415,9 +422,13 @@ def commit_files(store: Store, commit: str, sub: str, root: str,
                                                         "in this revision (a symlink or a submodule); commit the "
                                                         "file itself", ERROR),))
     raw = store.raw(oid, "blob")
-    dirs = frozenset(d for rel in entries for d in _parents(posixpath.dirname(rel)))
+    dirs = {d for rel in entries for d in _parents(posixpath.dirname(rel))}
+    for rel, (mode, oid) in entries.items():  # a link to a directory of the tree may be a layer, as on disk
+        dest = _link(store, rel, oid)[1] if mode == "120000" and not _hidden(rel) else None
+        if dest is not None and dest in dirs:
+            dirs.add(rel)
     fleet = FleetRoot(None if whole else store.common, sub, (display, oid, raw if len(raw) <= MAX_FILE_BYTES else len(raw)),
-                      dirs, held, store._trees)
+                      frozenset(dirs), held, store._trees)
     if not whole:
         return ManifestFiles(commit, root, (), (), fleet)
     listed = manifest_files(store, commit, sub, root, held)

@@ -141,7 +141,8 @@ def read_verified(files: ManifestFiles, *, strict: bool = False, fields: str = "
     `identity`'s projection, read from the commit (intake/fleetlisting.py)."""
     from reconciler.intake.fleetlisting import fleet_walk, listed_node
 
-    with progress.step(f"reading manifests of revision {files.revision[:12]}"), no_cyclic_gc():
+    what = f"revision {files.revision[:12]}" if files.revision else files.root  # (an archive on stdin: no revision)
+    with progress.step(f"reading manifests of {what}"), no_cyclic_gc():
         node = listed_node(files, identity) if files.fleet is not None else None
         listed = files.files if node is None else node.files
         paths = [(display, Blob(display.rsplit("/", 1)[-1], raw)) for display, _oid, raw in listed]
