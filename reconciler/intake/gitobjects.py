@@ -302,7 +302,8 @@ class ManifestFiles:
     """A commit's manifest files below a directory, as load_blobs takes them: (display
     path, object id, bytes; the size for a blob over the size limit; None for a blob the
     caller said it holds), in display order, and the problems of the listing. A fleet
-    root's (`fleet` set) holds no files: its layers are listed per node (layer_files)."""
+    root's (`fleet` set, commit_files) holds no files when read for one node (its layers
+    are listed once the node's projection names them), else all but fleet.yaml."""
     revision: str
     root: str
     files: tuple
