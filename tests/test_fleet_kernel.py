@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -44,10 +46,13 @@ def listing(ns: str) -> str:
     return "".join(in_ns(ns, "nft", "list", "table", fam, "nftrec").stdout for fam in ("ip", "ip6"))
 
 
+@dataclass
 class Node:
-    def __init__(self, name: str, ns: str, config: Path, state: Path):
-        self.name, self.ns, self.config, self.state = name, ns, config, state
-        self.watch: Watch | None = None
+    name: str
+    ns: str
+    config: Path
+    state: Path
+    watch: Optional[Watch] = None  # once started
 
 
 def taken(node: Node, since: int, revision: str) -> dict:
