@@ -2,10 +2,14 @@
 """What `verify` costs `watch`: targets.py's watch edit latency (git-sync layout, one
 endpoint moved per revision, swap -> kernel minus the debounce) on an SSH-signed
 repository, with `verify` off and on, the runs interleaved; `--tree` adds checkouts to
-compare (A/B: each run's `nftrec watch` imports that tree's `reconciler`).
+compare (A/B: each run's `nftrec watch` imports that tree's `reconciler`). `--modes`
+picks the runs of each round: `off`, `on` (verify), `fleet` (verify off, a fleet root of
+the same Services: fleet_root); each run's figures are also given as ratios to P
+(targets.measure_parse_floor of its plain tree). The order of the modes alternates by round.
 
     sudo .venv/bin/python bench/verify_watch.py --rounds 3 --tree /tmp/base --tree .
     sudo .venv/bin/python bench/verify_watch.py --oneshot --services 10000 --rounds 5 --tree /tmp/base --tree .
+    sudo .venv/bin/python bench/verify_watch.py --modes off,fleet --rounds 5
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 import targets
-from mix import NODE_CONFIG, generate
+from mix import NODE, NODE_CONFIG, generate
 
 
 def signing(key: Path):
@@ -35,14 +39,43 @@ def signing(key: Path):
     return git
 
 
-def one_run(args, nss, tree: Path, verify: bool, key: Path) -> dict:
+FLEET = """\
+apiVersion: nftrec/v1alpha1
+kind: Fleet
+layers:
+- path: services
+- path: endpointslices
+  selector: {matchLabels: {site: paris}}
+- path: sites/lyon
+  selector: {matchLabels: {site: lyon}}
+- path: nodes/${nodeName}
+  optional: true
+"""
+
+
+def fleet_root(root: Path) -> None:
+    """The generated tree as a fleet root with the same Services: base = services/, the
+    node's site = endpointslices/ (where measure_watch moves an endpoint each revision),
+    another site (a copy of the slices, never read by this node), and the node's own layer
+    replacing the first Service file with an identical copy."""
+    (root / "fleet.yaml").write_text(FLEET)
+    shutil.copytree(root / "endpointslices", root / "sites" / "lyon")
+    (root / "nodes" / NODE).mkdir(parents=True)
+    shutil.copy(root / "services" / "svc-0000.yaml", root / "nodes" / NODE / "svc-0000.yaml")
+
+
+def one_run(args, nss, tree: Path, mode: str, key: Path) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="nftrec-verify-watch-"))
     try:
         os.environ["PYTHONPATH"] = str(tree)  # the watch subprocess runs this tree's code
         c = targets.Ctx(args, nss, tmp, args.services, args.endpoints)
         generate(c.root, c.n, c.m)
-        c.cfg.write_text(NODE_CONFIG + (f"verify:\n  mode: HEAD\n  keys: [{key}.pub]\n" if verify else ""))
-        return targets.measure_watch(c)
+        p = targets.measure_parse_floor(c)["wall"]
+        if mode == "fleet":
+            fleet_root(c.root)
+        c.cfg.write_text(NODE_CONFIG + ("nodeLabels: {site: paris}\n" if mode == "fleet" else "")
+                         + (f"verify:\n  mode: HEAD\n  keys: [{key}.pub]\n" if mode == "on" else ""))
+        return {**targets.measure_watch(c), "P": p}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -97,8 +130,10 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=300)
     ap.add_argument("--tree", action="append", type=Path, help="a checkout to run (default: this one)")
     ap.add_argument("--oneshot", action="store_true", help="measure a cold `apply` with verify on instead of watch")
+    ap.add_argument("--modes", default="off,on", help="runs per round and tree: off, on (verify), fleet "
+                    "(default %(default)s)")
     args = ap.parse_args()
-    args.reps = 1
+    args.reps = 3  # P: the median of 3 processes
     trees = [t.resolve() for t in args.tree] if args.tree else [targets.REPO]
     if os.geteuid() != 0:
         raise SystemExit("needs root (network namespaces); the host ruleset is never touched")
@@ -113,13 +148,14 @@ def main() -> int:
         if args.oneshot:
             oneshot(args, nss, trees, key)
             return 0
+        modes = args.modes.split(",")
+        runs_of = [(tree, mode) for tree in trees for mode in modes]
         for r in range(args.rounds):
-            for tree in trees:
-                for verify in (False, True):
-                    R = one_run(args, nss, tree, verify, key)
-                    runs.setdefault((str(tree), "on" if verify else "off"), []).append(R)
-                    targets.log(f"round {r} {tree} verify {'on' if verify else 'off'}: "
-                                f"p50 {R['p50_ms']:.1f} ms, p95 {R['p95_ms']:.1f} ms")
+            for tree, mode in (runs_of if r % 2 == 0 else runs_of[::-1]):
+                R = one_run(args, nss, tree, mode, key)
+                runs.setdefault((str(tree), mode), []).append(R)
+                targets.log(f"round {r} {tree} {mode}: p50 {R['p50_ms']:.1f} ms, p95 {R['p95_ms']:.1f} ms, "
+                            f"P {R['P']:.2f} s")
     finally:
         nss.cleanup()
         shutil.rmtree(keys, ignore_errors=True)
@@ -127,8 +163,16 @@ def main() -> int:
     for (tree, mode), rs in runs.items():
         xs = [e["ms"] for R in rs for e in R["edits"][args.warmup:]]
         per = ", ".join(f"{R['p50_ms']:.1f}/{R['p95_ms']:.1f}" for R in rs)
-        print(f"{tree} verify {mode}: pooled p50 {targets.percentile(xs, 50):.1f} ms, p95 "
-              f"{targets.percentile(xs, 95):.1f} ms (n={len(xs)}; per run p50/p95: {per})")
+        p95 = sorted(R["p95_ms"] / 1000 / R["P"] for R in rs)
+        print(f"{tree} {mode}: pooled p50 {targets.percentile(xs, 50):.1f} ms, p95 "
+              f"{targets.percentile(xs, 95):.1f} ms (n={len(xs)}; per run p50/p95: {per}); "
+              f"p95 {p95[len(p95) // 2]:.4f} P (median of the runs' ratios)")
+    first = (str(trees[0]), modes[0])
+    for key_, rs in runs.items():
+        if key_ != first:
+            pairs = sorted(R["p95_ms"] / B["p95_ms"] for R, B in zip(rs, runs[first]))
+            print(f"{key_[0]} {key_[1]} / {first[0]} {first[1]}: p95 per round x{pairs[len(pairs) // 2]:.3f} "
+                  f"(median), higher in {sum(x > 1 for x in pairs)} of {len(pairs)}")
     return 0
 
 

@@ -86,8 +86,8 @@ def test_identity_changes_and_leaving_fleet_mode_equal_the_oracle(tmp_path):
     root = fleet_tree(tmp_path / "f")
     intake = Intake(root, identity=ident())
     same_as_read_inventory(intake, root, ident())
-    intake.identity = ident("edge-2")  # SIGHUP: another nodeName
-    snap = same_as_read_inventory(intake, root, ident("edge-2"))
+    intake.identity = ident("edge-2")  # SIGHUP: another nodeName (nodes/edge-2 is walked, though no event came)
+    snap = same_as_read_inventory(intake, root, ident("edge-2"), set())
     assert "default/cache" not in {s.key for s in snap.inventory.services}
     (root / "fleet.yaml").unlink()  # a plain directory now: every file, the override's stub an error
     same_as_read_inventory(intake, root, ident("edge-2"))
@@ -190,3 +190,39 @@ def test_an_invalid_fleet_yaml_keeps_the_last_good_ruleset(netns, tmp_path):
         if w.proc.poll() is None:
             w.proc.kill()
             w.proc.wait()
+
+
+def test_a_verified_commits_files_are_read_as_the_nodes(tmp_path):
+    """With `verify`, the watch parses the commit's blobs (Intake.read_files): on a fleet
+    root only the node's layers' blobs, substituted and merged, equal to read_inventory of
+    the same checkout; a commit changing another site looks at none of them."""
+    from reconciler.intake import Intake
+    from reconciler.intake.gitobjects import Store, commit_files, find_checkout
+
+    root = fleet_tree(tmp_path / "f")
+    _git(root, "init", "-q")
+    _git(root, "add", "-A")
+    _git(root, "commit", "-q", "-m", "0")
+    who = ident()
+    intake = Intake(root, identity=who)
+
+    def read():
+        co = find_checkout(root)
+        with Store(co.common) as store:
+            files = commit_files(store, co.commit, co.sub, f"{root}/", held=intake.holds)  # as Verifier.check
+        snap = intake.read_files(files, root)  # the node's layers' blobs read from the object store now
+        from reconciler.intake import read_inventory
+
+        ref = read_inventory(root, identity=who)
+        assert snap.problems == ref.problems and snap.inventory == ref.inventory and snap.digest == ref.digest
+        assert snap.revision == co.commit == ref.inventory.revision
+        return snap
+
+    assert read().ok and intake.parsed == 4
+    (root / "sites" / "lyon" / "lyon.yaml").write_text(svc("lyon", "10.96.0.77"))
+    _git(root, "commit", "-q", "-am", "1")
+    assert read().ok and intake.parsed == 0 and intake.looked == 0
+    (root / "sites" / "paris" / "cache.yaml").write_text(svc("cache", "10.96.0.79"))
+    _git(root, "commit", "-q", "-am", "2")
+    snap = read()
+    assert intake.parsed == 1 and "10.96.0.79" in str(snap.inventory.services)

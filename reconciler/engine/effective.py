@@ -22,5 +22,5 @@ def write_manifests(docs: list, out: TextIO) -> None:
     yaml.default_flow_style = False
     for i, doc in enumerate(docs):
         text = io.StringIO()
-        yaml.dump(json.loads(json.dumps(doc.data)), text)  # plain types (YAML 1.1 booleans read as text stay text)
+        yaml.dump(json.loads(json.dumps(doc.data, default=str)), text)  # plain types (a YAML 1.1 boolean read as text stays text)
         out.write(("---\n" if i else "") + f"# {escape(doc.file)}:{doc.source.line}\n" + text.getvalue())

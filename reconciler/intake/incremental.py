@@ -23,6 +23,11 @@ never mixes two revisions.
 #   entry keyed by its blob id: a new commit reads and parses only the blobs that changed.
 # `read(changed)`: with the watcher's changed paths and the same resolved directory as
 # last time, the tree is not walked again and only those files (and racy ones) are looked at.
+# A fleet root (fleet.yaml at the top, `identity` its node): fleet.yaml is stat'ed at each
+# read (its bytes compared when the stat moved) and projected again only when it or the
+# identity changed; only the node's layers are walked and read; each document is
+# substituted (fleetmerge) and the layers merged before check_tree; a new Env (variables,
+# identity) checks every file again.
 
 from __future__ import annotations
 
@@ -297,16 +302,13 @@ class Intake:
         listed = files.files
         if files.fleet is not None:  # a fleet root: the node's layers of the commit (fleetlisting.listed_node)
             node = listed_node(files, self.identity)
-            env = None if node.projection is None else node.projection.env
-            if env is not None and (self._env is None or self._env.digest != env.digest):
-                self._files.clear()  # each document's substitution depends on the Env
-                self._tree, self._env = None, env
+            if node.projection is not None:
+                self._settle(node.projection)
             listed, chunks = node.files, [node.head]
             problems.extend(node.problems)
             self._layer = dict(zip([f[0] for f in listed], node.layers))
-        elif self._env is not None:  # no longer a fleet root
-            self._files.clear()
-            self._tree = self._env = self._fleet = None
+        else:
+            self._settle(None)
         for display, oid, raw in listed:
             e = self._files.get(display)
             if raw is not None and (e is None or e.blob != oid):
@@ -363,27 +365,27 @@ class Intake:
         problems: list[Problem] = []
         walked = self._walked
         fleet = self._project(resolved) if is_fleet_root(resolved) else None
-        if fleet is None and self._env is not None:  # no longer a fleet root: read as a directory
-            self._files.clear()
-            self._tree = self._env = self._fleet = None
-        raw = None if fleet is None else fleet.raw  # the walk stands while fleet.yaml does
+        if fleet is None:
+            self._settle(None)
+        raw = None if fleet is None else fleet.raw
+        projected = None if fleet is None else (raw, fleet.identity)  # the walk stands while these do
         blobs = None  # a swap to a git checkout: what its commit holds (module doc)
         if changed is None and walked is not None and walked[0] != resolved and resolved.is_dir():
             blobs = checkout_blobs(resolved)
             self.git = blobs is not None
-        if changed is not None and walked is not None and walked[0] == resolved and walked[3] == raw:
+        if changed is not None and walked is not None and walked[0] == resolved and walked[3] == projected:
             paths = walked[1]
             problems.extend(walked[2])
-        elif blobs is not None and walked[3] == raw and (
+        elif blobs is not None and walked[3] == projected and (
                 paths := _same_files(walked[1], walked[0], resolved, blobs, () if fleet is None else fleet.under)):
             problems.extend(walked[2])  # the same files in the new checkout: no walk
-            self._walked = (resolved, paths, walked[2], raw)
+            self._walked = (resolved, paths, walked[2], projected)
         elif fleet is not None:  # the node's layers only (fleetread.walk_fleet)
             fw = walk_fleet(resolved, self.shown, self.identity, raw, lambda *_: (fleet.projection, list(fleet.problems)))
             paths = fw.walk.paths
             problems.extend(fw.walk.problems)
             self._layer = dict(zip([display for display, _ in paths], fw.layers))
-            self._walked = (resolved, paths, tuple(problems), raw)
+            self._walked = (resolved, paths, tuple(problems), projected)
         else:
             paths = walk_resolved(resolved, self.shown, problems)
             self._walked = (resolved, paths, tuple(problems), None)
@@ -410,6 +412,21 @@ class Intake:
         checked_problems, inventory = self._check(problems, entries, revision)
         return Snapshot(inventory, checked_problems, revision, digest, len(paths), str(resolved))
 
+    def _settle(self, projection) -> None:
+        """The Env the file entries are checked with: a fleet node's (`projection`, None
+        for a plain root). Another one checks every file again (each document's
+        substitution depends on it). Not called for a projection that failed: the
+        entries stay for the next good fleet.yaml."""
+        if projection is None:
+            if self._env is not None:  # no longer a fleet root: read as a directory
+                self._files.clear()
+                self._tree = self._env = self._fleet = None
+            return
+        env = projection.env
+        if env is not None and (self._env is None or self._env.digest != env.digest):
+            self._files.clear()
+            self._tree, self._env = None, env
+
     def _project(self, resolved: Path) -> _FleetState:
         """fleet.yaml of the fleet root `resolved`, projected for the identity: the last
         projection while its stat (else its bytes) is unchanged. A new Env (variables,
@@ -430,10 +447,8 @@ class Intake:
             old.key, old.racy = key, racy
             return old
         projection, problems = project_fleet(self.shown, raw, self.identity)
-        env = None if projection is None else projection.env
-        if env is not None and (self._env is None or self._env.digest != env.digest):
-            self._files.clear()  # each document's substitution depends on the Env
-            self._tree, self._env = None, env
+        if projection is not None:
+            self._settle(projection)
         under = () if projection is None else tuple(layer.rel + "/" for layer in projection.layers)
         scope = (os.path.join(self.shown, FLEET_FILE),) + tuple(os.path.join(self.shown, u) for u in under)
         self._fleet = _FleetState(self.identity, key, racy, raw, chunk(scope[0], raw) if raw is not None else b"",
