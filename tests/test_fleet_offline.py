@@ -460,3 +460,24 @@ def test_cli_validate_fleet_and_diff_fleet_git_range(tmp_path):
     assert "lyon-2, lyon-4 (2 nodes): + default/dns2" in r.stdout
     plain = nftrec("diff", str(tmp_path / "nope"), str(repo / "fleet"), "--fleet", str(tmp_path / "missing.yaml"))
     assert plain.returncode == 1 and "missing.yaml" in plain.stderr
+
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "fleet"
+
+
+@pytest.mark.skipif(not (EXAMPLE / "inventory.yaml").is_file(), reason="examples/fleet is not in this tree")
+def test_the_example_fleet_each_node_reads_as_read_inventory_does():
+    nodes, problems = load_node_inventory(EXAMPLE / "inventory.yaml")
+    assert nodes and problems == []
+    tree = read_tree(EXAMPLE)
+    for n in nodes:
+        same_read(tree.view(n).result, read_inventory(EXAMPLE, identity=n))
+
+
+def test_cli_fleet_usage_errors(tmp_path):
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(inventory_text(OK_NODES))
+    r = nftrec("validate", "--fleet", str(inv), "--node", "lyon-1", str(tmp_path))
+    assert r.returncode == 64 and "--fleet validates every node of the inventory" in r.stderr
+    r = nftrec("validate", "--fleet", str(inv), "-")
+    assert r.returncode == 1 and "not standard input" in r.stderr

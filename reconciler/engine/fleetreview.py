@@ -258,6 +258,7 @@ def run_diff_fleet(old: str, new: str, inventory: Path, *, git: Path | None = No
     errors = [p for p in list(found) + list(config_problems) if p.is_error]
     plans = _Plans(config)
     groups: dict[str, list] = {}  # plan's JSON -> [plan, nodes, old view, new view]
+    keys: dict[int, str] = {}  # id(plan) -> its JSON (plans are kept by `plans`)
     if not errors:
         with progress.step("comparing"):
             for n, o, nw in pairs:
@@ -266,7 +267,7 @@ def run_diff_fleet(old: str, new: str, inventory: Path, *, git: Path | None = No
                     found.setdefault(plan, []).append(n.name)
                     errors.append(plan)
                     continue
-                key = json.dumps(to_json(plan), sort_keys=True)
+                key = keys.get(id(plan)) or keys.setdefault(id(plan), json.dumps(to_json(plan), sort_keys=True))
                 groups.setdefault(key, [plan, [], o, nw])[1].append(n.name)
     if errors:
         _write_invalid(out, output, old_label, new_label, found, config_problems)
