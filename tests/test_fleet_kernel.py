@@ -132,6 +132,28 @@ def test_an_edit_in_one_sites_layer_changes_only_that_sites_node(tmp_path):
                 assert (line["servicesChanged"], line["operations"], line["filesParsed"]) == ([], 0, 0), (node.name, line)
                 assert listing(node.ns) == before[node.name][0], node.name
                 assert recorded(node, second)["desiredDigest"] == before[node.name][1]["desiredDigest"], node.name
+
+            # fleet.yaml's sites layer loses its selector: core-1 (no `site` label) cannot
+            # resolve it, an error of the revision for core-1 alone, whose kernel keeps the
+            # last good ruleset; the two site nodes take the revision with nothing to do
+            marks = {name: len(node.watch.lines) for name, node in nodes.items()}
+            before = {name: (listing(node.ns), recorded(node, second)) for name, node in nodes.items()}
+            fleet = src / "fleet.yaml"
+            fleet.write_text(fleet.read_text().replace("  selector: {matchLabels: {tier: edge}}\n", "", 1))
+            third = commit(src, "the sites layer for every node")
+            push(src, bare)
+            assert gs.sync("main") == third
+            line = core.watch.wait(lambda: core.watch.find("invalid", marks[core.name]), what="core-1 refusing it")
+            assert line["revision"] == third, line  # the checkout is clean: named by its commit
+            assert any("${labels.site} is undefined for node core-1" in x.get("msg", "")
+                       for x in core.watch.lines[marks[core.name]:]), "".join(core.watch.raw)
+            st = core.watch.status(lambda st: st.get("lastAttemptedRevision") == third)
+            assert st["lastAppliedRevision"] == second and st["lastError"], st
+            assert listing(core.ns) == before[core.name][0]
+            for node in (paris, lyon):
+                line = taken(node, marks[node.name], third)
+                assert (line["servicesChanged"], line["operations"]) == ([], 0), (node.name, line)
+                assert listing(node.ns) == before[node.name][0], node.name
         finally:
             stopped = [stop(node) for node in nodes.values() if node.watch is not None]
         assert all(s == 0 for s in stopped), stopped
