@@ -2,7 +2,8 @@
 its own network namespace with its own state directory and node config (nodeName,
 nodeLabels), all reading one git-sync layout (tests/gitsync.py: git-sync's own git
 commands and defaults) of examples/fleet. A commit that edits one site's layer reaches
-that site's node's kernel, and leaves the other two nodes' kernels and records as they were.
+that site's node's kernel, and leaves the other two nodes' kernels and records as they were;
+a fleet.yaml that one node cannot resolve is that node's invalid revision alone.
 """
 
 from __future__ import annotations
@@ -83,6 +84,8 @@ def commit(src: Path, message: str) -> str:
 def test_an_edit_in_one_sites_layer_changes_only_that_sites_node(tmp_path):
     """Paris's cache backend moves in one commit: the Paris node's kernel follows, the Lyon
     node and a node outside both sites take the revision with nothing to parse or change.
+    Then fleet.yaml gives the sites layer to every node: the node without a site keeps its
+    last good ruleset and says why, the others have nothing to do.
     The kernel is polled with a bound (no sleep); SPEC §7's latency target is a ratio that
     bench/ measures, not a timed test."""
     src = tmp_path / "src"
