@@ -37,7 +37,7 @@ def config_cache_dir(state_root: Path) -> Path | None:
 def _why_not(target: Target, directory: Path, config_path: Path | None, *, strict: bool,
              fields: str | None) -> tuple[Noop | None, str]:
     from reconciler.engine.desired import load_config
-    from reconciler.intake import config_digest, identity_of, input_digest, is_fleet_root, is_stdin
+    from reconciler.intake import config_digest, input_digest, is_fleet_root, is_stdin
 
     if is_stdin(directory):
         return None, "the manifests come from standard input"
@@ -56,6 +56,8 @@ def _why_not(target: Target, directory: Path, config_path: Path | None, *, stric
                                cache_dir=config_cache_dir(target.state_root), nft=nft, fields=fields)
         if is_fleet_root(directory):
             config = load()
+        if config is not None:
+            from reconciler.intake import identity_of
         d = input_digest(directory, (st.input_digest, st.last_applied_revision),
                          None if config is None else identity_of(config[0]))
         if d.problems:

@@ -22,16 +22,19 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, fields
 from multiprocessing import current_process, get_context
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from reconciler import logs
 from reconciler.intake import model
 from reconciler.intake.build import model_objects
-from reconciler.intake.fleet import Env
 from reconciler.intake.load import Document, SourceFile, chunk, read_bytes, read_file
 from reconciler.intake.problems import Problem
 from reconciler.intake.schema_errors import Obj
 from reconciler.intake.store import Cache, Corrupt, decode, entry_key
 from reconciler.intake.validate import DocumentCheck, check_document, cross_view
+
+if TYPE_CHECKING:
+    from reconciler.intake.fleet import Env
 
 MAX_ENTRIES = 4096  # entries kept at least (the cap is 3 x the files of the tree read, if more)
 MIN_PARALLEL = 8  # cache misses below which a cold read stays in one process

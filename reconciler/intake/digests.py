@@ -9,16 +9,17 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ruamel.yaml.error import YAMLError
-
-from reconciler.intake.fleet import FLEET_FILE, Fleet, Identity, Layer, Projection, Requirement, Selector, node_layers
-from reconciler.intake.fleetread import is_fleet_root, walk_fleet
 from reconciler.intake.git import revision_of
-from reconciler.intake.load import chunk, read_bytes, tree_digest, walk
+from reconciler.intake.load import chunk, is_fleet_root, read_bytes, tree_digest, walk
 from reconciler.intake.model import NodeConfig
-from reconciler.intake.parse import Refused, decode_text, parse_yaml
 from reconciler.intake.problems import ERROR, Problem
+
+if TYPE_CHECKING:
+    from reconciler.intake.fleet import Identity, Projection
+
+# A plain root's check imports nothing of the fleet modules (their import shows in a no-op's time).
 from reconciler.intake.store import code_digest
 
 
@@ -38,6 +39,8 @@ def input_digest(root: str | Path, recorded: tuple[str | None, str | None] = (No
     fleet.yaml and `identity`'s layers, as a read of them digests them."""
     fleet = None
     if is_fleet_root(root):
+        from reconciler.intake.fleetread import walk_fleet
+
         try:
             resolved = Path(root).resolve(strict=True)
         except (OSError, RuntimeError):
@@ -61,6 +64,11 @@ def _layers(display_root: str, raw: bytes | None, identity: Identity | None) -> 
     layers of a fleet.yaml of the plain shape the schema asks for, projected; None for
     anything else. A digest equal to the last apply's means fleet.yaml is the bytes that
     were valid then; any other reading gives another digest, and a full read."""
+    from ruamel.yaml.error import YAMLError
+
+    from reconciler.intake.fleet import FLEET_FILE, Fleet, Layer, node_layers
+    from reconciler.intake.parse import Refused, decode_text, parse_yaml
+
     if raw is None or identity is None:
         return None, []
     try:
@@ -79,6 +87,8 @@ def _layers(display_root: str, raw: bytes | None, identity: Identity | None) -> 
 
 
 def _selector(spec) -> Selector | None:
+    from reconciler.intake.fleet import Requirement, Selector
+
     if spec is None:
         return None
     labels = spec.get("matchLabels") or {}

@@ -1,7 +1,7 @@
 """A fleet root read for one node: fleet.yaml's bytes projected (fleet.project), then the
 files of the node's layers, in layer order, and nothing else. `walk_fleet` lists them on
 disk (load.manifest_files per layer; a link may point anywhere inside the fleet root);
-`select_files` picks them from a listing of relative paths (a git commit, an archive).
+a commit's or an archive's listing is intake/fleetlisting.py's.
 
 Pipeline position: walk -> **the node's files** -> read each (intake/cache.py with the
 node's Env) -> fleetmerge.merge -> check_tree (intake/inventory.py's assemble).
@@ -10,10 +10,9 @@ node's Env) -> fleetmerge.merge -> check_tree (intake/inventory.py's assemble).
 from __future__ import annotations
 
 import os
-import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable
 
 from reconciler.intake.fleet import FLEET_FILE, Identity, Projection, ResolvedLayer, project
 from reconciler.intake.load import Walk, chunk, display_prefix, manifest_files, read_bytes
@@ -39,14 +38,6 @@ class FleetWalk:
 def identity_of(config) -> Identity:
     """The node config's identity (model.NodeConfig's nodeName and nodeLabels)."""
     return Identity(config.node_name, tuple(config.node_labels))
-
-
-def is_fleet_root(root: str | Path) -> bool:
-    """Whether `root` is a directory holding fleet.yaml as a regular file (one lstat)."""
-    try:
-        return stat.S_ISREG(os.lstat(os.path.join(root, FLEET_FILE)).st_mode)
-    except OSError:
-        return False
 
 
 def needs_identity(shown: str) -> Problem:
@@ -114,18 +105,3 @@ def layer_files(resolved: Path, display_root: str, layer: ResolvedLayer, problem
         problems.append(missing_layer(display_root, layer, "is a link leading out of the fleet root"))
         return None
     return manifest_files(where, os.path.join(display_root, layer.rel), problems, inside=resolved)
-
-
-def select_files(display_root: str, projection: Projection, rels: Iterable[str], problems: list[Problem]
-                 ) -> list[tuple[str, int]]:
-    """From a listing of relative paths (a commit's or an archive's manifest files, links
-    already followed), the node's files in layer order, each with its layer's index in
-    fleet.yaml; a non-optional layer with no file is a problem."""
-    rels = sorted(rels)
-    out: list[tuple[str, int]] = []
-    for layer in projection.layers:
-        under = [r for r in rels if r.startswith(layer.rel + "/")]
-        if not under and not layer.optional:
-            problems.append(missing_layer(display_root, layer))
-        out.extend((r, layer.index) for r in under)
-    return out

@@ -44,10 +44,11 @@ from reconciler.intake.build import build_inventory, model_objects
 from reconciler.intake.fleet import FLEET_FILE, Identity
 from reconciler.intake.fleetmerge import check_fleet_document, merge
 from reconciler.intake.fleetlisting import listed_node
-from reconciler.intake.fleetread import is_fleet_root, project_fleet, walk_fleet
+from reconciler.intake.fleetread import project_fleet, walk_fleet
 from reconciler.intake.git import checkout_blobs, revision_of
 from reconciler.intake.gitobjects import blob_id
-from reconciler.intake.load import SUFFIXES, chunk, display_prefix, read_bytes, read_file, tree_digest, walk, walk_resolved
+from reconciler.intake.load import (SUFFIXES, chunk, display_prefix, is_fleet_root, read_bytes, read_file, tree_digest, walk,
+                                    walk_resolved)
 from reconciler.intake.model import Inventory
 from reconciler.intake.parse import MAX_FILE_BYTES, parse_yaml
 from reconciler.intake.problems import ERROR, Problem

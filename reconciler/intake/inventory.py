@@ -12,21 +12,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from reconciler import progress
 from reconciler.heap import no_cyclic_gc
 from reconciler.intake import model
 from reconciler.intake.build import build_inventory
 from reconciler.intake.cache import FileResult, open_cache, parse_file, read_all
-from reconciler.intake.fleet import Identity
-from reconciler.intake.fleetmerge import merge
-from reconciler.intake.fleetread import FleetWalk, is_fleet_root, walk_fleet
 from reconciler.intake.git import load_listed, revision_files, revision_of
 from reconciler.intake.gitobjects import ManifestFiles
-from reconciler.intake.load import Document, LoadResult, Walk, read_file, tree_digest, walk
+from reconciler.intake.load import Document, LoadResult, Walk, is_fleet_root, read_file, tree_digest, walk
 from reconciler.intake.problems import Problem
 from reconciler.intake.sources import Blob, display_root, is_stdin
 from reconciler.intake.validate import DocumentCheck, check, check_tree
+
+if TYPE_CHECKING:
+    from reconciler.intake.fleet import Identity
+    from reconciler.intake.fleetread import FleetWalk
+
+# The fleet modules are imported where a fleet root is read: a plain root's read pays nothing for them.
 
 
 @dataclass
@@ -87,6 +91,8 @@ def read_inventory(root: str | Path, *, strict: bool = False, fields: str = "str
 
 def fleet_walk(root: str | Path, identity: Identity | None) -> FleetWalk | None:
     """walk_fleet of a fleet root named `root`; None when it is not one (any more)."""
+    from reconciler.intake.fleetread import walk_fleet
+
     try:
         resolved = Path(root).resolve(strict=True)
     except (OSError, RuntimeError):
@@ -97,6 +103,8 @@ def fleet_walk(root: str | Path, identity: Identity | None) -> FleetWalk | None:
 def read_documents(root: str | Path, identity: Identity | None = None) -> list[Document]:
     """The documents read_inventory checks, after a fleet node's substitution and merge
     (`render --manifests`; the caller has validated the tree)."""
+    from reconciler.intake.fleetmerge import merge
+
     fleet = fleet_walk(root, identity)
     w = walk(root) if fleet is None else fleet.walk
     docs, checks, layers = [], [], []
@@ -185,6 +193,8 @@ def assemble(w: Walk, results: list[FileResult], *, strict: bool, fields: str = 
                         origins[id(obj)] = (obj, res.key, i, j)  # the file's key shared, not copied
     chunks = [res.chunk for res in results]
     if fleet is not None:
+        from reconciler.intake.fleetmerge import merge
+
         chunks.insert(0, fleet.head)
         docs, checks, merged = merge(docs, checks, layers)
         problems.extend(merged)

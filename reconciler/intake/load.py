@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from reconciler.intake.parse import MAX_DEPTH, MAX_FILE_BYTES, Refused, decode_t
 from reconciler.intake.problems import ERROR, UNKNOWN_FIELD, WARNING, Problem, field_path, show, unknown_field
 
 SUFFIXES = (".yaml", ".yml", ".json")
+FLEET_FILE = "fleet.yaml"  # fleet.FLEET_FILE, here so that telling a fleet root imports nothing more
 
 
 @dataclass
@@ -88,6 +90,15 @@ def walk(root: str | Path) -> Walk:
         return Walk(None, [], tuple(problems))
     return Walk(resolved, walk_resolved(resolved, display_root, problems), tuple(problems),
                 display_prefix(display_root, resolved))
+
+
+def is_fleet_root(root: str | Path) -> bool:
+    """Whether `root` is a directory holding fleet.yaml as a regular file (one lstat): a
+    fleet repository (intake/fleet.py), read per node (intake/fleetread.py)."""
+    try:
+        return stat.S_ISREG(os.lstat(os.path.join(root, FLEET_FILE)).st_mode)
+    except OSError:
+        return False
 
 
 def display_prefix(display_root: str, resolved: Path) -> str:
