@@ -21,10 +21,10 @@ from reconciler.intake.cache import FileResult, parse_file
 from reconciler.intake.fleet import (_VARIABLE, FLEET_FILE, REMOVE_ANNOTATION, Env, Fleet, Identity, Projection,
                                     ResolvedLayer, node_layers, parse_fleet)
 from reconciler.intake.fleetmerge import check_fleet_document, merge
-from reconciler.intake.fleetread import fleet_display, is_fleet_root, layer_files, missing_layer
+from reconciler.intake.fleetread import fleet_display, layer_files, missing_layer
 from reconciler.intake.git import revision_of
 from reconciler.intake.inventory import InventoryResult
-from reconciler.intake.load import Document, chunk, display_prefix, read_bytes, tree_digest, walk
+from reconciler.intake.load import Document, chunk, display_prefix, is_fleet_root, read_bytes, tree_digest, walk
 from reconciler.intake.problems import Problem
 from reconciler.intake.validate import DocumentCheck, check_tree
 
