@@ -817,6 +817,8 @@ def test_version():
     ("edge-small", "edge-small.config.yaml"),
     ("dual-stack", "dual-stack.config.yaml"),
     ("git-sync/current", "edge-small.config.yaml"),
+    ("fleet", "fleet.edge-paris-1.config.yaml"),
+    ("fleet", "fleet.edge-lyon-1.config.yaml"),
 ])
 def test_validate_and_render_examples(netns, example, config):
     d = EXAMPLES / example

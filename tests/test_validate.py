@@ -262,13 +262,23 @@ NOT_MANIFESTS = {"systemd", "container", "grafana", "ci"}
 EXAMPLE_DIRS = sorted(p for p in EXAMPLES.iterdir() if p.is_dir() and p.name not in NOT_MANIFESTS) if EXAMPLES.is_dir() else []
 
 
-@pytest.mark.parametrize("directory", [p.name for p in EXAMPLE_DIRS if p.name != "git-sync"] + ["git-sync/current"])
-def test_examples_validate(directory):
+def example_cases() -> list:
+    """(directory, node config or None): a fleet root once per node config of its nodes
+    (examples/fleet.NODE.config.yaml), --strict."""
+    cases = []
+    for name in [p.name for p in EXAMPLE_DIRS if p.name != "git-sync"] + ["git-sync/current"]:
+        configs = [c.name for c in sorted(EXAMPLES.glob(f"{name}.config.yaml")) + sorted(EXAMPLES.glob(f"{name}.*.config.yaml"))]
+        cases += [(name, c) for c in configs] or [(name, None)]
+    return cases
+
+
+@pytest.mark.parametrize("directory,config", example_cases())
+def test_examples_validate(directory, config):
     root = EXAMPLES / directory
-    config = EXAMPLES / f"{directory}.config.yaml"
-    rc, out = validate(root, config_path=str(config) if config.is_file() else None)
+    strict = (root / "fleet.yaml").is_file()
+    rc, out = validate(root, config_path=str(EXAMPLES / config) if config else None, strict=strict)
     assert rc == 0, out
-    assert " 0 errors" in out
+    assert " 0 errors" in out and (not strict or " 0 warnings" in out), out
 
 
 def test_example_config_files_valid():

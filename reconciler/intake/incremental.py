@@ -450,7 +450,7 @@ class Intake:
         projection, problems = project_fleet(self.shown, raw, self.identity)
         if projection is not None:
             self._settle(projection)
-        under = () if projection is None else tuple(layer.rel + "/" for layer in projection.layers)
+        under = () if projection is None or not projection.ok else tuple(layer.rel + "/" for layer in projection.layers)
         scope = (os.path.join(self.shown, FLEET_FILE),) + tuple(os.path.join(self.shown, u) for u in under)
         self._fleet = _FleetState(self.identity, key, racy, raw, chunk(scope[0], raw) if raw is not None else b"",
                                   projection, tuple(problems), under, scope)
