@@ -495,7 +495,8 @@ def trace(
         from reconciler.engine import run_kernel_trace
 
         raise typer.Exit(_guard(run_kernel_trace, packet, _target(config, netns), timeout=seconds, count=count,
-                                output=output, directory=None if directory in (None, Path("-")) else directory))
+                                output=output, directory=None if directory in (None, Path("-")) else directory,
+                                node=_node_config(config) if directory not in (None, Path("-")) else None))
     if live:
         target = _target(config, netns)
         raise typer.Exit(_guard(run_trace, packet, live_target=target, local_addresses=local_address, node=_node_config(config),

@@ -132,10 +132,11 @@ def _stop(monitor, nft, netns: str | None, family: str, name: str, where: str) -
 
 
 def run_kernel_trace(packet: Packet, target: Target, *, timeout: float = 10.0, count: int = 1,
-                     output: str = "text", directory: Path | None = None, out: TextIO | None = None) -> int:
+                     output: str = "text", directory: Path | None = None, node=None, out: TextIO | None = None) -> int:
     """`nftrec trace --kernel`: 0 once `count` packets were traced (whatever their fate),
     1 when none came within `timeout` seconds or on an error, 130 when interrupted.
-    `directory`: the manifests, only to name a Service's file:line."""
+    `directory`: the manifests, only to name a Service's file:line (a fleet root read as
+    `node`'s, the node config)."""
     out = out or sys.stdout
     try:
         packet = check_packet(packet)
@@ -143,13 +144,13 @@ def run_kernel_trace(packet: Packet, target: Target, *, timeout: float = 10.0, c
         raise CommandError(str(e)) from None
     nft = target.nft()
     try:
-        return _trace(packet, target, nft, timeout, count, output, directory, out)
+        return _trace(packet, target, nft, timeout, count, output, directory, node, out)
     finally:
         nft.close()
 
 
 def _trace(packet: Packet, target: Target, nft, timeout: float, count: int, output: str,
-           directory: Path | None, out: TextIO) -> int:
+           directory: Path | None, node, out: TextIO) -> int:
     sweep_trace_tables(nft, target.netns)
     family, name = packet.family, trace_table_name()
     what = f"{packet.proto} {packet.src} -> {join_endpoint(packet.dst, packet.dport)}"
@@ -182,7 +183,7 @@ def _trace(packet: Packet, target: Target, nft, timeout: float, count: int, outp
                        f"trace runs (retry the connection), or give a longer --timeout")
         return EXIT_NONE
     fates = [fate(p, target.table) for p in packets]
-    services = manifest_sources(directory) if any(f.service for f in fates) else {}
+    services = manifest_sources(directory, node) if any(f.service for f in fates) else {}
     if output == "json":
         out.write(json.dumps(to_json(packets, fates, services), indent=2) + "\n")
     else:
