@@ -20,7 +20,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "reconciler"
 
 # Lower rank = earlier in the pipeline. Modules not listed take their stage's rank.
 RANKS = {"reconciler": 0, "reconciler.logs": 0, "reconciler.progress": 0, "reconciler.atomic": 0, "reconciler.heap": 0,
-         "reconciler.compat": 0,
+         "reconciler.compat": 0, "reconciler.clock": 0,
          "reconciler.intake": 1, "reconciler.compile": 2,
          "reconciler.kernel": 3, "reconciler.engine": 4, "reconciler.daemon": 5, "reconciler.commands": 6,
          "reconciler.options": 6, "reconciler.cli": 7}

@@ -16,6 +16,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "fleet": ("FLEET_FILE", "REMOVE_ANNOTATION", "Fleet", "Identity", "Projection", "Selector", "project"),
     "fleetread": ("FleetWalk", "identity_of", "walk_fleet"),
     "gitobjects": ("Checkout", "find_checkout"),
+    "rollout": ("Decision", "LocalHold", "Record", "Rollout", "Wave", "decide", "wave_of"),
     "healthchecks": ("parse_health_check", "split_host_port"),
     "incremental": ("Intake", "Snapshot"),
     "kinds": ("DIRECTORY", "GIT", "OCI", "ManifestSource", "source_kind", "verifier_for"),

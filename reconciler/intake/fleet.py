@@ -85,6 +85,7 @@ class Fleet:
     file: str  # display path of fleet.yaml
     layers: tuple[Layer, ...]
     variables: tuple[tuple[str, str], ...] = ()  # `variables`, sorted pairs
+    rollout: Rollout | None = None  # `rollout` (intake/rollout.py); None: every node takes a revision at once
 
 
 @dataclass(frozen=True)
