@@ -32,6 +32,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "plan": ("make_plan",),
     "probes": ("probe_desired", "read_probe_state", "write_probe_state"),
     "fleetreview": ("run_diff_fleet", "run_validate_fleet"),
+    "fleetstatus": ("run_fleet_status",),
     "review": ("run_diff",),
     "source": ("KEEP", "command_source", "is_source", "manifest_root", "open_source", "reference", "source_error"),
     "sourcestate": ("read_source_state", "source_status_json", "source_status_lines", "write_source_state"),

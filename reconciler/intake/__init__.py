@@ -13,7 +13,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "config": ("DEFAULT_PATH", "discover_host_addresses", "discover_node_ips", "load_node_config", "parse_duration"),
     "digests": ("InputDigest", "config_digest", "input_digest"),
     "git": ("GitError", "merge_base", "parse_range", "resolve_revision"),
-    "fleet": ("FLEET_FILE", "REMOVE_ANNOTATION", "Fleet", "Identity", "Projection", "Selector", "project"),
+    "fleet": ("FLEET_FILE", "REMOVE_ANNOTATION", "Fleet", "Identity", "Projection", "Selector", "parse_fleet", "project"),
     "fleetread": ("FleetWalk", "identity_of", "walk_fleet"),
     "gitobjects": ("Checkout", "find_checkout"),
     "rollout": ("Decision", "LocalHold", "Record", "Rollout", "Wave", "decide", "wave_of",
