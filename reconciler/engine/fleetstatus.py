@@ -57,11 +57,15 @@ def same_revision(revision: str, wanted: str) -> bool:
 
 
 def newest_revision(records: Sequence[Record]) -> str | None:
-    """The revision of the newest record (by its time): the latest one any node saw."""
+    """The newest revision any node saw: one no record shows superseded (applied while
+    another is attempted: a node holding or failing a newer one says which is newer), of
+    the newest record. Record time alone would not do: a node still on the old revision
+    pushes it again on each full sync."""
     recs = [r for r in records if r.attempted or r.applied]
     if not recs:
         return None
-    newest = max(recs, key=lambda r: r.time)
+    superseded = {r.applied for r in recs if r.applied and r.attempted and r.applied != r.attempted}
+    newest = max([r for r in recs if (r.attempted or r.applied) not in superseded] or recs, key=lambda r: r.time)
     return newest.attempted or newest.applied
 
 
@@ -70,12 +74,14 @@ def _first_line(text: str) -> str:
 
 
 def _held_kind(record: Record) -> str:
-    if record.outcome == "halted":
-        return "halted"
+    """wave, paused, local-hold or halted, from the record's outcome and its reason
+    (rollout.decide's: "held: wave early opens at T", "paused: ...", "held locally: ...")."""
     text = record.error.lower()
-    if "paused" in text:
+    if record.outcome == "halted" or text.startswith("halted"):
+        return "halted"
+    if text.startswith("paused"):
         return "paused"
-    if "local hold" in text or "local-hold" in text or text.startswith("hold"):
+    if text.startswith("held locally") or "local hold" in text:
         return "local-hold"
     return "wave"
 
