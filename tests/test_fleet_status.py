@@ -15,7 +15,7 @@ import logging
 
 import pytest
 
-from reconciler import clock, logs
+from reconciler import clock
 from reconciler.engine.fleetstatus import EXIT_FAILED, EXIT_OK, EXIT_TIMEOUT, run_fleet_status
 from reconciler.intake import Record
 
@@ -52,18 +52,10 @@ def at_t0():
 
 
 @pytest.fixture
-def said():
-    """The lines nftrec logs (its logger does not propagate to pytest's)."""
-    lines: list[str] = []
-
-    class Keep(logging.Handler):
-        def emit(self, record):
-            lines.append(record.getMessage())
-
-    h = Keep()
-    logs.log.addHandler(h)
-    yield lines
-    logs.log.removeHandler(h)
+def said(caplog):
+    """nftrec's log lines (conftest's caplog sees its logger)."""
+    caplog.set_level(logging.INFO, logger="nftrec")
+    return caplog
 
 
 def fixed(records, error=None):
@@ -169,13 +161,13 @@ def test_wait_exits_0_once_every_node_of_the_wave_applied(at_t0, said):
     assert code == EXIT_OK and len(calls) == 3
     assert calls[1] - calls[0] == 2.0  # polled every 2s of the clock
     assert json.loads(wait([CANARY_DONE], output="json")[2])["applied"]["count"] == 3
-    assert any("2 of 3 applied it; waiting for edge-003 (held: held: wave canary" in line for line in said)
+    assert any("2 of 3 applied it; waiting for edge-003 (held: wave canary" in line for line in said.messages)
 
 
 def test_wait_exits_1_as_soon_as_one_node_of_the_wave_failed(at_t0, said):
     code, calls, _ = wait([CANARY_DONE + [FLEET[7]]])
     assert code == EXIT_FAILED and len(calls) == 1
-    assert any("edge-008 failed it (rolled-back: health check" in line for line in said)
+    assert any("edge-008 failed it (rolled-back: health check" in line for line in said.messages)
     # a failure in another wave, or of another revision, is not this gate's
     assert wait([CANARY_DONE + [rec("edge-020", "rest", "failed", applied=R1)]])[0] == EXIT_OK
     assert wait([CANARY_DONE + [rec("edge-021", "canary", "failed", applied=R1, attempted=R1),
@@ -185,20 +177,29 @@ def test_wait_exits_1_as_soon_as_one_node_of_the_wave_failed(at_t0, said):
 def test_wait_exits_2_on_timeout_and_says_what_it_waited_for(at_t0, said):
     held = CANARY_DONE[:2] + [rec("edge-004", "canary", "held", applied=R1, error="paused: fleet.yaml's rollout.paused")]
     code, calls, out = wait([held], timeout=10.0)
-    assert code == EXIT_TIMEOUT and out == ""
+    assert code == EXIT_TIMEOUT and out.startswith(f"Revision {R2[:12]}: 3 nodes reporting")
     assert clock.now() - T0 == 10.0 and len(calls) == 6  # at 0, 2, 4, 6, 8, 10
-    assert "timed out after 10s: wave canary, revision 222222222222: 2 of 3 applied it; waiting for edge-004" in said[-1]
+    assert "timed out after 10s: wave canary, revision 222222222222: 2 of 3 applied it; waiting for edge-004" in said.messages[-1]
     # no node of the wave at all is no pass either
     assert wait([[FLEET[3]]], wave="canary", timeout=4.0)[0] == EXIT_TIMEOUT
-    assert "no node of the wave has reported yet" in said[-1]
+    assert "no node of the wave has reported yet" in said.messages[-1]
 
 
 def test_an_unreachable_remote_is_retried_until_the_timeout(at_t0, said):
     code, calls, _ = wait(["fatal: unable to connect to 127.0.0.1"] * 3 + [CANARY_DONE])
     assert code == EXIT_OK and len(calls) == 4
-    assert "file:///remote unreachable: fatal: unable to connect to 127.0.0.1; trying again" in said[0]
-    code, _, _ = wait(["connection refused"], timeout=5.0)
-    assert code == EXIT_TIMEOUT and "timed out after 5s: file:///remote unreachable: connection refused" in said[-1]
+    assert "file:///remote unreachable: fatal: unable to connect to 127.0.0.1; trying again" in said.messages[0]
+    code, _, out = wait(["connection refused"], timeout=5.0)
+    assert code == EXIT_TIMEOUT and out == "" and "timed out after 5s: file:///remote unreachable: connection refused" in said.messages[-1]
+
+
+def test_wait_needs_a_revision_and_known_options():
+    res = nftrec("fleet", "status", "file:///nowhere", "--wait", "canary")
+    assert res.returncode == 64 and "--wait needs --revision R" in res.stderr
+    res = nftrec("fleet", "status", "file:///nowhere", "--revision", R2, "--timeout", "soon")
+    assert res.returncode == 64 and "'soon' is not a positive duration" in res.stderr
+    res = nftrec("fleet", "status", "file:///nowhere", "-o", "yaml")
+    assert res.returncode == 64
 
 
 def test_an_inventory_keeps_the_gate_shut_for_a_node_that_never_pushed(at_t0, said, tmp_path):
@@ -211,10 +212,146 @@ def test_an_inventory_keeps_the_gate_shut_for_a_node_that_never_pushed(at_t0, sa
                    + "".join(f"- {{name: edge-00{i}, labels: {{ring: canary}}}}\n" for i in (1, 2, 3, 4))
                    + "- {name: edge-100, labels: {ring: main}}\n")
     code, _, _ = wait([CANARY_DONE], timeout=4.0, fleet_dir=tmp_path, inventory=inv)
-    assert code == EXIT_TIMEOUT and "waiting for edge-004 (no record)" in said[-1]
+    assert code == EXIT_TIMEOUT and "waiting for edge-004 (no record)" in said.messages[-1]
     late = CANARY_DONE + [rec("edge-004", "canary", "applied")]
     assert wait([CANARY_DONE, late], fleet_dir=tmp_path, inventory=inv)[0] == EXIT_OK
     from reconciler.engine import CommandError
 
     with pytest.raises(CommandError, match="wave 'early' is not in the fleet's rollout; its waves: canary, rest"):
         wait([late], wave="early", fleet_dir=tmp_path)
+
+
+# --- end to end: records on real git remotes, nftrec as a subprocess -------------------------
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def bare(tmp_path):
+    import subprocess
+
+    base = tmp_path / "remotes"
+    base.mkdir()
+    subprocess.run(["git", "init", "-q", "--bare", str(base / "fleet.git")], check=True, timeout=60)
+    return base
+
+
+@pytest.fixture
+def daemon(bare):
+    """`git daemon --enable=receive-pack` serving `bare` on 127.0.0.1: git://127.0.0.1:PORT/fleet.git."""
+    import socket
+    import subprocess
+    import time
+
+    port = _free_port()
+    proc = subprocess.Popen(["git", "daemon", "--reuseaddr", "--export-all", "--enable=receive-pack",
+                             f"--base-path={bare}", "--listen=127.0.0.1", f"--port={port}", str(bare)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(100):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        yield f"git://127.0.0.1:{port}/fleet.git"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def push(remote: str, records, state) -> None:
+    """Each record pushed by its node's StatusChannel (one per node, as on the nodes),
+    in order; returns once the remote holds every node's last one."""
+    import time
+
+    from reconciler.engine.statusrecords import StatusChannel, StatusSettings, fetch_records
+
+    channels = {}
+    for r in records:
+        if r.node not in channels:
+            channels[r.node] = StatusChannel(state / r.node, StatusSettings(remote))
+        channels[r.node].enqueue(r)
+    last = {r.node: r for r in records}
+    for ch in channels.values():
+        ch.start()
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            got, _ = fetch_records(remote)
+            if {g.node: g for g in got if g.node in last} == last:
+                return
+            time.sleep(0.1)
+        raise AssertionError(f"the records did not reach {remote}")
+    finally:
+        for ch in channels.values():
+            ch.stop()
+
+
+def nftrec(*args: str, offset: float = 0.0):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = dict(os.environ, NFTREC_CLOCK_OFFSET=str(offset))
+    exe = Path(sys.executable).with_name("nftrec")
+    return subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=120, env=env)
+
+
+def _at(records, base: float):
+    """FLEET's records with times relative to `base` instead of T0."""
+    from dataclasses import replace
+
+    return [replace(r, time=base + (r.time - T0)) for r in records]
+
+
+@pytest.mark.parametrize("kind", ["file", "daemon"])
+def test_fleet_status_reads_every_state_from_a_real_remote(kind, bare, tmp_path, request):
+    import time
+
+    remote = f"file://{bare}/fleet.git" if kind == "file" else request.getfixturevalue("daemon")
+    now = time.time()
+    # edge-008 first applied R1, then failed R2: its ref's log holds both, the report its latest
+    history = [rec("edge-008", "canary", "applied", applied=R1, attempted=R1, t=now - 3600)] + _at(FLEET, now)
+    push(remote, history, tmp_path / "state")
+    res = nftrec("fleet", "status", remote, "-o", "json")
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["revision"] == R2
+    assert {s: doc[s]["count"] for s in ("applied", "held", "failed", "offline", "pending")} == \
+        {"applied": 3, "held": 4, "failed": 1, "offline": 1, "pending": 1}
+    text = nftrec("fleet", "status", remote, "--revision", R1[:12]).stdout
+    assert "applied     6  edge-004…edge-008, edge-010" in text
+    md = nftrec("fleet", "status", remote, "-o", "markdown").stdout
+    assert "| failed | edge-008 | 1 | rolled-back: health check https://127.0.0.1/ failed |" in md
+    # the clock set 5h on: every node is offline
+    late = json.loads(nftrec("fleet", "status", remote, "-o", "json", offset=5 * 3600).stdout)
+    assert late["offline"]["count"] == 10
+
+
+def test_wait_exit_codes_on_a_real_remote(daemon, tmp_path):
+    import time
+
+    now = time.time()
+    canary = _at(CANARY_DONE, now)
+    push(daemon, canary + _at([FLEET[3]], now), tmp_path / "state")
+    assert nftrec("fleet", "status", daemon, "--revision", R2, "--wait", "canary", "--timeout", "30s").returncode == 0
+    res = nftrec("fleet", "status", daemon, "--revision", R2, "--wait", "early", "--timeout", "3s")
+    assert res.returncode == 2 and "waiting for edge-004 (held: wave early opens at" in res.stderr
+    push(daemon, [rec("edge-005", "early", "failed", applied=R1, error="invalid: x.yaml:3:1: bad port", t=now)],
+         tmp_path / "state")
+    started = time.monotonic()
+    res = nftrec("fleet", "status", daemon, "--revision", R2, "--wait", "early", "--timeout", "60s")
+    assert res.returncode == 1 and time.monotonic() - started < 30
+    assert "edge-005 failed it (failed: invalid: x.yaml:3:1: bad port)" in res.stderr
+    # an unreachable remote: said, retried, then the timeout
+    res = nftrec("fleet", "status", f"git://127.0.0.1:{_free_port()}/fleet.git", "--revision", R2, "--wait", "canary",
+                 "--timeout", "3s")
+    assert res.returncode == 2 and "unreachable" in res.stderr and "timed out after 3s" in res.stderr

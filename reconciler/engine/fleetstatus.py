@@ -209,10 +209,17 @@ def gate(records: Sequence[Record], revision: str, members: set[str]) -> tuple[i
     if not waiting:
         return EXIT_OK, f"all {len(members)} node{'s' if len(members) != 1 else ''} applied it"
     done = len(members) - len(waiting)
-    why = [f"{n} ({'no record' if states[n] is None else states[n].state}"
-           f"{': ' + states[n].detail if states[n] is not None and states[n].detail else ''})" for n in waiting[:10]]
+    why = [f"{n} ({_why(states[n])})" for n in waiting[:10]]
     more = f" and {len(waiting) - 10} more" if len(waiting) > 10 else ""
     return None, f"{done} of {len(members)} applied it; waiting for " + ", ".join(why) + more
+
+
+def _why(st: NodeState | None) -> str:
+    if st is None:
+        return "no record"
+    if not st.detail or st.detail.startswith(("held", "paused", "halted")):
+        return st.detail or st.state
+    return f"{st.state}: {st.detail}"
 
 
 def _inventory_waves(inventory: Path, rollout) -> dict[str, str]:
@@ -282,13 +289,14 @@ def run_fleet_status(remote: str, *, revision: str | None = None, output: str = 
         return EXIT_OK
     assert revision is not None  # the command line requires --revision with --wait
     deadline = clock.now() + timeout
-    said = ""
+    said, last = "", None
     while True:
         left = deadline - clock.now()
         records, error = fetch(remote, ssh_key, timeout=max(1.0, min(30.0, left)))
         if error:
             line = f"{remote} unreachable: {error}; trying again until the timeout"
         else:
+            last = records
             code, line = gate(records, revision, wave_members(records, wait, inv_waves))
             line = f"wave {wait}, revision {short_revision(revision)}: {line}"
             if code is not None:
@@ -300,6 +308,8 @@ def run_fleet_status(remote: str, *, revision: str | None = None, output: str = 
             said = line
         left = deadline - clock.now()
         if left <= 0:
+            if last is not None:  # what the wave looked like when the wait gave up
+                write_report(build_report(last, revision, clock.now(), threshold), output, stream)
             logs.log.error(logs.escape(f"timed out after {timeout:g}s: {line}"))
             return EXIT_TIMEOUT
         sleep(min(POLL_INTERVAL, left))
