@@ -110,6 +110,12 @@ def test_markdown_is_a_table_with_no_markup_from_the_records(at_t0):
     assert "| failed | edge-011 | 1 | failed: &lt;img src=x&gt; \\| \\`rm -rf\\` |" in md
 
 
+def test_a_node_held_after_applying_the_revision_runs_it(at_t0):
+    held_after = [rec("edge-001", "canary", "held", error="held locally: maintenance (until release)")]
+    doc = json.loads(report("json", held_after)[1])
+    assert doc["applied"]["count"] == 1 and doc["held"]["count"] == 0
+
+
 def test_revision_selects_an_older_one_by_a_short_commit(at_t0):
     _, text = report("json", revision=R1[:8])
     doc = json.loads(text)

@@ -87,16 +87,16 @@ def _held_kind(record: Record) -> str:
 
 
 def classify(record: Record, revision: str) -> NodeState:
-    """The node's state for `revision`, from its latest record alone (offline aside)."""
-    if same_revision(record.attempted, revision):
-        if record.outcome in ("held", "halted"):
-            return NodeState(record, "held", _first_line(record.error) or record.outcome, _held_kind(record))
-        if record.outcome in FAILED:
-            return NodeState(record, "failed", f"{record.outcome}: {_first_line(record.error)}".rstrip(": "))
-        if record.outcome == "applied" or same_revision(record.applied, revision):
-            return NodeState(record, "applied")
-    if same_revision(record.applied, revision):
+    """The node's state for `revision`, from its latest record alone (offline aside): a
+    failure of it first, then having it applied (a node held locally after applying it
+    still runs it), then holding it."""
+    attempted = same_revision(record.attempted, revision)
+    if attempted and record.outcome in FAILED:
+        return NodeState(record, "failed", f"{record.outcome}: {_first_line(record.error)}".rstrip(": "))
+    if same_revision(record.applied, revision) or (attempted and record.outcome == "applied"):
         return NodeState(record, "applied")
+    if attempted and record.outcome in ("held", "halted"):
+        return NodeState(record, "held", _first_line(record.error) or record.outcome, _held_kind(record))
     return NodeState(record, "pending", f"runs {short_revision(record.applied)}")
 
 
