@@ -11,7 +11,8 @@ apply's window and its rollback; `teardown` is cleanup; `doctor` checks the host
 (two manifest trees or git revisions, planned against each other without a kernel);
 `trace` explains one packet with the desired or the live ruleset, `kerneltrace` traces a
 real one with the kernel's `meta nftrace`; `effective` prints a node's effective manifests. `source` turns an `oci://` argument into the
-tree a command reads; `sourcestate` is `watch oci://`'s source for `status`.
+tree a command reads; `sourcestate` is `watch oci://`'s source for `status`;
+`statusrecords` pushes the node's outcomes to a git remote and reads the fleet's back.
 """
 
 from reconciler import lazy_exports
@@ -36,6 +37,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "review": ("run_diff",),
     "source": ("KEEP", "command_source", "is_source", "manifest_root", "open_source", "reference", "source_error"),
     "sourcestate": ("read_source_state", "source_status_json", "source_status_lines", "write_source_state"),
+    "statusrecords": ("StatusChannel", "StatusSettings", "fetch_records", "parse_record", "record_json"),
     "state": ("StateCorrupt", "default_state_dir", "namespace_dir", "read_history", "read_status", "utc_now"),
     "sync": ("clean_udp_conntrack", "commit", "forget_affinity_clients", "forgotten_affinity_ids", "touched_objects", "udp_services", "verify_applied", "verify_commit",
              "verify_touched"),
