@@ -57,11 +57,15 @@ def same_revision(revision: str, wanted: str) -> bool:
 
 
 def newest_revision(records: Sequence[Record]) -> str | None:
-    """The revision of the newest record (by its time): the latest one any node saw."""
+    """The newest revision any node saw: one no record shows superseded (applied while
+    another is attempted: a node holding or failing a newer one says which is newer), of
+    the newest record. Record time alone would not do: a node still on the old revision
+    pushes it again on each full sync."""
     recs = [r for r in records if r.attempted or r.applied]
     if not recs:
         return None
-    newest = max(recs, key=lambda r: r.time)
+    superseded = {r.applied for r in recs if r.applied and r.attempted and r.applied != r.attempted}
+    newest = max([r for r in recs if (r.attempted or r.applied) not in superseded] or recs, key=lambda r: r.time)
     return newest.attempted or newest.applied
 
 
@@ -70,27 +74,29 @@ def _first_line(text: str) -> str:
 
 
 def _held_kind(record: Record) -> str:
-    if record.outcome == "halted":
-        return "halted"
+    """wave, paused, local-hold or halted, from the record's outcome and its reason
+    (rollout.decide's: "held: wave early opens at T", "paused: ...", "held locally: ...")."""
     text = record.error.lower()
-    if "paused" in text:
+    if record.outcome == "halted" or text.startswith("halted"):
+        return "halted"
+    if text.startswith("paused"):
         return "paused"
-    if "local hold" in text or "local-hold" in text or text.startswith("hold"):
+    if text.startswith("held locally") or "local hold" in text:
         return "local-hold"
     return "wave"
 
 
 def classify(record: Record, revision: str) -> NodeState:
-    """The node's state for `revision`, from its latest record alone (offline aside)."""
-    if same_revision(record.attempted, revision):
-        if record.outcome in ("held", "halted"):
-            return NodeState(record, "held", _first_line(record.error) or record.outcome, _held_kind(record))
-        if record.outcome in FAILED:
-            return NodeState(record, "failed", f"{record.outcome}: {_first_line(record.error)}".rstrip(": "))
-        if record.outcome == "applied" or same_revision(record.applied, revision):
-            return NodeState(record, "applied")
-    if same_revision(record.applied, revision):
+    """The node's state for `revision`, from its latest record alone (offline aside): a
+    failure of it first, then having it applied (a node held locally after applying it
+    still runs it), then holding it."""
+    attempted = same_revision(record.attempted, revision)
+    if attempted and record.outcome in FAILED:
+        return NodeState(record, "failed", f"{record.outcome}: {_first_line(record.error)}".rstrip(": "))
+    if same_revision(record.applied, revision) or (attempted and record.outcome == "applied"):
         return NodeState(record, "applied")
+    if attempted and record.outcome in ("held", "halted"):
+        return NodeState(record, "held", _first_line(record.error) or record.outcome, _held_kind(record))
     return NodeState(record, "pending", f"runs {short_revision(record.applied)}")
 
 
@@ -203,10 +209,17 @@ def gate(records: Sequence[Record], revision: str, members: set[str]) -> tuple[i
     if not waiting:
         return EXIT_OK, f"all {len(members)} node{'s' if len(members) != 1 else ''} applied it"
     done = len(members) - len(waiting)
-    why = [f"{n} ({'no record' if states[n] is None else states[n].state}"
-           f"{': ' + states[n].detail if states[n] is not None and states[n].detail else ''})" for n in waiting[:10]]
+    why = [f"{n} ({_why(states[n])})" for n in waiting[:10]]
     more = f" and {len(waiting) - 10} more" if len(waiting) > 10 else ""
     return None, f"{done} of {len(members)} applied it; waiting for " + ", ".join(why) + more
+
+
+def _why(st: NodeState | None) -> str:
+    if st is None:
+        return "no record"
+    if not st.detail or st.detail.startswith(("held", "paused", "halted")):
+        return st.detail or st.state
+    return f"{st.state}: {st.detail}"
 
 
 def _inventory_waves(inventory: Path, rollout) -> dict[str, str]:
@@ -276,13 +289,14 @@ def run_fleet_status(remote: str, *, revision: str | None = None, output: str = 
         return EXIT_OK
     assert revision is not None  # the command line requires --revision with --wait
     deadline = clock.now() + timeout
-    said = ""
+    said, last = "", None
     while True:
         left = deadline - clock.now()
         records, error = fetch(remote, ssh_key, timeout=max(1.0, min(30.0, left)))
         if error:
             line = f"{remote} unreachable: {error}; trying again until the timeout"
         else:
+            last = records
             code, line = gate(records, revision, wave_members(records, wait, inv_waves))
             line = f"wave {wait}, revision {short_revision(revision)}: {line}"
             if code is not None:
@@ -294,6 +308,8 @@ def run_fleet_status(remote: str, *, revision: str | None = None, output: str = 
             said = line
         left = deadline - clock.now()
         if left <= 0:
+            if last is not None:  # what the wave looked like when the wait gave up
+                write_report(build_report(last, revision, clock.now(), threshold), output, stream)
             logs.log.error(logs.escape(f"timed out after {timeout:g}s: {line}"))
             return EXIT_TIMEOUT
         sleep(min(POLL_INTERVAL, left))
