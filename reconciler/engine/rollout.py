@@ -17,11 +17,10 @@ from reconciler import clock, logs
 from reconciler.atomic import atomic_write
 from reconciler.engine.holds import read_hold, rfc3339
 from reconciler.engine.state import StateStore
-from reconciler.intake import Decision, Identity, Record, Rollout, decide, is_fleet_root, project, wave_of
+from reconciler.intake import HELD, Decision, Identity, Record, Rollout, decide, is_fleet_root, project, wave_of
 
 ROLLOUT_FILE = "rollout.json"
 JITTER = 0.1  # of the interval: polls and each node's start within its wave spread over it
-HELD = "held"  # intake.rollout.HELD
 EXIT_HELD = 3  # one-shot apply: the revision is held (its wave, paused, halted, a local hold); nothing applied
 
 
@@ -52,17 +51,14 @@ def fleet_rollout(root: Path, verdict=None) -> Rollout | None:
     return projection.fleet.rollout if projection.fleet is not None else None
 
 
-def revision_time(root: Path, revision: str, verdict=None) -> float | None:
-    """The revision's time: the signed time with `verify`, else git's committer time or the
-    OCI artifact's `created` (intake), None for a plain directory."""
-    if verdict is not None and getattr(verdict, "time", None) is not None:
-        return float(verdict.time)
+def time_of(root: Path, revision: str, verdict=None) -> tuple[float | None, str | None]:
+    """(the revision's time (intake.revision_time), None) or (None, why it cannot be read)."""
+    from reconciler.intake import RevisionTimeError, revision_time
+
     try:
-        from reconciler.intake import revision_time as read_time
-    except ImportError:  # pragma: no cover - before intake names it
-        return None
-    t = read_time(Path(root), revision)
-    return None if t is None else float(t)
+        return revision_time(Path(root), revision, verdict), None
+    except RevisionTimeError as e:
+        return None, str(e)
 
 
 @dataclass
@@ -79,7 +75,7 @@ class Gate:
     first_seen: dict = field(default_factory=dict)
 
     def decide(self, rollout: Rollout | None, identity: Identity, revision: str, revision_time: float | None,
-               applied: str | None) -> Decision:
+               applied: str | None, time_error: str | None = None) -> Decision:
         now = clock.now()
         hold = None if self.ignore_hold else read_hold(self.hold_dir, self.store.netns)
         if self.ignore_rollout:
@@ -87,20 +83,28 @@ class Gate:
         if revision_time is None and rollout is not None:
             revision_time = self._first_seen(revision, now)
         d = decide(rollout, identity, revision, revision_time, now, applied_revision=applied, hold=hold)
+        if d.apply and rollout is not None and time_error is not None and applied is not None and applied != revision:
+            d = Decision(HELD, d.wave, d.wave_index, None, f"held: {time_error}")
         if d.apply and rollout is not None and rollout.max_failures is not None and d.wave_index > 0 and \
                 applied is not None and applied != revision:
             records, error = self.fetch() if self.fetch is not None else (
                 (), "the node config has no status.remote to read the earlier waves' records from")
             d = decide(rollout, identity, revision, revision_time, now, applied_revision=applied, hold=hold,
                        records=records, records_error=error)
-        if d.apply and rollout is not None and not rollout.immediate and d.wave and applied is not None and \
-                applied != revision:  # the node's own start within its wave
-            start = revision_time + d.wave_index * rollout.interval + jitter(identity.name, rollout.interval, "wave")
+        if d.apply and d.opens_at is not None and rollout is not None and not rollout.immediate and \
+                applied is not None and applied != revision:  # the node's own start within its wave
+            start = d.opens_at + jitter(identity.name, rollout.interval, "wave")
             if now < start:
                 d = Decision(HELD, d.wave, d.wave_index, start, f"held: wave {d.wave} opens for this node at "
                              f"{rfc3339(start)}")
-        self._keep(revision, d, now)
+        if rollout is not None or not d.apply:
+            self._keep(revision, d, now)
         return d
+
+    def hold_until(self) -> float | None:
+        """When the local hold ends by itself (watch wakes then), None without one."""
+        hold = None if self.ignore_hold else read_hold(self.hold_dir, self.store.netns)
+        return hold.until if hold is not None and hold.active(clock.now()) else None
 
     def _first_seen(self, revision: str, now: float) -> float:
         if revision not in self.first_seen:
@@ -132,14 +136,19 @@ def read_rollout_state(store: StateStore) -> dict | None:
     return doc if isinstance(doc, dict) and isinstance(doc.get("revision"), str) else None
 
 
-def rollout_status_json(doc: dict | None, applied: str | None) -> dict:
-    if doc is None or doc.get("revision") == applied:
+def _current(doc: dict | None, status) -> bool:
+    """rollout.json speaks of the newest revision attempted, and it is not the applied one."""
+    return doc is not None and doc.get("revision") == status.last_attempted_revision != status.last_applied_revision
+
+
+def rollout_status_json(doc: dict | None, status) -> dict:
+    if not _current(doc, status):
         return {}
     return {"rollout": {k: doc.get(k) for k in ("revision", "state", "wave", "opensAt", "reason", "decidedAt")}}
 
 
-def rollout_status_lines(doc: dict | None, applied: str | None) -> list[str]:
-    if doc is None or doc.get("revision") == applied or doc.get("state") == "open":
+def rollout_status_lines(doc: dict | None, status) -> list[str]:
+    if not _current(doc, status) or doc.get("state") == "open":
         return []
     return [f"rollout:   revision {doc['revision'][:12]} {doc.get('reason') or doc.get('state')}"]
 
@@ -190,8 +199,8 @@ def one_shot(target, desired, root: Path, *, ignore_rollout: bool = False, ignor
         return None  # the applied revision: re-applied (a repair), whatever the rollout says
     rollout = fleet_rollout(root, desired.verdict)
     gate = Gate(store, target.state_root, records_fetcher(desired.config), ignore_rollout, ignore_hold)
-    d = gate.decide(rollout, identity_of(desired.config), revision, revision_time(root, revision, desired.verdict),
-                    applied)
+    d = gate.decide(rollout, identity_of(desired.config), revision, *time_of(root, revision, desired.verdict),
+                    applied=applied)
     if d.apply:
         return None
     if record:
