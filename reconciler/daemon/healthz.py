@@ -40,13 +40,19 @@ def healthy(daemon) -> tuple[bool, str]:
 
 def ready(daemon) -> tuple[bool, str]:
     """/readyz: not ready while the newest revision read is refused (invalid, unverified,
-    rolled back, refused by the removal guard), before the first sync, or while unhealthy."""
+    rolled back, refused by the removal guard) or held (rollout, local hold), before the
+    first sync, or while unhealthy."""
     refused = daemon.refusal()
     if refused is not None:
         why, revision, message = refused
         kept = daemon.applied.inventory.revision if daemon.applied is not None else None
         return False, (f"revision {short_revision(revision)} was not applied ({why}): {message}; " +
                        (f"revision {short_revision(kept)} stays in the kernel" if kept else "nothing applied yet"))
+    held = daemon.rollout.reason()  # a fleet's rollout or `nftrec hold` keeps the newest revision back
+    if held is not None:
+        kept = daemon.applied.inventory.revision if daemon.applied is not None else None
+        return False, f"{held}; " + (f"revision {short_revision(kept)} stays in the kernel" if kept else
+                                     "the kernel keeps what it holds")
     if daemon.last_success is None:
         return False, "no revision applied yet"
     return healthy(daemon)

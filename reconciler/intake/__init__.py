@@ -27,7 +27,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "nodeidentity": ("identity_override",),
     "nodeinventory": ("load_node_inventory",),
     "validate": ("no_services",),
-    "load": ("SUFFIXES", "is_fleet_root"),
+    "load": ("SUFFIXES", "is_fleet_root", "read_fleet_bytes"),
     "model": ("Endpoint", "EndpointPort", "EndpointSlice", "HealthCheck", "Inventory", "LoadBalancerIngress", "NftSpelling", "NodeConfig",
               "OciSettings", "Probe", "Service", "ServiceCIDR", "ServicePort", "Source", "StatusSettings", "Verify"),
     "oci": ("Artifact", "Signature", "artifact_at", "close_registries", "current_digest", "named_digest", "open_store",
