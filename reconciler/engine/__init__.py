@@ -12,7 +12,8 @@ apply's window and its rollback; `teardown` is cleanup; `doctor` checks the host
 `trace` explains one packet with the desired or the live ruleset, `kerneltrace` traces a
 real one with the kernel's `meta nftrace`; `effective` prints a node's effective manifests; `rollout` and `holds` decide
 whether a fleet node takes a revision now (waves, the local hold). `source` turns an `oci://` argument into the
-tree a command reads; `sourcestate` is `watch oci://`'s source for `status`.
+tree a command reads; `sourcestate` is `watch oci://`'s source for `status`;
+`statusrecords` pushes the node's outcomes to a git remote and reads the fleet's back.
 """
 
 from reconciler import lazy_exports
@@ -39,8 +40,8 @@ __all__, __getattr__ = lazy_exports(__name__, {
                 "time_of"),
     "source": ("KEEP", "command_source", "is_source", "manifest_root", "open_source", "reference", "source_error"),
     "sourcestate": ("read_source_state", "source_status_json", "source_status_lines", "write_source_state"),
+    "statusrecords": ("StatusChannel", "StatusSettings", "fetch_records", "parse_record", "record_json"),
     "state": ("StateCorrupt", "default_state_dir", "namespace_dir", "read_history", "read_status", "utc_now"),
-    "statusrecords": ("StatusChannel", "StatusSettings", "fetch_records"),
     "sync": ("clean_udp_conntrack", "commit", "forget_affinity_clients", "forgotten_affinity_ids", "touched_objects", "udp_services", "verify_applied", "verify_commit",
              "verify_touched"),
     "target": ("CommandError", "Target", "short_revision"),

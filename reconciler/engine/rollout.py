@@ -169,17 +169,14 @@ def status_record(config, identity: Identity, rollout: Rollout | None, applied: 
 
 def records_fetcher(config) -> Callable[[], tuple] | None:
     """The node config's `status.remote` as Gate.fetch, None without one."""
-    settings = getattr(config, "status", None)
-    if settings is None or not getattr(settings, "remote", ""):
+    settings = config.status
+    if settings is None or not settings.remote:
         return None
 
     def fetch() -> tuple:
         from reconciler.engine.statusrecords import fetch_records
 
-        try:
-            return fetch_records(settings.remote, getattr(settings, "ssh_key", None) or None)
-        except Exception as e:  # an unreadable remote is not a pass: the halt says why
-            return (), str(e)
+        return fetch_records(settings.remote, settings.ssh_key)  # an unreadable remote: ((), why): the halt says it
 
     return fetch
 

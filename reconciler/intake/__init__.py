@@ -29,7 +29,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "validate": ("no_services",),
     "load": ("SUFFIXES", "is_fleet_root", "read_fleet_bytes"),
     "model": ("Endpoint", "EndpointPort", "EndpointSlice", "HealthCheck", "Inventory", "LoadBalancerIngress", "NftSpelling", "NodeConfig",
-              "OciSettings", "Probe", "Service", "ServiceCIDR", "ServicePort", "Source", "Verify"),
+              "OciSettings", "Probe", "Service", "ServiceCIDR", "ServicePort", "Source", "StatusSettings", "Verify"),
     "oci": ("Artifact", "Signature", "artifact_at", "close_registries", "current_digest", "named_digest", "open_store",
             "prune", "publish", "pull", "resolve", "source_artifact", "store_for"),
     "oci_reference": ("OCI_PREFIX", "SOURCE_ERROR_REASONS", "Reference", "SourceError", "is_oci", "parse_reference"),
