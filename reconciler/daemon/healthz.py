@@ -48,7 +48,7 @@ def ready(daemon) -> tuple[bool, str]:
         kept = daemon.applied.inventory.revision if daemon.applied is not None else None
         return False, (f"revision {short_revision(revision)} was not applied ({why}): {message}; " +
                        (f"revision {short_revision(kept)} stays in the kernel" if kept else "nothing applied yet"))
-    held = daemon.rollout.reason()  # a fleet's rollout or `nftrec hold` keeps the newest revision back
+    held = daemon.rollout.reason() if getattr(daemon, "rollout", None) else None  # a fleet's rollout or `nftrec hold` keeps the newest revision back
     if held is not None:
         kept = daemon.applied.inventory.revision if daemon.applied is not None else None
         return False, f"{held}; " + (f"revision {short_revision(kept)} stays in the kernel" if kept else

@@ -152,17 +152,13 @@ class RolloutWatch:
     def start(self, run) -> None:
         """The status channel (node config `status.remote`), and a thread that stats
         hold.json every HOLD_POLL seconds: a change asks for a sync (`run`)."""
-        settings = getattr(self.daemon.config, "status", None)
-        if settings is not None and getattr(settings, "remote", ""):
-            from reconciler.engine import StatusChannel, StatusSettings
+        settings = self.daemon.config.status
+        if settings is not None and settings.remote:
+            from reconciler.engine import StatusChannel
 
-            try:
-                self.channel = StatusChannel(self.daemon.store.dir, StatusSettings(
-                    settings.remote, getattr(settings, "ssh_key", None) or None))
-                self.channel.start()
-            except Exception as e:  # the status channel never stops the daemon
-                logs.log.error(f"status records to {settings.remote} cannot be sent: {e}")
-                self.channel = None
+            self.channel = StatusChannel(self.daemon.store.dir, settings)
+            self.channel.start()
+
         path = hold_path(self.daemon.target.state_root, self.daemon.target.netns)
 
         def key():

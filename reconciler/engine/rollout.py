@@ -114,6 +114,7 @@ class Gate:
         return self.first_seen[revision]
 
     def _keep(self, revision: str, d: Decision, now: float) -> None:
+        self._first_seen(revision, now)  # kept for the revision's later decisions, whatever decided this one
         doc = {"revision": revision, "state": d.state, "wave": d.wave, "opensAt": None if d.opens_at is None else
                rfc3339(d.opens_at), "reason": d.reason, "decidedAt": rfc3339(now),
                "firstSeen": self.first_seen.get(revision)}
@@ -168,17 +169,14 @@ def status_record(config, identity: Identity, rollout: Rollout | None, applied: 
 
 def records_fetcher(config) -> Callable[[], tuple] | None:
     """The node config's `status.remote` as Gate.fetch, None without one."""
-    settings = getattr(config, "status", None)
-    if settings is None or not getattr(settings, "remote", ""):
+    settings = config.status
+    if settings is None or not settings.remote:
         return None
 
     def fetch() -> tuple:
         from reconciler.engine.statusrecords import fetch_records
 
-        try:
-            return fetch_records(settings.remote, getattr(settings, "ssh_key", None) or None)
-        except Exception as e:  # an unreadable remote is not a pass: the halt says why
-            return (), str(e)
+        return fetch_records(settings.remote, settings.ssh_key)  # an unreadable remote: ((), why): the halt says it
 
     return fetch
 
@@ -199,13 +197,13 @@ def one_shot(target, desired, root: Path, *, ignore_rollout: bool = False, ignor
         return None  # the applied revision: re-applied (a repair), whatever the rollout says
     rollout = fleet_rollout(root, desired.verdict)
     gate = Gate(store, target.state_root, records_fetcher(desired.config), ignore_rollout, ignore_hold)
-    d = gate.decide(rollout, identity_of(desired.config), revision, *time_of(root, revision, desired.verdict),
-                    applied=applied)
+    t, error = time_of(root, revision, desired.verdict) if rollout is not None else (None, None)
+    d = gate.decide(rollout, identity_of(desired.config), revision, t, applied, time_error=error)
     if d.apply:
         return None
+    logs.log.warning(f"revision {revision[:12]} {'was' if record else 'would be'} not applied: {d.reason}; "
+                     f"revision {(applied or '')[:12]} stays (apply --ignore-rollout, --ignore-hold override)")
     if record:
-        logs.log.warning(f"revision {revision[:12]} was not applied: {d.reason}; revision {(applied or '')[:12]} "
-                         f"stays (--ignore-rollout, --ignore-hold override)")
         try:
             with target.lock():
                 store.record_attempt(revision, d.reason)
