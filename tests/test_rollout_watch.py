@@ -119,3 +119,59 @@ def test_a_running_watch_sees_hold_and_release_within_a_second(tmp_path):
             assert "10.244.0.3" in table(ns)
         finally:
             assert w.stop() == 0
+
+
+def _remote(tmp_path) -> str:
+    import subprocess
+
+    bare = tmp_path / "status.git"
+    subprocess.run(["git", "init", "-q", "--bare", str(bare)], check=True)
+    return f"file://{bare}"
+
+
+def test_outcomes_are_pushed_and_a_failed_canary_halts_a_later_wave(tmp_path):
+    """status.remote is a file:// bare repository. The node's outcomes arrive as records
+    (applied, then held); a canary node's record that it rolled back the revision halts
+    this node (maxFailures: 0) when its wave opens, and the halt is reported too."""
+    from reconciler.engine import StatusChannel, fetch_records
+    from reconciler.intake import Record, StatusSettings
+
+    remote = _remote(tmp_path)
+    root = make_fleet(tmp_path / "fleet", interval=f"{INTERVAL:g}s", address="10.244.0.1")
+    fleet = root / "fleet.yaml"
+    fleet.write_text(fleet.read_text().replace("rollout:\n", "rollout:\n  maxFailures: 0\n"))
+    cfg = node_config(tmp_path / "config.yaml", "edge-2")
+    cfg.write_text(cfg.read_text() + f"status: {{remote: '{remote}'}}\n")
+    state = tmp_path / "state"
+
+    def latest(node: str):
+        records, error = fetch_records(remote)
+        return next((r for r in records if r.node == node), None)
+
+    with throwaway_netns() as ns:
+        w = Watch(ns, root, cfg, state, "--debounce", "0.05")
+        try:
+            first = w.wait_sync(0)["revision"]
+            rec = w.wait(lambda: (r := latest("edge-2")) and r.outcome == "applied" and r, timeout=15,
+                         what="the applied record", step=0.2)
+            assert rec.applied == first and rec.wave == "rest"
+            mark = len(w.lines)
+            set_endpoint(root, "10.244.0.2")
+            second = w.wait_event("rollout", mark, state="held")["revision"]
+            canary = StatusChannel(tmp_path / "canary-state", StatusSettings(remote))
+            canary.start()
+            try:
+                canary.enqueue(Record("canary-1", (("ring", "canary"),), "canary", first, second, "rolled-back",
+                                      "health check: tcp 10.96.0.10:80 refused", time.time()))
+                w.wait(lambda: latest("canary-1"), timeout=10, what="the canary's record", step=0.1)
+            finally:
+                canary.stop()
+            halted = w.wait_event("rollout", mark, timeout=3 * INTERVAL, state="halted")
+            assert "canary-1 (health check)" in halted["msg"] and second in halted["msg"], halted
+            assert "10.244.0.2" not in table(ns)
+            assert metric(w, "nftrec_rollout_held", '{state="halted"}') == 1
+            rec = w.wait(lambda: (r := latest("edge-2")) and r.outcome == "halted" and r, timeout=15,
+                         what="the halted record", step=0.2)
+            assert rec.attempted == second and rec.applied == first
+        finally:
+            assert w.stop() == 0

@@ -48,7 +48,8 @@ def ready(daemon) -> tuple[bool, str]:
         kept = daemon.applied.inventory.revision if daemon.applied is not None else None
         return False, (f"revision {short_revision(revision)} was not applied ({why}): {message}; " +
                        (f"revision {short_revision(kept)} stays in the kernel" if kept else "nothing applied yet"))
-    held = daemon.rollout.reason() if getattr(daemon, "rollout", None) else None  # a fleet's rollout or `nftrec hold` keeps the newest revision back
+    rollout = getattr(daemon, "rollout", None)  # a fleet's rollout or `nftrec hold` keeps the newest revision back
+    held = rollout.reason() if rollout is not None else None
     if held is not None:
         kept = daemon.applied.inventory.revision if daemon.applied is not None else None
         return False, f"{held}; " + (f"revision {short_revision(kept)} stays in the kernel" if kept else

@@ -16,6 +16,7 @@ from reconciler.engine import Gate, fleet_rollout, hold_path, records_fetcher, s
 from reconciler.intake import HALTED, HELD, Decision, identity_of
 
 HOLD_POLL = 0.5  # seconds between two stats of hold.json
+HALT_RECHECK = 60.0  # seconds (at most one interval) between two reads of the records while halted
 _OUTCOME = {"invalid": "invalid", "unverified": "refused", "removal-guard": "refused", "rolled-back": "rolled-back"}
 
 
@@ -29,6 +30,7 @@ class RolloutWatch:
         self.held: tuple | None = None  # (compiled, inventory, signed, rollout, time, time error) kept aside
         self.decision: Decision | None = None  # of the held revision
         self.wave: tuple[str, int] = ("", 0)  # the node's wave (name, index) of the newest revision decided
+        self.rollout = None  # fleet.yaml's rollout of the newest valid revision (its records name the wave)
         self.channel = None  # engine.StatusChannel, when the node config has status.remote
         self.pushed: tuple | None = None  # (outcome, attempted) last enqueued
         self._stop = threading.Event()
@@ -51,7 +53,7 @@ class RolloutWatch:
         """A new valid revision: True when it is held (kept aside), False when it goes in."""
         d = self.daemon
         verdict = d.gate.passed[0] if d.gate.passed is not None and d.gate.passed[0].revision == snap.revision else None
-        rollout = fleet_rollout(snap.root, verdict)
+        rollout = self.rollout = fleet_rollout(snap.root, verdict)
         t, error = time_of(snap.root, snap.revision, verdict) if rollout is not None else (None, None)
         self.held = (compiled, snap.inventory, d.gate.signed(snap.revision), rollout, t, error)
         self.gate.fetch = records_fetcher(d.config)
@@ -102,6 +104,8 @@ class RolloutWatch:
         if self.held is None:
             return due
         when = self.decision.opens_at if self.decision is not None else None
+        if self.decision is not None and self.decision.state == HALTED:  # read the earlier waves' records again
+            when = clock.now() + min(self.held[3].interval, HALT_RECHECK)
         hold = self.gate.hold_until()
         for t in (when, hold):
             if t is not None:
@@ -140,9 +144,8 @@ class RolloutWatch:
             return
         self.pushed = (outcome, attempted)
         d = self.daemon
-        rollout = self.held[3] if self.held is not None else None
         try:
-            self.channel.enqueue(status_record(d.config, identity_of(d.config), rollout, self._applied(), attempted,
+            self.channel.enqueue(status_record(identity_of(d.config), self.rollout, self._applied(), attempted,
                                                outcome, error))
         except Exception as e:  # the status channel never fails a sync
             logs.log.warning(f"cannot queue the status record ({outcome}): {e}")
@@ -158,7 +161,6 @@ class RolloutWatch:
 
             self.channel = StatusChannel(self.daemon.store.dir, settings)
             self.channel.start()
-
         path = hold_path(self.daemon.target.state_root, self.daemon.target.netns)
 
         def key():

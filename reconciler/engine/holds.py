@@ -34,7 +34,7 @@ def rfc3339(t: float) -> str:
 
 def parse_time(text: str) -> float:
     """RFC 3339 with a zone (Z or +HH:MM) -> Unix seconds; ValueError otherwise."""
-    if not re.fullmatch(r"\d{4}-\d\d-\d\d[Tt ]\d\d:\d\d:\d\d(\.\d+)?([Zz]|[+-]\d\d:\d\d)", text):
+    if not re.fullmatch(r"\d{4}-\d\d-\d\d[Tt ]\d\d:\d\d:\d\d([Zz]|[+-]\d\d:\d\d)", text):
         raise ValueError(f"{text!r} is not an RFC 3339 time with a zone (e.g. 2026-12-06T22:00:00Z)")
     return datetime.fromisoformat(re.sub(r"[Zz]$", "+00:00", text.replace("t", "T", 1))).timestamp()
 

@@ -154,7 +154,7 @@ def rollout_status_lines(doc: dict | None, status) -> list[str]:
     return [f"rollout:   revision {doc['revision'][:12]} {doc.get('reason') or doc.get('state')}"]
 
 
-def status_record(config, identity: Identity, rollout: Rollout | None, applied: str | None, attempted: str | None,
+def status_record(identity: Identity, rollout: Rollout | None, applied: str | None, attempted: str | None,
                   outcome: str, error: str = "") -> Record:
     """The status record of one outcome (statusrecords.StatusChannel.enqueue)."""
     wave = ""
