@@ -207,8 +207,14 @@ def fetch_tips(remote: str, ssh_key: str | None, timeout: float, max_bytes: int)
     refs, depth 1, read from the objects (no checkout); a file over `max_bytes`, or a tip
     without it, is left out."""
     with Repo(remote, ssh_key, timeout) as repo:
-        repo.git("fetch", "--quiet", "--no-tags", "--depth", "1", *repo.pack_program("upload-pack"), remote,
-                 f"+{REF_PREFIX}*:refs/fetched/*")
+        try:
+            repo.git("fetch", "--quiet", "--no-tags", "--depth", "1", *repo.pack_program("upload-pack"), remote,
+                     f"+{REF_PREFIX}*:refs/fetched/*")
+        except StatusGitError as e:
+            # a shallow fetch whose refspec matches nothing fails without a word: no record yet
+            if e.stderr or repo.git("ls-remote", *repo.pack_program("upload-pack"), remote, f"{REF_PREFIX}*"):
+                raise
+            return []
         listed = repo.git("for-each-ref", "--format=%(objectname) %(refname)", "refs/fetched/").decode()
         tips = [(oid, REF_PREFIX + ref[len("refs/fetched/"):]) for oid, ref in
                 (line.split(" ", 1) for line in listed.splitlines() if line)]
