@@ -186,6 +186,9 @@ def test_wait_exits_2_on_timeout_and_says_what_it_waited_for(at_t0, said):
     assert code == EXIT_TIMEOUT and out.startswith(f"Revision {R2[:12]}: 3 nodes reporting")
     assert clock.now() - T0 == 10.0 and len(calls) == 6  # at 0, 2, 4, 6, 8, 10
     assert "timed out after 10s: wave canary, revision 222222222222: 2 of 3 applied it; waiting for edge-004" in said.messages[-1]
+    gone = CANARY_DONE[:2] + [rec("edge-003", "canary", "held", applied=R1, error="paused: x", t=T0 - 4 * 3600)]
+    assert wait([gone], timeout=2.0)[0] == EXIT_TIMEOUT
+    assert "waiting for edge-003 (paused: x; offline, last seen 2027-01-15T04:00:00Z)" in said.messages[-1]
     # no node of the wave at all is no pass either
     assert wait([[FLEET[3]]], wave="canary", timeout=4.0)[0] == EXIT_TIMEOUT
     assert "no node of the wave has reported yet" in said.messages[-1]
