@@ -137,7 +137,7 @@ def decide(rollout: Rollout | None, identity: Identity, revision: str, revision_
         return Decision(OPEN)
     if rollout.paused:
         return Decision(PAUSED, wave, k, None, "paused: fleet.yaml's rollout.paused")
-    opening = opens_at(rollout, k, now if revision_time is None else revision_time)
+    opening = now if revision_time is None else opens_at(rollout, k, revision_time)
     if now < opening:
         return Decision(HELD, wave, k, opening, f"held: wave {wave} opens at {when(opening)}")
     if k > 0 and rollout.max_failures is not None and not rollout.immediate:
@@ -226,7 +226,7 @@ def check_rollout(data: object) -> list[tuple[tuple, str]]:
         name = w.get("name")
         if isinstance(name, str):
             if name in names:
-                out.append((path + ("name",), f"{name} is the name of waves[{names[name]}] too; wave names are "
+                out.append((path + ("name",), f"{safe_name(name)} is the name of waves[{names[name]}] too; wave names are "
                                               "unique (status, metrics and records name the wave)"))
             else:
                 names[name] = i
