@@ -224,6 +224,13 @@ def test_an_inventory_keeps_the_gate_shut_for_a_node_that_never_pushed(at_t0, sa
     assert code == EXIT_TIMEOUT and "waiting for edge-004 (no record)" in said.messages[-1]
     late = CANARY_DONE + [rec("edge-004", "canary", "applied")]
     assert wait([CANARY_DONE, late], fleet_dir=tmp_path, inventory=inv)[0] == EXIT_OK
+    # an applied record names no wave: the rollout places the node by the labels it pushed
+    unnamed = CANARY_DONE[:2] + [rec("edge-003", "", "applied", labels=[("ring", "canary")]),
+                                 rec("edge-004", "", "held", applied=R1, labels=[("ring", "canary")])]
+    assert wait([unnamed], timeout=2.0, fleet_dir=tmp_path)[0] == EXIT_TIMEOUT
+    assert said.messages[-1].endswith("3 of 4 applied it; waiting for edge-004 (held)")
+    assert wait([unnamed], timeout=2.0)[0] == EXIT_OK  # without --fleet only the records' waves count
+    assert said.messages[-1].endswith("all 2 nodes applied it")
     from reconciler.engine import CommandError
 
     with pytest.raises(CommandError, match="wave 'early' is not in the fleet's rollout; its waves: canary, rest"):

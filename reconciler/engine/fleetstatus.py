@@ -218,6 +218,19 @@ def gate(records: Sequence[Record], revision: str, members: set[str], seen_after
     return None, f"{done} of {len(members)} applied it; waiting for " + ", ".join(why) + more
 
 
+def with_waves(records: Sequence[Record], rollout) -> list[Record]:
+    """Records that name no wave (a node reports its wave only while it holds) given the
+    one the fleet's rollout puts the node in, from the node name and labels it pushed."""
+    from dataclasses import replace
+
+    from reconciler.intake import Identity, wave_of
+
+    if rollout is None:
+        return list(records)
+    return [r if r.wave else replace(r, wave=rollout.waves[wave_of(rollout, Identity(r.node, tuple(sorted(r.labels))))]
+                                     .name) for r in records]
+
+
 def _why(st: NodeState | None) -> str:
     if st is None:
         return "no record"
@@ -284,6 +297,7 @@ def run_fleet_status(remote: str, *, revision: str | None = None, output: str = 
     threshold = offline_threshold(rollout, offline_after)
     if wait is None:
         records, error = fetch(remote, ssh_key, timeout=timeout)
+        records = with_waves(records, rollout)
         if error:
             raise CommandError(f"{remote}: cannot read the status records: {error}")
         rev = revision or newest_revision(records)
@@ -297,6 +311,7 @@ def run_fleet_status(remote: str, *, revision: str | None = None, output: str = 
     while True:
         left = deadline - clock.now()
         records, error = fetch(remote, ssh_key, timeout=max(1.0, min(30.0, left)))
+        records = with_waves(records, rollout)
         if error:
             line = f"{remote} unreachable: {error}; trying again until the timeout"
         else:
