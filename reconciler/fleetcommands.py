@@ -42,7 +42,8 @@ def status(
     timeout: str = typer.Option("10m", "--timeout", metavar="D", help="How long --wait waits (and, for a report, "
                                 "how long the fetch may take)."),
     fleet: Optional[Path] = typer.Option(None, "--fleet", metavar="DIR", help="The fleet repository's directory: "
-                                         "its fleet.yaml's rollout gives the offline threshold and the wave names."),
+                                         "its fleet.yaml's rollout gives the offline threshold, the wave names, "
+                                         "and the wave of a node whose record names none (from its labels)."),
     inventory: Optional[Path] = typer.Option(None, "--inventory", metavar="FILE", help="A NodeInventory (with "
                                              "--fleet): --wait also waits for its nodes of WAVE that never pushed."),
     offline_after: Optional[str] = typer.Option(None, "--offline-after", metavar="D", help="A node with no record "

@@ -186,6 +186,9 @@ def test_wait_exits_2_on_timeout_and_says_what_it_waited_for(at_t0, said):
     assert code == EXIT_TIMEOUT and out.startswith(f"Revision {R2[:12]}: 3 nodes reporting")
     assert clock.now() - T0 == 10.0 and len(calls) == 6  # at 0, 2, 4, 6, 8, 10
     assert "timed out after 10s: wave canary, revision 222222222222: 2 of 3 applied it; waiting for edge-004" in said.messages[-1]
+    gone = CANARY_DONE[:2] + [rec("edge-003", "canary", "held", applied=R1, error="paused: x", t=T0 - 4 * 3600)]
+    assert wait([gone], timeout=2.0)[0] == EXIT_TIMEOUT
+    assert "waiting for edge-003 (paused: x; offline, last seen 2027-01-15T04:00:00Z)" in said.messages[-1]
     # no node of the wave at all is no pass either
     assert wait([[FLEET[3]]], wave="canary", timeout=4.0)[0] == EXIT_TIMEOUT
     assert "no node of the wave has reported yet" in said.messages[-1]
@@ -221,6 +224,13 @@ def test_an_inventory_keeps_the_gate_shut_for_a_node_that_never_pushed(at_t0, sa
     assert code == EXIT_TIMEOUT and "waiting for edge-004 (no record)" in said.messages[-1]
     late = CANARY_DONE + [rec("edge-004", "canary", "applied")]
     assert wait([CANARY_DONE, late], fleet_dir=tmp_path, inventory=inv)[0] == EXIT_OK
+    # an applied record names no wave: the rollout places the node by the labels it pushed
+    unnamed = CANARY_DONE[:2] + [rec("edge-003", "", "applied", labels=[("ring", "canary")]),
+                                 rec("edge-004", "", "held", applied=R1, labels=[("ring", "canary")])]
+    assert wait([unnamed], timeout=2.0, fleet_dir=tmp_path)[0] == EXIT_TIMEOUT
+    assert said.messages[-1].endswith("3 of 4 applied it; waiting for edge-004 (held)")
+    assert wait([unnamed], timeout=2.0)[0] == EXIT_OK  # without --fleet only the records' waves count
+    assert said.messages[-1].endswith("all 2 nodes applied it")
     from reconciler.engine import CommandError
 
     with pytest.raises(CommandError, match="wave 'early' is not in the fleet's rollout; its waves: canary, rest"):
@@ -284,14 +294,17 @@ def push(remote: str, records, state) -> None:
         if r.node not in channels:
             channels[r.node] = StatusChannel(state / r.node, StatusSettings(remote))
         channels[r.node].enqueue(r)
-    last = {r.node: r for r in records}
+    def key(r):
+        return r.node, r.outcome, r.applied, r.attempted, round(r.time, 3)
+
+    last = {r.node: key(r) for r in records}
     for ch in channels.values():
         ch.start()
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             got, _ = fetch_records(remote)
-            if {g.node: g for g in got if g.node in last} == last:
+            if {g.node: key(g) for g in got if g.node in last} == last:
                 return
             time.sleep(0.1)
         raise AssertionError(f"the records did not reach {remote}")
@@ -336,7 +349,7 @@ def test_fleet_status_reads_every_state_from_a_real_remote(kind, bare, tmp_path,
     text = nftrec("fleet", "status", remote, "--revision", R1[:12]).stdout
     assert "applied     6  edge-004…edge-008, edge-010" in text
     md = nftrec("fleet", "status", remote, "-o", "markdown").stdout
-    assert "| failed | edge-008 | 1 | rolled-back: health check https://127.0.0.1/ failed |" in md
+    assert "| failed | edge-008 | 1 | rolled-back: health check https://127.0.0.1/ failed\\nmore |" in md
     # the clock set 5h on: every node is offline
     late = json.loads(nftrec("fleet", "status", remote, "-o", "json", offset=5 * 3600).stdout)
     assert late["offline"]["count"] == 10

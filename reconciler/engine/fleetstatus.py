@@ -195,9 +195,11 @@ def wave_members(records: Sequence[Record], wave: str, inventory_waves: dict[str
     return members
 
 
-def gate(records: Sequence[Record], revision: str, members: set[str]) -> tuple[int | None, str]:
+def gate(records: Sequence[Record], revision: str, members: set[str], seen_after: float | None = None
+         ) -> tuple[int | None, str]:
     """(EXIT_OK when every member applied `revision`, EXIT_FAILED when one failed it,
-    None while waiting; the line that says why)."""
+    None while waiting; the line that says why: a node waited for whose latest record is
+    older than `seen_after` is said to be offline)."""
     latest = {r.node: r for r in records}
     if not members:
         return None, "no node of the wave has reported yet"
@@ -209,9 +211,24 @@ def gate(records: Sequence[Record], revision: str, members: set[str]) -> tuple[i
     if not waiting:
         return EXIT_OK, f"all {len(members)} node{'s' if len(members) != 1 else ''} applied it"
     done = len(members) - len(waiting)
-    why = [f"{n} ({_why(states[n])})" for n in waiting[:10]]
+    why = [f"{n} ({_why(states[n])}" + (f"; offline, last seen {_iso(latest[n].time)}" if n in latest and seen_after
+                                        is not None and latest[n].time < seen_after else "") + ")"
+           for n in waiting[:10]]
     more = f" and {len(waiting) - 10} more" if len(waiting) > 10 else ""
     return None, f"{done} of {len(members)} applied it; waiting for " + ", ".join(why) + more
+
+
+def with_waves(records: Sequence[Record], rollout) -> list[Record]:
+    """Records that name no wave (a node reports its wave only while it holds) given the
+    one the fleet's rollout puts the node in, from the node name and labels it pushed."""
+    from dataclasses import replace
+
+    from reconciler.intake import Identity, wave_of
+
+    if rollout is None:
+        return list(records)
+    return [r if r.wave else replace(r, wave=rollout.waves[wave_of(rollout, Identity(r.node, tuple(sorted(r.labels))))]
+                                     .name) for r in records]
 
 
 def _why(st: NodeState | None) -> str:
@@ -280,6 +297,7 @@ def run_fleet_status(remote: str, *, revision: str | None = None, output: str = 
     threshold = offline_threshold(rollout, offline_after)
     if wait is None:
         records, error = fetch(remote, ssh_key, timeout=timeout)
+        records = with_waves(records, rollout)
         if error:
             raise CommandError(f"{remote}: cannot read the status records: {error}")
         rev = revision or newest_revision(records)
@@ -293,11 +311,12 @@ def run_fleet_status(remote: str, *, revision: str | None = None, output: str = 
     while True:
         left = deadline - clock.now()
         records, error = fetch(remote, ssh_key, timeout=max(1.0, min(30.0, left)))
+        records = with_waves(records, rollout)
         if error:
             line = f"{remote} unreachable: {error}; trying again until the timeout"
         else:
             last = records
-            code, line = gate(records, revision, wave_members(records, wait, inv_waves))
+            code, line = gate(records, revision, wave_members(records, wait, inv_waves), clock.now() - threshold)
             line = f"wave {wait}, revision {short_revision(revision)}: {line}"
             if code is not None:
                 write_report(build_report(records, revision, clock.now(), threshold), output, stream)
