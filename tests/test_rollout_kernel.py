@@ -11,7 +11,6 @@ until `release`.
 from __future__ import annotations
 
 import contextlib
-import json
 import shutil
 import subprocess
 import time
@@ -22,11 +21,11 @@ from typing import Optional
 import pytest
 
 from gitsync import GitSync, push, remote
-from nsutil import EXAMPLES, REPO, in_ns, throwaway_netns
+from nsutil import EXAMPLES, in_ns, throwaway_netns
 from test_verify_signed import git
 from watchproc import NFTREC, Watch
 
-from reconciler.intake.rollout import Rollout, Wave, bucket, opens_at
+from reconciler.intake.rollout import bucket
 
 pytestmark = pytest.mark.kernel
 
@@ -43,24 +42,6 @@ NODES = {  # inventory.yaml's six nodes; edge-lyon-1 is the canary ring
 CANARY = "edge-lyon-1"
 BAD_IP = "10.96.66.6"  # a Service with this ClusterIP fails every node's health check
 MARKER = "10.96.7.{}"  # each revision's own ClusterIP: which revision a kernel holds
-
-
-def missing() -> list[str]:
-    """What the scenario needs that this tree does not have yet (the test skips naming it)."""
-    why = []
-    try:
-        opens_at(Rollout((Wave("w"),), 1.0), 0, 0.0)
-    except NotImplementedError:
-        why.append("reconciler/intake/rollout.py's wave_of/opens_at/decide are not implemented (branch rollcore)")
-    if "rollout" not in json.loads((REPO / "schemas" / "fleet.json").read_text()).get("properties", {}):
-        why.append("schemas/fleet.json refuses `rollout` (branch rollcore)")
-    if "status" not in json.loads((REPO / "schemas" / "nodeconfig.json").read_text()).get("properties", {}):
-        why.append("schemas/nodeconfig.json has no `status` (branch rollstatus)")
-    for cmd, branch in ((["hold", "--help"], "rollwatch"), (["release", "--help"], "rollwatch"),
-                        (["fleet", "status", "--help"], "rollfleet")):
-        if subprocess.run([NFTREC, *cmd], capture_output=True, timeout=60).returncode != 0:
-            why.append(f"no `nftrec {' '.join(cmd[:-1])}` (branch {branch})")
-    return why
 
 
 def waves_for(names) -> tuple[int, dict]:
@@ -176,9 +157,6 @@ def test_six_nodes_stage_halt_revert_and_hold(tmp_path):
     canary failure halting the later waves, an `immediate` revert everywhere at once, a
     local hold until release; `fleet status --wait` exits 0, 1 or 2 at each stage. Kernels
     are polled together all along, with bounds; the waits are the waves' own intervals."""
-    why = missing()
-    if why:
-        pytest.skip("the rollout is not complete in this tree: " + "; ".join(why))
     percent, waves = waves_for(NODES)
     src = tmp_path / "src"
     shutil.copytree(EXAMPLES / "fleet", src)
