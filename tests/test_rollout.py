@@ -267,6 +267,10 @@ def test_only_each_nodes_latest_record_counts():
     assert decide(r, NODE, "R", T0, T0 + 3600, applied_revision="Q", records=relapsed).state == HALTED
     moved_on = [rec("edge-003", "canary", "failed", time=T0), rec("edge-003", "canary", "applied", "S", time=T0 + 60)]
     assert decide(r, NODE, "R", T0, T0 + 3600, applied_revision="Q", records=moved_on).state == OPEN
+    relabelled = [rec("edge-003", "canary", "failed", time=T0), rec("edge-003", "rest", "held", time=T0 + 60)]
+    assert decide(r, NODE, "R", T0, T0 + 3600, applied_revision="Q", records=relabelled).state == OPEN
+    tie = [rec("edge-003", "canary", "applied"), rec("edge-003", "canary", "failed")]  # one second: the later counts
+    assert decide(r, NODE, "R", T0, T0 + 3600, applied_revision="Q", records=tie).state == HALTED
 
 
 def test_many_failed_nodes_are_counted_not_all_named():
@@ -293,6 +297,8 @@ def test_unreadable_records_halt_unless_told_otherwise():
     assert decide(lax, NODE, "R", T0, T0 + 3600, applied_revision="Q", records_error="refused",
                   records=[rec("edge-003", "canary", "failed")]).state == HALTED  # what was read still counts
     assert decide(r, CANARY_NODE, "R", T0, T0, applied_revision="Q", records_error="refused").state == OPEN
+    multi = decide(r, NODE, "R", T0, T0 + 3600, applied_revision="Q", records_error="fatal: unable to access\n  x: refused")
+    assert "\n" not in multi.reason and "fatal: unable to access x: refused; set" in multi.reason
 
 
 def test_a_local_hold_holds_until_it_ends():
@@ -305,6 +311,8 @@ def test_a_local_hold_holds_until_it_ends():
     assert decide(r, CANARY_NODE, "R", T0, T0 + 600, applied_revision="Q", hold=hold).state == OPEN  # expired
     forever = decide(None, NODE, "R", T0, T0 + 10 ** 6, applied_revision="Q", hold=LocalHold(since=T0))
     assert (forever.state, forever.reason) == (LOCAL_HOLD, "held locally: no reason given (until `nftrec release`)")
+    odd = decide(None, NODE, "R", T0, T0, applied_revision="Q", hold=LocalHold("disk\nswap\x1b[2J", since=T0))
+    assert odd.reason == "held locally: disk swap\\x1b[2J (until `nftrec release`)"
 
 
 # --- decide: against an independent model ------------------------------------------------------
@@ -334,11 +342,9 @@ def model(spec: dict | None, node: str, labels: dict, revision: str, revision_ti
     if records_error and spec["haltOnUnreachable"]:
         return HALTED, None
     earlier = [w["name"] for w in spec["waves"][:k]]
-    latest = {}
-    for r in sorted(records, key=lambda r: r["time"]):  # stable: of equal times the later one wins
-        if r["wave"] in earlier:
-            latest[r["node"]] = r
-    failed = [r for r in latest.values() if r["attempted"] == revision and r["outcome"] in ("failed", "rolled-back", "invalid")]
+    latest = {r["node"]: r for r in sorted(records, key=lambda r: r["time"])}  # stable: of equal times the later wins
+    failed = [r for r in latest.values() if r["wave"] in earlier and r["attempted"] == revision
+              and r["outcome"] in ("failed", "rolled-back", "invalid")]
     return (HALTED, None) if len(failed) > spec["maxFailures"] else (OPEN, None)
 
 
