@@ -75,6 +75,10 @@ def test_a_fleet_without_rollout_has_none():
     ("rollout: {waves: [{name: a, percent: 100}]}\n", "root/fleet.yaml:4:1: Fleet: rollout.interval: interval is required"),
     ("rollout: {interval: 0s, waves: [{name: a, percent: 100}]}\n",
      "root/fleet.yaml:4:21: Fleet: rollout.interval: must be longer than 0s"),
+    ("rollout: {interval: .inf, waves: [{name: a, percent: 100}]}\n",
+     "root/fleet.yaml:4:21: Fleet: rollout.interval: must be at most 8760h"),
+    ("rollout: {interval: 99999999999999999999h, waves: [{name: a, percent: 100}]}\n",
+     "root/fleet.yaml:4:21: Fleet: rollout.interval: must be at most 8760h"),
     ("rollout: {interval: soon, waves: [{name: a, percent: 100}]}\n",
      "root/fleet.yaml:4:21: Fleet: rollout.interval: 'soon' is not a duration such as 30s"),
     ("rollout: {interval: 1m, waves: []}\n", "root/fleet.yaml:4:25: Fleet: rollout.waves: has 0 entries"),
@@ -263,6 +267,10 @@ def test_only_each_nodes_latest_record_counts():
     assert decide(r, NODE, "R", T0, T0 + 3600, applied_revision="Q", records=relapsed).state == HALTED
     moved_on = [rec("edge-003", "canary", "failed", time=T0), rec("edge-003", "canary", "applied", "S", time=T0 + 60)]
     assert decide(r, NODE, "R", T0, T0 + 3600, applied_revision="Q", records=moved_on).state == OPEN
+    relabelled = [rec("edge-003", "canary", "failed", time=T0), rec("edge-003", "rest", "held", time=T0 + 60)]
+    assert decide(r, NODE, "R", T0, T0 + 3600, applied_revision="Q", records=relabelled).state == OPEN
+    tie = [rec("edge-003", "canary", "applied"), rec("edge-003", "canary", "failed")]  # one second: the later counts
+    assert decide(r, NODE, "R", T0, T0 + 3600, applied_revision="Q", records=tie).state == HALTED
 
 
 def test_many_failed_nodes_are_counted_not_all_named():
@@ -289,6 +297,8 @@ def test_unreadable_records_halt_unless_told_otherwise():
     assert decide(lax, NODE, "R", T0, T0 + 3600, applied_revision="Q", records_error="refused",
                   records=[rec("edge-003", "canary", "failed")]).state == HALTED  # what was read still counts
     assert decide(r, CANARY_NODE, "R", T0, T0, applied_revision="Q", records_error="refused").state == OPEN
+    multi = decide(r, NODE, "R", T0, T0 + 3600, applied_revision="Q", records_error="fatal: unable to access\n  x: refused")
+    assert "\n" not in multi.reason and "fatal: unable to access x: refused; set" in multi.reason
 
 
 def test_a_local_hold_holds_until_it_ends():
@@ -301,6 +311,8 @@ def test_a_local_hold_holds_until_it_ends():
     assert decide(r, CANARY_NODE, "R", T0, T0 + 600, applied_revision="Q", hold=hold).state == OPEN  # expired
     forever = decide(None, NODE, "R", T0, T0 + 10 ** 6, applied_revision="Q", hold=LocalHold(since=T0))
     assert (forever.state, forever.reason) == (LOCAL_HOLD, "held locally: no reason given (until `nftrec release`)")
+    odd = decide(None, NODE, "R", T0, T0, applied_revision="Q", hold=LocalHold("disk\nswap\x1b[2J", since=T0))
+    assert odd.reason == "held locally: disk swap\\x1b[2J (until `nftrec release`)"
 
 
 # --- decide: against an independent model ------------------------------------------------------
@@ -330,11 +342,9 @@ def model(spec: dict | None, node: str, labels: dict, revision: str, revision_ti
     if records_error and spec["haltOnUnreachable"]:
         return HALTED, None
     earlier = [w["name"] for w in spec["waves"][:k]]
-    latest = {}
-    for r in sorted(records, key=lambda r: r["time"]):  # stable: of equal times the later one wins
-        if r["wave"] in earlier:
-            latest[r["node"]] = r
-    failed = [r for r in latest.values() if r["attempted"] == revision and r["outcome"] in ("failed", "rolled-back", "invalid")]
+    latest = {r["node"]: r for r in sorted(records, key=lambda r: r["time"])}  # stable: of equal times the later wins
+    failed = [r for r in latest.values() if r["wave"] in earlier and r["attempted"] == revision
+              and r["outcome"] in ("failed", "rolled-back", "invalid")]
     return (HALTED, None) if len(failed) > spec["maxFailures"] else (OPEN, None)
 
 
@@ -383,6 +393,10 @@ records_st = st.lists(st.fixed_dictionaries({
        hold=st.none() | st.tuples(st.text(max_size=5), st.none() | st.integers(0, 3000)),
        records=records_st, records_error=st.sampled_from([None, "unreachable"]))
 def test_decide_matches_the_model(spec, node, ring, revision_time, now, applied, hold, records, records_error):
+    check_against_model(spec, node, ring, revision_time, now, applied, hold, records, records_error)
+
+
+def check_against_model(spec, node, ring, revision_time, now, applied, hold, records, records_error):
     labels = {"ring": ring} if ring else {}
     rollout = None if spec is None else rollout_from(spec)
     d = decide(rollout, Identity(node, tuple(labels.items())), "R", revision_time, float(now), applied_revision=applied,
@@ -398,6 +412,19 @@ def test_decide_matches_the_model(spec, node, ring, revision_time, now, applied,
         assert d.wave == rollout.waves[d.wave_index].name and d.wave_index == wave_of(rollout, Identity(node, tuple(labels.items())))
     prefix = {OPEN: "open", HELD: "held: ", PAUSED: "paused: ", LOCAL_HOLD: "held locally: ", HALTED: "halted: "}[state]
     assert d.reason.startswith(prefix) or (state == OPEN and d.reason == "" and rollout is None)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spec=specs(), node=st.sampled_from([f"edge-{i}" for i in range(20)]), ring=st.none() | st.sampled_from(RINGS),
+       records=st.lists(st.fixed_dictionaries({
+           "node": st.sampled_from(["n0", "n1", "n2"]), "wave": st.sampled_from(["w0", "w1", "w2", "other"]),
+           "attempted": st.sampled_from(["R", "R", "Q"]), "outcome": st.sampled_from(OUTCOMES),
+           "time": st.integers(0, 3)}), max_size=8),
+       records_error=st.sampled_from([None, "unreachable"]))
+def test_the_halt_matches_the_model(spec, node, ring, records, records_error):
+    """The halt alone: the wave open, nothing else holding, many records of few nodes."""
+    spec = dict(spec, paused=False, immediate=False, maxFailures=spec["maxFailures"] or 0)
+    check_against_model(spec, node, ring, 0, 10 ** 6, "Q", None, records, records_error)
 
 
 # --- a revision's time ------------------------------------------------------------------------

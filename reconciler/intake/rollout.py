@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from reconciler.intake.selectors import Identity, Selector, selector_of
-from reconciler.intake.problems import safe_name
+from reconciler.intake.problems import safe_name, show
 
 # Decision.state values
 OPEN = "open"  # apply the revision
@@ -128,7 +128,7 @@ def decide(rollout: Rollout | None, identity: Identity, revision: str, revision_
         wave = rollout.waves[k].name
     if hold is not None and hold.active(now):
         until = f"until {when(hold.until)}" if hold.until is not None else "until `nftrec release`"
-        return Decision(LOCAL_HOLD, wave, k, None, f"held locally: {hold.reason or 'no reason given'} ({until})")
+        return Decision(LOCAL_HOLD, wave, k, None, f"held locally: {one_line(hold.reason) or 'no reason given'} ({until})")
     if applied_revision is None:
         return Decision(OPEN, wave, k, None, "open: nothing applied yet, so it applies at once")
     if revision == applied_revision:
@@ -143,7 +143,7 @@ def decide(rollout: Rollout | None, identity: Identity, revision: str, revision_
     if k > 0 and rollout.max_failures is not None and not rollout.immediate:
         if records_error is not None and rollout.halt_on_unreachable:
             return Decision(HALTED, wave, k, None, f"halted: cannot read the status records of earlier waves: "
-                            f"{records_error}; set rollout.haltOnUnreachable: false to go on without them")
+                            f"{one_line(records_error)}; set rollout.haltOnUnreachable: false to go on without them")
         failed = failed_nodes(rollout, k, revision, records or ())
         if len(failed) > rollout.max_failures:
             return Decision(HALTED, wave, k, None, halt_message(rollout, revision, failed))
@@ -152,17 +152,18 @@ def decide(rollout: Rollout | None, identity: Identity, revision: str, revision_
 
 
 def failed_nodes(rollout: Rollout, wave_index: int, revision: str, records: Sequence[Record]) -> list[Record]:
-    """The latest record of each node of a wave before `wave_index` (by Record.wave's name)
-    that failed `revision`: attempted it, outcome in FAILED_OUTCOMES. A node's later record
-    (applied, or a newer revision) supersedes its failure; records of later waves, of this
-    one and of wave names the rollout does not have are ignored. Sorted by node name."""
+    """The nodes whose latest record (by time; of equal times the later one in `records`)
+    failed `revision` (attempted it, outcome in FAILED_OUTCOMES) in a wave before
+    `wave_index` (Record.wave, by name). A node's later record (applied, a newer revision,
+    another wave) supersedes its failure; records of this wave, of later ones and of wave
+    names the rollout does not have are ignored. Sorted by node name."""
     earlier = {w.name for w in rollout.waves[:wave_index]}
     latest: dict[str, Record] = {}
     for r in records:
-        if r.wave in earlier and (r.node not in latest or r.time >= latest[r.node].time):
+        if r.node not in latest or r.time >= latest[r.node].time:
             latest[r.node] = r
-    return sorted((r for r in latest.values() if r.attempted == revision and r.outcome in FAILED_OUTCOMES),
-                  key=lambda r: r.node)
+    return sorted((r for r in latest.values() if r.wave in earlier and r.attempted == revision
+                   and r.outcome in FAILED_OUTCOMES), key=lambda r: r.node)
 
 
 _FAILURE_WORDS = {"rolled-back": "health check", "invalid": "invalid", "failed": "apply failed"}
@@ -181,9 +182,19 @@ def halt_message(rollout: Rollout, revision: str, failed: Sequence[Record]) -> s
             f"{revision}: {nodes}")
 
 
+def one_line(text: str) -> str:
+    """`text` for a one-line reason: whitespace runs (newlines included) as one space,
+    other control characters escaped."""
+    text = " ".join(text.split())
+    return text if text.isprintable() else show(text)[1:-1]
+
+
 def when(t: float) -> str:
     """RFC 3339, UTC, whole seconds rounded up (a wave never shows as open before it is)."""
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(math.ceil(t)))
+
+
+MAX_INTERVAL = 365 * 86400.0  # seconds: later waves' opening times stay printable dates
 
 
 def parse_rollout(data: dict) -> Rollout:
@@ -207,11 +218,14 @@ def check_rollout(data: object) -> list[tuple[tuple, str]]:
     if not isinstance(data, dict):
         return out
     try:
-        if "interval" in data and parse_duration(data["interval"]) <= 0:
-            out.append((("rollout", "interval"), "must be longer than 0s; use e.g. 30m (immediate: true opens every "
-                                                 "wave at once)"))
+        seconds = parse_duration(data["interval"]) if "interval" in data else None
     except (TypeError, ValueError):
-        pass  # the schema's pattern says it
+        seconds = None  # the schema's pattern says it
+    if seconds is not None and not seconds > 0:
+        out.append((("rollout", "interval"), "must be longer than 0s; use e.g. 30m (immediate: true opens every "
+                                             "wave at once)"))
+    elif seconds is not None and not seconds <= MAX_INTERVAL:
+        out.append((("rollout", "interval"), "must be at most 8760h (a year between two waves); use e.g. 30m"))
     waves = data.get("waves")
     names: dict[str, int] = {}
     last: tuple[int, int] | None = None  # (index, percent) of the latest percent wave
