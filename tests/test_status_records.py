@@ -25,8 +25,12 @@ from reconciler.intake import Record
 FAST = (0.05, 0.3)  # backoff (first, cap) seconds: tests do not wait through real backoff
 
 
+CLEAN_ENV = {"PATH": os.environ["PATH"], "GIT_CONFIG_NOSYSTEM": "1", "HOME": "/nonexistent"}
+
+
 def git(repo: Path, *args: str) -> str:
-    env = dict(os.environ, GIT_CONFIG_NOSYSTEM="1", GIT_CONFIG_GLOBAL="/dev/null", HOME="/nonexistent")
+    """The test's own git, on a repository it made (never the planted environment)."""
+    env = CLEAN_ENV
     return subprocess.run(["git", "--git-dir", str(repo), *args], check=True, capture_output=True, text=True,
                           env=env).stdout
 
@@ -74,8 +78,7 @@ class Daemon:
         self.proc = subprocess.Popen(
             ["git", "daemon", "--enable=receive-pack", "--export-all", "--reuseaddr", f"--base-path={self.base}",
              "--listen=127.0.0.1", f"--port={self.port}", "--informative-errors", str(self.base)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            env=dict(os.environ, GIT_CONFIG_NOSYSTEM="1", GIT_CONFIG_GLOBAL="/dev/null"))
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=CLEAN_ENV)
         deadline = time.monotonic() + 10
         while True:
             try:
