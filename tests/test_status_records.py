@@ -451,9 +451,26 @@ def test_accepted_remotes():
     check_key("/etc/nftrec/status_ed25519")
 
 
-def test_a_password_in_the_remote_is_not_shown(tmp_path):
-    records, why = fetch_records(f"https://nftrec:s3cret@127.0.0.1:{free_port()}/status.git", timeout=10)
+def test_a_password_in_the_remote_is_not_shown(tmp_path, monkeypatch):
+    """Neither in a message nor on a git command line (which every local user can read in
+    /proc): a wrapper first on PATH records every git argument vector."""
+    argv = tmp_path / "argv"
+    wrapper = tmp_path / "bin" / "git"
+    wrapper.parent.mkdir()
+    real = subprocess.run(["sh", "-c", "command -v git"], capture_output=True, text=True, check=True).stdout.strip()
+    wrapper.write_text(f'#!/bin/sh\necho "$@" >> {argv}\nexec {real} "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{wrapper.parent}:{os.environ['PATH']}")
+    url = f"https://nftrec:s3cret@127.0.0.1:{free_port()}/status.git"
+    records, why = fetch_records(url, timeout=10)
     assert records == () and why and "s3cret" not in why and "***" in why
+    ch = channel(tmp_path / "state", url)
+    ch.enqueue(record("edge-1", 1))
+    ch.start()
+    wait_for(lambda: ch.last_error is not None, 30, "a failed push")
+    ch.stop()
+    assert "s3cret" not in ch.last_error
+    assert "fetch" in argv.read_text() and "s3cret" not in argv.read_text()
 
 
 def test_enqueue_on_an_unwritable_state_directory_does_not_raise(tmp_path, caplog):
