@@ -479,3 +479,41 @@ def test_enqueue_on_an_unwritable_state_directory_does_not_raise(tmp_path, caplo
     ch = channel(blocker / "state", f"file://{tmp_path}/status.git")  # under a file: cannot be made
     ch.enqueue(record("edge-1", 1))
     assert "status record not queued" in caplog.text
+
+
+def test_ssh_runs_with_the_key_and_batch_mode(tmp_path, monkeypatch):
+    """With status.sshKey, git's ssh is `ssh -i KEY -o IdentitiesOnly=yes -o BatchMode=yes`
+    (a stand-in `ssh` first on PATH records its arguments and fails)."""
+    argv = tmp_path / "argv"
+    fake = tmp_path / "bin" / "ssh"
+    fake.parent.mkdir()
+    fake.write_text(f'#!/bin/sh\nfor a in "$@"; do echo "$a"; done >> {argv}\nexit 255\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    key = tmp_path / "keys" / "status_ed25519"
+    records, why = fetch_records("ssh://git@127.0.0.1:2222/fleet/status.git", str(key), timeout=10)
+    assert records == () and why
+    args = argv.read_text().splitlines()
+    assert args[args.index("-i") + 1] == str(key)
+    assert {"IdentitiesOnly=yes", "BatchMode=yes"} <= set(args) and "git@127.0.0.1" in args
+    argv.unlink()
+    fetch_records("git@127.0.0.1:fleet/status.git", timeout=10)  # scp-like, no key: the remote's own ssh setup
+    args = argv.read_text().splitlines()
+    assert "-i" not in args and "BatchMode=yes" in args and "git@127.0.0.1" in args
+
+
+def test_queue_past_its_cap_keeps_every_outcomes_latest(tmp_path, monkeypatch):
+    """Past MAX_QUEUED records (the remote down for long), the oldest records whose outcome
+    has a later one go first: the latest record of each outcome is always kept."""
+    from reconciler.engine import statusqueue
+
+    monkeypatch.setattr(statusqueue, "MAX_QUEUED", 4)
+    remote = bare(tmp_path / "status.git")
+    ch = channel(tmp_path / "state", f"file://{remote}")
+    ch.enqueue(record("edge-1", 0, outcome="invalid"))
+    for i in range(1, 7):
+        ch.enqueue(record("edge-1", i, outcome="applied"))
+    assert ch.flush(30)
+    ch.stop()
+    assert [(r.outcome, r.applied) for r in log_of(remote, "edge-1")] == [
+        ("invalid", "rev0"), ("applied", "rev4"), ("applied", "rev5"), ("applied", "rev6")]

@@ -23,8 +23,6 @@ REMOTE = "status"  # the remote's name in the private repository: its URL is nev
 GIT_TIMEOUT = 60.0  # seconds, per git process
 SSH_CONNECT_TIMEOUT = 15  # seconds
 
-# The remote's scheme -> the one git transport it may use.
-_SCHEMES = {"ssh": "ssh", "git": "git", "https": "https", "file": "file"}
 _SCP_LIKE = re.compile(r"[A-Za-z0-9._-]+@[A-Za-z0-9][A-Za-z0-9.-]*:[^\s]+")
 _URL = re.compile(r"(ssh|git|https|file)://[^\s]*")
 _KEY_PATH = re.compile(r"/[A-Za-z0-9._/@+-]+")
@@ -49,11 +47,12 @@ def check_remote(remote: str) -> str:
         raise StatusGitError(f"status.remote {shown(remote)!r} is not a git URL")
     m = _URL.fullmatch(remote)
     if m:
-        return _SCHEMES[m.group(1)]
+        return m.group(1)
     if _SCP_LIKE.fullmatch(remote):
         return "ssh"
-    raise StatusGitError(f"status.remote {shown(remote)!r} is not a git URL nftrec pushes to; write ssh://host/repo.git, "
-                         "git://host/repo.git, https://host/repo.git, file:///path/repo.git or user@host:repo.git")
+    raise StatusGitError(f"status.remote {shown(remote)!r} is not a git URL nftrec pushes to; write "
+                         "ssh://host/repo.git, git://host/repo.git, https://host/repo.git, file:///path/repo.git "
+                         "or user@host:repo.git")
 
 
 def shown(remote: str) -> str:
@@ -121,10 +120,11 @@ class Repo:
                 self._proc.kill()
 
     def _config(self) -> list[str]:
-        return ["-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false", "-c", "protocol.allow=never",
-                "-c", f"protocol.{self.scheme}.allow=always", "-c", "credential.helper=", "-c", "core.askPass=",
-                "-c", "transfer.fsckObjects=true", "-c", "fetch.fsckObjects=true", "-c", "gc.auto=0", "-c", "maintenance.auto=false", "-c", "advice.detachedHead=false",
-                "-c", "user.name=nftrec", "-c", "user.email=nftrec@localhost"]
+        settings = ("core.hooksPath=/dev/null", "core.fsmonitor=false", "protocol.allow=never",
+                    f"protocol.{self.scheme}.allow=always", "credential.helper=", "core.askPass=",
+                    "transfer.fsckObjects=true", "fetch.fsckObjects=true", "gc.auto=0", "maintenance.auto=false",
+                    "user.name=nftrec", "user.email=nftrec@localhost")
+        return [arg for setting in settings for arg in ("-c", setting)]
 
     def pack_program(self, verb: str) -> list[str]:
         """The option of `git fetch` (verb upload-pack) or `git push` (receive-pack) for the
@@ -156,12 +156,14 @@ class Repo:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.communicate()
-            raise StatusGitError(f"`git {args[0]}` with {shown(self.remote)} took longer than {self.timeout:.0f} s") from None
+            raise StatusGitError(f"`git {args[0]}` with {shown(self.remote)} took longer than {self.timeout:.0f} s") \
+                from None
         if proc.returncode != 0:
-            said = [line for line in err.decode("utf-8", "replace").replace(self.remote, shown(self.remote)).splitlines()
-                    if line.strip()]
+            said = [line for line in err.decode("utf-8", "replace").replace(self.remote, shown(self.remote))
+                    .splitlines() if line.strip()]
             first = next((s for s in said if s.startswith(("fatal:", "error:", " ! "))), said[0] if said else "")
-            raise StatusGitError(f"`git {args[0]}` failed: {first.strip() or f'exit {proc.returncode}'}", "\n".join(said))
+            raise StatusGitError(f"`git {args[0]}` failed: {first.strip() or f'exit {proc.returncode}'}",
+                                 "\n".join(said))
         return out
 
 
