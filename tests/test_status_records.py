@@ -130,8 +130,9 @@ def test_record_json_is_canonical_and_parses_back():
     assert back == Record("edge-1", r.labels, "canary", "rev3", "rev3", "failed",
                           "health check\\n\\x1b[31mred\\u202e", 1_800_000_000.25)
     assert parse_record(record_json(record("edge-1", 1, error="x" * 100_000)), "edge-1").error == "x" * 1024
-    with pytest.raises(ValueError):
-        record_json(record("Edge_1", 1))
+    for name in ("Edge_1", "edge.lock", "a" * 254, ""):  # not a nodeName, or not a ref's last component
+        with pytest.raises(ValueError):
+            record_json(record(name, 1))
     with pytest.raises(ValueError):
         record_json(record("edge-1", 1, outcome="exploded"))
 
