@@ -25,8 +25,12 @@ from reconciler.intake import Record
 FAST = (0.05, 0.3)  # backoff (first, cap) seconds: tests do not wait through real backoff
 
 
+CLEAN_ENV = {"PATH": os.environ["PATH"], "GIT_CONFIG_NOSYSTEM": "1", "HOME": "/nonexistent"}
+
+
 def git(repo: Path, *args: str) -> str:
-    env = dict(os.environ, GIT_CONFIG_NOSYSTEM="1", GIT_CONFIG_GLOBAL="/dev/null", HOME="/nonexistent")
+    """The test's own git, on a repository it made (never the planted environment)."""
+    env = CLEAN_ENV
     return subprocess.run(["git", "--git-dir", str(repo), *args], check=True, capture_output=True, text=True,
                           env=env).stdout
 
@@ -74,8 +78,7 @@ class Daemon:
         self.proc = subprocess.Popen(
             ["git", "daemon", "--enable=receive-pack", "--export-all", "--reuseaddr", f"--base-path={self.base}",
              "--listen=127.0.0.1", f"--port={self.port}", "--informative-errors", str(self.base)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            env=dict(os.environ, GIT_CONFIG_NOSYSTEM="1", GIT_CONFIG_GLOBAL="/dev/null"))
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=CLEAN_ENV)
         deadline = time.monotonic() + 10
         while True:
             try:
@@ -127,8 +130,9 @@ def test_record_json_is_canonical_and_parses_back():
     assert back == Record("edge-1", r.labels, "canary", "rev3", "rev3", "failed",
                           "health check\\n\\x1b[31mred\\u202e", 1_800_000_000.25)
     assert parse_record(record_json(record("edge-1", 1, error="x" * 100_000)), "edge-1").error == "x" * 1024
-    with pytest.raises(ValueError):
-        record_json(record("Edge_1", 1))
+    for name in ("Edge_1", "edge.lock", "a" * 254, ""):  # not a nodeName, or not a ref's last component
+        with pytest.raises(ValueError):
+            record_json(record(name, 1))
     with pytest.raises(ValueError):
         record_json(record("edge-1", 1, outcome="exploded"))
 
@@ -448,9 +452,26 @@ def test_accepted_remotes():
     check_key("/etc/nftrec/status_ed25519")
 
 
-def test_a_password_in_the_remote_is_not_shown(tmp_path):
-    records, why = fetch_records(f"https://nftrec:s3cret@127.0.0.1:{free_port()}/status.git", timeout=10)
+def test_a_password_in_the_remote_is_not_shown(tmp_path, monkeypatch):
+    """Neither in a message nor on a git command line (which every local user can read in
+    /proc): a wrapper first on PATH records every git argument vector."""
+    argv = tmp_path / "argv"
+    wrapper = tmp_path / "bin" / "git"
+    wrapper.parent.mkdir()
+    real = subprocess.run(["sh", "-c", "command -v git"], capture_output=True, text=True, check=True).stdout.strip()
+    wrapper.write_text(f'#!/bin/sh\necho "$@" >> {argv}\nexec {real} "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{wrapper.parent}:{os.environ['PATH']}")
+    url = f"https://nftrec:s3cret@127.0.0.1:{free_port()}/status.git"
+    records, why = fetch_records(url, timeout=10)
     assert records == () and why and "s3cret" not in why and "***" in why
+    ch = channel(tmp_path / "state", url)
+    ch.enqueue(record("edge-1", 1))
+    ch.start()
+    wait_for(lambda: ch.last_error is not None, 30, "a failed push")
+    ch.stop()
+    assert "s3cret" not in ch.last_error
+    assert "fetch" in argv.read_text() and "s3cret" not in argv.read_text()
 
 
 def test_enqueue_on_an_unwritable_state_directory_does_not_raise(tmp_path, caplog):
@@ -459,3 +480,41 @@ def test_enqueue_on_an_unwritable_state_directory_does_not_raise(tmp_path, caplo
     ch = channel(blocker / "state", f"file://{tmp_path}/status.git")  # under a file: cannot be made
     ch.enqueue(record("edge-1", 1))
     assert "status record not queued" in caplog.text
+
+
+def test_ssh_runs_with_the_key_and_batch_mode(tmp_path, monkeypatch):
+    """With status.sshKey, git's ssh is `ssh -i KEY -o IdentitiesOnly=yes -o BatchMode=yes`
+    (a stand-in `ssh` first on PATH records its arguments and fails)."""
+    argv = tmp_path / "argv"
+    fake = tmp_path / "bin" / "ssh"
+    fake.parent.mkdir()
+    fake.write_text(f'#!/bin/sh\nfor a in "$@"; do echo "$a"; done >> {argv}\nexit 255\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    key = tmp_path / "keys" / "status_ed25519"
+    records, why = fetch_records("ssh://git@127.0.0.1:2222/fleet/status.git", str(key), timeout=10)
+    assert records == () and why
+    args = argv.read_text().splitlines()
+    assert args[args.index("-i") + 1] == str(key)
+    assert {"IdentitiesOnly=yes", "BatchMode=yes"} <= set(args) and "git@127.0.0.1" in args
+    argv.unlink()
+    fetch_records("git@127.0.0.1:fleet/status.git", timeout=10)  # scp-like, no key: the remote's own ssh setup
+    args = argv.read_text().splitlines()
+    assert "-i" not in args and "BatchMode=yes" in args and "git@127.0.0.1" in args
+
+
+def test_queue_past_its_cap_keeps_every_outcomes_latest(tmp_path, monkeypatch):
+    """Past MAX_QUEUED records (the remote down for long), the oldest records whose outcome
+    has a later one go first: the latest record of each outcome is always kept."""
+    from reconciler.engine import statusqueue
+
+    monkeypatch.setattr(statusqueue, "MAX_QUEUED", 4)
+    remote = bare(tmp_path / "status.git")
+    ch = channel(tmp_path / "state", f"file://{remote}")
+    ch.enqueue(record("edge-1", 0, outcome="invalid"))
+    for i in range(1, 7):
+        ch.enqueue(record("edge-1", i, outcome="applied"))
+    assert ch.flush(30)
+    ch.stop()
+    assert [(r.outcome, r.applied) for r in log_of(remote, "edge-1")] == [
+        ("invalid", "rev0"), ("applied", "rev4"), ("applied", "rev5"), ("applied", "rev6")]

@@ -19,11 +19,10 @@ from pathlib import Path
 REF_PREFIX = "refs/nftrec/status/"
 RECORD_FILE = "status.json"  # the only file of each record's commit
 PUSH_ATTEMPTS = 4  # a push rejected because the ref moved: fetch, build on top, push again
+REMOTE = "status"  # the remote's name in the private repository: its URL is never on a command line
 GIT_TIMEOUT = 60.0  # seconds, per git process
 SSH_CONNECT_TIMEOUT = 15  # seconds
 
-# The remote's scheme -> the one git transport it may use.
-_SCHEMES = {"ssh": "ssh", "git": "git", "https": "https", "file": "file"}
 _SCP_LIKE = re.compile(r"[A-Za-z0-9._-]+@[A-Za-z0-9][A-Za-z0-9.-]*:[^\s]+")
 _URL = re.compile(r"(ssh|git|https|file)://[^\s]*")
 _KEY_PATH = re.compile(r"/[A-Za-z0-9._/@+-]+")
@@ -48,11 +47,12 @@ def check_remote(remote: str) -> str:
         raise StatusGitError(f"status.remote {shown(remote)!r} is not a git URL")
     m = _URL.fullmatch(remote)
     if m:
-        return _SCHEMES[m.group(1)]
+        return m.group(1)
     if _SCP_LIKE.fullmatch(remote):
         return "ssh"
-    raise StatusGitError(f"status.remote {shown(remote)!r} is not a git URL nftrec pushes to; write ssh://host/repo.git, "
-                         "git://host/repo.git, https://host/repo.git, file:///path/repo.git or user@host:repo.git")
+    raise StatusGitError(f"status.remote {shown(remote)!r} is not a git URL nftrec pushes to; write "
+                         "ssh://host/repo.git, git://host/repo.git, https://host/repo.git, file:///path/repo.git "
+                         "or user@host:repo.git")
 
 
 def shown(remote: str) -> str:
@@ -96,6 +96,10 @@ class Repo:
         self._cancelled = False
         try:
             self.git("init", "--quiet", "--bare", str(self.git_dir), repo=False)
+            # written here, not with `git config`: a password in the URL stays off every command line
+            quoted = remote.replace("\\", "\\\\").replace('"', '\\"')
+            with open(self.git_dir / "config", "a", encoding="utf-8") as f:
+                f.write(f'[remote "{REMOTE}"]\n\turl = "{quoted}"\n')
         except BaseException:
             self.close()
             raise
@@ -116,10 +120,11 @@ class Repo:
                 self._proc.kill()
 
     def _config(self) -> list[str]:
-        return ["-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false", "-c", "protocol.allow=never",
-                "-c", f"protocol.{self.scheme}.allow=always", "-c", "credential.helper=", "-c", "core.askPass=",
-                "-c", "transfer.fsckObjects=true", "-c", "fetch.fsckObjects=true", "-c", "gc.auto=0", "-c", "maintenance.auto=false", "-c", "advice.detachedHead=false",
-                "-c", "user.name=nftrec", "-c", "user.email=nftrec@localhost"]
+        settings = ("core.hooksPath=/dev/null", "core.fsmonitor=false", "protocol.allow=never",
+                    f"protocol.{self.scheme}.allow=always", "credential.helper=", "core.askPass=",
+                    "transfer.fsckObjects=true", "fetch.fsckObjects=true", "gc.auto=0", "maintenance.auto=false",
+                    "user.name=nftrec", "user.email=nftrec@localhost")
+        return [arg for setting in settings for arg in ("-c", setting)]
 
     def pack_program(self, verb: str) -> list[str]:
         """The option of `git fetch` (verb upload-pack) or `git push` (receive-pack) for the
@@ -151,19 +156,21 @@ class Repo:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.communicate()
-            raise StatusGitError(f"`git {args[0]}` with {shown(self.remote)} took longer than {self.timeout:.0f} s") from None
+            raise StatusGitError(f"`git {args[0]}` with {shown(self.remote)} took longer than {self.timeout:.0f} s") \
+                from None
         if proc.returncode != 0:
-            said = [line for line in err.decode("utf-8", "replace").replace(self.remote, shown(self.remote)).splitlines()
-                    if line.strip()]
+            said = [line for line in err.decode("utf-8", "replace").replace(self.remote, shown(self.remote))
+                    .splitlines() if line.strip()]
             first = next((s for s in said if s.startswith(("fatal:", "error:", " ! "))), said[0] if said else "")
-            raise StatusGitError(f"`git {args[0]}` failed: {first.strip() or f'exit {proc.returncode}'}", "\n".join(said))
+            raise StatusGitError(f"`git {args[0]}` failed: {first.strip() or f'exit {proc.returncode}'}",
+                                 "\n".join(said))
         return out
 
 
 def _fetch_tip(repo: Repo, ref: str) -> str | None:
     """The remote's commit at `ref` (fetched, depth 1), None when the remote has no such ref."""
     try:
-        repo.git("fetch", "--quiet", "--no-tags", "--depth", "1", *repo.pack_program("upload-pack"), repo.remote,
+        repo.git("fetch", "--quiet", "--no-tags", "--depth", "1", *repo.pack_program("upload-pack"), REMOTE,
                  f"+{ref}:refs/tip")
     except StatusGitError as e:
         if "couldn't find remote ref" in e.stderr:
@@ -192,7 +199,7 @@ def push(repo: Repo, node: str, records: list[tuple[bytes, int, str]]) -> str:
         for raw, when, message in records:
             tip = _commit(repo, node, raw, when, message, tip)
         try:
-            repo.git("push", "--quiet", "--no-verify", *repo.pack_program("receive-pack"), repo.remote, f"{tip}:{ref}")
+            repo.git("push", "--quiet", "--no-verify", *repo.pack_program("receive-pack"), REMOTE, f"{tip}:{ref}")
             return tip
         except StatusGitError as e:
             moved = any(w in e.stderr for w in ("[rejected]", "non-fast-forward", "fetch first", "cannot lock ref",
@@ -208,11 +215,11 @@ def fetch_tips(remote: str, ssh_key: str | None, timeout: float, max_bytes: int)
     without it, is left out."""
     with Repo(remote, ssh_key, timeout) as repo:
         try:
-            repo.git("fetch", "--quiet", "--no-tags", "--depth", "1", *repo.pack_program("upload-pack"), remote,
+            repo.git("fetch", "--quiet", "--no-tags", "--depth", "1", *repo.pack_program("upload-pack"), REMOTE,
                      f"+{REF_PREFIX}*:refs/fetched/*")
         except StatusGitError as e:
             # a shallow fetch whose refspec matches nothing fails without a word: no record yet
-            if e.stderr or repo.git("ls-remote", *repo.pack_program("upload-pack"), remote, f"{REF_PREFIX}*"):
+            if e.stderr or repo.git("ls-remote", *repo.pack_program("upload-pack"), REMOTE, f"{REF_PREFIX}*"):
                 raise
             return []
         listed = repo.git("for-each-ref", "--format=%(objectname) %(refname)", "refs/fetched/").decode()

@@ -181,13 +181,13 @@ class Queue:
                 raw = path.read_bytes()
                 doc = json.loads(raw)
                 doc["time_unix"] = _unix(doc["time"])
-                _same = {k: v for k, v in doc.items() if k not in ("time", "time_unix")}
+                same = {k: v for k, v in doc.items() if k not in ("time", "time_unix")}
             except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
                 log.error("status queue: %s is not a status record (%s); deleted", path, e)
                 with contextlib.suppress(OSError):
                     path.unlink()
                 continue
-            if kept and {k: v for k, v in kept[-1][1].items() if k not in ("time", "time_unix")} == _same:
+            if kept and {k: v for k, v in kept[-1][1].items() if k not in ("time", "time_unix")} == same:
                 with contextlib.suppress(OSError):
                     kept[-1][0].unlink()
                 kept.pop()

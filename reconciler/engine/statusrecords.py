@@ -15,13 +15,10 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from reconciler.engine.statusgit import RECORD_FILE, REF_PREFIX, StatusGitError, fetch_tips, shown
+from reconciler.engine.statusgit import REF_PREFIX, StatusGitError, fetch_tips, shown
 from reconciler.engine.statusqueue import Queue
 from reconciler.intake import OUTCOMES, Record, StatusSettings
 from reconciler.logs import escape, log
-
-__all__ = ["REF_PREFIX", "RECORD_FILE", "StatusChannel", "StatusSettings", "fetch_records", "parse_record",
-           "record_json"]
 
 MAX_RECORD_BYTES = 16 << 10  # a record is a few hundred bytes; labels and an error at most
 MAX_TEXT = 1024  # characters of a wave name, a revision or an error (record_json cuts the error)
@@ -37,8 +34,10 @@ _TIME = re.compile(r"([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{2}):([0-9]{2}):([0-
 
 
 def valid_node(name: str) -> bool:
-    """A nodeName as the node config takes it (a DNS-1123 subdomain), hence a ref component."""
-    return isinstance(name, str) and 0 < len(name) <= 253 and _NODE.fullmatch(name) is not None
+    """A nodeName as the node config takes it (a DNS-1123 subdomain) that git takes as the
+    last component of a ref (not ending in .lock)."""
+    return (isinstance(name, str) and 0 < len(name) <= 253 and _NODE.fullmatch(name) is not None
+            and not name.endswith(".lock"))
 
 
 def rfc3339(t: float) -> str:
