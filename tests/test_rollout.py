@@ -75,6 +75,10 @@ def test_a_fleet_without_rollout_has_none():
     ("rollout: {waves: [{name: a, percent: 100}]}\n", "root/fleet.yaml:4:1: Fleet: rollout.interval: interval is required"),
     ("rollout: {interval: 0s, waves: [{name: a, percent: 100}]}\n",
      "root/fleet.yaml:4:21: Fleet: rollout.interval: must be longer than 0s"),
+    ("rollout: {interval: .inf, waves: [{name: a, percent: 100}]}\n",
+     "root/fleet.yaml:4:21: Fleet: rollout.interval: must be at most 8760h"),
+    ("rollout: {interval: 99999999999999999999h, waves: [{name: a, percent: 100}]}\n",
+     "root/fleet.yaml:4:21: Fleet: rollout.interval: must be at most 8760h"),
     ("rollout: {interval: soon, waves: [{name: a, percent: 100}]}\n",
      "root/fleet.yaml:4:21: Fleet: rollout.interval: 'soon' is not a duration such as 30s"),
     ("rollout: {interval: 1m, waves: []}\n", "root/fleet.yaml:4:25: Fleet: rollout.waves: has 0 entries"),
@@ -383,6 +387,10 @@ records_st = st.lists(st.fixed_dictionaries({
        hold=st.none() | st.tuples(st.text(max_size=5), st.none() | st.integers(0, 3000)),
        records=records_st, records_error=st.sampled_from([None, "unreachable"]))
 def test_decide_matches_the_model(spec, node, ring, revision_time, now, applied, hold, records, records_error):
+    check_against_model(spec, node, ring, revision_time, now, applied, hold, records, records_error)
+
+
+def check_against_model(spec, node, ring, revision_time, now, applied, hold, records, records_error):
     labels = {"ring": ring} if ring else {}
     rollout = None if spec is None else rollout_from(spec)
     d = decide(rollout, Identity(node, tuple(labels.items())), "R", revision_time, float(now), applied_revision=applied,
@@ -398,6 +406,19 @@ def test_decide_matches_the_model(spec, node, ring, revision_time, now, applied,
         assert d.wave == rollout.waves[d.wave_index].name and d.wave_index == wave_of(rollout, Identity(node, tuple(labels.items())))
     prefix = {OPEN: "open", HELD: "held: ", PAUSED: "paused: ", LOCAL_HOLD: "held locally: ", HALTED: "halted: "}[state]
     assert d.reason.startswith(prefix) or (state == OPEN and d.reason == "" and rollout is None)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spec=specs(), node=st.sampled_from([f"edge-{i}" for i in range(20)]), ring=st.none() | st.sampled_from(RINGS),
+       records=st.lists(st.fixed_dictionaries({
+           "node": st.sampled_from(["n0", "n1", "n2"]), "wave": st.sampled_from(["w0", "w1", "w2", "other"]),
+           "attempted": st.sampled_from(["R", "R", "Q"]), "outcome": st.sampled_from(OUTCOMES),
+           "time": st.integers(0, 3)}), max_size=8),
+       records_error=st.sampled_from([None, "unreachable"]))
+def test_the_halt_matches_the_model(spec, node, ring, records, records_error):
+    """The halt alone: the wave open, nothing else holding, many records of few nodes."""
+    spec = dict(spec, paused=False, immediate=False, maxFailures=spec["maxFailures"] or 0)
+    check_against_model(spec, node, ring, 0, 10 ** 6, "Q", None, records, records_error)
 
 
 # --- a revision's time ------------------------------------------------------------------------

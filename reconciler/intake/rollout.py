@@ -186,6 +186,9 @@ def when(t: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(math.ceil(t)))
 
 
+MAX_INTERVAL = 365 * 86400.0  # seconds: later waves' opening times stay printable dates
+
+
 def parse_rollout(data: dict) -> Rollout:
     """fleet.yaml's `rollout` mapping, already checked (schema and check_rollout), as a Rollout."""
     from reconciler.intake.config import parse_duration
@@ -207,11 +210,14 @@ def check_rollout(data: object) -> list[tuple[tuple, str]]:
     if not isinstance(data, dict):
         return out
     try:
-        if "interval" in data and parse_duration(data["interval"]) <= 0:
-            out.append((("rollout", "interval"), "must be longer than 0s; use e.g. 30m (immediate: true opens every "
-                                                 "wave at once)"))
+        seconds = parse_duration(data["interval"]) if "interval" in data else None
     except (TypeError, ValueError):
-        pass  # the schema's pattern says it
+        seconds = None  # the schema's pattern says it
+    if seconds is not None and not seconds > 0:
+        out.append((("rollout", "interval"), "must be longer than 0s; use e.g. 30m (immediate: true opens every "
+                                             "wave at once)"))
+    elif seconds is not None and not seconds <= MAX_INTERVAL:
+        out.append((("rollout", "interval"), "must be at most 8760h (a year between two waves); use e.g. 30m"))
     waves = data.get("waves")
     names: dict[str, int] = {}
     last: tuple[int, int] | None = None  # (index, percent) of the latest percent wave
