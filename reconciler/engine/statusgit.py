@@ -19,6 +19,7 @@ from pathlib import Path
 REF_PREFIX = "refs/nftrec/status/"
 RECORD_FILE = "status.json"  # the only file of each record's commit
 PUSH_ATTEMPTS = 4  # a push rejected because the ref moved: fetch, build on top, push again
+REMOTE = "status"  # the remote's name in the private repository: its URL is never on a command line
 GIT_TIMEOUT = 60.0  # seconds, per git process
 SSH_CONNECT_TIMEOUT = 15  # seconds
 
@@ -96,6 +97,10 @@ class Repo:
         self._cancelled = False
         try:
             self.git("init", "--quiet", "--bare", str(self.git_dir), repo=False)
+            # written here, not with `git config`: a password in the URL stays off every command line
+            quoted = remote.replace("\\", "\\\\").replace('"', '\\"')
+            with open(self.git_dir / "config", "a", encoding="utf-8") as f:
+                f.write(f'[remote "{REMOTE}"]\n\turl = "{quoted}"\n')
         except BaseException:
             self.close()
             raise
@@ -163,7 +168,7 @@ class Repo:
 def _fetch_tip(repo: Repo, ref: str) -> str | None:
     """The remote's commit at `ref` (fetched, depth 1), None when the remote has no such ref."""
     try:
-        repo.git("fetch", "--quiet", "--no-tags", "--depth", "1", *repo.pack_program("upload-pack"), repo.remote,
+        repo.git("fetch", "--quiet", "--no-tags", "--depth", "1", *repo.pack_program("upload-pack"), REMOTE,
                  f"+{ref}:refs/tip")
     except StatusGitError as e:
         if "couldn't find remote ref" in e.stderr:
@@ -192,7 +197,7 @@ def push(repo: Repo, node: str, records: list[tuple[bytes, int, str]]) -> str:
         for raw, when, message in records:
             tip = _commit(repo, node, raw, when, message, tip)
         try:
-            repo.git("push", "--quiet", "--no-verify", *repo.pack_program("receive-pack"), repo.remote, f"{tip}:{ref}")
+            repo.git("push", "--quiet", "--no-verify", *repo.pack_program("receive-pack"), REMOTE, f"{tip}:{ref}")
             return tip
         except StatusGitError as e:
             moved = any(w in e.stderr for w in ("[rejected]", "non-fast-forward", "fetch first", "cannot lock ref",
@@ -207,8 +212,14 @@ def fetch_tips(remote: str, ssh_key: str | None, timeout: float, max_bytes: int)
     refs, depth 1, read from the objects (no checkout); a file over `max_bytes`, or a tip
     without it, is left out."""
     with Repo(remote, ssh_key, timeout) as repo:
-        repo.git("fetch", "--quiet", "--no-tags", "--depth", "1", *repo.pack_program("upload-pack"), remote,
-                 f"+{REF_PREFIX}*:refs/fetched/*")
+        try:
+            repo.git("fetch", "--quiet", "--no-tags", "--depth", "1", *repo.pack_program("upload-pack"), REMOTE,
+                     f"+{REF_PREFIX}*:refs/fetched/*")
+        except StatusGitError as e:
+            # a shallow fetch whose refspec matches nothing fails without a word: no record yet
+            if e.stderr or repo.git("ls-remote", *repo.pack_program("upload-pack"), REMOTE, f"{REF_PREFIX}*"):
+                raise
+            return []
         listed = repo.git("for-each-ref", "--format=%(objectname) %(refname)", "refs/fetched/").decode()
         tips = [(oid, REF_PREFIX + ref[len("refs/fetched/"):]) for oid, ref in
                 (line.split(" ", 1) for line in listed.splitlines() if line)]

@@ -63,6 +63,14 @@ class Queue:
     def pending(self) -> int:
         return len(self._listed())
 
+    def wait_empty(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while self.pending():
+            if time.monotonic() >= deadline or self._thread is None or not self._thread.is_alive():
+                return False
+            self._stopping.wait(0.05)
+        return True
+
     def _listed(self) -> list[re.Match]:
         try:
             names = os.listdir(self.directory)
@@ -111,16 +119,18 @@ class Queue:
                 self._stopping.wait(self.backoff[1])
                 continue
             failures = 0
-            if not sent:
+            if sent is None:  # another process pushes this queue: look again soon
+                self._stopping.wait(self.backoff[0])
+            elif not sent:
                 self._wake.wait()
 
-    def send_once(self) -> int:
+    def send_once(self) -> int | None:
         """Coalesce the queue, push it, delete what was pushed: the number of records
-        pushed (0: nothing queued, or another process is pushing). StatusGitError."""
+        pushed (0: nothing queued; None: another process is pushing it). StatusGitError."""
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         with self._push_lock() as locked:
             if not locked:
-                return 0
+                return None
             batch = self._coalesced()
             if not batch:
                 return 0
@@ -152,7 +162,10 @@ class Queue:
             except BlockingIOError:
                 yield False
                 return
-            yield True
+            try:
+                yield True
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)  # now: a git forked meanwhile holds a copy of fd until it execs
         finally:
             os.close(fd)
 

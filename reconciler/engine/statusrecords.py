@@ -151,7 +151,14 @@ class StatusChannel:
         self._queue.start()
 
     def stop(self, timeout: float = 5.0) -> None:
+        """Stop the pusher (a running git is killed); what is queued stays queued."""
         self._queue.stop(timeout)
+
+    def flush(self, timeout: float) -> bool:
+        """Start the pusher and wait at most `timeout` seconds for the queue to empty (a
+        one-shot run before it exits): whether it did. What is left is sent next time."""
+        self._queue.start()
+        return self._queue.wait_empty(timeout)
 
     @property
     def pending(self) -> int:
