@@ -72,6 +72,20 @@ def test_a_damaged_hold_file_holds_and_says_how_to_remove_it(tmp_path, fixed_clo
     assert read_hold(tmp_path, "ns1").active(NOW)
 
 
+def test_jitter_is_the_same_for_a_node_name_and_spreads_a_fleet_over_a_tenth_of_the_interval():
+    from reconciler.engine import jitter
+
+    names = [f"edge-{i:03d}" for i in range(1000)]
+    delays = [jitter(n, 1800.0, "wave") for n in names]
+    assert delays == [jitter(n, 1800.0, "wave") for n in names]  # reproducible
+    assert all(0 <= d < 180.0 for d in delays)
+    buckets = [0] * 10
+    for d in delays:
+        buckets[int(d // 18.0)] += 1
+    assert min(buckets) > 60  # spread, not bunched (100 expected per tenth)
+    assert jitter("edge-001", 60.0, "poll") != jitter("edge-001", 60.0, "wave")
+
+
 def _vip_endpoint(ns: str) -> str:
     return "".join(in_ns(ns, "nft", "list", "table", "ip", "nftrec").stdout)
 

@@ -22,13 +22,14 @@ _OUTCOME = {"invalid": "invalid", "unverified": "refused", "removal-guard": "ref
 
 class RolloutWatch:
     """The daemon's held revision and the rule (module doc); every method runs on the
-    sync thread except `reason` and `wake_on_hold` (read by /readyz, the hold thread)."""
+    sync thread except `reason` (read by /readyz) and the hold file's thread."""
 
     def __init__(self, daemon):
         self.daemon = daemon
         self.gate = Gate(daemon.store, daemon.target.state_root)
         self.held: tuple | None = None  # (compiled, inventory, signed, rollout, time, time error) kept aside
         self.decision: Decision | None = None  # of the held revision
+        self.said: tuple | None = None  # (revision, state, reason) last logged and recorded
         self.wave: tuple[str, int] = ("", 0)  # the node's wave (name, index) of the newest revision decided
         self.rollout = None  # fleet.yaml's rollout of the newest valid revision (its records name the wave)
         self.channel = None  # engine.StatusChannel, when the node config has status.remote
@@ -67,22 +68,21 @@ class RolloutWatch:
         """The held revision's decision now; True while it stays held."""
         compiled, _, _, rollout, t, error = self.held
         revision = compiled.inventory.revision
-        before = self.decision
-        self.decision = self.gate.decide(rollout, identity_of(self.daemon.config), revision, t, self._applied(),
-                                         time_error=error)
-        self.wave = (self.decision.wave, self.decision.wave_index)
-        if self.decision.apply:
+        self.decision = d = self.gate.decide(rollout, identity_of(self.daemon.config), revision, t, self._applied(),
+                                             time_error=error)
+        self.wave = (d.wave, d.wave_index)
+        if d.apply:
             return False
-        if before is None or (before.state, before.reason) != (self.decision.state, self.decision.reason):
-            kept = self._applied()
-            logs.log.warning(f"revision {short_revision(revision)} {self.decision.reason}; revision "
-                             f"{short_revision(kept)} stays in the kernel",
-                             extra={"fields": {"event": "rollout", "revision": revision, "state": self.decision.state,
-                                               "wave": self.decision.wave, "opensAt": self.decision.opens_at}})
-            self.daemon._write(lambda: self.daemon._record(self.daemon.store.record_attempt, revision,
-                                                           self.decision.reason))
+        if self.said != (revision, d.state, d.reason):
+            self.said = (revision, d.state, d.reason)
+            logs.log.warning(f"revision {short_revision(revision)} {d.reason}; revision "
+                             f"{short_revision(self._applied())} stays in the kernel",
+                             extra={"fields": {"event": "rollout", "revision": revision, "state": d.state,
+                                               "wave": d.wave, "opensAt": d.opens_at}})
+            store = self.daemon.store
+            self.daemon._write(lambda: self.daemon._record(store.record_attempt, revision, d.reason))
             self._export()
-            self.report("halted" if self.decision.state == HALTED else "held", revision, self.decision.reason)
+            self.report("halted" if d.state == HALTED else "held", revision, d.reason)
         return True
 
     def promote(self) -> None:

@@ -201,7 +201,7 @@ def one_shot(target, desired, root: Path, *, ignore_rollout: bool = False, ignor
     d = gate.decide(rollout, identity_of(desired.config), revision, t, applied, time_error=error)
     if d.apply:
         return None
-    logs.log.warning(f"revision {revision[:12]} {'was' if record else 'would be'} not applied: {d.reason}; "
+    logs.log.warning(f"revision {revision[:12]} {'was not' if record else 'would not be'} applied: {d.reason}; "
                      f"revision {(applied or '')[:12]} stays (apply --ignore-rollout, --ignore-hold override)")
     if record:
         try:
