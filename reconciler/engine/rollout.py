@@ -17,6 +17,7 @@ from reconciler import clock, logs
 from reconciler.atomic import atomic_write
 from reconciler.engine.holds import read_hold, rfc3339
 from reconciler.engine.state import StateStore
+from reconciler.engine.target import short_revision
 from reconciler.intake import HELD, Decision, Identity, Record, Rollout, decide, is_fleet_root, project, wave_of
 
 ROLLOUT_FILE = "rollout.json"
@@ -151,7 +152,7 @@ def rollout_status_json(doc: dict | None, status) -> dict:
 def rollout_status_lines(doc: dict | None, status) -> list[str]:
     if not _current(doc, status) or doc.get("state") == "open":
         return []
-    return [f"rollout:   revision {doc['revision'][:12]} {doc.get('reason') or doc.get('state')}"]
+    return [f"rollout:   revision {short_revision(doc['revision'])} {doc.get('reason') or doc.get('state')}"]
 
 
 def status_record(identity: Identity, rollout: Rollout | None, applied: str | None, attempted: str | None,
@@ -201,8 +202,9 @@ def one_shot(target, desired, root: Path, *, ignore_rollout: bool = False, ignor
     d = gate.decide(rollout, identity_of(desired.config), revision, t, applied, time_error=error)
     if d.apply:
         return None
-    logs.log.warning(f"revision {revision[:12]} {'was not' if record else 'would not be'} applied: {d.reason}; "
-                     f"revision {(applied or '')[:12]} stays (apply --ignore-rollout, --ignore-hold override)")
+    logs.log.warning(f"revision {short_revision(revision)} {'was not' if record else 'would not be'} applied: "
+                     f"{d.reason}; revision {short_revision(applied)} stays (apply --ignore-rollout, --ignore-hold "
+                     "override)")
     if record:
         try:
             with target.lock():
