@@ -13,7 +13,9 @@ from typing import List, Optional
 
 import typer
 
-from reconciler.options import FLEET_OPT, LABELS_OPT, NODE_OPT, confirm_spec, field_validation, node_identity
+from reconciler.options import (CONFIG_OPT, EMPTY_OPT, FIELDS_OPT, FLEET_OPT, IGNORE_HOLD_OPT, IGNORE_ROLLOUT_OPT,
+                                LABELS_OPT, NODE_OPT, PROBE_HELP, REMOVALS_OPT, STRICT_OPT, check_output, confirm_spec,
+                                hold_until, kernel_trace_options, node_identity, output_opt)
 
 EXIT_OK, EXIT_ERROR, EXIT_CHANGES, EXIT_USAGE = 0, 1, 2, 64
 
@@ -62,25 +64,6 @@ def _global(
 
 SOURCE_ARG = typer.Argument(".", help="Manifest directory (read recursively); - reads standard input; or an OCI "
                             "artifact (Flux's format), oci://HOST[:PORT]/REPO:TAG or oci://HOST[:PORT]/REPO@sha256:HEX.")
-CONFIG_OPT = typer.Option(None, "--config", help="Node config (default /etc/nftrec/config.yaml "
-                          "when it exists, else defaults).")
-STRICT_OPT = typer.Option(False, "--strict", help="Warnings and unknown kinds are errors too.")
-FIELDS_OPT = typer.Option(None, "--field-validation", callback=field_validation, metavar="strict|warn|ignore",
-                          help="Unknown fields: errors (strict), warnings (warn) or not reported (ignore); "
-                          "default: the node config's fieldValidation, else strict.")
-EMPTY_OPT = typer.Option(False, "--allow-empty", help="Accept a revision with no Service at all (it removes every "
-                         "Service; allowEmpty: true in the node config for a node that runs none).")
-REMOVALS_OPT = typer.Option(False, "--allow-removals", help="Let through, this once, a revision that removes more "
-                            "of the applied Services than removalGuard (node config, default 50%) allows.")
-
-
-def _output_opt() -> typer.Option:
-    return typer.Option("text", "-o", "--output", help="text or json")
-
-
-def _check_output(output: str) -> None:
-    if output not in ("text", "json"):
-        raise typer.BadParameter("must be text or json", param_hint="-o/--output")
 
 
 @app.command()
@@ -89,7 +72,7 @@ def validate(
     config: Optional[Path] = CONFIG_OPT,
     strict: bool = STRICT_OPT,
     fields: Optional[str] = FIELDS_OPT,
-    output: str = _output_opt(),
+    output: str = output_opt(),
     allow_empty: bool = EMPTY_OPT,
     node: Optional[str] = NODE_OPT,
     labels: Optional[str] = LABELS_OPT,
@@ -97,7 +80,7 @@ def validate(
 ) -> None:
     """Check manifests and the node config: schema and cross-document checks. No root,
     no nft, no kernel needed."""
-    _check_output(output)
+    check_output(output)
     if fleet is not None:
         if node is not None or labels is not None:
             raise typer.BadParameter("--fleet validates every node of the inventory; drop --node/--labels")
@@ -297,10 +280,6 @@ def _desired(directory: Path, config: Optional[Path], netns: Optional[str], stri
         raise typer.Exit(EXIT_ERROR)
 
 
-PROBE_HELP = ("Run every probe.nftrec.io/readiness probe once (from --netns) and treat endpoints that "
-              "fail it as not ready; without it, one-shot commands never probe.")
-
-
 def _probed(desired, netns: Optional[str], probe: bool):
     """--probe: the desired ruleset with this moment's probe results."""
     if not probe:
@@ -335,7 +314,7 @@ def plan(
     strict: bool = STRICT_OPT,
     fields: Optional[str] = FIELDS_OPT,
     verbose: bool = typer.Option(False, "-v", "--verbose", help="Print the exact nft transaction."),
-    output: str = _output_opt(),
+    output: str = output_opt(),
     detailed_exitcode: bool = typer.Option(False, "--detailed-exitcode",
                                            help="Exit 0 when nothing changes, 2 when something does."),
     out: Optional[Path] = typer.Option(None, "--out", help="Save the plan for `apply --plan FILE`."),
@@ -347,7 +326,7 @@ def plan(
 ) -> None:
     """Show what apply would change in the kernel, grouped by Service. A revision that removes more
     Services than removalGuard allows is shown, then refused (exit 1; no plan saved) unless --allow-removals."""
-    _check_output(output)
+    check_output(output)
     from reconciler.engine import run_plan_noop
 
     target = _target(config, netns)
@@ -361,6 +340,7 @@ def plan(
 
     desired = _probed(_desired(source.root, config, netns, strict, fields, compile=probe, signed_by=target,
                                source=source, refuse_empty=not allow_empty), netns, probe)
+    _rollout(target, desired, source.root, record=False)  # says so when apply would hold it
     raise typer.Exit(_guard(run_plan, desired, target, verbose=verbose, output=output, detailed=detailed_exitcode,
                             out=out, refresh=refresh, config=config, allow_removals=allow_removals))
 
@@ -397,8 +377,11 @@ def apply(
         "namespace, e.g. to a Service VIP. Repeatable."),
     allow_empty: bool = EMPTY_OPT,
     allow_removals: bool = REMOVALS_OPT,
+    ignore_rollout: bool = IGNORE_ROLLOUT_OPT,
+    ignore_hold: bool = IGNORE_HOLD_OPT,
 ) -> None:
-    """Commit the desired ruleset as one atomic transaction, verify it, record state."""
+    """Commit the desired ruleset as one atomic transaction, verify it, record state. Exit 3 (nothing
+    applied) when a fleet's rollout or `nftrec hold` holds the revision."""
     from reconciler.engine import run_apply
 
     if verify not in ("touched", "full"):
@@ -419,6 +402,7 @@ def apply(
         desired = _probed(_desired(source.root, config, netns, strict, fields, target=target, compile=probe,
                                    signed_by=target, allow_rollback=allow_rollback, source=source,
                                    refuse_empty=not allow_empty), netns, probe)
+        _rollout(target, desired, source.root, ignore_rollout=ignore_rollout, ignore_hold=ignore_hold)
     elif probe:
         raise typer.BadParameter("--probe needs a manifest directory (not --plan or --rollback)")
     node = _node_config(config) if plan_file is not None or rollback else None
@@ -430,6 +414,17 @@ def apply(
     raise typer.Exit(_guard(run_apply, target, desired=desired, plan_path=plan_file, rollback=rollback,
                             verify=verify, confirm=spec, node=node, allow_rollback=allow_rollback,
                             allow_removals=allow_removals))
+
+
+def _rollout(target, desired, root: Path, **kw) -> None:
+    """A fleet's rollout and the local hold (engine/rollout.py): apply exits 3 when they hold the revision."""
+    from reconciler.engine import EXIT_HELD, one_shot
+
+    held = []
+    if _guard(lambda: held.append(one_shot(target, desired, root, **kw)) or EXIT_OK) != EXIT_OK:
+        raise typer.Exit(EXIT_ERROR)
+    if held[0] is not None and kw.get("record", True):
+        raise typer.Exit(EXIT_HELD)
 
 
 def _node_config(config: Optional[Path]):
@@ -476,12 +471,12 @@ def trace(
     netns: Optional[str] = NETNS_OPT,
     strict: bool = STRICT_OPT,
     fields: Optional[str] = FIELDS_OPT,
-    output: str = _output_opt(),
+    output: str = output_opt(),
 ) -> None:
     """Explain one packet offline: the chains and rules it passes, the verdict (DNAT to which
     endpoints with what probability, masquerade, reject or drop) and the Service responsible.
     With --kernel, a real packet, traced by the kernel."""
-    _check_output(output)
+    check_output(output)
     _check_netns(netns)
     from reconciler.engine import Packet, run_trace
 
@@ -491,7 +486,7 @@ def trace(
                                 node=_node_config(config), local_addresses=local_address, output=output))
     directory = _root(directory, config).root if directory is not None else None
     if kernel:
-        seconds = _kernel_trace_options(live, timeout, count)
+        seconds = kernel_trace_options(live, timeout, count)
         from reconciler.engine import run_kernel_trace
 
         raise typer.Exit(_guard(run_kernel_trace, packet, _target(config, netns), timeout=seconds, count=count,
@@ -505,28 +500,11 @@ def trace(
     raise typer.Exit(_guard(run_trace, packet, desired=desired, local_addresses=local_address, output=output))
 
 
-def _kernel_trace_options(live: bool, timeout: str, count: int) -> float:
-    """trace --kernel's usage errors; the --timeout in seconds."""
-    from reconciler.intake import parse_duration
-
-    if live:
-        raise typer.BadParameter("give --kernel or --live, not both (--kernel traces the kernel's every table)")
-    try:
-        seconds = parse_duration(timeout)
-    except ValueError:
-        seconds = -1.0
-    if not 0 < seconds <= 3600:
-        raise typer.BadParameter(f"{timeout!r} is not a duration between 1ms and 1h (e.g. 10s)", param_hint="--timeout")
-    if not 1 <= count <= 1000:
-        raise typer.BadParameter(f"{count} is not between 1 and 1000", param_hint="--count")
-    return seconds
-
-
 @app.command()
 def status(
     config: Optional[Path] = CONFIG_OPT,
     netns: Optional[str] = NETNS_OPT,
-    output: str = _output_opt(),
+    output: str = output_opt(),
     detailed_exitcode: bool = typer.Option(False, "--detailed-exitcode",
                                            help="Exit 3, not 1, when the newest revision attempted was not "
                                                 "applied, to tell it from an error of status itself."),
@@ -536,10 +514,35 @@ def status(
     Exit codes: 0 in sync; 2 the kernel drifted from the last applied ruleset; 1 the newest revision
     attempted was not applied (invalid, refused by verify or the removal guard, rolled back, rejected
     by the kernel; 3 with --detailed-exitcode), or status itself failed. Drift wins over 1 and 3."""
-    _check_output(output)
+    check_output(output)
     from reconciler.engine import run_status
 
     raise typer.Exit(_guard(run_status, _target(config, netns), output=output, detailed=detailed_exitcode))
+
+
+@app.command()
+def hold(
+    until: Optional[str] = typer.Option(None, "--until", metavar="TIME", help="End the hold by itself at TIME: "
+                                        "RFC 3339 (2026-12-06T22:00:00Z) or a duration from now (2h, 90m)."),
+    reason: str = typer.Option("", "--reason", help="Why (one line, shown by status, /readyz and the logs)."),
+    netns: Optional[str] = NETNS_OPT,
+) -> None:
+    """Hold new revisions on this node (a maintenance window): the applied one stays and is repaired;
+    watch and apply take no new one until `nftrec release` or --until (apply --ignore-hold overrides)."""
+    from reconciler.engine import run_hold
+
+    at = hold_until(until)
+    _check_netns(netns)
+    raise typer.Exit(_guard(run_hold, _state_root(), netns, until=at, reason=reason))
+
+
+@app.command()
+def release(netns: Optional[str] = NETNS_OPT) -> None:
+    """End `nftrec hold` on this node: watch takes the newest revision (its wave permitting)."""
+    from reconciler.engine import run_release
+
+    _check_netns(netns)
+    raise typer.Exit(_guard(run_release, _state_root(), netns))
 
 
 @app.command()

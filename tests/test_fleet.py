@@ -127,7 +127,7 @@ variables: {dnsIP: 172.30.0.10, zone: "7"}
 
 
 @pytest.mark.parametrize("body, expected", [
-    ("layers: [{path: base}]\nrollout: {interval: 30m}\n", "root/fleet.yaml:4:1: Fleet: rollout: unknown key 'rollout'"),
+    ("layers: [{path: base}]\nrollout: {interval: 30m}\n", "root/fleet.yaml:4:1: Fleet: rollout.waves: waves is required"),
     ("layers: [{path: base, selectr: {}}]\n", "root/fleet.yaml:3:23: Fleet: layers[0].selectr: unknown key 'selectr'"),
     ("layers: []\n", "root/fleet.yaml:3:1: Fleet: layers: has 0 entries; it must have at least 1"),
     ("variables: {}\n", "root/fleet.yaml:1:1: Fleet: layers: layers is required but missing"),
@@ -182,8 +182,9 @@ def test_parse_fleet_file_errors(text, expected):
 
 def test_parse_fleet_reports_every_problem_at_once():
     problems = fleet_problems(HEAD + "layers:\n- path: ''\n- path: b\n  selector:\n    matchExpressions:\n"
-                              "    - {key: k, operator: In}\nrollout: {}\n")
-    assert [p.split(": ")[2] for p in problems] == ["layers[0].path", "layers[1].selector.matchExpressions[0]", "rollout"]
+                              "    - {key: k, operator: In}\nrollout: {waves: [{name: a}]}\n")
+    assert [p.split(": ")[2] for p in problems] == ["layers[0].path", "layers[1].selector.matchExpressions[0]",
+                                                    "rollout.interval", "rollout.waves[0]"]
 
 
 # --- node_layers ------------------------------------------------------------------------------

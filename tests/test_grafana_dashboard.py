@@ -71,6 +71,7 @@ def exported_names() -> set[str]:
     m.conntrack_deleted(1)
     m.rolled_back()
     m.source_failed("unreachable")  # `watch oci://...` (daemon/fetcher.py)
+    m.set_rollout("canary", 0, "held", 1.0)  # a fleet node holding a revision (daemon/rollout.py)
     probes = ProbeMetrics(m.registry)  # registered when `watch` runs readiness probes
     probes.results.labels("default/web", "success").inc()
     probes.down.labels("default/web").set(1)

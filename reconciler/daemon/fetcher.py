@@ -15,7 +15,7 @@ import time
 from typing import Callable
 
 from reconciler import logs
-from reconciler.engine import KEEP, StateCorrupt, Target, read_source_state, read_status
+from reconciler.engine import KEEP, StateCorrupt, Target, jitter, read_source_state, read_status
 from reconciler.engine import reference, utc_now, write_source_state
 from reconciler.intake import (
     SOURCE_ERROR_REASONS, NodeConfig, Refused, SourceError, artifact_at, close_registries, named_digest, open_store, prune,
@@ -76,9 +76,14 @@ class Fetcher:
         close_registries()  # the kept connections
 
     def _loop(self) -> None:
-        wait = 0.0
+        """Poll at once, then every oci.interval, shifted once by the node's jitter (up to
+        10 % of it, from its name): a fleet started together spreads its polls."""
+        wait, shifted = 0.0, False
         while not self._stop.wait(wait):
             wait = self.poll()
+            cfg = self.config()
+            if not shifted and cfg is not None:
+                wait, shifted = wait + jitter(cfg.node_name, cfg.oci.interval, "poll"), True
 
     def poll(self) -> float:
         """One resolve (and pull + publish when the digest is new); seconds until the next."""

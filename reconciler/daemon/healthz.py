@@ -40,13 +40,20 @@ def healthy(daemon) -> tuple[bool, str]:
 
 def ready(daemon) -> tuple[bool, str]:
     """/readyz: not ready while the newest revision read is refused (invalid, unverified,
-    rolled back, refused by the removal guard), before the first sync, or while unhealthy."""
+    rolled back, refused by the removal guard) or held (rollout, local hold), before the
+    first sync, or while unhealthy."""
     refused = daemon.refusal()
     if refused is not None:
         why, revision, message = refused
         kept = daemon.applied.inventory.revision if daemon.applied is not None else None
         return False, (f"revision {short_revision(revision)} was not applied ({why}): {message}; " +
                        (f"revision {short_revision(kept)} stays in the kernel" if kept else "nothing applied yet"))
+    rollout = getattr(daemon, "rollout", None)  # a fleet's rollout or `nftrec hold` keeps the newest revision back
+    held = rollout.reason() if rollout is not None else None
+    if held is not None:
+        kept = daemon.applied.inventory.revision if daemon.applied is not None else None
+        return False, f"{held}; " + (f"revision {short_revision(kept)} stays in the kernel" if kept else
+                                     "the kernel keeps what it holds")
     if daemon.last_success is None:
         return False, "no revision applied yet"
     return healthy(daemon)

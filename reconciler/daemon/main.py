@@ -184,6 +184,7 @@ def run_watch(directory: Path, config_path: Path | None, target: Target, *, stri
             fetcher.verifier = lambda: daemon.gate.verifier
             fetcher.refused = lambda verdict: (daemon.gate.refused_unfetched(verdict), runner.run())
             fetcher.start()
+        daemon.rollout.start(runner.run)  # hold.json's changes, the status channel
         addresses = _address_watcher(daemon, runner)
         events = _event_watcher(daemon, runner)  # before the initial sync: no change goes unseen
         shown = directory if fetcher is None else f"{fetcher.ref} (every {cfg.oci.interval:g}s, into {fetcher.store})"
@@ -202,6 +203,7 @@ def run_watch(directory: Path, config_path: Path | None, target: Target, *, stri
     finally:
         if fetcher is not None:
             fetcher.stop()
+        daemon.rollout.stop()
         if addresses is not None:
             addresses.stop()
         if events is not None:

@@ -21,6 +21,7 @@ from prometheus_client.core import GaugeMetricFamily
 log = logging.getLogger("nftrec.metrics")
 
 SYNC_KINDS = ("full", "partial")
+ROLLOUT_HOLDS = ("held", "paused", "local-hold", "halted")  # intake's Decision states that hold
 REFUSALS = ("invalid", "unverified", "rolled-back", "removal-guard")  # why the newest revision was not applied
 # kube-proxy's sync_proxy_rules_duration_seconds buckets: 1 ms … ~16 s.
 SYNC_BUCKETS = tuple(0.001 * 2**i for i in range(15))
@@ -107,6 +108,17 @@ class Metrics:
             "bad-signature, bad-object, rollback, ...).", ["reason"], registry=r)
         self._signer = _Signer()
         r.register(self._signer)
+        # a fleet's rollout (daemon/rollout.py)
+        self._rollout_wave = Gauge("nftrec_rollout_wave", "This node's rollout wave of the newest revision "
+                                   "(value: its index from 0, label: its name).", ["wave"], registry=r)
+        self._rollout_held = Gauge(
+            "nftrec_rollout_held", "1 while the newest revision is held back, by why: held (its wave has not "
+            "opened), paused (rollout.paused), local-hold (`nftrec hold`), halted (earlier waves failed it, or their "
+            "records cannot be read); the last applied revision stays in the kernel.", ["state"], registry=r)
+        self._rollout_opens = Gauge("nftrec_rollout_opens_timestamp_seconds", "Unix time at which the held "
+                                    "revision's wave opens for this node (0 when it is not held by its wave).",
+                                    registry=r)
+        self.set_rollout("", 0, None, None)
         # `watch oci://...` (daemon/fetcher.py): polls of the tag, artifacts pulled, failures by reason
         self._source_polls = Counter("nftrec_source_polls", "Resolves of the watched OCI reference (one HEAD "
                                      "request each for a tag).", registry=r)
@@ -116,6 +128,16 @@ class Metrics:
             "nftrec_source_errors", "Failed fetches of the OCI source, by reason (unreachable, tls, auth, "
             "not-found, bad-response, digest-mismatch, bad-artifact, unsafe-archive, too-large, store, ...); the "
             "kernel keeps the last good ruleset.", ["reason"], registry=r)
+
+    def set_rollout(self, wave: str, index: int, held: str | None, opens_at: float | None) -> None:
+        """The newest revision's rollout: the node's wave, why it is held (None: not held),
+        when its wave opens for this node (0: not held by its wave)."""
+        self._rollout_wave.clear()
+        if wave:
+            self._rollout_wave.labels(wave).set(index)
+        for state in ROLLOUT_HOLDS:
+            self._rollout_held.labels(state).set(1 if state == held else 0)
+        self._rollout_opens.set(opens_at or 0)
 
     def observe_sync(self, kind: str, seconds: float, ok: bool) -> None:
         """One sync attempt of `kind` ("full"|"partial") that took `seconds`."""

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable
@@ -23,6 +22,8 @@ from reconciler.compile import (
     Compiled, NftSyntaxError, Ruleset, allocation_of, changed_services, compile_incremental, compile_static,
     describe_view_change, node_address_view, project, relocate,
 )
+from reconciler.daemon.compiled import Services, counts, has_udp
+from reconciler.daemon.rollout import RolloutWatch
 from reconciler.daemon.runner import Fatal, SyncFailed
 from reconciler.engine import (CommandError, StateCorrupt, Target, adopt_commit, append_commit, clean_udp_conntrack, commit,
                                diff, forget_affinity_clients, make_plan, read_history, read_status, rollback_baseline,
@@ -44,39 +45,6 @@ def _netns_id(netns: str | None) -> tuple | None:
     except OSError:
         return None
     return st.st_dev, st.st_ino
-
-
-class _Services(Mapping):
-    """Service key -> Service of a compiled revision, from its inputs (no index built per
-    sync: a partial sync's plan looks up only the Services it changed)."""
-
-    def __init__(self, compiled: Compiled):
-        self._inputs = compiled.inputs
-
-    def __getitem__(self, key: str):
-        return self._inputs[key][0]
-
-    def __iter__(self):
-        return iter(self._inputs)
-
-    def __len__(self) -> int:
-        return len(self._inputs)
-
-    def __bool__(self) -> bool:  # make_plan's `services or {}`: never replaced
-        return True
-
-
-def _has_udp(compiled: Compiled | None, keys: set[str]) -> bool:
-    for k in keys:
-        inp = compiled.inputs.get(k) if compiled is not None else None
-        if inp is not None and any(p.protocol == "UDP" for p in inp[0].ports):
-            return True
-    return False
-
-
-def _counts(rs: Ruleset) -> dict[str, tuple[int, int]]:
-    return {fam: (sum(len(c.rules) for c in t.chains.values()), sum(len(s.elements) for s in t.sets.values()))
-            for fam, t in rs.tables.items()}
 
 
 class Daemon:
@@ -134,6 +102,7 @@ class Daemon:
         self.repairs = None
         self._repair_seq = 0  # the last change reported before this sync listed the kernel
         self._hold: float | None = None  # seconds a repair is held back (the runner's timer)
+        self.rollout = RolloutWatch(self)  # a fleet's rollout, the local hold: new revisions kept aside
 
     # -- config
 
@@ -255,6 +224,7 @@ class Daemon:
             self._refused(*unsigned)
         if snap is not None and (snap.digest, snap.revision) != self.last_digest:  # (a newer one published since: it counts)
             self._take(snap)
+        self.rollout.promote()  # a held revision whose wave opened (or hold ended) becomes `desired`
         if self.prober is not None and self.declared is not None and self.prober.generation != self.probe_generation:
             try:  # probe results changed: only the Services whose endpoints changed recompile
                 self.desired = compile_incremental(self._with_probes(self.declared), self.config, self.desired)
@@ -270,7 +240,7 @@ class Daemon:
         full_due = self.last_full is None or self.clock() - self.last_full >= self.config.full_sync_period
         full = self.need_full or full_due
         if self.desired is None:
-            return None  # no good revision read yet: the kernel stays untouched
+            return self.rollout.wake(None)  # no good revision read yet (or held): the kernel stays untouched
         if not full and self.applied is not None and self.desired is self.applied:
             return self._next_full_in()
         try:
@@ -282,9 +252,9 @@ class Daemon:
 
     def _next_full_in(self) -> float | None:
         if self.last_full is None:
-            return self._hold
+            return self.rollout.wake(self._hold)
         due = max(0.0, self.last_full + self.config.full_sync_period - self.clock())
-        return due if self._hold is None else min(due, self._hold)
+        return self.rollout.wake(due if self._hold is None else min(due, self._hold))
 
     def _take_repair(self) -> None:
         """Another process changed the table: a full sync now, or a timer while held back."""
@@ -350,6 +320,8 @@ class Daemon:
             return
         self.invalid = None
         self.rejected = None
+        if self.rollout.hold_back(snap, compiled):  # its wave is not open: `desired` stays the applied one
+            return
         self.desired = compiled
         self.desired_signed = self.gate.signed(snap.revision)
         self.declared = snap.inventory
@@ -363,6 +335,7 @@ class Daemon:
         return inventory
 
     def _set_revisions(self) -> None:
+        self.rollout.observed()  # the outcome's status record
         if self.metrics is None:
             return
         refused = self.refusal()
@@ -387,7 +360,7 @@ class Daemon:
             full, reason = True, "the kernel's ruleset changed since our last commit"
         drift = None
         verified_live = None
-        services = _Services(desired)
+        services = Services(desired)
         pending = None
         try:
             if full:
@@ -495,7 +468,7 @@ class Daemon:
             self.metrics.observe_sync(kind, end - start, True)
             if full:
                 self.metrics.drift_repaired(drifted)
-            for fam, (rules, elements) in _counts(desired.ruleset).items():
+            for fam, (rules, elements) in counts(desired.ruleset).items():
                 self.metrics.set_counts(fam, rules, elements)
         shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
         logs.log.info(
@@ -582,6 +555,7 @@ class Daemon:
                        extra={"fields": {"event": "sync", "ok": False, "revision": desired.inventory.revision}})
         revision = desired.inventory.revision
         self._write(lambda: self._record(self.store.record_attempt, revision, message))
+        self.rollout.report("failed", revision, message)
         if self.metrics is not None:
             self.metrics.observe_sync("full" if full else "partial", self.clock() - start, False)
             self.metrics.set_revisions(self.applied.inventory.revision if self.applied else None,
@@ -592,7 +566,7 @@ class Daemon:
         """UDP: entries pinned to endpoints that went away (as kube-proxy clears them); only when a
         Service the plan touched has a UDP port (looked up per key, not per Service)."""
         touched = {s.service for s in plan.services}
-        if not (_has_udp(new, touched) or _has_udp(old, touched)):
+        if not (has_udp(new, touched) or has_udp(old, touched)):
             return
         n = clean_udp_conntrack(self.target.netns, new.inventory, new.config, plan, old.inventory if old else None)
         if n is not None and self.metrics is not None:

@@ -10,8 +10,10 @@ apply's window and its rollback; `teardown` is cleanup; `doctor` checks the host
 `planfile` is a saved plan; `target` says where a command acts; `review` is `nftrec diff`
 (two manifest trees or git revisions, planned against each other without a kernel);
 `trace` explains one packet with the desired or the live ruleset, `kerneltrace` traces a
-real one with the kernel's `meta nftrace`; `effective` prints a node's effective manifests. `source` turns an `oci://` argument into the
-tree a command reads; `sourcestate` is `watch oci://`'s source for `status`.
+real one with the kernel's `meta nftrace`; `effective` prints a node's effective manifests; `rollout` and `holds` decide
+whether a fleet node takes a revision now (waves, the local hold). `source` turns an `oci://` argument into the
+tree a command reads; `sourcestate` is `watch oci://`'s source for `status`;
+`statusrecords` pushes the node's outcomes to a git remote and reads the fleet's back.
 """
 
 from reconciler import lazy_exports
@@ -27,14 +29,19 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "effective": ("write_manifests",),
     "entry": ("guard", "intake_cache_dir", "record_invalid"),
     "guards": ("applied_services", "removal_refusal"),
+    "holds": ("hold_path", "hold_status_json", "hold_status_lines", "parse_until", "read_hold", "run_hold", "run_release"),
     "lock": ("LockHeld",),
     "noop": ("config_cache_dir", "run_apply_noop", "run_plan_noop"),
     "plan": ("make_plan",),
     "probes": ("probe_desired", "read_probe_state", "write_probe_state"),
     "fleetreview": ("run_diff_fleet", "run_validate_fleet"),
+    "fleetstatus": ("run_fleet_status",),
     "review": ("run_diff",),
+    "rollout": ("EXIT_HELD", "Gate", "fleet_rollout", "jitter", "one_shot", "records_fetcher", "status_record",
+                "time_of"),
     "source": ("KEEP", "command_source", "is_source", "manifest_root", "open_source", "reference", "source_error"),
     "sourcestate": ("read_source_state", "source_status_json", "source_status_lines", "write_source_state"),
+    "statusrecords": ("StatusChannel", "StatusSettings", "fetch_records", "parse_record", "record_json"),
     "state": ("StateCorrupt", "default_state_dir", "namespace_dir", "read_history", "read_status", "utc_now"),
     "sync": ("clean_udp_conntrack", "commit", "forget_affinity_clients", "forgotten_affinity_ids", "touched_objects", "udp_services", "verify_applied", "verify_commit",
              "verify_touched"),

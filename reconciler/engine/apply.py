@@ -508,6 +508,12 @@ def run_status(target: Target, *, output: str, detailed: bool = False, out_strea
     source = read_source_state(store)  # written by nftrec watch oci://...
     doc.update(source_status_json(source))
     doc.update(pending)
+    from reconciler import clock
+    from reconciler.engine.holds import hold_status_json, hold_status_lines, read_hold
+    from reconciler.engine.rollout import read_rollout_state, rollout_status_json, rollout_status_lines
+
+    hold, rollout, now = read_hold(target.state_root, target.netns), read_rollout_state(store), clock.now()
+    doc.update(hold_status_json(hold, now), **rollout_status_json(rollout, status))
     if output == "json":
         json.dump(doc, out_stream, indent=2)
         out_stream.write("\n")
@@ -537,7 +543,8 @@ def run_status(target: Target, *, output: str, detailed: bool = False, out_strea
             w(f"drift:     yes, {len(drift)} objects differ"
               + (f" (Services: {shown})" if owners else " (shared objects)")
               + "; `nftrec plan` shows them, `nftrec apply` repairs them\n")
-        for line in probe_status_lines(probes) + source_status_lines(source) + confirm_window.pending_status_lines(pending):
+        for line in (probe_status_lines(probes) + source_status_lines(source) + confirm_window.pending_status_lines(pending)
+                     + hold_status_lines(hold, now) + rollout_status_lines(rollout, status)):
             w(line)
     if drift is None or not drift.empty:
         return EXIT_CHANGES

@@ -164,6 +164,7 @@ def load_node_config(
         health_check_timeout=periods["healthCheckTimeout"],
         verify=model.Verify(v["mode"], tuple(v["keys"]), v["allowRollback"]) if (v := settings["verify"]) else None,
         oci=model.OciSettings(**settings["oci"]),
+        status=model.StatusSettings(st["remote"], st["sshKey"]) if (st := settings["status"]) else None,
         source=model.Source(shown, 1, 1) if settings["fromFile"] else model.Source("<defaults>"),
     )
     return cfg, problems
@@ -185,7 +186,7 @@ _SETTINGS_TYPES = {
     "nodePortAddresses": list, "masqueradeAll": bool, "masqueradeBit": int, "tableName": str, "layout": str,
     "zone": str, "deriveTopologyHints": bool, "fieldValidation": str, "allowEmpty": bool, "removalGuard": int,
     "periods": dict, "healthChecks": list, "fromFile": bool, "verify": (dict, type(None)),
-    "oci": dict,
+    "oci": dict, "status": (dict, type(None)),
 }
 _OCI_TYPES = {"interval": float, "insecure": bool, "ca_file": str, "credentials_file": str, "max_size": int}
 _SIZE_UNITS = {"": 1, "K": 10 ** 3, "M": 10 ** 6, "G": 10 ** 9, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30}
@@ -245,7 +246,9 @@ def _valid_settings(s: object) -> bool:
             and all(type(v) is float for v in s["periods"].values())
             and (s["verify"] is None or (set(s["verify"]) == {"mode", "keys", "allowRollback"}
                                          and all(isinstance(k, str) for k in s["verify"]["keys"])))
-            and set(s["oci"]) == set(_OCI_TYPES) and all(type(s["oci"][k]) is t for k, t in _OCI_TYPES.items()))
+            and set(s["oci"]) == set(_OCI_TYPES) and all(type(s["oci"][k]) is t for k, t in _OCI_TYPES.items())
+            and (s["status"] is None or (set(s["status"]) == {"remote", "sshKey"} and type(s["status"]["remote"]) is str
+                                         and type(s["status"]["sshKey"]) in (str, type(None)))))
 
 
 def _check(path: str | None, raw: bytes) -> tuple[dict | None, list[Problem]]:
@@ -334,6 +337,10 @@ def _check(path: str | None, raw: bytes) -> tuple[dict | None, list[Problem]]:
         "oci": {"interval": float(interval), "insecure": bool(oci.get("insecure", False)),
                 "ca_file": str(oci.get("caFile", "")), "credentials_file": str(oci.get("credentialsFile", "")),
                 "max_size": parse_size(oci.get("maxSize", 100 << 20))},
+        "status": None if "status" not in data else {
+            "remote": str(data["status"]["remote"]),
+            "sshKey": str(data["status"]["sshKey"]) if "sshKey" in data["status"] else None,
+        },
     }
     return settings, problems
 

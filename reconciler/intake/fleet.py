@@ -14,58 +14,13 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass, field
-from typing import Mapping
 
 from reconciler.intake.problems import Problem, safe_name, show
+from reconciler.intake.selectors import Identity, Requirement, Selector, selector_of  # noqa: F401 (fleet's names)
 
 FLEET_FILE = "fleet.yaml"
 REMOVE_ANNOTATION = "fleet.nftrec.io/remove"
 _VARIABLE = re.compile(r"\$\$\{|\$\{([^}]*)\}")
-
-
-@dataclass(frozen=True)
-class Identity:
-    """Who a node is to its fleet: the node config's nodeName and nodeLabels (sorted pairs)."""
-
-    name: str
-    labels: tuple[tuple[str, str], ...] = ()
-
-    @property
-    def label_map(self) -> dict[str, str]:
-        return dict(self.labels)
-
-
-@dataclass(frozen=True)
-class Requirement:
-    """One matchExpressions entry: operator In, NotIn, Exists or DoesNotExist."""
-
-    key: str
-    operator: str
-    values: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class Selector:
-    """A Kubernetes label selector. Every term must hold (AND); an empty selector matches
-    every node, as in Kubernetes (metav1.LabelSelectorAsSelector)."""
-
-    match_labels: tuple[tuple[str, str], ...] = ()
-    expressions: tuple[Requirement, ...] = ()
-
-    def matches(self, labels: Mapping[str, str]) -> bool:
-        if any(labels.get(k) != v for k, v in self.match_labels):
-            return False
-        for r in self.expressions:
-            has = r.key in labels
-            if r.operator == "In" and not (has and labels[r.key] in r.values):
-                return False
-            if r.operator == "NotIn" and has and labels[r.key] in r.values:
-                return False  # NotIn matches a node without the key, as in Kubernetes
-            if r.operator == "Exists" and not has:
-                return False
-            if r.operator == "DoesNotExist" and has:
-                return False
-        return True
 
 
 @dataclass(frozen=True)
@@ -190,6 +145,7 @@ def parse_fleet(display: str, raw: bytes) -> tuple[Fleet | None, list[Problem]]:
     errors, `x-` keys ignored, as the node config's), or None and the problems."""
     from reconciler.intake.load import Document, locate, read_file
     from reconciler.intake.parse import Yaml11Bool
+    from reconciler.intake.rollout import check_rollout, parse_rollout
     from reconciler.intake.schema_errors import Obj, Report, schema_problem
     from reconciler.intake.schemas import validator
     from reconciler.intake.sources import Blob
@@ -213,40 +169,39 @@ def parse_fleet(display: str, raw: bytes) -> tuple[Fleet | None, list[Problem]]:
         else:
             schema_problem(rep, o, err, own=True)
     _check_requirements(rep, o)
+    for path, message in check_rollout(doc.data.get("rollout")):
+        rep.add(o, path, message)
     if rep.problems:
         return None, sorted((_fleet_problem(p) for p in rep.problems), key=lambda p: (p.line, p.col))
     layers = []
     for i, item in enumerate(doc.data["layers"]):
         line, _ = locate(doc, ("layers", i))
         sel = item.get("selector")
-        layers.append(Layer(str(item["path"]), None if sel is None else _selector(sel), item.get("optional", False), line))
+        layers.append(Layer(str(item["path"]), None if sel is None else selector_of(sel), item.get("optional", False), line))
     variables = tuple(sorted((str(k), str(v)) for k, v in (doc.data.get("variables") or {}).items()))
-    return Fleet(display, tuple(layers), variables), []
+    rollout = doc.data.get("rollout")
+    return Fleet(display, tuple(layers), variables, None if rollout is None else parse_rollout(rollout)), []
 
 
 def _fleet_problem(p: Problem) -> Problem:
     return Problem(p.file, p.line, p.col, "Fleet", "", p.field, p.message, p.severity)
 
 
-def _selector(sel: dict) -> Selector:
-    labels = tuple(sorted((str(k), str(v)) for k, v in (sel.get("matchLabels") or {}).items()))
-    exprs = tuple(Requirement(str(e["key"]), e["operator"], tuple(str(v) for v in e.get("values") or ()))
-                  for e in sel.get("matchExpressions") or ())
-    return Selector(labels, exprs)
-
-
 def _check_requirements(rep, o) -> None:
     """In and NotIn need values, Exists and DoesNotExist take none: Kubernetes'
     ValidateLabelSelectorRequirement, which a JSON Schema could say only obscurely. Runs
     beside the schema (so every problem is reported at once): tolerates any shape."""
-    layers = o.doc.data.get("layers")
-    for i, layer in enumerate(layers if isinstance(layers, list) else ()):
-        sel = layer.get("selector") if isinstance(layer, dict) else None
+    layers, rollout = o.doc.data.get("layers"), o.doc.data.get("rollout")
+    waves = rollout.get("waves") if isinstance(rollout, dict) else None
+    selectors = [(("layers", i), item) for i, item in enumerate(layers if isinstance(layers, list) else ())] + \
+        [(("rollout", "waves", i), item) for i, item in enumerate(waves if isinstance(waves, list) else ())]
+    for where, item in selectors:
+        sel = item.get("selector") if isinstance(item, dict) else None
         exprs = sel.get("matchExpressions") if isinstance(sel, dict) else None
         for j, e in enumerate(exprs if isinstance(exprs, list) else ()):
             if not isinstance(e, dict):
                 continue
-            path = ("layers", i, "selector", "matchExpressions", j)
+            path = where + ("selector", "matchExpressions", j)
             op, values = e.get("operator"), e.get("values")
             if op in ("In", "NotIn") and not values:
                 rep.add(o, path, f"operator {op} needs at least one value (as in Kubernetes); list them under values, "

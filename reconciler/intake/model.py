@@ -187,6 +187,16 @@ class OciSettings:
 
 
 @dataclass(frozen=True)
+class StatusSettings:
+    """The node config's `status`: the git remote each node pushes its status records to
+    (refs/nftrec/status/<nodeName>) and an SSH key file (optional; else the remote's own
+    authentication)."""
+
+    remote: str
+    ssh_key: str | None = None
+
+
+@dataclass(frozen=True)
 class NodeConfig:
     node_name: str
     node_labels: tuple[tuple[str, str], ...] = ()  # nodeLabels, sorted (key, value): a fleet's selectors match them
@@ -218,6 +228,7 @@ class NodeConfig:
     health_check_timeout: float = 30.0  # seconds
     verify: Verify | None = None  # signed revisions only; None: no signature checks
     oci: OciSettings = OciSettings()  # oci:// sources
+    status: StatusSettings | None = None  # status records on git; None: none pushed
     # what the target's nft accepts (discovered, like host_addresses; never from the file)
     spelling: NftSpelling = NftSpelling()
     source: Source = field(default=Source("<defaults>"), compare=False)

@@ -1,0 +1,177 @@
+"""`nftrec watch` under a fleet's rollout and the local hold, on the real kernel in a network
+namespace: a new revision of a node in a later wave is held (compiled and checked at once,
+so an invalid one is reported then), the kernel keeps the last applied revision through a
+full sync and the repair of a flushed table, status, /readyz and the metrics say "held",
+and the daemon applies the revision when its wave opens (an interval of a few seconds),
+without polling for it. `nftrec hold` / `release` reach a running watch within a second.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from nsutil import in_ns, throwaway_netns
+from rolloutfleet import make_fleet, nftrec, node_config, set_endpoint
+from watchproc import Watch
+
+pytestmark = pytest.mark.kernel
+
+INTERVAL = 4.0  # seconds: wave `rest` opens this long after the revision was first seen (+ up to 10 % jitter)
+
+
+def table(ns: str) -> str:
+    return in_ns(ns, "nft", "list", "table", "ip", "nftrec").stdout
+
+
+def metric(w: Watch, name: str, labels: str = "") -> float | None:
+    _, text = w.http("/metrics")
+    m = re.search(rf"^{re.escape(name)}{re.escape(labels)} (\S+)$", text, re.M)
+    return float(m.group(1)) if m else None
+
+
+def test_a_later_wave_holds_the_revision_keeps_and_repairs_the_applied_one_and_applies_when_it_opens(tmp_path):
+    root = make_fleet(tmp_path / "fleet", interval=f"{INTERVAL:g}s", address="10.244.0.1")
+    cfg = node_config(tmp_path / "config.yaml", "edge-2")  # no ring label: wave `rest` (index 1)
+    state = tmp_path / "state"
+    with throwaway_netns() as ns:
+        w = Watch(ns, root, cfg, state, "--debounce", "0.05")
+        try:
+            first = w.wait_sync(0)["revision"]  # nothing applied yet: at once
+            assert "10.244.0.1" in table(ns)
+            mark = len(w.lines)
+            set_endpoint(root, "10.244.0.2")
+            seen = time.monotonic()
+            held = w.wait_event("rollout", mark, state="held")
+            second = held["revision"]
+            assert second != first and held["wave"] == "rest"
+            assert "10.244.0.2" not in table(ns) and "10.244.0.1" in table(ns)
+            code, text = w.http("/readyz")
+            assert code == 503 and "held: wave rest opens" in text and f"{first[:19]}" in text, text
+            assert w.http("/healthz")[0] == 200  # a held revision never turns the data plane red
+            assert metric(w, "nftrec_rollout_held", '{state="held"}') == 1
+            assert metric(w, "nftrec_rollout_wave", '{wave="rest"}') == 1
+            opens = metric(w, "nftrec_rollout_opens_timestamp_seconds")
+            assert opens and opens > time.time()
+            st = w.status(lambda st: st.get("lastAttemptedRevision") == second)
+            assert st["lastAppliedRevision"] == first and st["rollout"]["state"] == "held"
+
+            # an invalid revision is reported at once, not when the wave opens
+            mark = len(w.lines)
+            (root / "base" / "broken.yaml").write_text("apiVersion: v1\nkind: Service\nmetadata: {name: x}\nspec: {bogus: 1}\n")
+            w.wait(lambda: w.find("invalid", mark), timeout=5, what="the invalid revision reported")
+            assert time.monotonic() - seen < INTERVAL
+            (root / "base" / "broken.yaml").unlink()
+
+            # the applied revision is repaired while the new one is held
+            mark = len(w.lines)
+            in_ns(ns, "nft", "flush", "table", "ip", "nftrec")
+            repair = w.wait_sync(mark, kind="full")
+            assert repair["revision"] == first and "10.244.0.1" in table(ns)
+
+            # the wave opens: applied without anything else happening
+            mark = len(w.lines)
+            done = w.wait_event("sync", mark, timeout=3 * INTERVAL, revision=second)
+            assert "10.244.0.2" in table(ns) and "10.244.0.1" not in table(ns)
+            assert time.monotonic() - seen >= INTERVAL * 0.9, done
+            assert metric(w, "nftrec_rollout_held", '{state="held"}') == 0
+            w.wait(lambda: w.http("/readyz")[0] == 200, timeout=5, what="ready")
+            st = w.status(lambda st: st.get("lastAppliedRevision") == second and st.get("lastError") is None)
+            assert "rollout" not in st
+        finally:
+            assert w.stop() == 0
+
+
+def test_a_running_watch_sees_hold_and_release_within_a_second(tmp_path):
+    root = make_fleet(tmp_path / "plain", plain=True, address="10.244.0.1")
+    cfg = node_config(tmp_path / "config.yaml", "n1")
+    state = tmp_path / "state"
+    with throwaway_netns() as ns:
+        w = Watch(ns, root, cfg, state, "--debounce", "0.05")
+        try:
+            w.wait_sync(0)
+            assert nftrec(state, "hold", "--netns", ns, "--reason", "site window").returncode == 0
+            mark = len(w.lines)
+            set_endpoint(root, "10.244.0.2")
+            held = w.wait_event("rollout", mark, timeout=5, state="local-hold")
+            assert "held locally: site window" in held["msg"]
+            code, text = w.http("/readyz")
+            assert code == 503 and "site window" in text
+            assert metric(w, "nftrec_rollout_held", '{state="local-hold"}') == 1
+            assert "10.244.0.2" not in table(ns)
+            mark = len(w.lines)
+            released = time.monotonic()
+            assert nftrec(state, "release", "--netns", ns).returncode == 0
+            w.wait_event("sync", mark, timeout=5, revision=held["revision"])
+            assert time.monotonic() - released < 2.5  # the hold file is stat'ed twice a second
+            assert "10.244.0.2" in table(ns)
+
+            # a hold with --until ends by itself: the daemon wakes then
+            assert nftrec(state, "hold", "--netns", ns, "--until", "3s").returncode == 0
+            time.sleep(0.7)  # the daemon has seen the hold file (HOLD_POLL 0.5 s)
+            mark = len(w.lines)
+            set_endpoint(root, "10.244.0.3")
+            held = w.wait_event("rollout", mark, timeout=5, state="local-hold")
+            assert "10.244.0.3" not in table(ns)
+            w.wait_event("sync", mark, timeout=8, revision=held["revision"])
+            assert "10.244.0.3" in table(ns)
+        finally:
+            assert w.stop() == 0
+
+
+def _remote(tmp_path) -> str:
+    import subprocess
+
+    bare = tmp_path / "status.git"
+    subprocess.run(["git", "init", "-q", "--bare", str(bare)], check=True)
+    return f"file://{bare}"
+
+
+def test_outcomes_are_pushed_and_a_failed_canary_halts_a_later_wave(tmp_path):
+    """status.remote is a file:// bare repository. The node's outcomes arrive as records
+    (applied, then held); a canary node's record that it rolled back the revision halts
+    this node (maxFailures: 0) when its wave opens, and the halt is reported too."""
+    from reconciler.engine import StatusChannel, fetch_records
+    from reconciler.intake import Record, StatusSettings
+
+    remote = _remote(tmp_path)
+    root = make_fleet(tmp_path / "fleet", interval=f"{INTERVAL:g}s", address="10.244.0.1")
+    fleet = root / "fleet.yaml"
+    fleet.write_text(fleet.read_text().replace("rollout:\n", "rollout:\n  maxFailures: 0\n"))
+    cfg = node_config(tmp_path / "config.yaml", "edge-2")
+    cfg.write_text(cfg.read_text() + f"status: {{remote: '{remote}'}}\n")
+    state = tmp_path / "state"
+
+    def latest(node: str):
+        records, error = fetch_records(remote)
+        return next((r for r in records if r.node == node), None)
+
+    with throwaway_netns() as ns:
+        w = Watch(ns, root, cfg, state, "--debounce", "0.05")
+        try:
+            first = w.wait_sync(0)["revision"]
+            rec = w.wait(lambda: (r := latest("edge-2")) and r.outcome == "applied" and r, timeout=15,
+                         what="the applied record", step=0.2)
+            assert rec.applied == first and rec.wave == "rest"
+            mark = len(w.lines)
+            set_endpoint(root, "10.244.0.2")
+            second = w.wait_event("rollout", mark, state="held")["revision"]
+            canary = StatusChannel(tmp_path / "canary-state", StatusSettings(remote))
+            canary.start()
+            try:
+                canary.enqueue(Record("canary-1", (("ring", "canary"),), "canary", first, second, "rolled-back",
+                                      "health check: tcp 10.96.0.10:80 refused", time.time()))
+                w.wait(lambda: latest("canary-1"), timeout=10, what="the canary's record", step=0.1)
+            finally:
+                canary.stop()
+            halted = w.wait_event("rollout", mark, timeout=3 * INTERVAL, state="halted")
+            assert "canary-1 (health check)" in halted["msg"] and second in halted["msg"], halted
+            assert "10.244.0.2" not in table(ns)
+            assert metric(w, "nftrec_rollout_held", '{state="halted"}') == 1
+            rec = w.wait(lambda: (r := latest("edge-2")) and r.outcome == "halted" and r, timeout=15,
+                         what="the halted record", step=0.2)
+            assert rec.attempted == second and rec.applied == first
+        finally:
+            assert w.stop() == 0
