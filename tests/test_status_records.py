@@ -518,3 +518,17 @@ def test_queue_past_its_cap_keeps_every_outcomes_latest(tmp_path, monkeypatch):
     ch.stop()
     assert [(r.outcome, r.applied) for r in log_of(remote, "edge-1")] == [
         ("invalid", "rev0"), ("applied", "rev4"), ("applied", "rev5"), ("applied", "rev6")]
+
+
+def test_fetch_records_of_a_hung_remote_ends_at_its_timeout(tmp_path):
+    """`timeout` bounds the whole read (every git process of it), not each process."""
+    hole = socket.socket()
+    hole.bind(("127.0.0.1", 0))
+    hole.listen(8)
+    try:
+        t0 = time.monotonic()
+        records, why = fetch_records(f"git://127.0.0.1:{hole.getsockname()[1]}/status.git", timeout=1.5)
+        assert time.monotonic() - t0 < 5
+        assert records == () and "did not finish within the 1.5 s allowed" in why
+    finally:
+        hole.close()
