@@ -556,3 +556,25 @@ def test_fetch_records_of_a_hung_remote_ends_at_its_timeout(tmp_path):
         assert records == () and "did not finish within the 1.5 s allowed" in why
     finally:
         hole.close()
+
+
+def test_node_config_status_block(tmp_path):
+    from reconciler.intake import load_node_config
+
+    def read(status: str):
+        path = tmp_path / "config.yaml"
+        path.write_text(f"apiVersion: nftrec/v1alpha1\nkind: NodeConfig\nnodeName: edge-1\nnodeIPs: [192.0.2.1]\n{status}")
+        cfg, problems = load_node_config(str(path), discover=False)
+        return cfg.status, [p.field for p in problems if p.is_error]
+
+    assert read("") == (None, [])
+    assert read("status: {remote: 'git@git.example:fleet/status.git', sshKey: /etc/nftrec/status_ed25519}\n") == (
+        StatusSettings("git@git.example:fleet/status.git", "/etc/nftrec/status_ed25519"), [])
+    assert read("status: {remote: 'https://git.example/fleet/status.git'}\n") == (
+        StatusSettings("https://git.example/fleet/status.git"), [])
+    for bad, field in (("{remote: 'ext::sh -c id'}", "status.remote"), ("{remote: '/srv/status.git'}", "status.remote"),
+                       ("{remote: 'file:///s.git', sshKey: 'keys/id'}", "status.sshKey"),
+                       ("{remote: 'file:///s.git', sshKey: '/k/a b'}", "status.sshKey"),
+                       ("{sshKey: /k/id}", "status"), ("{remote: 'file:///s.git', user: x}", "status")):
+        status, fields = read(f"status: {bad}\n")
+        assert status is None and fields and all(f.startswith(field) for f in fields), (bad, fields)
