@@ -563,7 +563,8 @@ def test_node_config_status_block(tmp_path):
 
     def read(status: str):
         path = tmp_path / "config.yaml"
-        path.write_text(f"apiVersion: nftrec/v1alpha1\nkind: NodeConfig\nnodeName: edge-1\nnodeIPs: [192.0.2.1]\n{status}")
+        path.write_text("apiVersion: nftrec/v1alpha1\nkind: NodeConfig\nnodeName: edge-1\nnodeIPs: [192.0.2.1]\n"
+                        + status)
         cfg, problems = load_node_config(str(path), discover=False)
         return cfg.status, [p.field for p in problems if p.is_error]
 
