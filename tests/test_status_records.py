@@ -208,11 +208,18 @@ def test_repeats_coalesce_to_the_latest(tmp_path):
         ("held", 1_800_000_002.0), ("applied", 1_800_000_010.0), ("held", 1_800_000_020.0)]
 
 
-def test_twenty_nodes_at_once_lose_nothing(tmp_path, daemon):
-    """20 nodes, each its own channel and state directory, push 6 records each through
-    git daemon at the same time: every ref's log is exactly its node's records, in order."""
+@pytest.mark.parametrize("served", ["git-daemon", "file"])
+def test_twenty_nodes_at_once_lose_nothing(tmp_path, served, request):
+    """20 nodes, each its own channel and state directory, push 6 records each at the same
+    time (through git daemon, or to a file:// remote): every ref's log is exactly its
+    node's records, in order."""
+    if served == "file":
+        remote, url = bare(tmp_path / "status.git"), f"file://{tmp_path}/status.git"
+    else:
+        daemon = request.getfixturevalue("daemon")
+        remote, url = daemon.base / "status.git", daemon.url
     nodes = [f"edge-{i:03d}" for i in range(20)]
-    channels = {n: channel(tmp_path / "state" / n, daemon.url) for n in nodes}
+    channels = {n: channel(tmp_path / "state" / n, url) for n in nodes}
     sent = {n: [record(n, i, outcome="applied" if i % 2 else "held") for i in range(6)] for n in nodes}
     for ch in channels.values():
         ch.start()
@@ -230,11 +237,28 @@ def test_twenty_nodes_at_once_lose_nothing(tmp_path, daemon):
     finally:
         for ch in channels.values():
             ch.stop()
-    remote = daemon.base / "status.git"
     for n in nodes:
         assert log_of(remote, n) == sent[n], n
-    records, why = fetch_records(daemon.url)
+    records, why = fetch_records(url)
     assert why is None and records == tuple(sent[n][-1] for n in nodes)
+
+
+def test_two_processes_on_one_queue_send_each_record_once(tmp_path):
+    """A watch and a one-shot run of one node share the state directory's queue: one of
+    them pushes at a time, and every record lands exactly once, in order."""
+    remote = bare(tmp_path / "status.git")
+    a, b = (channel(tmp_path / "state", f"file://{remote}") for _ in range(2))
+    a.start()
+    b.start()
+    try:
+        for i in range(20):
+            (a if i % 2 else b).enqueue(record("edge-1", i))
+            time.sleep(0.005)
+        wait_for(lambda: a.pending == 0, 60, "the shared queue sent")
+    finally:
+        a.stop()
+        b.stop()
+    assert [r.applied for r in log_of(remote, "edge-1")] == [f"rev{i}" for i in range(20)]
 
 
 def test_a_moved_ref_is_built_upon(tmp_path):
@@ -518,3 +542,40 @@ def test_queue_past_its_cap_keeps_every_outcomes_latest(tmp_path, monkeypatch):
     ch.stop()
     assert [(r.outcome, r.applied) for r in log_of(remote, "edge-1")] == [
         ("invalid", "rev0"), ("applied", "rev4"), ("applied", "rev5"), ("applied", "rev6")]
+
+
+def test_fetch_records_of_a_hung_remote_ends_at_its_timeout(tmp_path):
+    """`timeout` bounds the whole read (every git process of it), not each process."""
+    hole = socket.socket()
+    hole.bind(("127.0.0.1", 0))
+    hole.listen(8)
+    try:
+        t0 = time.monotonic()
+        records, why = fetch_records(f"git://127.0.0.1:{hole.getsockname()[1]}/status.git", timeout=1.5)
+        assert time.monotonic() - t0 < 5
+        assert records == () and "did not finish within the 1.5 s allowed" in why
+    finally:
+        hole.close()
+
+
+def test_node_config_status_block(tmp_path):
+    from reconciler.intake import load_node_config
+
+    def read(status: str):
+        path = tmp_path / "config.yaml"
+        path.write_text("apiVersion: nftrec/v1alpha1\nkind: NodeConfig\nnodeName: edge-1\nnodeIPs: [192.0.2.1]\n"
+                        + status)
+        cfg, problems = load_node_config(str(path), discover=False)
+        return cfg.status, [p.field for p in problems if p.is_error]
+
+    assert read("") == (None, [])
+    assert read("status: {remote: 'git@git.example:fleet/status.git', sshKey: /etc/nftrec/status_ed25519}\n") == (
+        StatusSettings("git@git.example:fleet/status.git", "/etc/nftrec/status_ed25519"), [])
+    assert read("status: {remote: 'https://git.example/fleet/status.git'}\n") == (
+        StatusSettings("https://git.example/fleet/status.git"), [])
+    for bad, field in (("{remote: 'ext::sh -c id'}", "status.remote"), ("{remote: '/srv/status.git'}", "status.remote"),
+                       ("{remote: 'file:///s.git', sshKey: 'keys/id'}", "status.sshKey"),
+                       ("{remote: 'file:///s.git', sshKey: '/k/a b'}", "status.sshKey"),
+                       ("{sshKey: /k/id}", "status"), ("{remote: 'file:///s.git', user: x}", "status")):
+        status, fields = read(f"status: {bad}\n")
+        assert status is None and fields and all(f.startswith(field) for f in fields), (bad, fields)

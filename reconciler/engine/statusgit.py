@@ -14,13 +14,14 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 REF_PREFIX = "refs/nftrec/status/"
 RECORD_FILE = "status.json"  # the only file of each record's commit
 PUSH_ATTEMPTS = 4  # a push rejected because the ref moved: fetch, build on top, push again
 REMOTE = "status"  # the remote's name in the private repository: its URL is never on a command line
-GIT_TIMEOUT = 60.0  # seconds, per git process
+GIT_TIMEOUT = 120.0  # seconds for one push (its fetches, commits and pushes together)
 SSH_CONNECT_TIMEOUT = 15  # seconds
 
 _SCP_LIKE = re.compile(r"[A-Za-z0-9._-]+@[A-Za-z0-9][A-Za-z0-9.-]*:[^\s]+")
@@ -70,14 +71,15 @@ def check_key(ssh_key: str | None) -> None:
 
 class Repo:
     """A private temporary bare repository and the git commands run in it (a context
-    manager: the directory is removed on exit). `cancel` kills the running git (the
-    pusher's stop)."""
+    manager: the directory is removed on exit). `timeout`: seconds for all its git
+    commands together. `cancel` kills the running git (the pusher's stop)."""
 
     def __init__(self, remote: str, ssh_key: str | None = None, timeout: float = GIT_TIMEOUT):
         self.scheme = check_remote(remote)
         check_key(ssh_key)
         self.remote = remote
         self.timeout = timeout
+        self.deadline = time.monotonic() + timeout
         self.dir = Path(tempfile.mkdtemp(prefix="nftrec-status-"))  # 0700, ours
         self.git_dir = self.dir / "repo.git"
         self.env = {k: os.environ[k] for k in _KEPT if k in os.environ}
@@ -152,12 +154,12 @@ class Repo:
                     from None
         proc = self._proc
         try:
-            out, err = proc.communicate(stdin, timeout=self.timeout)
+            out, err = proc.communicate(stdin, timeout=max(0.0, self.deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.communicate()
-            raise StatusGitError(f"`git {args[0]}` with {shown(self.remote)} took longer than {self.timeout:.0f} s") \
-                from None
+            raise StatusGitError(f"`git {args[0]}` with {shown(self.remote)} did not finish within the "
+                                 f"{self.timeout:g} s allowed; is the remote reachable?") from None
         if proc.returncode != 0:
             said = [line for line in err.decode("utf-8", "replace").replace(self.remote, shown(self.remote))
                     .splitlines() if line.strip()]
