@@ -175,3 +175,35 @@ def test_outcomes_are_pushed_and_a_failed_canary_halts_a_later_wave(tmp_path):
             assert rec.attempted == second and rec.applied == first
         finally:
             assert w.stop() == 0
+
+
+def test_an_unchanged_outcome_is_sent_again_once_per_full_sync_period():
+    """fleet status calls a node offline when its latest record is older than 3 x
+    max(interval, fullSyncPeriod): an idle node's unchanged outcome goes out again after
+    each fullSyncPeriod (its full sync), and not on every sync in between."""
+    from types import SimpleNamespace
+
+    from reconciler import clock
+    from reconciler.daemon.rollout import RolloutWatch
+
+    sent = []
+    now = [1_000_000.0]
+    config = SimpleNamespace(node_name="edge-1", node_labels=(("site", "paris"),), full_sync_period=3600.0)
+    daemon = SimpleNamespace(config=config, applied=SimpleNamespace(inventory=SimpleNamespace(revision="r1")))
+    watch = RolloutWatch.__new__(RolloutWatch)  # no Gate, store or threads: report() alone
+    watch.daemon, watch.rollout, watch.pushed = daemon, None, None
+    watch.channel = SimpleNamespace(enqueue=sent.append)
+    clock.set_clock(lambda: now[0])
+    try:
+        watch.report("applied", "r1", "")
+        now[0] += 60
+        watch.report("applied", "r1", "")  # a partial sync a minute later: nothing new
+        assert len(sent) == 1
+        now[0] += 3600
+        watch.report("applied", "r1", "")  # the next full sync: sent again, with its time
+        assert [r.time for r in sent] == [1_000_000.0, 1_003_660.0]
+        watch.report("failed", "r2", "boom")  # another outcome: at once
+        assert [r.outcome for r in sent] == ["applied", "applied", "failed"]
+    finally:
+        clock.set_clock(None)
+

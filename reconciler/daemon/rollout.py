@@ -33,7 +33,7 @@ class RolloutWatch:
         self.wave: tuple[str, int] = ("", 0)  # the node's wave (name, index) of the newest revision decided
         self.rollout = None  # fleet.yaml's rollout of the newest valid revision (its records name the wave)
         self.channel = None  # engine.StatusChannel, when the node config has status.remote
-        self.pushed: tuple | None = None  # (outcome, attempted) last enqueued
+        self.pushed: tuple | None = None  # (outcome, attempted, when) last enqueued
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -139,10 +139,14 @@ class RolloutWatch:
             self.report("applied", d.applied.inventory.revision, "")
 
     def report(self, outcome: str, attempted: str | None, error: str) -> None:
-        """Queue the outcome's record (never blocks: StatusChannel.enqueue writes a file)."""
-        if self.channel is None or self.pushed == (outcome, attempted):
+        """Queue the outcome's record (never blocks: StatusChannel.enqueue writes a file).
+        The same outcome again is sent once per fullSyncPeriod, so that `fleet status`
+        tells an idle node (a record at least that often) from an offline one."""
+        now = clock.now()
+        if self.channel is None or self.pushed is not None and self.pushed[:2] == (outcome, attempted) \
+                and now - self.pushed[2] < self.daemon.config.full_sync_period:
             return
-        self.pushed = (outcome, attempted)
+        self.pushed = (outcome, attempted, now)
         d = self.daemon
         try:
             self.channel.enqueue(status_record(identity_of(d.config), self.rollout, self._applied(), attempted,

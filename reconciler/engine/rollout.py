@@ -158,12 +158,7 @@ def rollout_status_lines(doc: dict | None, status) -> list[str]:
 def status_record(identity: Identity, rollout: Rollout | None, applied: str | None, attempted: str | None,
                   outcome: str, error: str = "") -> Record:
     """The status record of one outcome (statusrecords.StatusChannel.enqueue)."""
-    wave = ""
-    if rollout is not None:
-        try:
-            wave = rollout.waves[wave_of(rollout, identity)].name
-        except (IndexError, NotImplementedError):
-            wave = ""
+    wave = rollout.waves[wave_of(rollout, identity)].name if rollout is not None else ""
     return Record(node=identity.name, labels=tuple(identity.labels), wave=wave, applied=applied or "",
                   attempted=attempted or "", outcome=outcome, error=error[:500], time=clock.now())
 
