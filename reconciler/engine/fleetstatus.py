@@ -219,8 +219,9 @@ def gate(records: Sequence[Record], revision: str, members: set[str], seen_after
 
 
 def with_waves(records: Sequence[Record], rollout) -> list[Record]:
-    """Records that name no wave (a node reports its wave only while it holds) given the
-    one the fleet's rollout puts the node in, from the node name and labels it pushed."""
+    """Records that name no wave (pushed before the node read a rollout, or by a node of a
+    fleet without one) given the wave the fleet's rollout puts the node in, from the node
+    name and labels it pushed."""
     from dataclasses import replace
 
     from reconciler.intake import Identity, wave_of
