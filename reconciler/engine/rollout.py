@@ -18,7 +18,7 @@ from reconciler.atomic import atomic_write
 from reconciler.engine.holds import read_hold, rfc3339
 from reconciler.engine.state import StateStore
 from reconciler.engine.target import short_revision
-from reconciler.intake import HELD, Decision, Identity, Record, Rollout, decide, is_fleet_root, project, wave_of
+from reconciler.intake import HELD, Decision, Identity, Record, Rollout, decide, is_fleet_root, parse_fleet, wave_of
 
 ROLLOUT_FILE = "rollout.json"
 JITTER = 0.1  # of the interval: polls and each node's start within its wave spread over it
@@ -48,8 +48,8 @@ def fleet_rollout(root: Path, verdict=None) -> Rollout | None:
         return None
     if raw is None:
         return None
-    projection = project(str(root), raw, Identity("rollout", ()))
-    return projection.fleet.rollout if projection.fleet is not None else None
+    fleet, _ = parse_fleet(str(Path(root) / "fleet.yaml"), raw)
+    return fleet.rollout if fleet is not None else None
 
 
 def time_of(root: Path, revision: str, verdict=None) -> tuple[float | None, str | None]:
