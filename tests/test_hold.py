@@ -72,6 +72,40 @@ def test_a_damaged_hold_file_holds_and_says_how_to_remove_it(tmp_path, fixed_clo
     assert read_hold(tmp_path, "ns1").active(NOW)
 
 
+def test_a_hold_and_its_release_between_two_polls_still_wake_the_watch(tmp_path):
+    """The sync reads hold.json itself, so it can hold a revision on a hold that the
+    watch's poll of the file never saw; when the release also falls between two polls,
+    the poll sees no change from its last look, yet the held revision must be decided
+    again (else it waits for the next full sync)."""
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from reconciler.daemon.rollout import HOLD_POLL, RolloutWatch
+
+    target = SimpleNamespace(state_root=tmp_path, netns="ns1")
+    daemon = SimpleNamespace(target=target, config=SimpleNamespace(status=None), store=SimpleNamespace(dir=tmp_path))
+    watch = RolloutWatch.__new__(RolloutWatch)  # no Gate or state store: the hold file's thread alone
+    watch.daemon, watch.channel, watch.held, watch._thread = daemon, None, None, None
+    watch._stop, watch._hold_file = threading.Event(), hold_path(tmp_path, "ns1")
+    watch._hold_file.parent.mkdir(parents=True)
+    runs = []
+    watch.start(lambda: runs.append(time.monotonic()))
+    try:
+        time.sleep(HOLD_POLL / 2)
+        watch._hold_file.write_text("{}")  # `nftrec hold`; a sync reads it and holds the revision
+        watch.held, watch.decided_key = object(), watch._hold_key()
+        watch._hold_file.unlink()  # `nftrec release`, before the next poll
+        time.sleep(HOLD_POLL * 2.5)
+        assert runs, "the release was never noticed"
+        watch.decided_key = watch._hold_key()  # the sync decided again: no more runs asked
+        runs.clear()
+        time.sleep(HOLD_POLL * 2.5)
+        assert runs == []
+    finally:
+        watch.stop()
+
+
 def test_jitter_is_the_same_for_a_node_name_and_spreads_a_fleet_over_a_tenth_of_the_interval():
     from reconciler.engine import jitter
 

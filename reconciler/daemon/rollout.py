@@ -34,6 +34,8 @@ class RolloutWatch:
         self.rollout = None  # fleet.yaml's rollout of the newest valid revision (its records name the wave)
         self.channel = None  # engine.StatusChannel, when the node config has status.remote
         self.pushed: tuple | None = None  # (outcome, attempted, when) last enqueued
+        self.decided_key = None  # hold.json's stat when the held revision was last decided
+        self._hold_file = hold_path(daemon.target.state_root, daemon.target.netns)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -67,6 +69,7 @@ class RolloutWatch:
     def _decide(self) -> bool:
         """The held revision's decision now; True while it stays held."""
         compiled, _, _, rollout, t, error = self.held
+        self.decided_key = self._hold_key()  # before the hold is read: a later change differs from it
         revision = compiled.inventory.revision
         self.decision = d = self.gate.decide(rollout, identity_of(self.daemon.config), revision, t, self._applied(),
                                              time_error=error)
@@ -165,25 +168,26 @@ class RolloutWatch:
 
             self.channel = StatusChannel(self.daemon.store.dir, settings)
             self.channel.start()
-        path = hold_path(self.daemon.target.state_root, self.daemon.target.netns)
-
-        def key():
-            try:
-                st = os.stat(path)
-                return st.st_ino, st.st_size, st.st_mtime_ns
-            except OSError:
-                return None
 
         def loop():
-            last = key()
+            last = self._hold_key()
             while not self._stop.wait(HOLD_POLL):
-                now = key()
-                if now != last:
+                now = self._hold_key()
+                # a change since the last poll, or since a held revision was decided (a hold
+                # and its release between two polls: the sync read the hold, the poll never did)
+                if now != last or self.held is not None and now != self.decided_key:
                     last = now
                     run()
 
         self._thread = threading.Thread(target=loop, name="nftrec-hold", daemon=True)
         self._thread.start()
+
+    def _hold_key(self) -> tuple | None:
+        try:
+            st = os.stat(self._hold_file)
+            return st.st_ino, st.st_size, st.st_mtime_ns
+        except OSError:
+            return None
 
     def stop(self) -> None:
         self._stop.set()
