@@ -451,6 +451,26 @@ def test_a_file_remote_runs_none_of_its_hooks(tmp_path):
     assert not marker.exists(), marker.read_text()
 
 
+def test_a_file_remote_of_another_user_is_refused(tmp_path):
+    """A file:// remote's receive-pack runs here under that repository's config, which
+    can name programs: a repository (or its config) that another user owns is refused
+    with what to do, and nothing is pushed there."""
+    remote = bare(tmp_path / "status.git")
+    os.chown(remote / "config", 65534, 65534)
+    records, why = fetch_records(f"file://{remote}", timeout=30)
+    assert records == () and "config belongs to uid 65534" in why and "ssh://" in why
+    ch = channel(tmp_path / "state", f"file://{remote}")
+    ch.enqueue(record("edge-1", 1))
+    assert not ch.flush(3) and "belongs to uid 65534" in ch.last_error
+    ch.stop()
+    assert git(remote, "for-each-ref") == ""
+    os.chown(remote / "config", os.getuid(), os.getgid())  # given back: the queued record goes out
+    ch = channel(tmp_path / "state", f"file://{remote}")
+    assert ch.flush(30), ch.last_error
+    ch.stop()
+    assert [r.time for r in log_of(remote, "edge-1")] == [record("edge-1", 1).time]
+
+
 @pytest.mark.parametrize("remote", [
     "ext::sh -c touch% /tmp/owned", "fd::3", "-uhttps://x/y", "/srv/status.git", "status.git", "http://x/y.git",
     "https://x/y.git\n", "host:path", "git@-oProxyCommand=x:repo", "ssh://x/y z",

@@ -69,6 +69,31 @@ def check_key(ssh_key: str | None) -> None:
                              "move the key to a plain path such as /etc/nftrec/status_ed25519")
 
 
+def check_file_remote(remote: str) -> None:
+    """A file:// remote's upload-pack and receive-pack run on this host under that
+    repository's own config, which can name programs (core.alternateRefsCommand, gc's):
+    only a repository owned by the user running nftrec is pushed to (hooks stay off
+    anyway). StatusGitError otherwise, naming the file and what to do."""
+    from urllib.parse import unquote, urlsplit
+
+    top = Path(unquote(urlsplit(remote).path))
+    if not os.path.lexists(top):
+        return  # no repository, no config: git says it is missing
+    gitdir = top / ".git" if (top / ".git").is_dir() else top
+    me = os.getuid()
+    for path in (top, gitdir, gitdir / "config"):
+        try:
+            owner = path.stat().st_uid
+        except OSError as e:
+            raise StatusGitError(f"status.remote {shown(remote)!r}: cannot stat {path} ({e.strerror}); "
+                                 "create the repository (git init --bare) or fix the path") from None
+        if owner != me:
+            raise StatusGitError(f"status.remote {shown(remote)!r}: {path} belongs to uid {owner}, not to uid {me} "
+                                 "running nftrec; git's receive-pack would run under that repository's config, "
+                                 "which can name programs: give the repository to this user, or push over "
+                                 "ssh:// or git://")
+
+
 class Repo:
     """A private temporary bare repository and the git commands run in it (a context
     manager: the directory is removed on exit). `timeout`: seconds for all its git
@@ -77,6 +102,8 @@ class Repo:
     def __init__(self, remote: str, ssh_key: str | None = None, timeout: float = GIT_TIMEOUT):
         self.scheme = check_remote(remote)
         check_key(ssh_key)
+        if self.scheme == "file":
+            check_file_remote(remote)
         self.remote = remote
         self.timeout = timeout
         self.deadline = time.monotonic() + timeout
