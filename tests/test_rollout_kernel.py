@@ -22,6 +22,7 @@ import pytest
 
 from gitsync import GitSync, push, remote
 from nsutil import EXAMPLES, in_ns, throwaway_netns
+from test_fleet_kernel import stop
 from test_verify_signed import git
 from watchproc import NFTREC, Watch
 
@@ -259,11 +260,3 @@ def test_six_nodes_stage_halt_revert_and_hold(tmp_path):
         finally:
             stopped = [stop(node) for node in nodes.values() if node.watch is not None]
         assert all(s == 0 for s in stopped), stopped
-
-
-def stop(node: Node) -> object:
-    """The daemon's exit code, or what went wrong stopping it (every daemon is stopped)."""
-    try:
-        return node.watch.stop()
-    except AssertionError as e:
-        return f"{node.name}: {e}"

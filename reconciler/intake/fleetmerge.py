@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from reconciler.intake.fleet import REMOVE_ANNOTATION, Env, Substituted, Undefined, substitute_text, undefined_message
+from reconciler.intake.fleet import _VARIABLE, REMOVE_ANNOTATION, Env, Substituted, Undefined, substitute_text, undefined_message
 from reconciler.intake.load import Document, locate
 from reconciler.intake.problems import ERROR, WARNING, Problem, field_path, safe_name, show
 from reconciler.intake.schema_errors import Obj
@@ -63,21 +63,37 @@ def _problem(doc: Document, path: tuple, message: str, severity: str = ERROR, *,
     return Problem(doc.file, line, col, kind, obj, field_path(path), message, severity)
 
 
-def uses_variables(doc: Document) -> bool:
-    """Whether a string scalar of `doc` holds `${` (a variable, or an escape): one that
-    holds none is checked alike for every node (check_fleet_document with any Env), so a
-    command projecting many nodes from one parse checks it once."""
+def variables_used(doc: Document) -> frozenset[str] | None:
+    """The `${name}` names in `doc`'s string scalars; None when no string holds `${` at
+    all (an escape `$${` counts as holding one). A document with none is checked alike
+    for every node (check_fleet_document with any Env), and one whose names have the same
+    values for two nodes alike for both: commands projecting many nodes from one parse
+    check it once per distinct value."""
+    names: set[str] = set()
+    found = False
     stack = [doc.data]
     while stack:
         node = stack.pop()
         if isinstance(node, str):
             if "${" in node:
-                return True
+                found = True
+                names.update(m.group(1) for m in _VARIABLE.finditer(node) if m.group(1) is not None)
         elif isinstance(node, dict):
             stack.extend(node.values())
         elif isinstance(node, list):
             stack.extend(node)
-    return False
+    return frozenset(names) if found else None
+
+
+def uses_variables(doc: Document) -> bool:
+    """Whether a string scalar of `doc` holds `${` (a variable, or an escape)."""
+    return variables_used(doc) is not None
+
+
+def annotated(doc: Document) -> bool:
+    """Whether the document carries the removal annotation with any value (a bad one is
+    check_fleet_document's to report): its check depends on the fleet mode."""
+    return _annotation(doc) is not None
 
 
 def substitute_document(doc: Document, env: Env) -> tuple[Document, dict[str, tuple[Substituted, ...]], list[Problem]]:

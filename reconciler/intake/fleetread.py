@@ -50,13 +50,18 @@ def fleet_display(display_root: str) -> str:
     return os.path.join(display_root, FLEET_FILE)
 
 
+def unreadable_fleet(display_root: str) -> Problem:
+    """fleet.yaml could not be read (read_fleet_bytes gave None): an error of the revision."""
+    return Problem(fleet_display(display_root), 0, 0, "", "", "", "cannot read this file: it is not a regular file "
+                   "(a symlink, a directory), is unreadable, or is over the size limit; commit the file itself, "
+                   "readable", ERROR)
+
+
 def project_fleet(display_root: str, raw: bytes | None, identity: Identity | None) -> tuple[Projection | None, list[Problem]]:
     """fleet.yaml's bytes projected for `identity`; (None, the problem) when it cannot be."""
     shown = fleet_display(display_root)
     if raw is None:
-        return None, [Problem(shown, 0, 0, "", "", "", "cannot read this file: it is not a regular file "
-                              "(a symlink, a directory), is unreadable, or is over the size limit; commit the "
-                              "file itself, readable", ERROR)]
+        return None, [unreadable_fleet(display_root)]
     if identity is None:
         return None, [needs_identity(display_root)]
     p = project(shown, raw, identity)

@@ -18,10 +18,10 @@ from typing import Callable
 from reconciler.heap import no_cyclic_gc
 from reconciler.intake.build import build_inventory, model_objects
 from reconciler.intake.cache import FileResult, parse_file
-from reconciler.intake.fleet import (_VARIABLE, FLEET_FILE, REMOVE_ANNOTATION, Env, Fleet, Identity, Projection,
+from reconciler.intake.fleet import (FLEET_FILE, Env, Fleet, Identity, Projection,
                                     ResolvedLayer, node_layers, parse_fleet)
-from reconciler.intake.fleetmerge import check_fleet_document, merge
-from reconciler.intake.fleetread import fleet_display, layer_files, missing_layer
+from reconciler.intake.fleetmerge import annotated, check_fleet_document, merge, variables_used
+from reconciler.intake.fleetread import fleet_display, layer_files, missing_layer, unreadable_fleet
 from reconciler.intake.git import revision_of
 from reconciler.intake.inventory import InventoryResult
 from reconciler.intake.load import Document, chunk, display_prefix, is_fleet_root, read_fleet_bytes, tree_digest, walk
@@ -42,36 +42,10 @@ class NodeView:
     node_names: frozenset = frozenset()  # names its endpoints mention (nodeName, hints.forNodes)
 
 
-def _variables(data, out: set) -> bool:
-    """Collect the `${name}` names of data's string scalars into `out`; whether any
-    string holds `${` at all (an escape `$${` included)."""
-    found = False
-    stack = [data]
-    while stack:
-        v = stack.pop()
-        if isinstance(v, str):
-            if "${" in v:
-                found = True
-                out.update(m.group(1) for m in _VARIABLE.finditer(v) if m.group(1) is not None)
-        elif isinstance(v, dict):
-            stack.extend(v.values())
-        elif isinstance(v, list):
-            stack.extend(v)
-    return found
-
-
 def _values(env: Env, names) -> tuple:
     """What a document using `names` reads from `env`: the values, and the node's name
     for one undefined (the error names the node)."""
     return tuple((n, env.lookup(n) or (None, env.node)) for n in names)
-
-
-def _annotated(doc: Document) -> bool:
-    """Whether the document carries the removal annotation at all (any value: a bad one
-    is fleetmerge.check_fleet_document's to report)."""
-    meta = doc.data.get("metadata")
-    notes = meta.get("annotations") if isinstance(meta, dict) else None
-    return isinstance(notes, dict) and REMOVE_ANNOTATION in notes
 
 
 @dataclass
@@ -95,12 +69,10 @@ class FleetTree:
         self.fleet: Fleet | None = None
         self.fleet_problems: list[Problem] = []
         if fleet_root:
-            shown = fleet_display(display_root)
             if head is None:
-                self.fleet_problems = [Problem(shown, 0, 0, "", "", "", "cannot read this file (unreadable, or over the "
-                                               "size limit); check its permissions")]
+                self.fleet_problems = [unreadable_fleet(display_root)]
             else:
-                self.fleet, self.fleet_problems = parse_fleet(shown, head)
+                self.fleet, self.fleet_problems = parse_fleet(fleet_display(display_root), head)
         self._parsed: dict[str, _File] = {}
         self._layers: dict[ResolvedLayer, tuple] = {}
         self._checks: dict[tuple, tuple[Document, DocumentCheck]] = {}
@@ -114,10 +86,10 @@ class FleetTree:
             res = parse_file(display, real)
             used, names = [], set()
             for doc in res.docs:
-                got: set = set()
-                shared = not _variables(doc.data, got) and not (self.fleet_root and _annotated(doc))
-                used.append(None if shared else tuple(sorted(got)))
-                names |= got
+                got = variables_used(doc)
+                shared = got is None and not (self.fleet_root and annotated(doc))
+                used.append(None if shared else tuple(sorted(got or ())))
+                names |= got or set()
             f = self._parsed[display] = _File(res, used, frozenset(names))
         return f
 
