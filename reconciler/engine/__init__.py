@@ -6,7 +6,7 @@
 `apply` is plan, apply and status; `noop` is their fast path for unchanged input;
 `recorded` reads the last applied ruleset lazily for a one-Service change; `commits` is
 the small record written at each commit, before the history; `confirm` is a confirmed
-apply's window and its rollback; `teardown` is cleanup; `doctor` checks the host;
+apply's window and its rollback; `teardown` is cleanup; `restore` reads the last applied ruleset back for `apply --restore`; `doctor` checks the host;
 `planfile` is a saved plan; `target` says where a command acts; `review` is `nftrec diff`
 (two manifest trees or git revisions, planned against each other without a kernel);
 `trace` explains one packet with the desired or the live ruleset, `kerneltrace` traces a
@@ -36,6 +36,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "probes": ("probe_desired", "read_probe_state", "write_probe_state"),
     "fleetreview": ("run_diff_fleet", "run_validate_fleet"),
     "fleetstatus": ("run_fleet_status",),
+    "restore": ("RestoreRefused", "last_applied"),
     "review": ("run_diff",),
     "rollout": ("EXIT_HELD", "Gate", "fleet_rollout", "jitter", "one_shot", "records_fetcher", "status_record",
                 "time_of"),
