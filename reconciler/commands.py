@@ -356,6 +356,9 @@ def apply(
     plan_file: Optional[Path] = typer.Option(None, "--plan", help="Apply a plan saved by `plan --out`; "
                                              "refused when stale or already applied."),
     rollback: bool = typer.Option(False, "--rollback", help="Re-apply the previous applied ruleset."),
+    restore: bool = typer.Option(False, "--restore", help="Re-apply the last applied ruleset from the state "
+                                 "directory alone (at boot, after `nft flush ruleset`): no source, network or node "
+                                 "config read; only what differs; refused when that record is missing or damaged."),
     allow_rollback: bool = typer.Option(False, "--allow-rollback", help="With `verify`: apply a signed revision "
                                         "that does not descend from the last applied one, this once."),
     verify: str = typer.Option("touched", "--verify", help="After the transaction, read back what it wrote and "
@@ -386,6 +389,9 @@ def apply(
 
     if verify not in ("touched", "full"):
         raise typer.BadParameter("must be touched or full", param_hint="--verify")
+    if restore:
+        _restore(netns, directory, config, plan_file, rollback, probe, confirm_timeout, health_cmd, health_url,
+                 health_tcp, allow_empty, allow_removals, allow_rollback, ignore_rollout, ignore_hold)
     spec = confirm_spec(confirm_timeout, health_cmd or [], health_url or [], health_tcp or [])
     if sum(x is not None and x is not False for x in (directory, plan_file, rollback or None)) > 1:
         raise typer.BadParameter("give one of DIRECTORY, --plan FILE or --rollback")
@@ -414,6 +420,17 @@ def apply(
     raise typer.Exit(_guard(run_apply, target, desired=desired, plan_path=plan_file, rollback=rollback,
                             verify=verify, confirm=spec, node=node, allow_rollback=allow_rollback,
                             allow_removals=allow_removals))
+
+
+def _restore(netns: Optional[str], *others) -> None:
+    """`apply --restore`: nothing but --netns (and --verify, which it ignores: it always lists)."""
+    if any(others):
+        raise typer.BadParameter("--restore takes only --netns: it reads no manifests and no node config, and "
+                                 "restores every table the state directory records")
+    from reconciler.engine import run_restore
+
+    _check_netns(netns)
+    raise typer.Exit(_guard(run_restore, _state_root(), netns))
 
 
 def _rollout(target, desired, root: Path, **kw) -> None:
