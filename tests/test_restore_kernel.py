@@ -123,3 +123,16 @@ def test_restore_takes_no_source_and_no_node_config(netns, tmp_path):
     for extra in (["--config", str(EDGE.parent / "edge-small.config.yaml")], [str(EDGE)], ["--rollback"]):
         p = nftrec("apply", "--restore", *extra, state=tmp_path, ns=netns, config=False)
         assert p.returncode == EXIT_USAGE and "--restore takes only --netns" in p.stderr, p.stderr
+
+
+def test_restore_leaves_a_running_watch_to_repair_by_itself(netns, tmp_path):
+    from test_cli_kernel import CONFIG
+    from watchproc import Watch
+
+    w = Watch(netns, EDGE, CONFIG, tmp_path / "state", metrics=False)  # its state writer: status.json comes later
+    try:
+        w.wait_sync(0)
+        p = ok(nftrec("apply", "--restore", state=tmp_path / "state", ns=netns, config=False))
+        assert "the watch daemon" in p.stdout and "repairs" in p.stdout, p.stdout
+    finally:
+        assert w.stop() == 0

@@ -62,7 +62,8 @@ def _recorded(root, netns: str | None) -> list[tuple[StateStore, HistoryEntry, R
     the kernel is touched; a table `nftrec cleanup` removed on purpose is left out. Any
     table's record missing or damaged refuses the whole restore."""
     tables = namespace_dir(root, netns) / "tables"
-    names = sorted(p.name for p in tables.iterdir() if (p / "status.json").exists()) if tables.is_dir() else []
+    names = sorted(p.name for p in tables.iterdir() if (p / "status.json").exists() or (p / "commits.jsonl").exists()
+                   ) if tables.is_dir() else []
     found, cleaned = [], []
     for name in names:
         store = StateStore(root, netns=netns, table=name)
@@ -79,6 +80,22 @@ def _recorded(root, netns: str | None) -> list[tuple[StateStore, HistoryEntry, R
     return found
 
 
+def _lock(root, netns: str | None) -> Lock | None:
+    """The namespace's lock, or None when a running watch holds it (it repairs by itself)."""
+    store = StateStore(root, netns=netns)
+    if not store.namespace_dir.is_dir():
+        _recorded(root, netns)  # refuses: nothing is created for a state that never was
+    try:
+        return Lock(store.lock_path).acquire()
+    except LockHeld as e:
+        if e.cmdline and " watch " in f" {e.cmdline} ":
+            return None
+    try:  # a one-shot command: it ends soon
+        return Lock(store.lock_path, timeout=LOCK_WAIT).acquire()
+    except LockHeld as e:
+        raise CommandError(str(e)) from None
+
+
 def run_restore(root, netns: str | None, *, out_stream: TextIO = sys.stdout) -> int:
     """`apply --restore`: each recorded table's last applied ruleset back in the kernel, one
     transaction per table planned against the live table (nothing when it already matches),
@@ -86,21 +103,18 @@ def run_restore(root, netns: str | None, *, out_stream: TextIO = sys.stdout) -> 
     ruleset is already there); status.json keeps its revision and attempts, and takes the
     kernel's new generation token. A running watch holds the lock and repairs by itself."""
     where = f"netns {netns}" if netns else "the host namespace"
-    found = _recorded(root, netns)
-    if not found:
-        print(f"Nothing to restore in {where}: `nftrec cleanup` removed nftrec's tables on purpose.", file=out_stream)
+    lock = _lock(root, netns)
+    if lock is None:
+        print(f"Nothing restored in {where}: the watch daemon holds its state and repairs the kernel itself.",
+              file=out_stream)
         return 0
     try:
-        lock = Lock(found[0][0].lock_path, timeout=LOCK_WAIT).acquire()
-    except LockHeld as e:
-        if e.cmdline and " watch" in f" {e.cmdline}":
-            print(f"Nothing restored in {where}: the watch daemon (pid {e.pid}) holds its state and repairs "
-                  f"the kernel itself.", file=out_stream)
+        found = _recorded(root, netns)
+        if not found:
+            print(f"Nothing to restore in {where}: `nftrec cleanup` removed nftrec's tables on purpose.",
+                  file=out_stream)
             return 0
-        raise CommandError(str(e)) from None
-    try:
-        found = _recorded(root, netns)  # again, under the lock
-        nft = Target(netns, found[0][0].table, root).nft() if found else None
+        nft = Target(netns, found[0][0].table, root).nft()
         try:
             for store, entry, ruleset in found:
                 _restore_table(nft, Target(netns, store.table, root), store, entry, ruleset, out_stream)
