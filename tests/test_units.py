@@ -1,7 +1,7 @@
 """The systemd units in examples/systemd/ (what the package installs): each service rated
-"OK" or better by `systemd-analyze security --offline=yes`, all of them passing
-`systemd-analyze verify`, the settings the node relies on (watch: Type=notify with a
-watchdog; restore: early boot, again after nftables.service) present; and nftrec's
+"OK" or better by `systemd-analyze security --offline=yes` (the score the README shows),
+all passing `systemd-analyze verify`, the settings the node relies on (watch: Type=notify
+with a watchdog; restore: early boot, again after nftables.service) present; and nftrec's
 commands working under the units' restrictions where a tool can impose them here (no
 systemd as PID 1): the capability bounding set of the unit (setpriv), no new privileges,
 and memory that is never writable and executable at once (prctl PR_SET_MDWE, as
@@ -63,6 +63,8 @@ def test_each_service_is_rated_ok_or_better_and_keeps_the_hardening(name):
     m = re.search(r"Overall exposure level for \S+: (\d+\.\d+) (\w+)", p.stdout)
     assert m, p.stdout + p.stderr
     assert float(m.group(1)) < OK_BOUND and m.group(2) in ("OK", "SAFE", "PERFECT"), m.group(0)
+    readme = (EXAMPLES.parent / "README.md").read_text()
+    assert f"| `{name}` | {m.group(1)} {m.group(2)} |" in readme, f"README: show {name}'s score, {m.group(0)}"
     found = settings(name)
     for key, value in HARDENING.items():
         assert found.get(key) == [value], (name, key, found.get(key))
