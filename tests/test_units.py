@@ -5,7 +5,7 @@ with a watchdog; restore: early boot, again after nftables.service) present; and
 commands working under the units' restrictions where a tool can impose them here (no
 systemd as PID 1): the capability bounding set of the unit (setpriv), no new privileges,
 and memory that is never writable and executable at once (prctl PR_SET_MDWE, as
-MemoryDenyWriteExecute=), in a throwaway namespace."""
+MemoryDenyWriteExecute=, on kernels from 6.3), in a throwaway namespace."""
 
 from __future__ import annotations
 
@@ -92,8 +92,9 @@ def test_watch_notifies_and_restore_runs_early_and_after_nftables():
     assert restore["ConditionPathExistsGlob"] == ["/var/lib/nftrec/host/tables/*/commits.jsonl"]
 
 
-MDWE = ("import ctypes, os, sys\n"
-        "if ctypes.CDLL(None, use_errno=True).prctl(65, 1, 0, 0, 0):\n"  # PR_SET_MDWE, PR_MDWE_REFUSE_EXEC_GAIN
+# PR_SET_MDWE, PR_MDWE_REFUSE_EXEC_GAIN; kernels before 6.3 lack it (EINVAL): run without
+MDWE = ("import ctypes, errno, os, sys\n"
+        "if ctypes.CDLL(None, use_errno=True).prctl(65, 1, 0, 0, 0) and ctypes.get_errno() != errno.EINVAL:\n"
         "    raise SystemExit('PR_SET_MDWE: ' + os.strerror(ctypes.get_errno()))\n"
         "os.execvp(sys.argv[1], sys.argv[1:])\n")
 
