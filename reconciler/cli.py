@@ -1,5 +1,5 @@
 """The `nftrec` entry point: the process's GC policy (heap.py), then the typer command
-line of commands.py with the `fleet` sub-app of fleetcommands.py, which import the stages
+line of commands.py with `trace` (tracecommands.py) and the `fleet` sub-app of fleetcommands.py, which import the stages
 inside each command, so a command pays only for the stages it uses. click's conventions hold: a usage error exits 64 (commands.py), a
 closed stdout ends the command quietly with exit 1. Around typer: a shell named after the
 completion flags, and a hint for a global option placed after the command.
@@ -18,7 +18,9 @@ def main() -> None:
     for_one_shot()  # `watch` turns the cyclic GC back on (heap.for_daemon)
     from reconciler.commands import EXIT_OK, EXIT_USAGE, app
     from reconciler.fleetcommands import fleet_app
+    from reconciler.tracecommands import trace
 
+    app.command()(trace)
     app.add_typer(fleet_app, name="fleet")
 
     if completion_for_named_shell(sys.argv[1:]):
