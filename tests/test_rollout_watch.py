@@ -207,3 +207,107 @@ def test_an_unchanged_outcome_is_sent_again_once_per_full_sync_period():
     finally:
         clock.set_clock(None)
 
+
+
+RESTART_INTERVAL = 10.0  # seconds: the restarted daemon's checks run before the wave opens
+
+
+def delete_rule(ns: str, text: str) -> None:
+    """Delete, by its handle, the first rule of table ip nftrec whose text holds `text`
+    (what an admin's `nft delete rule` does)."""
+    chain = None
+    for line in in_ns(ns, "nft", "-a", "list", "table", "ip", "nftrec").stdout.splitlines():
+        m = re.match(r"\s*chain (\S+) \{", line)
+        chain = m.group(1) if m else chain
+        h = re.search(r"# handle (\d+)$", line)
+        if h and text in line and not re.match(r"\s*(chain|set|map|type) ", line):
+            in_ns(ns, "nft", "delete", "rule", "ip", "nftrec", chain, "handle", h.group(1))
+            return
+    raise AssertionError(f"no rule with {text!r} in table ip nftrec")
+
+
+def test_a_watch_restarted_while_a_revision_is_held_keeps_and_repairs_the_applied_one(tmp_path):
+    """Revision A applied, the daemon stopped, B published in a wave not open yet: the
+    restarted daemon keeps A from the state's last applied ruleset (no manifests of A are
+    left), repairs a rule deleted by hand, stays healthy, says "held", and applies B when
+    its wave opens."""
+    root = make_fleet(tmp_path / "fleet", interval=f"{RESTART_INTERVAL:g}s", address="10.244.0.1")
+    cfg = node_config(tmp_path / "config.yaml", "edge-2")  # wave `rest` (index 1)
+    state = tmp_path / "state"
+    with throwaway_netns() as ns:
+        w = Watch(ns, root, cfg, state, "--debounce", "0.05")
+        try:
+            first = w.wait_sync(0)["revision"]
+            w.status(lambda st: st.get("lastAppliedRevision") == first)
+        finally:
+            assert w.stop() == 0
+        set_endpoint(root, "10.244.0.2")
+        w = Watch(ns, root, cfg, state, "--debounce", "0.05")
+        try:
+            seen = time.monotonic()
+            held = w.wait_event("rollout", 0, state="held")
+            second = held["revision"]
+            assert second != first and held["wave"] == "rest"
+            w.wait_sync(0, revision=first, kind="full")  # the restored ruleset, compared with the kernel
+            code, text = w.http("/readyz")
+            assert code == 503 and "held: wave rest opens" in text and first[:19] in text, text
+            st = w.status(lambda st: st.get("lastAttemptedRevision") == second)
+            assert st["lastAppliedRevision"] == first and st["rollout"]["state"] == "held", st
+
+            mark = len(w.lines)
+            delete_rule(ns, "10.244.0.1")
+            repair = w.wait_sync(mark, kind="full")
+            assert repair["revision"] == first and repair["driftObjects"] >= 1, repair
+            assert "10.244.0.1" in table(ns) and "10.244.0.2" not in table(ns)
+            code, text = w.http("/healthz")
+            assert code == 200, text
+            assert w.http("/readyz")[0] == 503
+            st = w.status(lambda st: st.get("lastAttemptedRevision") == second)  # the repair kept the attempt
+            assert st["lastAppliedRevision"] == first and st["rollout"]["state"] == "held", st
+            assert time.monotonic() - seen < RESTART_INTERVAL, "the checks ran past the wave's opening"
+
+            mark = len(w.lines)
+            w.wait_event("sync", mark, timeout=3 * RESTART_INTERVAL, revision=second)
+            assert "10.244.0.2" in table(ns) and "10.244.0.1" not in table(ns)
+            w.wait(lambda: w.http("/readyz")[0] == 200, timeout=5, what="ready")
+            w.status(lambda st: st.get("lastAppliedRevision") == second and st.get("lastError") is None)
+        finally:
+            assert w.stop() == 0
+
+
+def test_a_restart_while_held_with_no_applied_ruleset_in_the_state_touches_nothing_and_says_so(tmp_path):
+    """The state names A as applied but its ruleset is gone from the history: the held
+    revision stays held (a local fault does not jump the wave), the kernel is left as it
+    is (nothing guessed), the log says why, and /healthz fails with it: drift is not
+    repaired."""
+    import shutil
+
+    root = make_fleet(tmp_path / "fleet", interval="1h", address="10.244.0.1")
+    cfg = node_config(tmp_path / "config.yaml", "edge-2")
+    state = tmp_path / "state"
+    with throwaway_netns() as ns:
+        w = Watch(ns, root, cfg, state, "--debounce", "0.05")
+        try:
+            first = w.wait_sync(0)["revision"]
+            w.status(lambda st: st.get("lastAppliedRevision") == first)
+        finally:
+            assert w.stop() == 0
+        histories = list(state.rglob("history"))
+        assert histories, list(state.rglob("*"))
+        for h in histories:
+            shutil.rmtree(h)
+        set_endpoint(root, "10.244.0.2")
+        w = Watch(ns, root, cfg, state, "--debounce", "0.05")
+        try:
+            held = w.wait_event("rollout", 0, state="held")
+            said = w.wait(lambda: next((x for x in w.events("rollout") if x.get("ok") is False), None),
+                          what="the restore refused")
+            assert f"cannot keep the applied revision while revision {held['revision'][:19]}" in said["msg"], said
+            code, text = w.http("/healthz")
+            assert code == 503 and "cannot keep the applied revision" in text, text
+            code, text = w.http("/readyz")
+            assert code == 503 and "held: wave rest opens" in text, text
+            assert "10.244.0.1" in table(ns) and "10.244.0.2" not in table(ns)
+            assert not w.syncs()
+        finally:
+            assert w.stop() == 0

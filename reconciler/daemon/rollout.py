@@ -1,9 +1,10 @@
 """watch and a fleet's staged rollout: a new valid revision is compiled at once (so an
 invalid one is reported then) and, while engine.Gate holds it (its wave not open, paused,
 halted, `nftrec hold`), kept aside: the daemon's `desired` stays the last applied
-revision, which full syncs and repairs keep in the kernel. The sync's timer wakes at the
-opening time (and at a hold's end); a thread stats hold.json so that hold and release
-count within a second. Outcomes go to the status channel when `status.remote` is set.
+revision (after a restart, the state's last applied ruleset), which full syncs and repairs
+keep in the kernel. The sync's timer wakes at the opening time (and at a hold's end); a
+thread stats hold.json so that hold and release count within a second. Outcomes go to
+the status channel when `status.remote` is set.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ import os
 import threading
 
 from reconciler import clock, logs
-from reconciler.engine import Gate, fleet_rollout, hold_path, records_fetcher, short_revision, status_record, time_of
+from reconciler.daemon.compiled import is_restored, restored
+from reconciler.engine import (CommandError, Gate, fleet_rollout, hold_path, last_applied, records_fetcher,
+                               short_revision, status_record, time_of)
 from reconciler.intake import HALTED, HELD, Decision, identity_of
 
 HOLD_POLL = 0.5  # seconds between two stats of hold.json
@@ -33,6 +36,7 @@ class RolloutWatch:
         self.wave: tuple[str, int] = ("", 0)  # the node's wave (name, index) of the newest revision decided
         self.rollout = None  # fleet.yaml's rollout of the newest valid revision (its records name the wave)
         self.channel = None  # engine.StatusChannel, when the node config has status.remote
+        self.unrepairable: str | None = None  # why a restart while held found no last applied ruleset
         self.pushed: tuple | None = None  # (outcome, attempted, when) last enqueued
         self.decided_key = None  # hold.json's stat when the held revision was last decided
         self._hold_file = hold_path(daemon.target.state_root, daemon.target.netns)
@@ -61,10 +65,34 @@ class RolloutWatch:
         self.held = (compiled, snap.inventory, d.gate.signed(snap.revision), rollout, t, error)
         self.gate.fetch = records_fetcher(d.config)
         if self._decide():
+            if d.desired is None:
+                self._restore()
             return True
         self.held = self.decision = None
         self._export()
         return False
+
+    def _restore(self) -> None:
+        """A restart while a revision is held: `desired` is the state's last applied ruleset
+        (compiled.restored). A state with none intact (damaged, cleaned up) leaves the kernel
+        as it is, unrepaired, until the held revision goes in; never a guess, and never the
+        held revision early: said once, and /healthz fails with it (healthz.py)."""
+        d = self.daemon
+        try:
+            _, ruleset = last_applied(d.store)
+            st = d.store.status()
+        except CommandError as e:
+            self.unrepairable = f"cannot keep the applied revision while revision " \
+                                f"{short_revision(self.held[0].inventory.revision)} is held: {e}"
+            logs.log.error(f"{self.unrepairable}; nothing in table {d.target.table} is repaired until it goes in "
+                           f"(`nftrec apply --ignore-rollout` applies it now)",
+                           extra={"fields": {"event": "rollout", "ok": False}})
+            return
+        self.unrepairable = None
+        d.desired = restored(st.last_applied_revision, ruleset, d.config)
+        d.desired_signed = (st.last_applied_revision_time, st.last_applied_trust)
+        logs.log.info(f"revision {short_revision(st.last_applied_revision)}: the last applied ruleset, read from "
+                      f"{d.store.dir}, is kept in the kernel", extra={"fields": {"event": "rollout", "state": "kept"}})
 
     def _decide(self) -> bool:
         """The held revision's decision now; True while it stays held."""
@@ -96,6 +124,8 @@ class RolloutWatch:
         d = self.daemon
         logs.log.info(f"revision {short_revision(compiled.inventory.revision)}: {self.decision.reason}; applying it",
                       extra={"fields": {"event": "rollout", "revision": compiled.inventory.revision, "state": "open"}})
+        if is_restored(d.applied):  # nothing compiled to compare with: list the kernel
+            d.need_full = True
         d.desired, d.declared, d.desired_signed = compiled, inventory, signed
         if d.prober is not None:
             d.prober.update(inventory)
@@ -115,6 +145,13 @@ class RolloutWatch:
                 left = max(0.0, t - clock.now()) + 0.05
                 due = left if due is None else min(due, left)
         return due
+
+    def attempt(self) -> tuple[str, str] | None:
+        """(revision, reason) of the held revision: its attempt, kept in the state after a
+        repair records the applied one again."""
+        if self.held is None or self.decision is None:
+            return None
+        return self.held[0].inventory.revision, self.decision.reason
 
     def reason(self) -> str | None:
         """/readyz: why the newest revision is not applied, while it is held."""
