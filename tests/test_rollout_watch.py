@@ -311,3 +311,55 @@ def test_a_restart_while_held_with_no_applied_ruleset_in_the_state_touches_nothi
             assert not w.syncs()
         finally:
             assert w.stop() == 0
+
+
+def test_sighup_starts_moves_and_stops_the_status_channel(tmp_path):
+    """`status` in the node config, re-read on SIGHUP: added, the node's outcome arrives
+    at the remote; moved to another remote, the next records arrive there (the queue is
+    the state directory's, so nothing is lost); removed, nothing more is queued."""
+    import signal
+
+    from reconciler.engine import fetch_records
+
+    root = make_fleet(tmp_path / "plain", plain=True, address="10.244.0.1")
+    cfg = node_config(tmp_path / "config.yaml", "edge-1")
+    plain = cfg.read_text()
+    state = tmp_path / "state"
+    one, two = _remote(tmp_path / "one"), _remote(tmp_path / "two")
+
+    def latest(remote: str):
+        records, error = fetch_records(remote)
+        assert error is None, error
+        return next((r for r in records if r.node == "edge-1"), None)
+
+    def hup(w: Watch, text: str) -> None:
+        cfg.write_text(text)
+        mark = len(w.lines)
+        w.proc.send_signal(signal.SIGHUP)
+        w.wait_sync(mark, kind="full")  # the config re-read: a full sync, its outcome reported
+
+    with throwaway_netns() as ns:
+        w = Watch(ns, root, cfg, state, "--debounce", "0.05")
+        try:
+            first = w.wait_sync(0)["revision"]
+            hup(w, plain + f"status: {{remote: '{one}'}}\n")
+            rec = w.wait(lambda: latest(one), timeout=15, what="a record at the first remote", step=0.2)
+            assert (rec.outcome, rec.applied) == ("applied", first)
+
+            hup(w, plain + f"status: {{remote: '{two}'}}\n")
+            mark = len(w.lines)
+            set_endpoint(root, "10.244.0.2")
+            second = w.wait_sync(mark)["revision"]
+            rec = w.wait(lambda: (r := latest(two)) and r.applied == second and r, timeout=15,
+                         what="the next record at the second remote", step=0.2)
+            assert rec.outcome == "applied"
+            assert latest(one).applied == first  # the first remote got nothing more
+
+            hup(w, plain)
+            mark = len(w.lines)
+            set_endpoint(root, "10.244.0.3")
+            w.wait_sync(mark)
+            queue = state.rglob("status-queue/*.json")
+            assert not list(queue) and latest(two).applied == second
+        finally:
+            assert w.stop() == 0

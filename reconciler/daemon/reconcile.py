@@ -208,6 +208,7 @@ class Daemon:
             if self.load_config() and self.config != before:
                 logs.log.info(f"node config {self.config.source.file} re-read; full sync")
                 self.last_digest = None  # recompile everything with the new config
+            self.rollout.configure()  # the status channel follows `status`
             self.need_full = True
         full_due = self.last_full is None or self.clock() - self.last_full >= self.config.full_sync_period
         if (self.need_full or full_due) and self.last_full is not None:

@@ -4,7 +4,7 @@ halted, `nftrec hold`), kept aside: the daemon's `desired` stays the last applie
 revision (after a restart, the state's last applied ruleset), which full syncs and repairs
 keep in the kernel. The sync's timer wakes at the opening time (and at a hold's end); a
 thread stats hold.json so that hold and release count within a second. Outcomes go to
-the status channel when `status.remote` is set.
+the status channel when `status.remote` is set (re-read on SIGHUP).
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ class RolloutWatch:
         self.rollout = None  # fleet.yaml's rollout of the newest valid revision (its records name the wave)
         self.channel = None  # engine.StatusChannel, when the node config has status.remote
         self.unrepairable: str | None = None  # why a restart while held found no last applied ruleset
+        self._run = None  # the runner's run(), once started
         self.pushed: tuple | None = None  # (outcome, attempted, when) last enqueued
         self.decided_key = None  # hold.json's stat when the held revision was last decided
         self._hold_file = hold_path(daemon.target.state_root, daemon.target.netns)
@@ -196,15 +197,34 @@ class RolloutWatch:
 
     # -- the hold file
 
-    def start(self, run) -> None:
-        """The status channel (node config `status.remote`), and a thread that stats
-        hold.json every HOLD_POLL seconds: a change asks for a sync (`run`)."""
-        settings = self.daemon.config.status
-        if settings is not None and settings.remote:
+    def _settings(self):
+        settings = self.daemon.config.status if self.daemon.config is not None else None
+        return settings if settings is not None and settings.remote else None
+
+    def configure(self) -> None:
+        """The status channel of the node config's `status` (at start and after SIGHUP): a
+        changed remote or key stops the old channel and starts one for the new (the queue is
+        durable: what the old one had not sent goes to the new remote); none without it."""
+        settings = self._settings()
+        if self._run is None or (self.channel.settings if self.channel is not None else None) == settings:
+            return
+        if self.channel is not None:
+            self.channel.stop()
+            self.channel = None
+        if settings is not None:
             from reconciler.engine import StatusChannel
 
             self.channel = StatusChannel(self.daemon.store.dir, settings)
             self.channel.start()
+        self.pushed = None  # the current outcome goes to the new remote too
+        if self.held is not None:
+            self.gate.fetch = records_fetcher(self.daemon.config)
+
+    def start(self, run) -> None:
+        """The status channel (node config `status.remote`), and a thread that stats
+        hold.json every HOLD_POLL seconds: a change asks for a sync (`run`)."""
+        self._run = run
+        self.configure()
 
         def loop():
             last = self._hold_key()
