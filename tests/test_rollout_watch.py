@@ -363,3 +363,91 @@ def test_sighup_starts_moves_and_stops_the_status_channel(tmp_path):
             assert not list(queue) and latest(two).applied == second
         finally:
             assert w.stop() == 0
+
+
+class Silent:
+    """A git:// remote that accepts each connection and says nothing for `hold` seconds,
+    then closes it: git waits on it until then (a hung host), then fails."""
+
+    def __init__(self, hold: float):
+        import socket
+        import threading
+
+        self.hold, self.conns = hold, []
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.url = f"git://127.0.0.1:{self.sock.getsockname()[1]}/status.git"
+        self.done = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+        threading.Thread(target=self._close, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.done.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.conns.append((time.monotonic() + self.hold, conn))
+
+    def _close(self) -> None:
+        while not self.done.wait(0.1):
+            for item in [c for c in self.conns if c[0] <= time.monotonic()]:
+                self.conns.remove(item)
+                item[1].close()
+
+    def close(self) -> None:
+        self.done.set()
+        self.sock.close()
+        for _, conn in self.conns:
+            conn.close()
+
+
+@pytest.mark.parametrize("halt_on_unreachable", [True, False])
+def test_a_hung_status_remote_delays_no_repair_and_its_answer_halts_or_opens(tmp_path, halt_on_unreachable):
+    """maxFailures: 0 and a status remote that hangs for HUNG seconds. When the wave
+    opens the node reads the earlier waves' records in the background: the revision is
+    held meanwhile, saying so; a rule deleted by hand is repaired at once (not after the
+    read); the read's answer (git fails when the remote hangs up) halts the revision, or
+    with haltOnUnreachable: false applies it, without anything else happening."""
+    hung = 8.0
+    silent = Silent(hung)
+    root = make_fleet(tmp_path / "fleet", interval=f"{INTERVAL:g}s", address="10.244.0.1")
+    fleet = root / "fleet.yaml"
+    fleet.write_text(fleet.read_text().replace("rollout:\n", "rollout:\n  maxFailures: 0\n" + (
+        "" if halt_on_unreachable else "  haltOnUnreachable: false\n")))
+    cfg = node_config(tmp_path / "config.yaml", "edge-2")
+    cfg.write_text(cfg.read_text() + f"status: {{remote: '{silent.url}'}}\n")
+    state = tmp_path / "state"
+    try:
+        with throwaway_netns() as ns:
+            w = Watch(ns, root, cfg, state, "--debounce", "0.05")
+            try:
+                first = w.wait_sync(0)["revision"]
+                mark = len(w.lines)
+                set_endpoint(root, "10.244.0.2")
+                second = w.wait_event("rollout", mark, state="held")["revision"]
+                checking = w.wait(lambda: next((x for x in w.events("rollout", mark) if "halt check" in x["msg"]),
+                                               None), timeout=3 * INTERVAL, what="the halt check")
+                assert f"held: halt check: reading the earlier waves' records from {silent.url}" in checking["msg"]
+                code, text = w.http("/readyz")
+                assert code == 503 and "halt check: reading" in text, text
+                mark = len(w.lines)
+                delete_rule(ns, "10.244.0.1")
+                repair = w.wait_sync(mark, kind="full")
+                assert repair["revision"] == first, repair
+                assert w.http("/healthz")[0] == 200
+                if halt_on_unreachable:
+                    answer = w.wait_event("rollout", mark, timeout=2 * hung, state="halted")
+                    assert "cannot read the status records" in answer["msg"], answer
+                    assert "10.244.0.1" in table(ns) and "10.244.0.2" not in table(ns)
+                else:
+                    answer = w.wait_event("sync", mark, timeout=2 * hung, revision=second)
+                    assert "10.244.0.2" in table(ns) and "10.244.0.1" not in table(ns)
+                # the repair went in while the read hung, not after its answer (log order, not timing)
+                at = {id(x): i for i, x in enumerate(w.lines)}
+                assert at[id(checking)] < at[id(repair)] < at[id(answer)], "".join(w.raw)
+            finally:
+                assert w.stop() == 0
+    finally:
+        silent.close()

@@ -3,8 +3,9 @@ invalid one is reported then) and, while engine.Gate holds it (its wave not open
 halted, `nftrec hold`), kept aside: the daemon's `desired` stays the last applied
 revision (after a restart, the state's last applied ruleset), which full syncs and repairs
 keep in the kernel. The sync's timer wakes at the opening time (and at a hold's end); a
-thread stats hold.json so that hold and release count within a second. Outcomes go to
-the status channel when `status.remote` is set (re-read on SIGHUP).
+thread stats hold.json so that hold and release count within a second; the halt reads the
+earlier waves' records in the background (haltcheck.py). Outcomes go to the status
+channel when `status.remote` is set (re-read on SIGHUP).
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ import threading
 
 from reconciler import clock, logs
 from reconciler.daemon.compiled import is_restored, restored
-from reconciler.engine import (CommandError, Gate, fleet_rollout, hold_path, last_applied, records_fetcher,
-                               short_revision, status_record, time_of)
+from reconciler.daemon.haltcheck import HaltCheck
+from reconciler.engine import (CommandError, Gate, fleet_rollout, hold_path, last_applied, short_revision,
+                               status_record, time_of)
 from reconciler.intake import HALTED, HELD, Decision, identity_of
 
 HOLD_POLL = 0.5  # seconds between two stats of hold.json
@@ -36,6 +38,7 @@ class RolloutWatch:
         self.wave: tuple[str, int] = ("", 0)  # the node's wave (name, index) of the newest revision decided
         self.rollout = None  # fleet.yaml's rollout of the newest valid revision (its records name the wave)
         self.channel = None  # engine.StatusChannel, when the node config has status.remote
+        self.halt = HaltCheck(self._settings, lambda: self._run and self._run())  # the halt's reads
         self.unrepairable: str | None = None  # why a restart while held found no last applied ruleset
         self._run = None  # the runner's run(), once started
         self.pushed: tuple | None = None  # (outcome, attempted, when) last enqueued
@@ -64,7 +67,8 @@ class RolloutWatch:
         rollout = self.rollout = fleet_rollout(snap.root, verdict)
         t, error = time_of(snap.root, snap.revision, verdict) if rollout is not None else (None, None)
         self.held = (compiled, snap.inventory, d.gate.signed(snap.revision), rollout, t, error)
-        self.gate.fetch = records_fetcher(d.config)
+        self.gate.fetch = self.halt if self._settings() is not None else None
+        self.halt.reset()
         if self._decide():
             if d.desired is None:
                 self._restore()
@@ -218,7 +222,8 @@ class RolloutWatch:
             self.channel.start()
         self.pushed = None  # the current outcome goes to the new remote too
         if self.held is not None:
-            self.gate.fetch = records_fetcher(self.daemon.config)
+            self.gate.fetch = self.halt if settings is not None else None
+            self.halt.reset()
 
     def start(self, run) -> None:
         """The status channel (node config `status.remote`), and a thread that stats
