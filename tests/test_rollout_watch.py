@@ -451,3 +451,28 @@ def test_a_hung_status_remote_delays_no_repair_and_its_answer_halts_or_opens(tmp
                 assert w.stop() == 0
     finally:
         silent.close()
+
+
+def test_a_watch_started_after_cleanup_applies_at_once(tmp_path):
+    """`nftrec cleanup` removed the tables on purpose: the node has applied nothing, so
+    a revision in a wave not open yet goes in at once, as on a new node."""
+    root = make_fleet(tmp_path / "fleet", interval="1h", address="10.244.0.1")
+    cfg = node_config(tmp_path / "config.yaml", "edge-2")
+    state = tmp_path / "state"
+    with throwaway_netns() as ns:
+        w = Watch(ns, root, cfg, state, "--debounce", "0.05")
+        try:
+            first = w.wait_sync(0)["revision"]
+            w.status(lambda st: st.get("lastAppliedRevision") == first)
+        finally:
+            assert w.stop() == 0
+        p = nftrec(state, "cleanup", "--netns", ns, "--config", str(cfg))
+        assert p.returncode == 0, p.stderr
+        set_endpoint(root, "10.244.0.2")
+        w = Watch(ns, root, cfg, state, "--debounce", "0.05")
+        try:
+            second = w.wait_sync(0)["revision"]
+            assert second != first and "10.244.0.2" in table(ns)
+            assert not w.events("rollout")
+        finally:
+            assert w.stop() == 0

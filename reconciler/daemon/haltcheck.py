@@ -12,7 +12,7 @@ import time
 from typing import Callable
 
 from reconciler import logs
-from reconciler.engine.statusgit import shown
+from reconciler.engine import fetch_records, shown
 
 READ_TIMEOUT = 30.0  # seconds for one read of the records (every git process of it)
 REREAD = 1.0  # seconds: an answer younger than this is used without reading again
@@ -50,8 +50,6 @@ class HaltCheck:
         return f"held: halt check: reading the earlier waves' records from {shown(settings.remote)}"
 
     def _read(self, settings, generation: int) -> None:
-        from reconciler.engine import fetch_records
-
         try:
             answer = fetch_records(settings.remote, settings.ssh_key, timeout=self.timeout)
         except Exception as e:  # never the thread's end without an answer: the revision would stay held

@@ -50,15 +50,17 @@ class RolloutWatch:
     # -- the rule
 
     def _applied(self) -> str | None:
+        """The last applied revision; None after `cleanup` (the node then applies at once)."""
         d = self.daemon
         if d.applied is not None:
             return d.applied.inventory.revision
         from reconciler.engine import read_status
 
         try:
-            return read_status(d.store).last_applied_revision
+            st = read_status(d.store)
         except OSError:
             return None
+        return st.last_applied_revision if st.cleaned_up_at is None else None
 
     def hold_back(self, snap, compiled) -> bool:
         """A new valid revision: True when it is held (kept aside), False when it goes in."""
@@ -79,7 +81,7 @@ class RolloutWatch:
 
     def _restore(self) -> None:
         """A restart while a revision is held: `desired` is the state's last applied ruleset
-        (compiled.restored). A state with none intact (damaged, cleaned up) leaves the kernel
+        (compiled.restored). A state with none intact (a damaged history) leaves the kernel
         as it is, unrepaired, until the held revision goes in; never a guess, and never the
         held revision early: said once, and /healthz fails with it (healthz.py)."""
         d = self.daemon
