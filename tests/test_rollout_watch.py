@@ -476,3 +476,52 @@ def test_a_watch_started_after_cleanup_applies_at_once(tmp_path):
             assert not w.events("rollout")
         finally:
             assert w.stop() == 0
+
+
+def _git_children() -> list[int]:
+    import os
+    from pathlib import Path
+
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            comm, rest = stat.read_text().rsplit(")", 1)
+        except OSError:
+            continue
+        if rest.split()[1] == str(os.getpid()) and comm.endswith("(git"):
+            found.append(int(stat.parent.name))
+    return found
+
+
+def test_the_halt_check_answers_in_the_background_and_stop_kills_its_read():
+    """HaltCheck (watch's Gate.fetch) against a remote that hangs: the reason at once, the
+    answer later with a wake-up; stopped during a read, its git is killed at once."""
+    import threading
+
+    from reconciler.daemon.haltcheck import HaltCheck
+    from reconciler.intake import StatusSettings
+
+    silent = Silent(1.0)
+    woken = threading.Event()
+    try:
+        check = HaltCheck(lambda: StatusSettings(silent.url), woken.set, timeout=20)
+        t0 = time.monotonic()
+        said = check()
+        assert said == f"held: halt check: reading the earlier waves' records from {silent.url}"
+        assert check() == said and time.monotonic() - t0 < 0.5  # one read at a time, never waited for
+        assert woken.wait(10)
+        records, error = check()
+        assert records == () and "cannot read the status records" in error, error
+
+        silent.hold = 60.0
+        check.reset()
+        assert isinstance(check(), str)
+        deadline = time.monotonic() + 5
+        while not _git_children() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _git_children(), "the read's git did not start"
+        t0 = time.monotonic()
+        check.stop()
+        assert time.monotonic() - t0 < 2.5 and not _git_children()
+    finally:
+        silent.close()

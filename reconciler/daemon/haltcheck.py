@@ -2,7 +2,8 @@
 that is slow or hangs (fetch_records waits up to its timeout) must not delay syncs and
 repairs of the applied revision. `HaltCheck` is watch's Gate.fetch: until the first
 answer for the held revision is known it says so (the revision stays held), and each
-answer wakes the sync loop; later calls re-read in the background, the last answer standing.
+answer wakes the sync loop; later calls re-read in the background, the last answer
+standing. `stop` kills a read under way (its git would outlive the daemon on a hung remote).
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ class HaltCheck:
         self._at = 0.0  # time.monotonic() of the answer
         self._generation = 0  # reset() drops the answer of a read under way
         self._reading = False
+        self._repos: set = set()  # the reads' statusgit.Repo, for stop()
+        self._threads: list[threading.Thread] = []
+        self._stopped = False
 
     def reset(self) -> None:
         """A new revision is held: its decision waits for a read that starts after now."""
@@ -41,23 +45,46 @@ class HaltCheck:
     def __call__(self) -> tuple | str:
         settings = self.settings()
         with self._lock:
-            if not self._reading and (self._answer is None or time.monotonic() - self._at >= REREAD):
+            if not self._reading and not self._stopped and (
+                    self._answer is None or time.monotonic() - self._at >= REREAD):
                 self._reading = True
-                threading.Thread(target=self._read, args=(settings, self._generation), name="nftrec-halt-check",
-                                 daemon=True).start()
+                thread = threading.Thread(target=self._read, args=(settings, self._generation),
+                                          name="nftrec-halt-check", daemon=True)
+                self._threads = [t for t in self._threads if t.is_alive()] + [thread]
+                thread.start()
             if self._answer is not None:
                 return self._answer
         return f"held: halt check: reading the earlier waves' records from {shown(settings.remote)}"
 
     def _read(self, settings, generation: int) -> None:
+        repos = []
+
+        def started(repo) -> None:
+            with self._lock:
+                repos.append(repo)
+                self._repos.add(repo)
+                if self._stopped:
+                    repo.cancel()
+
         try:
-            answer = fetch_records(settings.remote, settings.ssh_key, timeout=self.timeout)
+            answer = fetch_records(settings.remote, settings.ssh_key, timeout=self.timeout, started=started)
         except Exception as e:  # never the thread's end without an answer: the revision would stay held
             answer = (), f"cannot read the status records: {type(e).__name__}: {e}"
         with self._lock:
-            if generation != self._generation:
+            self._repos.difference_update(repos)
+            if generation != self._generation or self._stopped:
                 return
             self._answer, self._at, self._reading = answer, time.monotonic(), False
         logs.log.debug(f"halt check: {len(answer[0])} status record(s) read" +
                        (f" ({answer[1]})" if answer[1] else ""))
         self.wake()
+
+    def stop(self, timeout: float = 2.0) -> None:
+        """The daemon stops: the reads under way are killed (their git and temporary repository)."""
+        with self._lock:
+            self._stopped = True
+            repos, threads = list(self._repos), list(self._threads)
+        for repo in repos:
+            repo.cancel()
+        for thread in threads:
+            thread.join(timeout)

@@ -257,5 +257,6 @@ class RolloutWatch:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=2)
+        self.halt.stop()
         if self.channel is not None:
             self.channel.stop()
