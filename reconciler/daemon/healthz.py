@@ -22,7 +22,7 @@ def healthy(daemon) -> tuple[bool, str]:
         said = f"revision {short_revision(revision)} was refused ({why}): {message}"
     why = daemon.repairs.unhealthy() if daemon.repairs is not None else None
     rollout = getattr(daemon, "rollout", None)
-    if not why and daemon.desired is None and rollout is not None and rollout.held is not None:
+    if not why and rollout is not None and rollout.held is not None and daemon.desired is None:
         why = rollout.unrepairable  # restarted while held, with no last applied ruleset to keep
     if why:
         return False, why + (f"; {said}" if said else "")
