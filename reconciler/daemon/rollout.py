@@ -83,7 +83,7 @@ class RolloutWatch:
         """A restart while a revision is held: `desired` is the state's last applied ruleset
         (compiled.restored). A state with none intact (a damaged history) leaves the kernel
         as it is, unrepaired, until the held revision goes in; never a guess, and never the
-        held revision early: said once, and /healthz fails with it (healthz.py)."""
+        held revision early: said once per held revision, and /healthz fails with it."""
         d = self.daemon
         try:
             _, ruleset = last_applied(d.store)
@@ -201,7 +201,7 @@ class RolloutWatch:
         except Exception as e:  # the status channel never fails a sync
             logs.log.warning(f"cannot queue the status record ({outcome}): {e}")
 
-    # -- the hold file
+    # -- the status channel and the hold file
 
     def _settings(self):
         settings = self.daemon.config.status if self.daemon.config is not None else None
