@@ -87,6 +87,7 @@ def test_a_hold_and_its_release_between_two_polls_still_wake_the_watch(tmp_path)
     daemon = SimpleNamespace(target=target, config=SimpleNamespace(status=None), store=SimpleNamespace(dir=tmp_path))
     watch = RolloutWatch.__new__(RolloutWatch)  # no Gate or state store: the hold file's thread alone
     watch.daemon, watch.channel, watch.held, watch._thread = daemon, None, None, None
+    watch.halt = SimpleNamespace(stop=lambda: None)  # no halt check's read to stop
     watch._stop, watch._hold_file = threading.Event(), hold_path(tmp_path, "ns1")
     watch._hold_file.parent.mkdir(parents=True)
     runs = []

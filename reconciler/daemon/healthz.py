@@ -1,7 +1,8 @@
 """What `/healthz` and `/readyz` say. /healthz: the data plane's health, not the newest
 revision's. The last good ruleset live and kept in sync is healthy, whatever was refused since (the text names the
 refusal; `status` and the metrics report it for alerting). Unhealthy: nothing applied yet
-with a refusal, another process's change unrepaired, or no successful sync for 2 x
+with a refusal, another process's change unrepaired, a restart while a revision is held
+with no intact last applied ruleset in the state to keep, or no successful sync for 2 x
 fullSyncPeriod. /readyz: the newest revision read is the one applied (Kubernetes' split of
 liveness and readiness), else why not.
 """
@@ -20,6 +21,9 @@ def healthy(daemon) -> tuple[bool, str]:
         why, revision, message = refused
         said = f"revision {short_revision(revision)} was refused ({why}): {message}"
     why = daemon.repairs.unhealthy() if daemon.repairs is not None else None
+    rollout = getattr(daemon, "rollout", None)
+    if not why and rollout is not None and rollout.held is not None and daemon.desired is None:
+        why = rollout.unrepairable  # restarted while held, with no last applied ruleset to keep
     if why:
         return False, why + (f"; {said}" if said else "")
     period = daemon.config.full_sync_period if daemon.config else 3600.0

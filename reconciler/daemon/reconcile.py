@@ -22,7 +22,7 @@ from reconciler.compile import (
     Compiled, NftSyntaxError, Ruleset, allocation_of, changed_services, compile_incremental, compile_static,
     describe_view_change, node_address_view, project, relocate,
 )
-from reconciler.daemon.compiled import Services, counts, has_udp
+from reconciler.daemon.compiled import Services, counts, has_udp, is_restored
 from reconciler.daemon.rollout import RolloutWatch
 from reconciler.daemon.runner import Fatal, SyncFailed
 from reconciler.engine import (CommandError, StateCorrupt, Target, adopt_commit, append_commit, clean_udp_conntrack, commit,
@@ -208,6 +208,7 @@ class Daemon:
             if self.load_config() and self.config != before:
                 logs.log.info(f"node config {self.config.source.file} re-read; full sync")
                 self.last_digest = None  # recompile everything with the new config
+            self.rollout.configure()  # the status channel follows `status`
             self.need_full = True
         full_due = self.last_full is None or self.clock() - self.last_full >= self.config.full_sync_period
         if (self.need_full or full_due) and self.last_full is not None:
@@ -230,7 +231,7 @@ class Daemon:
                 self.desired = compile_incremental(self._with_probes(self.declared), self.config, self.desired)
             except NftSyntaxError as e:
                 logs.log.error(f"the last good revision does not compile with the probe results: {e}")
-        if self.desired is not None and self.desired.config != self.config:
+        if self.desired is not None and self.desired.config != self.config and not is_restored(self.desired):
             # SIGHUP changed the node config while the newest revision is invalid: the
             # last good revision is what stays in the kernel, compiled with the new config.
             try:
@@ -341,7 +342,8 @@ class Daemon:
         refused = self.refusal()
         self.metrics.set_refused(refused[0] if refused else None)
         applied = self.applied.inventory.revision if self.applied else None
-        attempted = self.invalid[0] if self.invalid else self.rejected[0] if self.rejected else (
+        held = self.rollout.attempt()
+        attempted = self.invalid[0] if self.invalid else self.rejected[0] if self.rejected else held[0] if held else (
             self.desired.inventory.revision if self.desired else None)
         self.metrics.set_revisions(applied, attempted)
 
@@ -429,7 +431,7 @@ class Daemon:
             if self.repairs is not None:
                 self.repairs.repaired(self._repair_seq)
         self.last_success = kernel_done
-        invalid, rejected = self.invalid, self.rejected
+        invalid, rejected, held = self.invalid, self.rejected, self.rollout.attempt()
         # a full sync's listing is let go now, not held until the write (settle_heap, in sync())
         live_fp = fingerprint(verified_live) if verified_live is not None else None
         verified_live = None
@@ -451,6 +453,8 @@ class Daemon:
                     self._record(self.store.record_attempt, invalid[0], f"{WHY.get(invalid[2], WHY['invalid'])}: {invalid[1]}")
                 elif rejected is not None:  # likewise a revision rolled back after its health checks
                     self._record(self.store.record_attempt, rejected[0], f"rolled back: {rejected[1]}")
+                elif held is not None:  # and one held by the rollout
+                    self._record(self.store.record_attempt, *held)
 
         self._write(record, supersedes="applied")
         health.finish(self, pending)

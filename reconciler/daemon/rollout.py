@@ -1,9 +1,11 @@
 """watch and a fleet's staged rollout: a new valid revision is compiled at once (so an
 invalid one is reported then) and, while engine.Gate holds it (its wave not open, paused,
 halted, `nftrec hold`), kept aside: the daemon's `desired` stays the last applied
-revision, which full syncs and repairs keep in the kernel. The sync's timer wakes at the
-opening time (and at a hold's end); a thread stats hold.json so that hold and release
-count within a second. Outcomes go to the status channel when `status.remote` is set.
+revision (after a restart, the state's last applied ruleset), which full syncs and repairs
+keep in the kernel. The sync's timer wakes at the opening time (and at a hold's end); a
+thread stats hold.json so that hold and release count within a second; the halt reads the
+earlier waves' records in the background (haltcheck.py). Outcomes go to the status
+channel when `status.remote` is set (re-read on SIGHUP).
 """
 
 from __future__ import annotations
@@ -12,7 +14,10 @@ import os
 import threading
 
 from reconciler import clock, logs
-from reconciler.engine import Gate, fleet_rollout, hold_path, records_fetcher, short_revision, status_record, time_of
+from reconciler.daemon.compiled import is_restored, restored
+from reconciler.daemon.haltcheck import HaltCheck
+from reconciler.engine import (CommandError, Gate, fleet_rollout, hold_path, last_applied, short_revision,
+                               status_record, time_of)
 from reconciler.intake import HALTED, HELD, Decision, identity_of
 
 HOLD_POLL = 0.5  # seconds between two stats of hold.json
@@ -33,6 +38,9 @@ class RolloutWatch:
         self.wave: tuple[str, int] = ("", 0)  # the node's wave (name, index) of the newest revision decided
         self.rollout = None  # fleet.yaml's rollout of the newest valid revision (its records name the wave)
         self.channel = None  # engine.StatusChannel, when the node config has status.remote
+        self.halt = HaltCheck(self._settings, lambda: self._run and self._run())  # the halt's reads
+        self.unrepairable: str | None = None  # why a restart while held found no last applied ruleset
+        self._run = None  # the runner's run(), once started
         self.pushed: tuple | None = None  # (outcome, attempted, when) last enqueued
         self.decided_key = None  # hold.json's stat when the held revision was last decided
         self._hold_file = hold_path(daemon.target.state_root, daemon.target.netns)
@@ -42,15 +50,17 @@ class RolloutWatch:
     # -- the rule
 
     def _applied(self) -> str | None:
+        """The last applied revision; None after `cleanup` (the node then applies at once)."""
         d = self.daemon
         if d.applied is not None:
             return d.applied.inventory.revision
         from reconciler.engine import read_status
 
         try:
-            return read_status(d.store).last_applied_revision
+            st = read_status(d.store)
         except OSError:
             return None
+        return st.last_applied_revision if st.cleaned_up_at is None else None
 
     def hold_back(self, snap, compiled) -> bool:
         """A new valid revision: True when it is held (kept aside), False when it goes in."""
@@ -59,12 +69,37 @@ class RolloutWatch:
         rollout = self.rollout = fleet_rollout(snap.root, verdict)
         t, error = time_of(snap.root, snap.revision, verdict) if rollout is not None else (None, None)
         self.held = (compiled, snap.inventory, d.gate.signed(snap.revision), rollout, t, error)
-        self.gate.fetch = records_fetcher(d.config)
+        self.gate.fetch = self.halt if self._settings() is not None else None
+        self.halt.reset()
         if self._decide():
+            if d.desired is None:
+                self._restore()
             return True
         self.held = self.decision = None
         self._export()
         return False
+
+    def _restore(self) -> None:
+        """A restart while a revision is held: `desired` is the state's last applied ruleset
+        (compiled.restored). A state with none intact (a damaged history) leaves the kernel
+        as it is, unrepaired, until the held revision goes in; never a guess, and never the
+        held revision early: said once per held revision, and /healthz fails with it."""
+        d = self.daemon
+        try:
+            _, ruleset = last_applied(d.store)
+            st = d.store.status()
+        except CommandError as e:
+            self.unrepairable = f"cannot keep the applied revision while revision " \
+                                f"{short_revision(self.held[0].inventory.revision)} is held: {e}"
+            logs.log.error(f"{self.unrepairable}; nothing in table {d.target.table} is repaired until it goes in "
+                           f"(`nftrec apply --ignore-rollout` applies it now)",
+                           extra={"fields": {"event": "rollout", "ok": False}})
+            return
+        self.unrepairable = None
+        d.desired = restored(st.last_applied_revision, ruleset, d.config)
+        d.desired_signed = (st.last_applied_revision_time, st.last_applied_trust)
+        logs.log.info(f"revision {short_revision(st.last_applied_revision)}: the last applied ruleset, read from "
+                      f"{d.store.dir}, is kept in the kernel", extra={"fields": {"event": "rollout", "state": "kept"}})
 
     def _decide(self) -> bool:
         """The held revision's decision now; True while it stays held."""
@@ -96,6 +131,8 @@ class RolloutWatch:
         d = self.daemon
         logs.log.info(f"revision {short_revision(compiled.inventory.revision)}: {self.decision.reason}; applying it",
                       extra={"fields": {"event": "rollout", "revision": compiled.inventory.revision, "state": "open"}})
+        if is_restored(d.applied):  # nothing compiled to compare with: list the kernel
+            d.need_full = True
         d.desired, d.declared, d.desired_signed = compiled, inventory, signed
         if d.prober is not None:
             d.prober.update(inventory)
@@ -115,6 +152,13 @@ class RolloutWatch:
                 left = max(0.0, t - clock.now()) + 0.05
                 due = left if due is None else min(due, left)
         return due
+
+    def attempt(self) -> tuple[str, str] | None:
+        """(revision, reason) of the held revision: its attempt, kept in the state after a
+        repair records the applied one again."""
+        if self.held is None or self.decision is None:
+            return None
+        return self.held[0].inventory.revision, self.decision.reason
 
     def reason(self) -> str | None:
         """/readyz: why the newest revision is not applied, while it is held."""
@@ -157,17 +201,37 @@ class RolloutWatch:
         except Exception as e:  # the status channel never fails a sync
             logs.log.warning(f"cannot queue the status record ({outcome}): {e}")
 
-    # -- the hold file
+    # -- the status channel and the hold file
 
-    def start(self, run) -> None:
-        """The status channel (node config `status.remote`), and a thread that stats
-        hold.json every HOLD_POLL seconds: a change asks for a sync (`run`)."""
-        settings = self.daemon.config.status
-        if settings is not None and settings.remote:
+    def _settings(self):
+        settings = self.daemon.config.status if self.daemon.config is not None else None
+        return settings if settings is not None and settings.remote else None
+
+    def configure(self) -> None:
+        """The status channel of the node config's `status` (at start and after SIGHUP): a
+        changed remote or key stops the old channel and starts one for the new (the queue is
+        durable: what the old one had not sent goes to the new remote); none without it."""
+        settings = self._settings()
+        if self._run is None or (self.channel.settings if self.channel is not None else None) == settings:
+            return
+        if self.channel is not None:
+            self.channel.stop()
+            self.channel = None
+        if settings is not None:
             from reconciler.engine import StatusChannel
 
             self.channel = StatusChannel(self.daemon.store.dir, settings)
             self.channel.start()
+        self.pushed = None  # the current outcome goes to the new remote too
+        if self.held is not None:
+            self.gate.fetch = self.halt if settings is not None else None
+            self.halt.reset()
+
+    def start(self, run) -> None:
+        """The status channel (node config `status.remote`), and a thread that stats
+        hold.json every HOLD_POLL seconds: a change asks for a sync (`run`)."""
+        self._run = run
+        self.configure()
 
         def loop():
             last = self._hold_key()
@@ -193,5 +257,6 @@ class RolloutWatch:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=2)
+        self.halt.stop()
         if self.channel is not None:
             self.channel.stop()

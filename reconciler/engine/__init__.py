@@ -42,6 +42,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
                 "time_of"),
     "source": ("KEEP", "command_source", "is_source", "manifest_root", "open_source", "reference", "source_error"),
     "sourcestate": ("read_source_state", "source_status_json", "source_status_lines", "write_source_state"),
+    "statusgit": ("shown",),
     "statusrecords": ("StatusChannel", "StatusSettings", "fetch_records", "parse_record", "record_json"),
     "state": ("StateCorrupt", "default_state_dir", "namespace_dir", "read_history", "read_status", "utc_now"),
     "sync": ("clean_udp_conntrack", "commit", "forget_affinity_clients", "forgotten_affinity_ids", "touched_objects", "udp_services", "verify_applied", "verify_commit",

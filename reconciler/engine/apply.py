@@ -513,6 +513,10 @@ def run_status(target: Target, *, output: str, detailed: bool = False, out_strea
     from reconciler.engine.rollout import read_rollout_state, rollout_status_json, rollout_status_lines
 
     hold, rollout, now = read_hold(target.state_root, target.netns), read_rollout_state(store), clock.now()
+    if ahead is not None:  # rollout.json is compared with what the commit record says, as the lines above
+        from dataclasses import replace
+
+        status = replace(status, last_applied_revision=ahead.revision, last_attempted_revision=ahead.revision)
     doc.update(hold_status_json(hold, now), **rollout_status_json(rollout, status))
     if output == "json":
         json.dump(doc, out_stream, indent=2)

@@ -70,7 +70,9 @@ class Gate:
 
     store: StateStore
     hold_dir: Path  # the state root: the hold is per namespace (holds.py)
-    fetch: Callable[[], tuple] | None = None  # () -> (records, error or None): the status records, for the halt
+    # () -> (records, error or None): the status records, for the halt; or a str while
+    # the answer is not known yet (daemon/haltcheck.py): the reason the revision is held
+    fetch: Callable[[], tuple | str] | None = None
     ignore_rollout: bool = False
     ignore_hold: bool = False
     first_seen: dict = field(default_factory=dict)
@@ -88,10 +90,13 @@ class Gate:
             d = Decision(HELD, d.wave, d.wave_index, None, f"held: {time_error}")
         if d.apply and rollout is not None and rollout.max_failures is not None and d.wave_index > 0 and \
                 applied is not None and applied != revision:
-            records, error = self.fetch() if self.fetch is not None else (
+            answer = self.fetch() if self.fetch is not None else (
                 (), "the node config has no status.remote to read the earlier waves' records from")
-            d = decide(rollout, identity, revision, revision_time, now, applied_revision=applied, hold=hold,
-                       records=records, records_error=error)
+            if isinstance(answer, str):  # not known yet (watch reads in the background): held, saying so
+                d = Decision(HELD, d.wave, d.wave_index, None, answer)
+            else:
+                d = decide(rollout, identity, revision, revision_time, now, applied_revision=applied, hold=hold,
+                           records=answer[0], records_error=answer[1])
         if d.apply and d.opens_at is not None and rollout is not None and not rollout.immediate and \
                 applied is not None and applied != revision:  # the node's own start within its wave
             start = d.opens_at + jitter(identity.name, rollout.interval, "wave")

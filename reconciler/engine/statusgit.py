@@ -16,6 +16,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 REF_PREFIX = "refs/nftrec/status/"
 RECORD_FILE = "status.json"  # the only file of each record's commit
@@ -238,11 +239,14 @@ def push(repo: Repo, node: str, records: list[tuple[bytes, int, str]]) -> str:
     raise AssertionError("unreachable")
 
 
-def fetch_tips(remote: str, ssh_key: str | None, timeout: float, max_bytes: int) -> list[tuple[str, bytes]]:
+def fetch_tips(remote: str, ssh_key: str | None, timeout: float, max_bytes: int,
+               started: Callable[[Repo], None] | None = None) -> list[tuple[str, bytes]]:
     """(ref, its tip's RECORD_FILE) of every ref under REF_PREFIX of `remote`: only those
     refs, depth 1, read from the objects (no checkout); a file over `max_bytes`, or a tip
-    without it, is left out."""
+    without it, is left out. `started(repo)`: the caller may `cancel` the read."""
     with Repo(remote, ssh_key, timeout) as repo:
+        if started is not None:
+            started(repo)
         try:
             repo.git("fetch", "--quiet", "--no-tags", "--depth", "1", *repo.pack_program("upload-pack"), REMOTE,
                      f"+{REF_PREFIX}*:refs/fetched/*")

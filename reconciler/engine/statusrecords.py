@@ -170,14 +170,14 @@ class StatusChannel:
         return self._queue.last_error
 
 
-def fetch_records(remote: str, ssh_key: str | None = None, *, timeout: float = 30.0
+def fetch_records(remote: str, ssh_key: str | None = None, *, timeout: float = 30.0, started=None
                   ) -> tuple[Sequence[Record], str | None]:
     """Every node's latest record from `remote`, fetching only refs/nftrec/status/* (depth 1,
     no checkout: each tip's status.json is read from the objects), sorted by node; (the
     records, None) or ((), why they could not be read). A record that is not well-formed
-    (parse_record) is left out."""
+    (parse_record) is left out. `started`: fetch_tips's (a cancel hook)."""
     try:
-        tips = fetch_tips(remote, ssh_key, timeout, MAX_RECORD_BYTES)
+        tips = fetch_tips(remote, ssh_key, timeout, MAX_RECORD_BYTES, started)
     except StatusGitError as e:
         return (), f"cannot read the status records of {shown(remote)}: {e}"
     records = [r for r in (parse_record(raw, ref) for ref, raw in tips) if r is not None]
