@@ -382,7 +382,7 @@ def apply(
 ) -> None:
     """Commit the desired ruleset as one atomic transaction, verify it, record state. Exit 3 (nothing
     applied) when a fleet's rollout or `nftrec hold` holds the revision."""
-    from reconciler.engine import run_apply
+    from reconciler.engine import run_apply, start_status
 
     if verify not in ("touched", "full"):
         raise typer.BadParameter("must be touched or full", param_hint="--verify")
@@ -390,6 +390,7 @@ def apply(
     if sum(x is not None and x is not False for x in (directory, plan_file, rollback or None)) > 1:
         raise typer.BadParameter("give one of DIRECTORY, --plan FILE or --rollback")
     target = _target(config, netns)
+    node = start_status(target, _node_config(config))  # its outcome's status record (engine/applystatus.py)
     desired = None
     if plan_file is None and not rollback:
         source = _root(directory or ".", config, target)
@@ -405,7 +406,8 @@ def apply(
         _rollout(target, desired, source.root, ignore_rollout=ignore_rollout, ignore_hold=ignore_hold)
     elif probe:
         raise typer.BadParameter("--probe needs a manifest directory (not --plan or --rollback)")
-    node = _node_config(config) if plan_file is not None or rollback else None
+    else:  # a saved plan: its rollout and the hold; a rollback: the hold alone (engine/rollout.py)
+        _rollout(target, None, None, node=node, plan=plan_file, ignore_rollout=ignore_rollout, ignore_hold=ignore_hold)
     if rollback and node.verify is not None:  # nftrec's own history: no signature is checked again
         from reconciler import logs
 
@@ -416,7 +418,7 @@ def apply(
                             allow_removals=allow_removals))
 
 
-def _rollout(target, desired, root: Path, **kw) -> None:
+def _rollout(target, desired, root: Optional[Path], **kw) -> None:
     """A fleet's rollout and the local hold (engine/rollout.py): apply exits 3 when they hold the revision."""
     from reconciler.engine import EXIT_HELD, one_shot
 

@@ -20,6 +20,7 @@ from reconciler import lazy_exports
 
 __all__, __getattr__ = lazy_exports(__name__, {
     "apply": ("EXIT_CHANGES", "EXIT_ERROR", "EXIT_OK", "run_apply", "run_plan", "run_status"),
+    "applystatus": ("send_queued", "start_status"),
     "changes": ("diff",),
     "commits": ("Commit", "adopt_commit", "append_commit", "commit_ahead", "read_commits", "rollback_baseline"),
     "confirm": ("ConfirmSpec", "await_confirmation", "begin_confirm", "clear_pending", "mark_confirmed",
