@@ -353,8 +353,8 @@ def apply(
     netns: Optional[str] = NETNS_OPT,
     strict: bool = STRICT_OPT,
     fields: Optional[str] = FIELDS_OPT,
-    plan_file: Optional[Path] = typer.Option(None, "--plan", help="Apply a plan saved by `plan --out`; "
-                                             "refused when stale or already applied."),
+    plan_file: Optional[Path] = typer.Option(None, "--plan", help="Apply a plan saved by `plan --out`; refused "
+                                             "when stale or already applied, held as DIRECTORY by rollout and hold."),
     rollback: bool = typer.Option(False, "--rollback", help="Re-apply the previous applied ruleset."),
     allow_rollback: bool = typer.Option(False, "--allow-rollback", help="With `verify`: apply a signed revision "
                                         "that does not descend from the last applied one, this once."),
@@ -381,7 +381,7 @@ def apply(
     ignore_hold: bool = IGNORE_HOLD_OPT,
 ) -> None:
     """Commit the desired ruleset as one atomic transaction, verify it, record state. Exit 3 (nothing
-    applied) when a fleet's rollout or `nftrec hold` holds the revision."""
+    applied) when a fleet's rollout or `nftrec hold` holds the revision (--rollback: only the hold)."""
     from reconciler.engine import run_apply, start_status
 
     if verify not in ("touched", "full"):
@@ -418,7 +418,7 @@ def apply(
                             allow_removals=allow_removals))
 
 
-def _rollout(target, desired, root: Optional[Path], **kw) -> None:
+def _rollout(target, desired, root: Path, **kw) -> None:
     """A fleet's rollout and the local hold (engine/rollout.py): apply exits 3 when they hold the revision."""
     from reconciler.engine import EXIT_HELD, one_shot
 

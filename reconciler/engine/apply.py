@@ -181,7 +181,7 @@ def run_plan(desired, target: Target, *, verbose: bool, output: str, detailed: b
                                        "time": verdict.time, "rollbackAllowed": verdict.rollback_allowed,
                                        "trust": desired.trust}
         if out is not None and not refused:
-            from reconciler.engine.rollout import saved_rollout
+            from reconciler.engine.applygate import saved_rollout
 
             saved = planfile.SavedPlan.create(
                 netns=target.netns or HOST, table=target.table, revision=desired.revision,
