@@ -24,7 +24,6 @@ from reconciler.engine import StatusChannel, StatusSettings
 from reconciler.engine.applystatus import SEND_BOUND
 from reconciler.intake import Record
 
-pytestmark = pytest.mark.kernel
 
 
 def with_status(cfg: Path, remote: str) -> Path:
@@ -48,6 +47,7 @@ def outcomes(remote: Path, node: str) -> list[tuple[str, str]]:
     return [(r.outcome, r.wave) for r in log_of(remote, node)]
 
 
+@pytest.mark.kernel
 def test_each_outcome_of_apply_is_its_status_record(tmp_path):
     """A fleet node of wave `rest` (interval 1h) pushing to a file:// remote: applied (the
     first revision), held (the next one, its wave closed), invalid (a broken manifest),
@@ -89,6 +89,7 @@ def test_each_outcome_of_apply_is_its_status_record(tmp_path):
         assert outcomes(remote, "edge-2")[-1] == ("applied", "rest") and len(log_of(remote, "edge-2")) == 5
 
 
+@pytest.mark.kernel
 def test_a_refusal_and_a_rollback_are_status_records(tmp_path):
     """A plain directory: the removal guard's refusal and a confirmed apply whose health
     check fails (rolled back) are records too, with their reason."""
@@ -112,6 +113,7 @@ def test_a_refusal_and_a_rollback_are_status_records(tmp_path):
     assert [r.outcome for r in log_of(remote, "n1")] == ["applied", "refused", "rolled-back"]
 
 
+@pytest.mark.kernel
 def test_the_halt_is_a_status_record(tmp_path):
     """maxFailures: 0 and the canary's record says it failed the revision: a node of the
     next wave, once its wave opens, halts (exit 3) and pushes `halted`."""
@@ -137,6 +139,28 @@ def test_the_halt_is_a_status_record(tmp_path):
         assert halted.outcome == "halted" and halted.attempted == revision and "edge-1 (invalid)" in halted.error
 
 
+def test_a_verify_refusal_is_refused_and_bad_input_invalid(tmp_path, monkeypatch):
+    """The two kinds of unreadable revision (engine.record_invalid): `verify` refused it
+    (refused) or its manifests have errors (invalid); both sent by the one push."""
+    from reconciler.engine import Target, applystatus, send_queued, start_status
+    from reconciler.engine.desired import InvalidInput, Unverified
+    from reconciler.engine.entry import record_invalid
+    from reconciler.intake import load_node_config
+
+    monkeypatch.setattr(applystatus, "_reporter", None)  # this process's reporter: none once the test ends
+
+    remote = bare(tmp_path / "status.git")
+    cfg = with_status(node_config(tmp_path / "config.yaml", "n1"), f"file://{remote}")
+    target = Target(None, "nftrec", tmp_path / "state")
+    start_status(target, load_node_config(str(cfg), discover=False)[0])
+    record_invalid(target, Unverified("a" * 40, "commit aaaa is not signed by a key of verify.keys"))
+    record_invalid(target, InvalidInput("b" * 40, 2, tmp_path))
+    send_queued()
+    assert [(r.outcome, r.attempted) for r in log_of(remote, "n1")] == [("refused", "a" * 40), ("invalid", "b" * 40)]
+    assert "not signed" in log_of(remote, "n1")[0].error
+
+
+@pytest.mark.kernel
 def test_a_hung_remote_costs_apply_the_bound_and_the_next_apply_delivers(tmp_path):
     """status.remote accepts the connection and never answers: apply still exits 0, within
     the push's bound, says the record stays queued; once `git daemon` serves that address,
@@ -176,6 +200,7 @@ def test_a_hung_remote_costs_apply_the_bound_and_the_next_apply_delivers(tmp_pat
         daemon.stop()
 
 
+@pytest.mark.kernel
 def test_a_saved_plan_follows_the_rollout_and_the_hold(tmp_path):
     """`apply --plan` applies a new revision: held by its wave (exit 3, the kernel
     unchanged) as `apply DIR` is, --ignore-rollout overrides; the local hold holds it too,
@@ -215,6 +240,7 @@ def test_a_saved_plan_follows_the_rollout_and_the_hold(tmp_path):
         assert "10.244.0.2" in _vip_endpoint(ns)
 
 
+@pytest.mark.kernel
 def test_a_saved_plan_ignoring_the_rollout_applies(tmp_path):
     root = make_fleet(tmp_path / "fleet", interval="1h", address="10.244.0.1")
     cfg = node_config(tmp_path / "config.yaml", "edge-2")
@@ -230,6 +256,7 @@ def test_a_saved_plan_ignoring_the_rollout_applies(tmp_path):
         assert "10.244.0.2" in _vip_endpoint(ns)
 
 
+@pytest.mark.kernel
 def test_a_rollback_meets_the_hold_not_the_waves(tmp_path):
     """`apply --rollback` is the emergency path back to a ruleset this node applied: a
     closed wave does not hold it; a local hold does (exit 3, the kernel unchanged),
