@@ -1,7 +1,8 @@
 """The `nftrec` entry point: the process's GC policy (heap.py), then the typer command
 line of commands.py with `trace` (tracecommands.py) and the `fleet` sub-app of fleetcommands.py, which import the stages
 inside each command, so a command pays only for the stages it uses. click's conventions hold: a usage error exits 64 (commands.py), a
-closed stdout ends the command quietly with exit 1. Around typer: a shell named after the
+closed stdout ends the command quietly with exit 1; `apply`'s queued status records get one
+bounded push at the end. Around typer: a shell named after the
 completion flags, and a hint for a global option placed after the command.
 """
 
@@ -35,6 +36,10 @@ def main() -> None:
             if hint:
                 typer.echo(f"Hint: {hint}", err=True)
         raise
+    finally:
+        status = sys.modules.get("reconciler.engine.applystatus")  # imported by `apply` only
+        if status is not None:
+            status.send_queued()  # its queued status records: one bounded push, its exit code kept
 
 
 SHELLS = ("bash", "zsh", "fish", "powershell", "pwsh")

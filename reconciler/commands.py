@@ -353,8 +353,8 @@ def apply(
     netns: Optional[str] = NETNS_OPT,
     strict: bool = STRICT_OPT,
     fields: Optional[str] = FIELDS_OPT,
-    plan_file: Optional[Path] = typer.Option(None, "--plan", help="Apply a plan saved by `plan --out`; "
-                                             "refused when stale or already applied."),
+    plan_file: Optional[Path] = typer.Option(None, "--plan", help="Apply a plan saved by `plan --out`; refused "
+                                             "when stale or already applied, held as DIRECTORY by rollout and hold."),
     rollback: bool = typer.Option(False, "--rollback", help="Re-apply the previous applied ruleset."),
     restore: bool = typer.Option(False, "--restore", help="Re-apply the last applied ruleset from the state "
                                  "directory alone (at boot, after `nft flush ruleset`): no source, network or node "
@@ -384,8 +384,8 @@ def apply(
     ignore_hold: bool = IGNORE_HOLD_OPT,
 ) -> None:
     """Commit the desired ruleset as one atomic transaction, verify it, record state. Exit 3 (nothing
-    applied) when a fleet's rollout or `nftrec hold` holds the revision."""
-    from reconciler.engine import run_apply
+    applied) when a fleet's rollout or `nftrec hold` holds the revision (--rollback: only the hold)."""
+    from reconciler.engine import run_apply, start_status
 
     if verify not in ("touched", "full"):
         raise typer.BadParameter("must be touched or full", param_hint="--verify")
@@ -396,6 +396,7 @@ def apply(
     if sum(x is not None and x is not False for x in (directory, plan_file, rollback or None)) > 1:
         raise typer.BadParameter("give one of DIRECTORY, --plan FILE or --rollback")
     target = _target(config, netns)
+    node = start_status(target, _node_config(config))  # its outcome's status record (engine/applystatus.py)
     desired = None
     if plan_file is None and not rollback:
         source = _root(directory or ".", config, target)
@@ -411,7 +412,8 @@ def apply(
         _rollout(target, desired, source.root, ignore_rollout=ignore_rollout, ignore_hold=ignore_hold)
     elif probe:
         raise typer.BadParameter("--probe needs a manifest directory (not --plan or --rollback)")
-    node = _node_config(config) if plan_file is not None or rollback else None
+    else:  # a saved plan: its rollout and the hold; a rollback: the hold alone (engine/rollout.py)
+        _rollout(target, None, None, node=node, plan=plan_file, ignore_rollout=ignore_rollout, ignore_hold=ignore_hold)
     if rollback and node.verify is not None:  # nftrec's own history: no signature is checked again
         from reconciler import logs
 

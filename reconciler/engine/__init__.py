@@ -13,13 +13,15 @@ apply's window and its rollback; `teardown` is cleanup; `restore` reads the last
 real one with the kernel's `meta nftrace`; `effective` prints a node's effective manifests; `rollout` and `holds` decide
 whether a fleet node takes a revision now (waves, the local hold). `source` turns an `oci://` argument into the
 tree a command reads; `sourcestate` is `watch oci://`'s source for `status`;
-`statusrecords` pushes the node's outcomes to a git remote and reads the fleet's back.
+`statusrecords` pushes the node's outcomes to a git remote and reads the fleet's back;
+`applygate` puts one-shot apply and plan under the rollout, `applystatus` reports apply's outcomes.
 """
 
 from reconciler import lazy_exports
 
 __all__, __getattr__ = lazy_exports(__name__, {
     "apply": ("EXIT_CHANGES", "EXIT_ERROR", "EXIT_OK", "run_apply", "run_plan", "run_status"),
+    "applystatus": ("send_queued", "start_status"),
     "changes": ("diff",),
     "commits": ("Commit", "adopt_commit", "append_commit", "commit_ahead", "read_commits", "rollback_baseline"),
     "confirm": ("ConfirmSpec", "await_confirmation", "begin_confirm", "clear_pending", "mark_confirmed",
@@ -38,7 +40,8 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "fleetstatus": ("run_fleet_status",),
     "restore": ("RestoreRefused", "last_applied", "run_restore"),
     "review": ("run_diff",),
-    "rollout": ("EXIT_HELD", "Gate", "fleet_rollout", "jitter", "one_shot", "records_fetcher", "status_record",
+    "applygate": ("one_shot",),
+    "rollout": ("EXIT_HELD", "Gate", "fleet_rollout", "jitter", "records_fetcher", "status_record",
                 "time_of"),
     "source": ("KEEP", "command_source", "is_source", "manifest_root", "open_source", "reference", "source_error"),
     "sourcestate": ("read_source_state", "source_status_json", "source_status_lines", "write_source_state"),

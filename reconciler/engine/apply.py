@@ -17,6 +17,7 @@ from typing import TextIO
 
 from reconciler import logs
 from reconciler.compile import FAMILIES, Ruleset, digest, relocate
+from reconciler.engine import applystatus
 from reconciler.engine import confirm as confirm_window
 from reconciler.engine import planfile
 from reconciler.engine.changes import Changes, diff
@@ -180,6 +181,8 @@ def run_plan(desired, target: Target, *, verbose: bool, output: str, detailed: b
                                        "time": verdict.time, "rollbackAllowed": verdict.rollback_allowed,
                                        "trust": desired.trust}
         if out is not None and not refused:
+            from reconciler.engine.applygate import saved_rollout
+
             saved = planfile.SavedPlan.create(
                 netns=target.netns or HOST, table=target.table, revision=desired.revision,
                 desired=desired.ruleset, live_fingerprint=fingerprint(live),
@@ -188,6 +191,7 @@ def run_plan(desired, target: Target, *, verbose: bool, output: str, detailed: b
                 verification=None if verdict is None else {
                     "source": str(Path(desired.source.root).absolute()), "oci": desired.source.oci,
                     "revision": verdict.revision, "signer": verdict.signer, "key": verdict.key, "time": verdict.time},
+                rollout=saved_rollout(desired),
             )
             try:
                 planfile.save(saved, out)
@@ -295,6 +299,7 @@ def run_apply(target: Target, *, desired=None, plan_path: Path | None = None,
             if refusal is not None and not allow_removals:
                 out_stream.write(format_text(plan, color=_color(out_stream)))
                 store.record_attempt(revision, f"refused by the removal guard: {refusal}")
+                applystatus.report("refused", revision, f"refused by the removal guard: {refusal}")
                 raise CommandError(f"refused: {refusal}")
             if refusal is not None:
                 logs.log.warning(refusal)
@@ -310,6 +315,7 @@ def run_apply(target: Target, *, desired=None, plan_path: Path | None = None,
                              from_memory="the recorded state" if fast else None)
         except MayHaveCommitted as e:  # the pending confirmation stays: the next command rolls back first
             store.record_attempt(revision, e.text)
+            applystatus.report("failed", revision, e.text)
             raise CommandError(f"the transaction may have committed: {e.text.strip()}. " + (
                 f"The pending confirmation stays in {confirm_window.pending_path(store)}: the next nftrec command "
                 f"in {target.where} rolls back first" if pending is not None else
@@ -318,6 +324,7 @@ def run_apply(target: Target, *, desired=None, plan_path: Path | None = None,
             if pending is not None:
                 confirm_window.clear_pending(store)  # atomic: nothing was committed
             store.record_attempt(revision, e.text)
+            applystatus.report("failed", revision, e.text)
             raise CommandError(f"the kernel rejected the transaction; nothing was changed "
                                f"(the previous ruleset is whole). nft said:\n{e.text.strip()}", lines=True) from None
         try:
@@ -329,6 +336,7 @@ def run_apply(target: Target, *, desired=None, plan_path: Path | None = None,
         except CommandError as e:
             if pending is not None:
                 confirm_window.roll_back(nft, store, pending, f"the apply could not be verified: {e}")
+            applystatus.report("failed", revision, f"the apply could not be verified: {e}")
             raise
         token = forget_affinity_clients(nft, target.table, plan, token)  # before the token is recorded
 
@@ -356,9 +364,14 @@ def run_apply(target: Target, *, desired=None, plan_path: Path | None = None,
                                  revision_time=signed_at, trust=trust).desired_digest]
 
         if pending is not None:
-            confirm_window.hold_window(nft, target, pending, confirm, record)  # CommandError: rolled back
+            try:
+                confirm_window.hold_window(nft, target, pending, confirm, record)
+            except CommandError as e:  # rolled back
+                applystatus.report("rolled-back", revision, str(e))
+                raise
         else:
             record()
+        applystatus.report("applied", revision)
         if desired is not None:
             # as kube-proxy after every sync; a saved plan or a rollback carries no model to
             # tell endpoints from frontends, so the next apply from manifests (or watch) does it
@@ -404,6 +417,7 @@ def verify_saved(saved, path: Path, node, store, allow_rollback: bool):
     except Unverified as e:
         if e.record:
             store.record_attempt(e.revision or saved.revision, str(e))
+            applystatus.report("refused", e.revision or saved.revision, str(e))
         raise CommandError(f"{path}: {e}") from None
     if verdict.revision != saved.revision:
         raise CommandError(f"{path} was made from revision {short_revision(saved.revision)}, and {made['source']} "

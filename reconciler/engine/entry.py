@@ -32,12 +32,17 @@ def guard(fn, *args, **kwargs) -> int:
 
 
 def record_invalid(target, e) -> int:
-    """Record `e` (desired.InvalidInput) as the attempt of its revision, under the lock."""
+    """Record `e` (desired.InvalidInput) as the attempt of its revision, under the lock,
+    and report it (refused: `verify` refused it)."""
+    from reconciler.engine import applystatus
+    from reconciler.engine.desired import Unverified
+
     try:
         with target.lock():  # status.json is read-modify-written: only under the lock
             target.store().record_attempt(e.revision, str(e))
     except LockHeld:
-        pass  # the running apply records its own outcome
+        return EXIT_OK  # the running apply records its own outcome
+    applystatus.report("refused" if isinstance(e, Unverified) else "invalid", e.revision, str(e))
     return EXIT_OK
 
 

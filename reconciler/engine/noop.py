@@ -126,6 +126,9 @@ def run_apply_noop(target: Target, directory: Path, config_path: Path | None, *,
         if noop is None:
             return None
         target.store().record_noop(noop.revision)
+        from reconciler.engine import applystatus
+
+        applystatus.report("applied", noop.revision)
         from reconciler.engine.plan import format_text
 
         out_stream.write(format_text(_empty_plan()))

@@ -52,6 +52,9 @@ class SavedPlan:
     format_version: int = FORMAT_VERSION
     # under `verify`: {source, revision, signer, key, time} of the Verdict; None without
     verification: dict | None = None
+    # {fleet: fleet.yaml's text or None, revisionTime, timeError}: apply --plan's rollout
+    # decision (engine/rollout.py saved_rollout); None in plans of older nftrecs
+    rollout: dict | None = None
 
     @classmethod
     def create(
@@ -66,6 +69,7 @@ class SavedPlan:
         transaction: list[str],
         summary: dict,
         verification: dict | None = None,
+        rollout: dict | None = None,
     ) -> "SavedPlan":
         """A new plan with a fresh id; the digest and JSON form are taken from `desired`."""
         return cls(
@@ -79,6 +83,7 @@ class SavedPlan:
             desired=ruleset_to_json(desired),
             summary=summary,
             verification=verification,
+            rollout=rollout,
         )
 
     def desired_ruleset(self) -> Ruleset:
@@ -100,6 +105,7 @@ _FIELDS: tuple[tuple[str, str, tuple[type, ...], bool], ...] = (
     ("desired", "desired", (dict,), False),
     ("summary", "summary", (dict,), False),
     ("verification", "verification", (dict,), True),  # absent in plans of older nftrecs: null
+    ("rollout", "rollout", (dict,), True),  # absent in plans of older nftrecs: null
 )
 # the verification's fields: (key, types, nullable)
 _VERIFICATION = (("source", str, False), ("revision", str, False), ("signer", str, False), ("key", str, False),
@@ -126,9 +132,8 @@ def save(plan: SavedPlan, path: Path) -> None:
         raise PlanFileError(path, f"cannot save the plan to {path}: {e.strerror or e}; check the path and permissions") from e
 
 
-def load(path: Path) -> SavedPlan:
-    """Read and check a plan file; every problem is a PlanFileError saying what to do."""
-    path = Path(path)
+def _document(path: Path) -> dict:
+    """The plan file's JSON, its kind, version, checksum and `rollout` checked."""
     remake = f"make a new plan with `nftrec plan --out {path}`"
     try:
         raw = path.read_bytes()
@@ -147,6 +152,28 @@ def load(path: Path) -> SavedPlan:
         raise PlanFileError(path, f"{path} is a plan of format version {version!r}, this nftrec ({nftrec_version()}) reads version {FORMAT_VERSION}; {remake}")
     if doc.get("checksum") != _checksum(doc):
         raise PlanFileError(path, f"{path} was changed or damaged after nftrec wrote it (checksum mismatch); {remake}")
+    made = doc.get("rollout")
+    if made is not None and not (isinstance(made, dict) and all(
+            made.get(k) is None or isinstance(made.get(k), t) and not isinstance(made.get(k), bool)
+            for k, t in (("fleet", str), ("revisionTime", (int, float)), ("timeError", str)))):
+        raise PlanFileError(path, f"{path}: field 'rollout' lacks a field or has one of the wrong type; {remake}")
+    return doc
+
+
+def rollout_of(path: Path) -> tuple[str | None, dict | None]:
+    """(the plan's revision, its `rollout` or None) without reading its ruleset back
+    (apply --plan decides the rollout first); PlanFileError as `load`."""
+    doc = _document(Path(path))
+    revision = doc.get("revision")
+    return (revision if isinstance(revision, str) else None), doc.get("rollout")
+
+
+def load(path: Path) -> SavedPlan:
+    """Read and check a plan file; every problem is a PlanFileError saying what to do."""
+    path = Path(path)
+    remake = f"make a new plan with `nftrec plan --out {path}`"
+    doc = _document(path)
+    version = doc["formatVersion"]
     values: dict[str, Any] = {"format_version": version}
     for key, attr, types, nullable in _FIELDS:
         v = doc.get(key)

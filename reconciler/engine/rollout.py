@@ -2,7 +2,7 @@
 needs (fleet.yaml's `rollout` from the bytes the revision was read from, the revision's
 time, the node's identity, its last applied revision, the local hold, and for the halt
 the earlier waves' status records) and keeps the answer in `rollout.json` for `status`.
-One-shot `apply`/`plan` and `watch` both ask `Gate.decide`.
+One-shot `apply`/`plan` (applygate.py) and `watch` both ask `Gate.decide`.
 """
 
 from __future__ import annotations
@@ -36,19 +36,28 @@ def fleet_rollout(root: Path, verdict=None) -> Rollout | None:
     """fleet.yaml's `rollout` of the revision read at `root`: from the verified commit's
     blob when `verify` read one (never the worktree's bytes), else from the file. None for
     a plain root, or a fleet.yaml that does not parse (the read reports it: invalid)."""
+    return parse_rollout_of(fleet_bytes(root, verdict), str(Path(root) / "fleet.yaml"))
+
+
+def fleet_bytes(root: Path, verdict=None) -> bytes | None:
+    """fleet.yaml's bytes as fleet_rollout reads them, None for a plain root."""
     files = getattr(verdict, "files", None)
     fleet_root = getattr(files, "fleet", None)
     if fleet_root is not None:
-        raw = fleet_root.file[2] if isinstance(fleet_root.file[2], bytes) else None
-    elif is_fleet_root(root):
+        return fleet_root.file[2] if isinstance(fleet_root.file[2], bytes) else None
+    if is_fleet_root(root):
         from reconciler.intake import read_fleet_bytes
 
-        raw = read_fleet_bytes(Path(root) / "fleet.yaml")
-    else:
-        return None
+        return read_fleet_bytes(Path(root) / "fleet.yaml")
+    return None
+
+
+def parse_rollout_of(raw: bytes | None, display: str) -> Rollout | None:
+    """The `rollout` of fleet.yaml's bytes `raw` (`display`: its name in messages); None
+    without them or when they do not parse."""
     if raw is None:
         return None
-    fleet, _ = parse_fleet(str(Path(root) / "fleet.yaml"), raw)
+    fleet, _ = parse_fleet(display, raw)
     return fleet.rollout if fleet is not None else None
 
 
@@ -161,9 +170,10 @@ def rollout_status_lines(doc: dict | None, status) -> list[str]:
 
 
 def status_record(identity: Identity, rollout: Rollout | None, applied: str | None, attempted: str | None,
-                  outcome: str, error: str = "") -> Record:
-    """The status record of one outcome (statusrecords.StatusChannel.enqueue)."""
-    wave = rollout.waves[wave_of(rollout, identity)].name if rollout is not None else ""
+                  outcome: str, error: str = "", wave: str = "") -> Record:
+    """The status record of one outcome (statusrecords.StatusChannel.enqueue); its wave is
+    the node's in `rollout`, else `wave`."""
+    wave = rollout.waves[wave_of(rollout, identity)].name if rollout is not None else wave
     return Record(node=identity.name, labels=tuple(identity.labels), wave=wave, applied=applied or "",
                   attempted=attempted or "", outcome=outcome, error=error[:500], time=clock.now())
 
@@ -180,35 +190,3 @@ def records_fetcher(config) -> Callable[[], tuple] | None:
         return fetch_records(settings.remote, settings.ssh_key)  # an unreadable remote: ((), why): the halt says it
 
     return fetch
-
-
-def one_shot(target, desired, root: Path, *, ignore_rollout: bool = False, ignore_hold: bool = False,
-             record: bool = True) -> Decision | None:
-    """One-shot `apply`/`plan` of `desired` (read from `root`): the decision when the
-    revision is held (said on stderr and, for apply, recorded as its attempt under the
-    lock), None when it goes ahead."""
-    from reconciler.engine.lock import LockHeld
-    from reconciler.engine.state import read_status
-    from reconciler.intake import identity_of
-
-    store = target.store()
-    applied = read_status(store).last_applied_revision
-    revision = desired.inventory.revision
-    if revision == applied:
-        return None  # the applied revision: re-applied (a repair), whatever the rollout says
-    rollout = fleet_rollout(root, desired.verdict)
-    gate = Gate(store, target.state_root, records_fetcher(desired.config), ignore_rollout, ignore_hold)
-    t, error = time_of(root, revision, desired.verdict) if rollout is not None else (None, None)
-    d = gate.decide(rollout, identity_of(desired.config), revision, t, applied, time_error=error)
-    if d.apply:
-        return None
-    logs.log.warning(f"revision {short_revision(revision)} {'was not' if record else 'would not be'} applied: "
-                     f"{d.reason}; revision {short_revision(applied)} stays (apply --ignore-rollout, --ignore-hold "
-                     "override)")
-    if record:
-        try:
-            with target.lock():
-                store.record_attempt(revision, d.reason)
-        except LockHeld:
-            pass
-    return d

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from reconciler.atomic import atomic_write
-from reconciler.engine.statusgit import Repo, StatusGitError, push, shown
+from reconciler.engine.statusgit import GIT_TIMEOUT, Repo, StatusGitError, push, shown
 from reconciler.logs import log
 
 MAX_QUEUED = 1000  # records kept while the remote is down, after coalescing (module doc)
@@ -63,13 +63,16 @@ class Queue:
     def pending(self) -> int:
         return len(self._listed())
 
-    def wait_empty(self, timeout: float) -> bool:
+    def send_all(self, timeout: float) -> bool:
+        """send_once until the queue is empty, all within `timeout` seconds: whether it is.
+        A push that fails ends the attempt (its error in last_error); no retry, no thread."""
         deadline = time.monotonic() + timeout
-        while self.pending():
-            if time.monotonic() >= deadline or self._thread is None or not self._thread.is_alive():
-                return False
-            self._stopping.wait(0.05)
-        return True
+        try:
+            while self.send_once(max(0.0, deadline - time.monotonic())):
+                pass
+        except StatusGitError as e:
+            self.last_error = str(e)
+        return not self.pending()
 
     def _listed(self) -> list[re.Match]:
         try:
@@ -124,9 +127,10 @@ class Queue:
             elif not sent:
                 self._wake.wait()
 
-    def send_once(self) -> int | None:
-        """Coalesce the queue, push it, delete what was pushed: the number of records
-        pushed (0: nothing queued; None: another process is pushing it). StatusGitError."""
+    def send_once(self, timeout: float = GIT_TIMEOUT) -> int | None:
+        """Coalesce the queue, push it (`timeout`: seconds for all its git commands), delete
+        what was pushed: the number of records pushed (0: nothing queued; None: another
+        process is pushing it). StatusGitError."""
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         with self._push_lock() as locked:
             if not locked:
@@ -136,7 +140,7 @@ class Queue:
                 return 0
             node = batch[0][1]["node"]
             run = list(itertools.takewhile(lambda item: item[1]["node"] == node, batch))
-            repo = Repo(self.remote, self.ssh_key)
+            repo = Repo(self.remote, self.ssh_key, timeout)
             self._repo = repo
             try:
                 if self._stopping.is_set():

@@ -154,10 +154,10 @@ class StatusChannel:
         self._queue.stop(timeout)
 
     def flush(self, timeout: float) -> bool:
-        """Start the pusher and wait at most `timeout` seconds for the queue to empty (a
-        one-shot run before it exits): whether it did. What is left is sent next time."""
-        self._queue.start()
-        return self._queue.wait_empty(timeout)
+        """One attempt, in this thread and without the pusher, to send what is queued (a
+        one-shot run before it exits), every git command of it within `timeout` seconds:
+        whether the queue is empty now. What is left is sent next time; why in last_error."""
+        return self._queue.send_all(timeout)
 
     @property
     def pending(self) -> int:
