@@ -281,3 +281,21 @@ def test_a_rollback_meets_the_hold_not_the_waves(tmp_path):
         p = nftrec(state, "apply", "--rollback", *base, "--ignore-hold")
         assert p.returncode == 0, p.stderr
         assert "10.244.0.2" in _vip_endpoint(ns)
+
+
+@pytest.mark.kernel
+def test_apply_after_cleanup_takes_a_held_revision_at_once(tmp_path):
+    """`cleanup` leaves the node with nothing applied, so, as for a new node, the next
+    apply takes the newest revision at once though its wave is not open (watch does the same)."""
+    root = make_fleet(tmp_path / "fleet", interval="1h", address="10.244.0.1")
+    cfg = node_config(tmp_path / "config.yaml", "edge-2")
+    state = tmp_path / "state"
+    with throwaway_netns() as ns:
+        base = ("--netns", ns, "--config", str(cfg))
+        assert nftrec(state, "apply", str(root), *base).returncode == 0
+        set_endpoint(root, "10.244.0.2")
+        assert nftrec(state, "apply", str(root), *base).returncode == 3  # held by its wave
+        assert nftrec(state, "cleanup", *base).returncode == 0
+        p = nftrec(state, "apply", str(root), *base)
+        assert p.returncode == 0, p.stderr
+        assert "10.244.0.2" in _vip_endpoint(ns)

@@ -92,7 +92,9 @@ def _gate(target, node, revision: str, rollout: Rollout | None, t: float | None,
     from reconciler.intake import identity_of
 
     store = target.store()
-    applied = read_status(store).last_applied_revision
+    status = read_status(store)
+    # after `cleanup` the node has nothing applied: it takes the revision at once, as watch does
+    applied = status.last_applied_revision if status.cleaned_up_at is None else None
     gate = Gate(store, target.state_root, records_fetcher(node), ignore_rollout, ignore_hold)
     # a rollback is held by the hold alone, even back to the applied revision (its ruleset differs)
     d = gate.decide(rollout, identity_of(node), revision, t, None if rollback else applied, time_error=error)
