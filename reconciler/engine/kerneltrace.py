@@ -58,7 +58,7 @@ def _signals_interrupt():
 
 @contextlib.contextmanager
 def _signals_held():
-    """SIGINT, SIGTERM and SIGHUP wait while the tracing table is removed."""
+    """SIGINT, SIGTERM and SIGHUP wait while the monitor starts or the tracing table is removed."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -162,7 +162,8 @@ def _trace(packet: Packet, target: Target, nft, timeout: float, count: int, outp
             try:
                 run_nft_child(target.netns, trace_table_script(family, name, packet.src, packet.dst,
                                                                packet.proto, packet.dport))
-                monitor = start_trace_monitor(target.netns, timeout + SETTLE_MAX + 5)
+                with _signals_held():  # a Ctrl-C while the child starts would lose its handle (and its thread)
+                    monitor = start_trace_monitor(target.netns, timeout + SETTLE_MAX + 5)
                 logs.log.info(f"tracing {what} in {target.where} for up to {timeout:g}s "
                               f"(table {family} {name}): send the packet now")
                 _collect(monitor, grouper, time.monotonic() + timeout, count, target.where)
