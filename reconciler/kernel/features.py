@@ -75,8 +75,8 @@ def _sample(spelling: NftSpelling):
     """One Service of each kind nftrec compiles, both families, in the probe table: a
     LoadBalancer (every protocol, externalIPs, source ranges, Local policy, ClientIP
     affinity) with endpoints, and a ClusterIP without (its reject)."""
-    from reconciler.intake.model import (Endpoint, EndpointPort, EndpointSlice, Inventory, LoadBalancerIngress,
-                                         NodeConfig, Service, ServicePort)
+    from reconciler.intake import (Endpoint, EndpointPort, EndpointSlice, Inventory, LoadBalancerIngress, NodeConfig,
+                                   Service, ServicePort)
 
     ports = (ServicePort("t", "TCP", 80, 8080, 30080), ServicePort("u", "UDP", 53, 53, 30053),
              ServicePort("s", "SCTP", 3868, 3868, 30868))
@@ -100,8 +100,7 @@ def kernel_refusals(nft: Interface, spelling: NftSpelling) -> list[str]:
     ruleset (_sample) as the compiler renders it for `spelling`, in one check transaction.
     [] when it passes (the usual case: one transaction); else each refused command with
     nft's error, every rule checked alone after the sets and chains it needs."""
-    from reconciler.compile.render import render_table
-    from reconciler.compile.services import compile_ruleset
+    from reconciler.compile import compile_ruleset, render_table
 
     def refused(cmds: list[str]) -> str | None:
         tx = Transaction()
