@@ -10,20 +10,46 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.engine.doctor import SKIP_KERNEL_ENV, check_kernel, check_nft_version, check_privileges, run_doctor
+from reconciler.engine.doctor import (check_kernel, check_kernel_features, check_nft_version, check_privileges,
+                                      run_doctor)
 from reconciler.engine.neighbours import firewall_service, forward_drops, kube_services_saved, legacy_kube_services
 from nsutil import in_ns, nft_scratch, sh
-from reconciler.kernel import Libnftables, probe_spelling
+from reconciler.kernel import Libnftables, NftError, probe_spelling
 
 NFTREC = str(Path(sys.executable).with_name("nftrec"))
 
 
-def test_kernel_version_gate_and_skip():
-    assert check_kernel("6.18.44-fc", {}).ok
-    assert check_kernel("5.13.0", {}).ok
-    old = check_kernel("5.10.0-23-amd64", {})
-    assert not old.ok and "5.13" in old.detail and SKIP_KERNEL_ENV in old.detail
-    assert check_kernel("5.10.0", {SKIP_KERNEL_ENV: "1"}).ok
+def test_a_kernel_before_5_13_is_a_warning():
+    assert check_kernel("6.18.44-fc").ok
+    assert check_kernel("5.13.0").ok
+    old = check_kernel("5.10.0-23-amd64")
+    assert old.warning and "5.13" in old.detail and old.line().startswith("warn ")  # warns, never refuses
+
+
+class _Refusing:
+    """A real Libnftables whose check refuses every transaction holding `construct`, as a
+    kernel without it would (what nft says when the kernel refuses a rule)."""
+
+    def __init__(self, nft, construct: str):
+        self.nft, self.construct = nft, construct
+
+    def check(self, tx):
+        if any(self.construct in c for c in tx):
+            raise NftError("Error: Could not process rule: Operation not supported")
+        self.nft.check(tx)
+
+
+@pytest.mark.kernel
+def test_kernel_features_name_each_refused_rule(netns):
+    with Libnftables(netns) as nft:
+        spelling = probe_spelling(nft)
+        assert check_kernel_features(nft, spelling).ok
+        bad = check_kernel_features(_Refusing(nft, "masquerade fully-random"), spelling)
+    assert not bad.ok and not bad.warning
+    refused = bad.detail.split("; ")
+    assert all("masquerade fully-random" in r for r in refused[:-1]) and "Operation not supported" in refused[0]
+    assert len(refused) > 2 and "apply would fail" in bad.detail
+    assert in_ns(netns, "nft", "list", "ruleset").stdout.strip() == ""  # dry runs only
 
 
 def test_nft_version_gate():
@@ -46,6 +72,7 @@ def test_doctor_in_a_namespace_reports_a_kube_proxy_table(netns):
     assert run_doctor(netns, "nftrec", out=out) == 0
     text = out.getvalue()
     assert "nftrec can run here." in text
+    assert "ok   kernel features: every construct nftrec writes is accepted" in text, text
     with Libnftables(netns) as nft:  # what this machine's libnftables says and accepts
         version, spelling = nft.version(), probe_spelling(nft)
     old = tuple(int(x) for x in version.split(".")[:3]) < (1, 0, 1)

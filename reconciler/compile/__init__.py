@@ -19,7 +19,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "naming": ("join_host_port",),
     "nodeports": ("NodePortSelection", "describe_view_change", "node_address_view", "select_nodeport_ips"),
     "probes": ("ProbeTarget", "probe_targets", "with_probe_results"),
-    "render": ("render_header", "render_script"),
+    "render": ("render_header", "render_script", "render_table"),
     "ruleset": ("FAMILIES", "BaseHook", "Chain", "Element", "NamedSet", "NftSyntaxError", "Rule", "Ruleset",
                 "Table", "chain_cmd", "chain_id", "chain_rules_cmd", "check_name", "element_cmd", "element_id", "set_elements_cmd", "declarable", "rule_cmd",
                 "set_cmd", "set_id", "table_cmd"),

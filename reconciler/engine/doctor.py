@@ -1,10 +1,10 @@
 """`nftrec doctor`: can nftrec work here? One line per check, exit 1 if any fails.
 
-The checks mirror kube-proxy's supported.go (kernel >= 5.13 unless
-NFTREC_SKIP_KERNEL_VERSION_CHECK is set, because older kernels imply an nft binary
-that would choke on our rules; nft >= 1.0.1, a warning here) plus what nftrec itself
-needs, and say which spellings this nft accepts (kernel/features.py); then the
-neighbours that decide the fate of nftrec's packets (neighbours.py), warnings all.
+The checks mirror kube-proxy's supported.go (kernel >= 5.13, nft >= 1.0.1: warnings
+here, since nftrec reads only its own tables) plus what nftrec itself needs: which
+spellings this nft accepts and what of nftrec's ruleset the kernel refuses, by check
+transactions (kernel/features.py); then the neighbours that decide the fate of
+nftrec's packets (neighbours.py), warnings all.
 """
 
 from __future__ import annotations
@@ -19,12 +19,13 @@ from typing import Callable, TextIO
 from reconciler import logs
 from reconciler.engine.neighbours import (Finding, firewall_service, forward_drops, legacy_kube_services, proxies,
                                           read_tables)
-from reconciler.kernel import PROBE_TABLE, Interface, Libnftables, NftError, Transaction, probe_spelling
+from reconciler.intake import NftSpelling
+from reconciler.kernel import (PROBE_TABLE, Interface, Libnftables, NftError, Transaction, kernel_refusals,
+                               probe_spelling)
 from reconciler.compile import FAMILIES, Table
 
 MIN_NFT = (1, 0, 1)
 MIN_KERNEL = (5, 13)
-SKIP_KERNEL_ENV = "NFTREC_SKIP_KERNEL_VERSION_CHECK"
 _CAP_NET_ADMIN = 12
 
 
@@ -44,14 +45,22 @@ def _version_tuple(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in re.findall(r"\d+", text)[:3])
 
 
-def check_kernel(release: str, env: dict) -> Check:
-    if env.get(SKIP_KERNEL_ENV):
-        return Check("kernel", True, f"{release} (version check skipped: {SKIP_KERNEL_ENV} is set)")
-    v = _version_tuple(release)
-    if v[:2] >= MIN_KERNEL:
+def check_kernel(release: str) -> Check:
+    """kube-proxy refuses a kernel before 5.13 for the sake of other nftables users; nftrec
+    checks what it writes instead (check_kernel_features), so a warning."""
+    if _version_tuple(release)[:2] >= MIN_KERNEL:
         return Check("kernel", True, f"{release} >= 5.13")
-    return Check("kernel", False, f"{release} is older than 5.13, which nftrec (like kube-proxy) "
-                 f"requires; upgrade the kernel, or set {SKIP_KERNEL_ENV}=1 at your own risk")
+    return Check("kernel", False, f"{release} is older than 5.13, kube-proxy's floor; nftrec checks what the "
+                 "kernel accepts of its ruleset instead (kernel features below)", warning=True)
+
+
+def check_kernel_features(nft: Interface, spelling: NftSpelling) -> Check:
+    """A sample of nftrec's ruleset in one check transaction: what the kernel refuses."""
+    refused = kernel_refusals(nft, spelling)
+    if not refused:
+        return Check("kernel features", True, "every construct nftrec writes is accepted (check transaction)")
+    return Check("kernel features", False, f"this kernel ({os.uname().release}) refuses what nftrec writes, so apply "
+                 f"would fail: {'; '.join(refused)}; run nftrec on a newer kernel")
 
 
 def check_privileges(status_text: str) -> Check:
@@ -84,9 +93,8 @@ _SPELLINGS = {
 }
 
 
-def check_spelling(nft: Interface) -> Check:
+def check_spelling(spelling: NftSpelling) -> Check:
     """The constructs this nft accepts (check transactions) and the spelling used."""
-    spelling = probe_spelling(nft)
     parts = []
     for name, (what, construct, ours, theirs) in _SPELLINGS.items():
         ok = getattr(spelling, name)
@@ -95,11 +103,10 @@ def check_spelling(nft: Interface) -> Check:
 
 
 def run_doctor(netns: str | None, table: str, out: TextIO = sys.stdout,
-               env: dict | None = None, read: Callable[[str], str] | None = None, root: Path = Path("/")) -> int:
+               read: Callable[[str], str] | None = None, root: Path = Path("/")) -> int:
     """Every check, one line each. `root`: where the host's files are read (tests)."""
-    env = os.environ if env is None else env
     read = read or (lambda p: open(p).read())
-    checks = [check_kernel(os.uname().release, env), check_privileges(read("/proc/self/status"))]
+    checks = [check_kernel(os.uname().release), check_privileges(read("/proc/self/status"))]
     nft: Interface | None
     try:
         nft = Libnftables(netns)
@@ -110,7 +117,8 @@ def run_doctor(netns: str | None, table: str, out: TextIO = sys.stdout,
         try:
             checks.append(Check("libnftables", True, f"loaded{' in netns ' + netns if netns else ''}"))
             checks.append(check_nft_version(nft.version()))
-            checks.append(check_spelling(nft))
+            spelling = probe_spelling(nft)
+            checks += [check_spelling(spelling), check_kernel_features(nft, spelling)]
             try:  # what knftables probes: can we create our table, with a comment?
                 nft.check(Transaction().add_table(Table("ip", table, comment="nftrec doctor probe")))
                 checks.append(Check("nft transaction", True, f"a table {table} can be created (dry run)"))

@@ -337,15 +337,22 @@ def read_all(paths: list[tuple[str, Path]], cache: Cache, env: Env | None = None
     a fork starts with the parser and validators loaded, a spawned worker would import
     them first. Only with enough misses, not in a daemonic process (which may not have
     children), and with no thread besides the progress line's: a forked worker must not
-    need a lock another thread held."""
+    need a lock another thread held. With no POSIX semaphores (no /dev/shm) the pool
+    cannot start: one warning, then the serial read."""
     cores = len(os.sched_getaffinity(0))
     others = [t for t in threading.enumerate() if t is not threading.main_thread() and t.name != "nftrec-progress"]
     forkable = cores > 1 and not others and not current_process().daemon
     missing = [p for p in paths if _missing(p[1], cache, env)] if forkable else []
     if len(missing) < MIN_PARALLEL:
         return [read_cached(*p, cache, env) for p in paths]
+    try:
+        pool = ProcessPoolExecutor(cores - 1, mp_context=get_context("fork"))
+    except OSError as e:  # its queues need POSIX semaphores: no usable /dev/shm (a minimal container)
+        logs.log.warning(f"reading the manifests in one process: cannot start worker processes ({e}; "
+                         "is /dev/shm a writable tmpfs?)")
+        return [read_cached(*p, cache, env) for p in paths]
     theirs = {p for i, p in enumerate(missing) if i % cores}  # this process keeps every cores-th
-    with ProcessPoolExecutor(cores - 1, mp_context=get_context("fork")) as pool:
+    with pool:
         stored = pool.map(_fill, theirs, [cache] * len(theirs), *([[env] * len(theirs)] if env is not None else []))
         mine = {p: read_cached(*p, cache, env) for p in paths if p not in theirs}
         try:

@@ -15,7 +15,7 @@ from reconciler import lazy_exports
 __all__, __getattr__ = lazy_exports(__name__, {
     "conntrack": ("cleanup_udp",),
     "fake": ("Fake",),
-    "features": ("PROBE_TABLE", "Spellings", "library_identity", "probe_spelling"),
+    "features": ("PROBE_TABLE", "Spellings", "kernel_refusals", "library_identity", "probe_spelling"),
     "health": ("HealthChecker",),
     "interface": ("Crashed", "Interface", "MayHaveCommitted", "NftError", "NotFound"),
     "isolated": ("Outcome", "in_child", "nft_binary", "program", "run", "run_nft", "start", "start_nft"),

@@ -26,19 +26,21 @@ def _probe(family: str) -> tuple[list[str], list[str]]:
     """The commands of each construct's check: (index maps, shared affinity set), each
     with a rule that uses it, as the compiler writes them (compile/layout.py)."""
     table = Table(family, PROBE_TABLE)
-    head = [table_cmd("add", table), chain_cmd("add", family, PROBE_TABLE, Chain("probe"))]
+    # the verdicts go to a chain of their own: 5.10 refuses a chain that jumps to itself (ELOOP)
+    head = [table_cmd("add", table), chain_cmd("add", family, PROBE_TABLE, Chain("probe")),
+            chain_cmd("add", family, PROBE_TABLE, Chain("probe-to"))]
 
     def rule(body: str) -> str:
         return rule_cmd(family, PROBE_TABLE, "probe", Rule(body))
 
     dnat = dnat_pick(family, "probe/dnat", "tcp", ("192.0.2.1 . 80",) if family == "ip" else ("2001:db8::1 . 80",))
-    vmap = vmap_pick(family, "probe/vmap", ("goto probe",))
+    vmap = vmap_pick(family, "probe/vmap", ("goto probe-to",))
     maps = head + [set_cmd("add", family, PROBE_TABLE, map_for(family, p.map)) for p in (dnat, vmap)]
     maps += [rule(pick_rule(p, 2).body) for p in (dnat, vmap)]
     key = affinity_key(family, "probe")
     affinity = head + [set_cmd("add", family, PROBE_TABLE, affinity_set(family, "")),
                        rule(f"update @{AFFINITY_SET} {{ {key} timeout 10800s }}"),
-                       rule(f"{key} @{AFFINITY_SET} goto probe")]
+                       rule(f"{key} @{AFFINITY_SET} goto probe-to")]
     return maps, affinity
 
 
@@ -48,7 +50,7 @@ def probe_spelling(nft: Interface) -> NftSpelling:
     nothing about the constructs."""
     maps, affinity = _probe("ip")
     baseline = Transaction()
-    for c in maps[:2]:  # the table and its chain
+    for c in maps[:3]:  # the table and its chains
         baseline.raw(c)
     nft.check(baseline)
 
@@ -69,6 +71,63 @@ def probe_spelling(nft: Interface) -> NftSpelling:
     # but writes that map's integer keys in network byte order while numgen yields host
     # order, so no packet would find its endpoint: both maps go by the one check.
     return NftSpelling(index_maps=accepts(maps), shared_affinity=accepts(affinity))
+
+
+def _sample(spelling: NftSpelling):
+    """One Service of each kind nftrec compiles, both families, in the probe table: a
+    LoadBalancer (every protocol, externalIPs, source ranges, Local policy, ClientIP
+    affinity) with endpoints, and a ClusterIP without (its reject)."""
+    from reconciler.intake import (Endpoint, EndpointPort, EndpointSlice, Inventory, LoadBalancerIngress, NodeConfig,
+                                   Service, ServicePort)
+
+    ports = (ServicePort("t", "TCP", 80, 8080, 30080), ServicePort("u", "UDP", 53, 53, 30053),
+             ServicePort("s", "SCTP", 3868, 3868, 30868))
+    web = Service("probe", "web", "LoadBalancer", ("198.18.0.1", "fd00:96::1"), ("IPv4", "IPv6"), ports,
+                  external_ips=("198.18.1.1",), load_balancer_source_ranges=("198.18.2.0/24", "2001:db8::/64"),
+                  load_balancer_ingress=(LoadBalancerIngress("198.18.3.1"),), external_traffic_policy="Local",
+                  session_affinity="ClientIP", affinity_timeout_seconds=60)
+    empty = Service("probe", "empty", "ClusterIP", ("198.18.0.2",), ("IPv4",), (ServicePort("t", "TCP", 81, 81),))
+    eports = tuple(EndpointPort(p.name, p.protocol, p.port) for p in ports)
+    slices = tuple(EndpointSlice("probe", f"web-{f}", "web", f, tuple(Endpoint((a,), node_name=n) for a, n in eps),
+                                 eports)
+                   for f, eps in (("IPv4", (("10.0.0.1", "probe"), ("10.0.0.2", "other"))),
+                                  ("IPv6", (("fd00:10::1", "probe"),))))
+    config = NodeConfig("probe", node_ips=("198.18.4.1", "2001:db8::1"), cluster_cidrs=("10.0.0.0/8",),
+                        service_cidrs=("198.18.0.0/24",), table_name=PROBE_TABLE, spelling=spelling)
+    return Inventory((web, empty), slices), config
+
+
+def kernel_refusals(nft: Interface, spelling: NftSpelling) -> list[str]:
+    """What the kernel (and library) behind `nft` refuses of what nftrec writes: a sample
+    ruleset (_sample) as the compiler renders it for `spelling`, in one check transaction.
+    [] when it passes (the usual case: one transaction); else each refused command with
+    nft's error, every rule checked alone after the sets and chains it needs."""
+    from reconciler.compile import compile_ruleset, render_table
+
+    def refused(cmds: list[str]) -> str | None:
+        tx = Transaction()
+        for c in cmds:
+            tx.raw(c)
+        try:
+            nft.check(tx)
+            return None
+        except Crashed:
+            raise
+        except NftError as e:
+            return " ".join(e.text.split())
+
+    out = []
+    for table in compile_ruleset(*_sample(spelling)).tables.values():
+        cmds = render_table(table)[2:]  # no add/delete: the probe table is not there
+        whole = refused(cmds)
+        if whole is None:
+            continue
+        head = [c for c in cmds if not c.startswith(("add rule ", "add element "))]
+        why = refused(head)
+        rules = [] if why is not None else [f"`{c}`: {w}" for c in cmds if c.startswith("add rule ")
+                                             for w in [refused(head + [c])] if w is not None]
+        out += rules or [f"the {table.family} table: {why or whole}"]
+    return out
 
 
 def library_identity() -> str:
