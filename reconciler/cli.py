@@ -16,10 +16,9 @@ def main() -> None:
     from reconciler.heap import for_one_shot
 
     for_one_shot()  # `watch` turns the cyclic GC back on (heap.for_daemon)
-    from reconciler.commands import EXIT_OK, EXIT_USAGE, app
-    from reconciler.fleetcommands import fleet_app
+    from reconciler.commands import EXIT_OK, EXIT_USAGE
 
-    app.add_typer(fleet_app, name="fleet")
+    app = typer_app()
 
     if completion_for_named_shell(sys.argv[1:]):
         raise SystemExit(EXIT_OK)
@@ -33,6 +32,19 @@ def main() -> None:
             if hint:
                 typer.echo(f"Hint: {hint}", err=True)
         raise
+
+
+def typer_app():
+    """The whole command line as one typer app: commands.py's commands with the `fleet`
+    sub-app of fleetcommands.py. main() runs it; the Debian package's build walks its
+    click tree for the nftrec(8) man page (debian/docs.py), so the page lists exactly the
+    commands and options the program has. Adding the sub-app twice is a no-op."""
+    from reconciler.commands import app
+    from reconciler.fleetcommands import fleet_app
+
+    if not any(group.typer_instance is fleet_app for group in app.registered_groups):
+        app.add_typer(fleet_app, name="fleet")
+    return app
 
 
 SHELLS = ("bash", "zsh", "fish", "powershell", "pwsh")
