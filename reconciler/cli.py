@@ -1,5 +1,5 @@
 """The `nftrec` entry point: the process's GC policy (heap.py), then the typer command
-line of commands.py with the `fleet` sub-app of fleetcommands.py, which import the stages
+line of commands.py with `trace` (tracecommands.py) and the `fleet` sub-app of fleetcommands.py, which import the stages
 inside each command, so a command pays only for the stages it uses. click's conventions hold: a usage error exits 64 (commands.py), a
 closed stdout ends the command quietly with exit 1. Around typer: a shell named after the
 completion flags, and a hint for a global option placed after the command.
@@ -35,14 +35,17 @@ def main() -> None:
 
 
 def typer_app():
-    """The whole command line as one typer app: commands.py's commands with the `fleet`
-    sub-app of fleetcommands.py. main() runs it; the Debian package's build walks its
-    click tree for the nftrec(8) man page (debian/docs.py), so the page lists exactly the
-    commands and options the program has. Adding the sub-app twice is a no-op."""
+    """The whole command line as one typer app: commands.py's commands, tracecommands.py's
+    `trace` and the `fleet` sub-app of fleetcommands.py. main() runs it; the Debian
+    package's build walks its click tree for the nftrec(8) man page (debian/docs.py), so
+    the page lists exactly the commands and options the program has. A second call adds
+    nothing."""
     from reconciler.commands import app
     from reconciler.fleetcommands import fleet_app
+    from reconciler.tracecommands import trace
 
     if not any(group.typer_instance is fleet_app for group in app.registered_groups):
+        app.command()(trace)
         app.add_typer(fleet_app, name="fleet")
     return app
 

@@ -15,7 +15,7 @@ import typer
 
 from reconciler.options import (CONFIG_OPT, EMPTY_OPT, FIELDS_OPT, FLEET_OPT, IGNORE_HOLD_OPT, IGNORE_ROLLOUT_OPT,
                                 LABELS_OPT, NODE_OPT, PROBE_HELP, REMOVALS_OPT, STRICT_OPT, check_output, confirm_spec,
-                                hold_until, kernel_trace_options, node_identity, output_opt)
+                                hold_until, node_identity, output_opt)
 
 EXIT_OK, EXIT_ERROR, EXIT_CHANGES, EXIT_USAGE = 0, 1, 2, 64
 
@@ -356,6 +356,9 @@ def apply(
     plan_file: Optional[Path] = typer.Option(None, "--plan", help="Apply a plan saved by `plan --out`; "
                                              "refused when stale or already applied."),
     rollback: bool = typer.Option(False, "--rollback", help="Re-apply the previous applied ruleset."),
+    restore: bool = typer.Option(False, "--restore", help="Re-apply the last applied ruleset from the state "
+                                 "directory alone (at boot, after `nft flush ruleset`): no source, network or node "
+                                 "config read; only what differs; refused when that record is missing or damaged."),
     allow_rollback: bool = typer.Option(False, "--allow-rollback", help="With `verify`: apply a signed revision "
                                         "that does not descend from the last applied one, this once."),
     verify: str = typer.Option("touched", "--verify", help="After the transaction, read back what it wrote and "
@@ -386,6 +389,9 @@ def apply(
 
     if verify not in ("touched", "full"):
         raise typer.BadParameter("must be touched or full", param_hint="--verify")
+    if restore:
+        _restore(netns, directory, config, plan_file, rollback, probe, confirm_timeout, health_cmd, health_url,
+                 health_tcp, allow_empty, allow_removals, allow_rollback, ignore_rollout, ignore_hold)
     spec = confirm_spec(confirm_timeout, health_cmd or [], health_url or [], health_tcp or [])
     if sum(x is not None and x is not False for x in (directory, plan_file, rollback or None)) > 1:
         raise typer.BadParameter("give one of DIRECTORY, --plan FILE or --rollback")
@@ -414,6 +420,17 @@ def apply(
     raise typer.Exit(_guard(run_apply, target, desired=desired, plan_path=plan_file, rollback=rollback,
                             verify=verify, confirm=spec, node=node, allow_rollback=allow_rollback,
                             allow_removals=allow_removals))
+
+
+def _restore(netns: Optional[str], *others) -> None:
+    """`apply --restore`: nothing but --netns (and --verify, which it ignores: it always lists)."""
+    if any(others):
+        raise typer.BadParameter("--restore takes only --netns: it reads no manifests and no node config, and "
+                                 "restores every table the state directory records")
+    from reconciler.engine import run_restore
+
+    _check_netns(netns)
+    raise typer.Exit(_guard(run_restore, _state_root(), netns))
 
 
 def _rollout(target, desired, root: Path, **kw) -> None:
@@ -445,59 +462,6 @@ def confirm(
     from reconciler.engine import run_confirm
 
     raise typer.Exit(_guard(run_confirm, _target(config, netns, recover=False)))
-
-
-@app.command()
-def trace(
-    directory: Optional[str] = typer.Argument(None, help="Manifest directory, - (stdin) or oci://...; without it, "
-                                              "the ruleset last applied (as --netns's state recorded it)."),
-    src: str = typer.Option(..., "--src", help="Source address of the packet."),
-    dst: str = typer.Option(..., "--dst", help="Destination address (a ClusterIP, LB IP, node IP, ...)."),
-    dport: int = typer.Option(..., "--dport", help="Destination port."),
-    proto: str = typer.Option("tcp", "--proto", help="tcp, udp or sctp"),
-    origin: str = typer.Option("pod", "--from", help="pod or external (arrives on an interface: "
-                               "prerouting), node (sent by the node itself: output)."),
-    live: bool = typer.Option(False, "--live", help="Trace the ruleset in the kernel (in --netns), not the "
-                              "desired one; DIR then only names the manifests for file:line."),
-    local_address: list[str] = typer.Option([], "--local-address", help="An address of the node (fib ... type "
-                                            "local; delivered locally). nodeIPs and nodeport-ips always count."),
-    kernel: bool = typer.Option(False, "--kernel", help="Trace a real packet with the kernel (meta nftrace) "
-                                "through every table of --netns, iptables-nft's included: send it while the "
-                                "trace waits. Exit 0 once traced, 1 when none came within --timeout."),
-    timeout: str = typer.Option("10s", "--timeout", metavar="DURATION", help="With --kernel: how long to wait "
-                                "for a matching packet."),
-    count: int = typer.Option(1, "--count", help="With --kernel: how many packets to trace and show."),
-    config: Optional[Path] = CONFIG_OPT,
-    netns: Optional[str] = NETNS_OPT,
-    strict: bool = STRICT_OPT,
-    fields: Optional[str] = FIELDS_OPT,
-    output: str = output_opt(),
-) -> None:
-    """Explain one packet offline: the chains and rules it passes, the verdict (DNAT to which
-    endpoints with what probability, masquerade, reject or drop) and the Service responsible.
-    With --kernel, a real packet, traced by the kernel."""
-    check_output(output)
-    _check_netns(netns)
-    from reconciler.engine import Packet, run_trace
-
-    packet = Packet(src, dst, dport, proto.lower(), origin)
-    if directory is None and not (live or kernel):
-        raise typer.Exit(_guard(run_trace, packet, applied_target=_target(config, netns, recover=False),
-                                node=_node_config(config), local_addresses=local_address, output=output))
-    directory = _root(directory, config).root if directory is not None else None
-    if kernel:
-        seconds = kernel_trace_options(live, timeout, count)
-        from reconciler.engine import run_kernel_trace
-
-        raise typer.Exit(_guard(run_kernel_trace, packet, _target(config, netns), timeout=seconds, count=count,
-                                output=output, directory=None if directory in (None, Path("-")) else directory,
-                                node=_node_config(config) if directory not in (None, Path("-")) else None))
-    if live:
-        target = _target(config, netns)
-        raise typer.Exit(_guard(run_trace, packet, live_target=target, local_addresses=local_address, node=_node_config(config),
-                                directory=None if directory in (None, Path("-")) else directory, output=output))
-    desired = _desired(directory, config, netns, strict, fields, interfaces=netns is not None)
-    raise typer.Exit(_guard(run_trace, packet, desired=desired, local_addresses=local_address, output=output))
 
 
 @app.command()

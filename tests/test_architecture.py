@@ -23,7 +23,8 @@ RANKS = {"reconciler": 0, "reconciler.logs": 0, "reconciler.progress": 0, "recon
          "reconciler.compat": 0, "reconciler.clock": 0,
          "reconciler.intake": 1, "reconciler.compile": 2,
          "reconciler.kernel": 3, "reconciler.engine": 4, "reconciler.daemon": 5, "reconciler.commands": 6,
-         "reconciler.options": 6, "reconciler.fleetcommands": 6, "reconciler.cli": 7}
+         "reconciler.options": 6, "reconciler.fleetcommands": 6,
+         "reconciler.tracecommands": 6, "reconciler.cli": 7}
 
 
 def module_name(root: Path, path: Path) -> str:

@@ -4,8 +4,9 @@
     addresses.AddressWatcher ──────────┤ (timer: fullSyncPeriod / syncPeriod after a failure)
     repair.EventWatcher ───────────────┘ (another process changed the table: a full sync)
 
-Wires signals (SIGTERM/SIGINT stop, SIGHUP re-reads the config), the metrics server and
-the namespace lock, held for the daemon's lifetime (waited for at start when held).
+Wires signals (SIGTERM/SIGINT stop, SIGHUP re-reads the config), the metrics server,
+systemd's notifications (notify.py) and the namespace lock, held for the daemon's
+lifetime (waited for at start when held).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from reconciler import logs
 from reconciler.daemon.healthz import healthy, ready
+from reconciler.daemon.notify import Notifier
 from reconciler.daemon.probing import start_probes
 from reconciler.daemon.reconcile import Daemon
 from reconciler.heap import for_daemon, trim_heap
@@ -86,6 +88,7 @@ def run_watch(directory: Path, config_path: Path | None, target: Target, *, stri
     from reconciler.daemon.metrics import Metrics, MetricsError
 
     for_daemon()
+    notifier = Notifier()  # systemd's Type=notify, before any child inherits $NOTIFY_SOCKET
 
     stop_requested = threading.Event()
     metrics = Metrics()
@@ -103,11 +106,13 @@ def run_watch(directory: Path, config_path: Path | None, target: Target, *, stri
 
     def on_stop(signum, _frame):
         stop_requested.set()
+        notifier.stopping()
         if runner is not None:
             runner.stop()
 
     def on_hup(_signum, _frame):
         daemon.reload_config = True
+        notifier.reloading()
         if runner is not None:
             runner.run()
 
@@ -166,8 +171,10 @@ def run_watch(directory: Path, config_path: Path | None, target: Target, *, stri
             finally:  # a SIGHUP may have changed the periods
                 c = daemon.config
                 runner.set_intervals(c.min_sync_period, c.sync_period, c.full_sync_period)
+                notifier.synced(daemon.last_success is not None, healthy(daemon)[1])
 
         runner = Runner(sync, cfg.min_sync_period, cfg.sync_period, cfg.full_sync_period)
+        runner.tick = notifier.tick  # WATCHDOG=1 from the loop itself: a stuck sync stops it
         daemon.prober = start_probes(daemon, metrics, runner.run)  # readiness probes
         watcher = Watcher(directory, runner.run, debounce=debounce, activity=daemon.writer.active)
         daemon.on_root = watcher.follow

@@ -38,6 +38,7 @@ class Runner:
         self._last_end: float | None = None
         self._timer: float | None = None
         self.runs = 0
+        self.tick: Callable[[], None] = lambda: None  # called at each turn of loop() (the watchdog)
         self.set_intervals(min_interval, retry_interval, max_interval)
 
     def set_intervals(self, min_interval: float, retry_interval: float, max_interval: float) -> None:
@@ -104,6 +105,7 @@ class Runner:
                 while True:
                     if self._stopped:
                         return
+                    self.tick()
                     d = self.delay(self._clock())
                     if d is not None and d <= 0:
                         break

@@ -36,7 +36,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "probes": ("probe_desired", "read_probe_state", "write_probe_state"),
     "fleetreview": ("run_diff_fleet", "run_validate_fleet"),
     "fleetstatus": ("run_fleet_status",),
-    "restore": ("RestoreRefused", "last_applied"),
+    "restore": ("RestoreRefused", "last_applied", "run_restore"),
     "review": ("run_diff",),
     "rollout": ("EXIT_HELD", "Gate", "fleet_rollout", "jitter", "one_shot", "records_fetcher", "status_record",
                 "time_of"),

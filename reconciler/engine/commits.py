@@ -61,7 +61,7 @@ class Commit:
     revision: str | None
     committed_at: str
     writer: str
-    kind: str  # full / partial (watch's syncs), apply, rollback, plan
+    kind: str  # full / partial (watch's syncs), apply, rollback, plan, allow-rollback, restore
     token: int | None
     fingerprint: str | None
     operations: int

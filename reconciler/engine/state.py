@@ -317,7 +317,7 @@ class StateStore:
             )
         return st
 
-    def _write_status(self, st: Status) -> None:
+    def write_status(self, st: Status) -> None:
         atomic_write(self.status_path, _dump(st.to_json()))
 
     def record_attempt(self, revision: str | None, error: str | None) -> Status:
@@ -326,14 +326,14 @@ class StateStore:
         st.last_attempted_revision = revision
         st.last_attempted_at = self._clock()
         st.last_error = error
-        self._write_status(st)
+        self.write_status(st)
         return st
 
     def record_cleanup(self) -> None:
         """Record that `cleanup` deleted the tables on purpose: not drift, nothing applied."""
         st = self.status()
         st.cleaned_up_at = self._clock()
-        self._write_status(st)
+        self.write_status(st)
 
     def record_applied(
         self,
@@ -392,7 +392,7 @@ class StateStore:
         st.config_digest = config_digest
         st.commit_sequence = commit if commit is not None else st.commit_sequence
         st.last_applied_revision_time, st.last_applied_trust, st.cleaned_up_at = revision_time, trust, None
-        self._write_status(st)
+        self.write_status(st)
         if compiled is not None:
             self.write_compiled(d, compiled)
         self._prune()
@@ -410,7 +410,7 @@ class StateStore:
         st.last_error = None
         st.nftrec_version = nftrec_version()
         st.last_applied_revision_time = st.last_applied_trust = st.cleaned_up_at = None  # never taken with `verify`
-        self._write_status(st)
+        self.write_status(st)
         return st
 
     def _drop_listed_twin(self, path: Path, ruleset: Ruleset) -> None:
