@@ -124,8 +124,8 @@ def describe(sub: dict) -> str:
         parts.append("One of: " + ", ".join(map(str, sub["enum"])) + ".")
     if isinstance(sub.get("items"), dict) and sub["items"].get("type"):
         parts.append(f"Items: {sub['items']['type']}.")
-    if sub.get("description"):
-        parts.append(sub["description"][0].upper() + sub["description"][1:].rstrip(".") + ".")
+    if sub.get("description") and sub["description"] != sub.get("const"):
+        parts.append(sub["description"].rstrip(".") + ".")
     return " ".join(parts)
 
 
