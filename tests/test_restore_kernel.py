@@ -3,7 +3,8 @@
 comes back from the state directory alone, with the same digest, though a local hold is
 set; a missing, damaged or absent record is refused with exit 1 and the kernel's whole
 listing (a foreign table included) left as it was; a kernel that already matches is a
-no-op that commits nothing (the generation token stays)."""
+no-op that commits nothing (the generation token stays); tables `nftrec cleanup` removed
+stay removed; a running watch is left to repair by itself (exit 0)."""
 
 from __future__ import annotations
 
@@ -136,3 +137,12 @@ def test_restore_leaves_a_running_watch_to_repair_by_itself(netns, tmp_path):
         assert "the watch daemon" in p.stdout and "repairs" in p.stdout, p.stdout
     finally:
         assert w.stop() == 0
+
+
+def test_tables_cleanup_removed_stay_removed(netns, applied):
+    state, _table = applied
+    ok(nftrec("cleanup", state=state, ns=netns))
+    listing = _flushed(netns)
+    p = ok(nftrec("apply", "--restore", state=state, ns=netns, config=False))
+    assert "Nothing to restore" in p.stdout and "cleanup" in p.stdout, p.stdout
+    assert _ruleset(netns) == listing
