@@ -17,12 +17,9 @@ def main() -> None:
     from reconciler.heap import for_one_shot
 
     for_one_shot()  # `watch` turns the cyclic GC back on (heap.for_daemon)
-    from reconciler.commands import EXIT_OK, EXIT_USAGE, app
-    from reconciler.fleetcommands import fleet_app
-    from reconciler.tracecommands import trace
+    from reconciler.commands import EXIT_OK, EXIT_USAGE
 
-    app.command()(trace)
-    app.add_typer(fleet_app, name="fleet")
+    app = typer_app()
 
     if completion_for_named_shell(sys.argv[1:]):
         raise SystemExit(EXIT_OK)
@@ -40,6 +37,22 @@ def main() -> None:
         status = sys.modules.get("reconciler.engine.applystatus")  # imported by `apply` only
         if status is not None:
             status.send_queued()  # its queued status records: one bounded push, its exit code kept
+
+
+def typer_app():
+    """The whole command line as one typer app: commands.py's commands, tracecommands.py's
+    `trace` and the `fleet` sub-app of fleetcommands.py. main() runs it; the Debian
+    package's build walks its click tree for the nftrec(8) man page (debian/docs.py), so
+    the page lists exactly the commands and options the program has. A second call adds
+    nothing."""
+    from reconciler.commands import app
+    from reconciler.fleetcommands import fleet_app
+    from reconciler.tracecommands import trace
+
+    if not any(group.typer_instance is fleet_app for group in app.registered_groups):
+        app.command()(trace)
+        app.add_typer(fleet_app, name="fleet")
+    return app
 
 
 SHELLS = ("bash", "zsh", "fish", "powershell", "pwsh")
