@@ -39,11 +39,20 @@ def _tree(root: Path, n: int = 24) -> Path:
     return root
 
 
-def _apply(tree: Path, state: Path, ns: str, setup: str | None) -> subprocess.CompletedProcess:
-    cmd = [NFTREC, "--state-dir", str(state), "apply", str(tree), "--netns", ns]
+def _run(cmd: list[str], setup: str | None) -> subprocess.CompletedProcess:
     if setup is not None:
         cmd = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-ec", setup, "sh", *cmd]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env={**os.environ, "NO_COLOR": "1"})
+
+
+def _apply(tree: Path, state: Path, ns: str, setup: str | None) -> subprocess.CompletedProcess:
+    return _run([NFTREC, "--state-dir", str(state), "apply", str(tree), "--netns", ns], setup)
+
+
+def _semaphores_work(setup: str) -> bool:
+    """Whether this Python can make a POSIX semaphore under `setup`: glibc before 2.34 looks
+    for another tmpfs when /dev/shm is absent (Debian 11 finds one), newer ones do not."""
+    return _run([sys.executable, "-c", "import multiprocessing; multiprocessing.Lock()"], setup).returncode == 0
 
 
 @pytest.mark.parametrize("setup", [READ_ONLY, ABSENT], ids=["read-only", "absent"])
@@ -55,7 +64,10 @@ def test_apply_without_dev_shm_reads_serially_and_applies_the_same_ruleset(tmp_p
         p = _apply(tree, tmp_path / "state", ns, setup)
         assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
         warnings = [line for line in p.stderr.splitlines() if "worker processes" in line]
-        assert len(warnings) == 1 and "one process" in warnings[0] and "/dev/shm" in warnings[0], p.stderr
+        if _semaphores_work(setup):  # the pool starts: nothing to say
+            assert warnings == [], p.stderr
+        else:
+            assert len(warnings) == 1 and "one process" in warnings[0] and "/dev/shm" in warnings[0], p.stderr
         without = in_ns(ns, "nft", "list", "table", "ip", "nftrec").stdout
     with throwaway_netns() as ns:
         p = _apply(tree, tmp_path / "state2", ns, None)
