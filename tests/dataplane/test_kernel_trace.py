@@ -184,7 +184,10 @@ def start_trace(dp, tmp_path: Path, timeout: str) -> tuple[subprocess.Popen, str
     """A `trace --kernel` left waiting (no client sends), once its tracing table is in the
     kernel: (the process, that table)."""
     cmd = [NFTREC, "--state-dir", str(tmp_path / "state"), *trace_args(dp, "--timeout", timeout)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # SIGINT as a terminal's: a suite started in the background (`scripts/test &`, as CI does)
+    # ignores it, and a child inherits that, so the interrupt under test would never arrive
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     table = f"ip nftrec-trace-{proc.pid}"
     end = time.monotonic() + 30
     while table not in tracing_tables(dp):
