@@ -242,14 +242,22 @@ class Topology:
         return (live, "live") if live is not None else None
 
     def _read_live(self):
-        """nftrec's tables in the node namespace, read as `nftrec trace --live` reads them."""
-        from reconciler.kernel import Libnftables, read_live
+        """nftrec's tables in the node namespace, read as `nftrec trace --live` reads them.
+        One retry: an older release's libnftnl in the matrix's chroot, on the host's newer
+        kernel, now and then exits on a table dump ("nf_tables kernel ABI is broken");
+        nftrec reports that (Crashed) and lives, and so does the oracle, once."""
+        from reconciler.kernel import Crashed, Libnftables, read_live
 
-        nft = Libnftables(self.node)
-        try:
-            rs = read_live(nft, "nftrec")
-        finally:
-            nft.close()
+        for attempt in (1, 2):
+            nft = Libnftables(self.node)
+            try:
+                rs = read_live(nft, "nftrec")
+                break
+            except Crashed:
+                if attempt == 2:
+                    raise
+            finally:
+                nft.close()
         return rs if rs.tables else None
 
     def node_addresses(self) -> set[str]:
