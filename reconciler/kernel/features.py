@@ -55,17 +55,10 @@ def probe_spelling(nft: Interface) -> NftSpelling:
     nft.check(baseline)
 
     def accepts(cmds: list[str]) -> bool:
-        tx = Transaction()
-        for c in cmds:
-            tx.raw(c)
-        try:
-            nft.check(tx)
-            return True
-        except Crashed:  # nft could not read the namespace: no answer about the construct
-            raise
-        except NftError as e:
-            logs.log.debug(f"nft refuses a construct, using another spelling: {e}")
-            return False
+        why = _refusal(nft, cmds)
+        if why is not None:
+            logs.log.debug(f"nft refuses a construct, using another spelling: {why}")
+        return why is None
 
     # nft 0.9.8 refuses `typeof numgen … : verdict`; it accepts `: ip daddr . tcp dport`,
     # but writes that map's integer keys in network byte order while numgen yields host
@@ -97,6 +90,21 @@ def _sample(spelling: NftSpelling):
     return Inventory((web, empty), slices), config
 
 
+def _refusal(nft: Interface, cmds: list[str]) -> str | None:
+    """nft's error (one line) when a check transaction of `cmds` is refused, else None.
+    Crashed (nft could not read the namespace) is no answer about the constructs: raised."""
+    tx = Transaction()
+    for c in cmds:
+        tx.raw(c)
+    try:
+        nft.check(tx)
+        return None
+    except Crashed:
+        raise
+    except NftError as e:
+        return " ".join(e.text.split())
+
+
 def kernel_refusals(nft: Interface, spelling: NftSpelling) -> list[str]:
     """What the kernel (and library) behind `nft` refuses of what nftrec writes: a sample
     ruleset (_sample) as the compiler renders it for `spelling`, in one check transaction.
@@ -104,28 +112,16 @@ def kernel_refusals(nft: Interface, spelling: NftSpelling) -> list[str]:
     nft's error, every rule checked alone after the sets and chains it needs."""
     from reconciler.compile import compile_ruleset, render_table
 
-    def refused(cmds: list[str]) -> str | None:
-        tx = Transaction()
-        for c in cmds:
-            tx.raw(c)
-        try:
-            nft.check(tx)
-            return None
-        except Crashed:
-            raise
-        except NftError as e:
-            return " ".join(e.text.split())
-
     out = []
     for table in compile_ruleset(*_sample(spelling)).tables.values():
         cmds = render_table(table)[2:]  # no add/delete: the probe table is not there
-        whole = refused(cmds)
+        whole = _refusal(nft, cmds)
         if whole is None:
             continue
         head = [c for c in cmds if not c.startswith(("add rule ", "add element "))]
-        why = refused(head)
+        why = _refusal(nft, head)
         rules = [] if why is not None else [f"`{c}`: {w}" for c in cmds if c.startswith("add rule ")
-                                             for w in [refused(head + [c])] if w is not None]
+                                             for w in [_refusal(nft, head + [c])] if w is not None]
         out += rules or [f"the {table.family} table: {why or whole}"]
     return out
 
