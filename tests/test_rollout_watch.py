@@ -226,6 +226,18 @@ def delete_rule(ns: str, text: str) -> None:
     raise AssertionError(f"no rule with {text!r} in table ip nftrec")
 
 
+def applied_then_stopped(ns: str, root, cfg, state) -> str:
+    """A watch that applies the first revision (nothing applied yet: at once), then stops;
+    the revision it applied."""
+    w = Watch(ns, root, cfg, state, "--debounce", "0.05")
+    try:
+        first = w.wait_sync(0)["revision"]
+        w.status(lambda st: st.get("lastAppliedRevision") == first)
+    finally:
+        assert w.stop() == 0
+    return first
+
+
 def test_a_watch_restarted_while_a_revision_is_held_keeps_and_repairs_the_applied_one(tmp_path):
     """Revision A applied, the daemon stopped, B published in a wave not open yet: the
     restarted daemon keeps A from the state's last applied ruleset (no manifests of A are
@@ -235,12 +247,7 @@ def test_a_watch_restarted_while_a_revision_is_held_keeps_and_repairs_the_applie
     cfg = node_config(tmp_path / "config.yaml", "edge-2")  # wave `rest` (index 1)
     state = tmp_path / "state"
     with throwaway_netns() as ns:
-        w = Watch(ns, root, cfg, state, "--debounce", "0.05")
-        try:
-            first = w.wait_sync(0)["revision"]
-            w.status(lambda st: st.get("lastAppliedRevision") == first)
-        finally:
-            assert w.stop() == 0
+        first = applied_then_stopped(ns, root, cfg, state)
         set_endpoint(root, "10.244.0.2")
         w = Watch(ns, root, cfg, state, "--debounce", "0.05")
         try:
@@ -286,12 +293,7 @@ def test_a_restart_while_held_with_no_applied_ruleset_in_the_state_touches_nothi
     cfg = node_config(tmp_path / "config.yaml", "edge-2")
     state = tmp_path / "state"
     with throwaway_netns() as ns:
-        w = Watch(ns, root, cfg, state, "--debounce", "0.05")
-        try:
-            first = w.wait_sync(0)["revision"]
-            w.status(lambda st: st.get("lastAppliedRevision") == first)
-        finally:
-            assert w.stop() == 0
+        applied_then_stopped(ns, root, cfg, state)
         histories = list(state.rglob("history"))
         assert histories, list(state.rglob("*"))
         for h in histories:
@@ -460,12 +462,7 @@ def test_a_watch_started_after_cleanup_applies_at_once(tmp_path):
     cfg = node_config(tmp_path / "config.yaml", "edge-2")
     state = tmp_path / "state"
     with throwaway_netns() as ns:
-        w = Watch(ns, root, cfg, state, "--debounce", "0.05")
-        try:
-            first = w.wait_sync(0)["revision"]
-            w.status(lambda st: st.get("lastAppliedRevision") == first)
-        finally:
-            assert w.stop() == 0
+        first = applied_then_stopped(ns, root, cfg, state)
         p = nftrec(state, "cleanup", "--netns", ns, "--config", str(cfg))
         assert p.returncode == 0, p.stderr
         set_endpoint(root, "10.244.0.2")
